@@ -1,0 +1,59 @@
+"""The one place that switches between array libraries.
+
+A backend is a module of pure kernels on one in-memory block (no Dask, no I/O):
+
+``name``
+    ``"numpy"`` or ``"cupy"``.
+``xp``
+    The array namespace (the ``numpy`` or ``cupy`` module), imported lazily.
+``asarray(block)`` / ``to_numpy(a)``
+    Move a block onto the backend's device / back to host NumPy.
+``prepare(centroids, dtype)``
+    Centroid-side precomputation shared by every block of one iteration.
+``assign(X, prepared, sample_weight=None, want_sums=True)``
+    Nearest-centroid labels, min squared distances' sum (inertia), and per-cluster
+    float64 sums / weights / int64 counts for one block.
+``min_sqdist(X, prepared)``
+    Labels and squared distance to the nearest centroid, per row.
+
+Everything above the backends calls :func:`get_backend` with a name or an array and never
+branches on the array type itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+_MODULES = {"numpy": "daskmeans.backends.numpy", "cupy": "daskmeans.backends.cupy"}
+# User-facing aliases (CLI --backend) for the backend names.
+ALIASES = {"cpu": "numpy", "gpu": "cupy", "numpy": "numpy", "cupy": "cupy"}
+
+
+def get_backend(obj: Any = "numpy") -> ModuleType:
+    """Backend module for a name (``"numpy"``, ``"cupy"``, ``"cpu"``, ``"gpu"``) or an array.
+
+    Arrays are dispatched on their type's module, so a CuPy block gets the CuPy kernels
+    without this module importing CuPy unless such a block exists.
+    """
+    if isinstance(obj, str):
+        try:
+            name = ALIASES[obj]
+        except KeyError:
+            raise ValueError(f"backend={obj!r} should be one of 'numpy', 'cupy', 'cpu', 'gpu'") from None
+    else:
+        # Dask arrays dispatch on their meta (one block's type).
+        meta = getattr(obj, "_meta", obj)
+        name = "cupy" if type(meta).__module__.split(".")[0] == "cupy" else "numpy"
+    return importlib.import_module(_MODULES[name])
+
+
+def gpu_available() -> bool:
+    """True where CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
+        return False

@@ -1,0 +1,30 @@
+"""The ``daskmeans`` namespace of dask.config: numbers users may tune, with defaults in one YAML.
+
+Every tunable (chunk and tile bytes, reduction fan-in, init sampling) is read through
+:func:`get`; the defaults live in ``daskmeans.yaml`` beside this module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+import dask.config
+import yaml
+
+_FN = os.path.join(os.path.dirname(__file__), "daskmeans.yaml")
+with open(_FN) as _f:
+    _DEFAULTS = yaml.safe_load(_f)
+
+dask.config.update_defaults(_DEFAULTS)
+
+
+def get(key: str, default: Any = None) -> Any:
+    """Value of ``daskmeans.<key>`` from dask.config (e.g. ``get("split-every")``)."""
+    return dask.config.get(f"daskmeans.{key}", default=default)
+
+
+def get_bytes(key: str) -> int:
+    """A byte-size setting (``"128MiB"`` or an integer) as an integer number of bytes."""
+    return int(dask.utils.parse_bytes(get(key)))

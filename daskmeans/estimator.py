@@ -1,0 +1,344 @@
+"""``KMeans``: the scikit-learn-style front of the engine.
+
+``__init__`` only stores parameters; ``fit`` validates them (declarative constraints), then the
+data, before any distributed work is submitted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Callable
+
+import dask
+import dask.array as da
+import numpy as np
+
+from . import config
+from .backends import get_backend
+from .cluster import resolve_backend
+from .errors import DaskmeansError, DataError, NotFittedError
+from .init import resolve_init
+from .io.model_store import load_model, save_model
+from .io.readers import read
+from .lloyd import data_moments, run_lloyd
+from .placement import place, to_backend
+from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, check_n_clusters, check_n_features, validate_params
+
+INIT_NAMES = ("k-means||", "k-means++", "random")
+
+
+class KMeans:
+    """K-means clustering on a Dask cluster (Lloyd's algorithm, NumPy or CuPy workers).
+
+    Parameters
+    ----------
+    n_clusters : int, default 8
+    init : {"k-means||", "k-means++", "random"}, array (n_clusters, n_features) or .npy path
+        ``k-means||`` (Bahmani et al. 2012) runs distributed; ``k-means++`` is greedy
+        k-means++ on a sample of ``daskmeans.init.sample-size`` rows.
+    n_init : int, default 1
+        Runs from different seeds; the one with the lowest inertia is kept.
+    max_iter : int, default 300
+    tol : float, default 1e-4
+        As scikit-learn: stop when the summed squared centroid shift is at most
+        ``tol * mean(var(X, axis=0))``. Also stops when no label changes.
+    random_state : int or None
+        Seed of every random draw; the same seed gives the same result on any cluster layout.
+    oversampling_factor : float, default 2.0
+        k-means|| draws ``oversampling_factor * n_clusters`` points per round.
+    backend : {"auto", "cpu", "gpu"}
+        ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
+    client : distributed.Client, optional
+        Defaults to the current client (``distributed.default_client()``).
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray (n_clusters, n_features)
+    labels_ : dask array (n_samples,) int32, lazy
+    inertia_ : float
+    n_iter_ : int
+    history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
+        n_empty, seconds, kernel_seconds)
+    n_features_in_ : int
+    """
+
+    _parameter_constraints = {
+        "n_clusters": Interval(1, None, integer=True),
+        "init": AnyOf(Options(INIT_NAMES), ArrayLike()),
+        "n_init": Interval(1, None, integer=True),
+        "max_iter": Interval(1, None, integer=True),
+        "tol": Interval(0, None),
+        "random_state": NoneOr(Interval(0, 2**32 - 1, integer=True)),
+        "oversampling_factor": Interval(0, None, closed="neither"),
+        "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
+    }
+
+    def __init__(
+        self,
+        n_clusters: int = 8,
+        *,
+        init: Any = "k-means||",
+        n_init: int = 1,
+        max_iter: int = 300,
+        tol: float = 1e-4,
+        random_state: int | None = None,
+        oversampling_factor: float = 2.0,
+        backend: str = "auto",
+        client: Any = None,
+    ):
+        self.n_clusters = n_clusters
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.oversampling_factor = oversampling_factor
+        self.backend = backend
+        self.client = client
+
+    # ------------------------------------------------------------ sklearn plumbing
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {p: getattr(self, p) for p in self._param_names()}
+
+    def set_params(self, **params: Any) -> "KMeans":
+        for k, v in params.items():
+            if k not in self._param_names():
+                raise ValueError(f"invalid parameter {k!r} for KMeans; valid: {self._param_names()}")
+            setattr(self, k, v)
+        return self
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.get_params().items() if not _same(v, inspect.signature(type(self).__init__).parameters[k].default)}
+        return f"KMeans({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # ------------------------------------------------------------ helpers
+
+    def _client(self):
+        if self.client is not None:
+            return self.client
+        from distributed import default_client
+
+        try:
+            return default_client()
+        except ValueError:
+            raise DaskmeansError(
+                "KMeans needs a dask.distributed Client: create one (Client() or "
+                "LocalCUDACluster) or pass client=..."
+            ) from None
+
+    def _init_array(self, n_features: int) -> np.ndarray | None:
+        init = self.init
+        if isinstance(init, str) and init in INIT_NAMES:
+            return None
+        if isinstance(init, (str, os.PathLike)):
+            if not os.path.exists(init):
+                raise DataError(f"init={init!r}: no such file")
+            init = np.load(init, allow_pickle=False)
+        arr = get_backend(init).to_numpy(init.compute() if hasattr(init, "compute") else init)
+        arr = np.asarray(arr, dtype=np.float64)
+        if arr.shape != (self.n_clusters, n_features):
+            raise DataError(
+                f"init array has shape {arr.shape}, should be (n_clusters, n_features) = "
+                f"({self.n_clusters}, {n_features})"
+            )
+        if not np.isfinite(arr).all():
+            raise DataError("init array contains NaN or infinity")
+        return arr
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "cluster_centers_"):
+            raise NotFittedError("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
+
+    # ------------------------------------------------------------ fit
+
+    def fit(
+        self,
+        X: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        callback: Callable[[dict], None] | None = None,
+    ) -> "KMeans":
+        """Compute k-means clustering.
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features) (NumPy, CuPy or Dask) or a path (Zarr/CSV/.npy)
+        y : ignored
+        sample_weight : array (n_samples,), optional
+        callback : callable(dict), optional
+            Called with each iteration's statistics (see ``history_``).
+        """
+        validate_params(self.get_params(), self._parameter_constraints)
+        X = read(X)
+        n, d = (int(s) for s in X.shape)
+        check_n_clusters(n, self.n_clusters)
+        init_arr = self._init_array(d)
+        w = None
+        if sample_weight is not None:
+            w = sample_weight if isinstance(sample_weight, da.Array) else da.from_array(sample_weight, chunks=(X.chunks[0],), asarray=False)
+            if w.shape != (n,):
+                raise DataError(f"sample_weight has shape {w.shape}, should be (n_samples,) = ({n},)")
+            w = w.astype(X.dtype)
+        client = self._client()
+        backend = resolve_backend(client, self.backend, get_backend(X).name)
+        placement = place(client, X, backend, w)
+        try:
+            moments = data_moments(client, placement)
+            if w is not None and bool((w < 0).any().compute()):
+                raise DataError("sample_weight should be >= 0")
+            tol_abs = float(np.mean(moments["var"])) * float(self.tol)
+            seeds = np.random.SeedSequence(self.random_state).generate_state(self.n_init)
+            best = None
+            for run in range(self.n_init):
+                if init_arr is not None:
+                    c0 = init_arr
+                else:
+                    c0 = resolve_init(client, placement, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor)
+                res = run_lloyd(client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, callback=callback)
+                if best is None or res.inertia < best.inertia:
+                    best = res
+        finally:
+            del placement  # the shards (and so the persisted data) are released here
+        self.cluster_centers_ = best.centroids.astype(X.dtype)
+        self.inertia_ = best.inertia
+        self.n_iter_ = best.n_iter
+        self.history_ = best.history
+        self.n_features_in_ = d
+        self.backend_ = backend
+        self.tol_abs_ = tol_abs
+        self._label_states = best.states
+        self.converged_ = best.converged
+        self.labels_ = _labels_array(best.states, X.chunks[0], best.layout)
+        return self
+
+    def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        """Fit, then return ``labels_`` (computed to NumPy for NumPy input)."""
+        self.fit(X, sample_weight=sample_weight)
+        return self.labels_.compute() if isinstance(X, np.ndarray) else self.labels_
+
+    # ------------------------------------------------------------ inference
+
+    def _blocks(self, X: Any) -> da.Array:
+        self._check_fitted()
+        x = read(X)
+        check_n_features(self.n_features_in_, int(x.shape[1]))
+        try:
+            backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), get_backend(x).name)
+        except DaskmeansError:
+            backend = get_backend(x).name  # no client: the local threaded scheduler, data's backend
+        return to_backend(x, backend)
+
+    @staticmethod
+    def _out(X: Any, result: da.Array) -> Any:
+        return result.compute() if isinstance(X, np.ndarray) else result
+
+    def predict(self, X: Any) -> Any:
+        """Nearest-centroid labels, int32 (n_samples,); lazy unless ``X`` is a NumPy array."""
+        x = self._blocks(X)
+        lab = x.map_blocks(_predict_block, self.cluster_centers_, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
+        return self._out(X, lab)
+
+    def transform(self, X: Any) -> Any:
+        """Euclidean distances to every centroid, float64 (n_samples, n_clusters)."""
+        x = self._blocks(X)
+        k = self.n_clusters
+        out = x.map_blocks(_transform_block, self.cluster_centers_, chunks=(x.chunks[0], (k,)), dtype=np.float64, meta=np.empty((0, 0)))
+        return self._out(X, out)
+
+    def score(self, X: Any, y: Any = None) -> float:
+        """Opposite of the inertia of ``X`` under the fitted centroids."""
+        x = self._blocks(X)
+        parts = x.map_blocks(_inertia_block, self.cluster_centers_, chunks=((1,) * x.numblocks[0], (1,)), dtype=np.float64, meta=np.empty((0, 0)))
+        return -float(parts.sum().compute())
+
+    # ------------------------------------------------------------ persistence
+
+    def save(self, path: str) -> None:
+        """Write the fitted model as a Zarr group (centroids array + JSON attributes)."""
+        self._check_fitted()
+        params = {k: v for k, v in self.get_params().items() if k not in ("client", "init")}
+        params["init"] = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
+        from . import __version__
+
+        save_model(
+            path,
+            self.cluster_centers_,
+            {
+                "params": params,
+                "inertia": self.inertia_,
+                "n_iter": self.n_iter_,
+                "n_features_in": self.n_features_in_,
+                "dtype": str(self.cluster_centers_.dtype),
+                "backend": getattr(self, "backend_", None),
+                "history": getattr(self, "history_", []),
+                "daskmeans_version": __version__,
+            },
+        )
+
+    @classmethod
+    def load(cls, path: str) -> "KMeans":
+        """A fitted estimator from :meth:`save`'s output (``labels_`` is not stored)."""
+        centers, attrs = load_model(path)
+        params = dict(attrs.get("params", {}))
+        if params.get("init") == "array":
+            params["init"] = centers
+        km = cls(**{k: v for k, v in params.items() if k in cls._param_names()})
+        km.cluster_centers_ = centers
+        km.inertia_ = float(attrs["inertia"])
+        km.n_iter_ = int(attrs["n_iter"])
+        km.n_features_in_ = int(attrs["n_features_in"])
+        km.history_ = list(attrs.get("history", []))
+        km.backend_ = attrs.get("backend") or "auto"
+        return km
+
+
+# ---------------------------------------------------------------- block functions
+
+
+def _prep(block, centers):
+    be = get_backend(block)
+    return be, be.prepare(centers, block.dtype)
+
+
+def _predict_block(block, centers):
+    be, p = _prep(block, centers)
+    return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
+
+
+def _transform_block(block, centers):
+    be, p = _prep(block, centers)
+    return np.sqrt(be.to_numpy(be.sqdistances(block, p)))
+
+
+def _inertia_block(block, centers):
+    be, p = _prep(block, centers)
+    return np.array([[be.assign(block, p, want_sums=False)["inertia"]]])
+
+
+def _state_labels(state, j):
+    return get_backend(state.labels[j]).to_numpy(state.labels[j])
+
+
+def _labels_array(states: list, row_chunks: tuple, layout: list) -> da.Array:
+    """A lazy int32 array of the labels held by the final step states (in chunk order)."""
+    pieces: dict[int, da.Array] = {}
+    for state, chunk_ids in zip(states, layout):
+        for j, cid in enumerate(chunk_ids):
+            pieces[cid] = da.from_delayed(
+                dask.delayed(_state_labels, pure=True)(state, j), shape=(row_chunks[cid],), dtype=np.int32
+            )
+    return da.concatenate([pieces[i] for i in range(len(row_chunks))])
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b

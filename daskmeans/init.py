@@ -1,0 +1,271 @@
+"""Initial centroids: ``k-means||`` (default), greedy ``k-means++`` on a sample, ``random``,
+or an explicit array.
+
+Random draws depend on the seed and on the global chunk index only, never on which worker
+holds a chunk, so the same seed gives the same centroids on any cluster layout.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from . import config
+from .backends import get_backend
+from .placement import Placement, Shard, submit_per_shard
+from .reduction import tree_reduce
+
+
+# ---------------------------------------------------------------- kernels on one array (xp-generic)
+
+
+def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None) -> Any:
+    """Greedy k-means++ (Arthur & Vassilvitskii 2007, with scikit-learn's local trials).
+
+    Parameters
+    ----------
+    X : array, shape (n, d), NumPy or CuPy
+    k : int, number of centres (<= n)
+    seed : int or SeedSequence
+    sample_weight : array, shape (n,), optional
+
+    Returns
+    -------
+    centers : array, shape (k, d), float64, same library as ``X``
+    """
+    be = get_backend(X)
+    xp = be.xp
+    rng = np.random.default_rng(seed)
+    x = xp.asarray(X, dtype=xp.float64)
+    n = x.shape[0]
+    w = xp.ones(n, xp.float64) if sample_weight is None else xp.asarray(sample_weight, dtype=xp.float64)
+    xsq = (x * x).sum(axis=1)
+    trials = 2 + int(math.log(k)) if k > 1 else 1
+
+    def sqdist(rows):  # (t, n) squared distances from x[rows] to every row
+        c = x[rows]
+        d = (c * c).sum(axis=1)[:, None] - 2 * (c @ x.T) + xsq[None, :]
+        return xp.maximum(d, 0.0)
+
+    wh = be.to_numpy(w)
+    first = int(rng.choice(n, p=wh / wh.sum()))
+    ids = [first]
+    closest = sqdist(xp.asarray([first]))[0]
+    pot = float(closest @ w)
+    for _ in range(1, k):
+        cum = xp.cumsum(w * closest)
+        r = xp.asarray(rng.uniform(size=trials) * pot)
+        cand = xp.minimum(xp.searchsorted(cum, r), n - 1)
+        dist = xp.minimum(closest[None, :], sqdist(cand))
+        pots = dist @ w
+        best = int(xp.argmin(pots))
+        pot = float(pots[best])
+        closest = dist[best]
+        ids.append(int(cand[best]))
+    return x[xp.asarray(ids)]
+
+
+def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int) -> Any:
+    """A few weighted Lloyd iterations on a small in-memory set (the k-means|| recluster)."""
+    be = get_backend(X)
+    xp = be.xp
+    c = xp.asarray(centers, dtype=xp.float64)
+    for _ in range(n_iter):
+        out = be.assign(X, be.prepare(c, X.dtype), sample_weight)
+        nonempty = out["counts"] > 0
+        new = xp.where(nonempty[:, None], out["sums"] / xp.where(nonempty, out["weights"], 1.0)[:, None], c)
+        if bool((new == c).all()):
+            break
+        c = new
+    return c
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host copies of the global ``rows`` (sorted) that fall in this shard."""
+    be = get_backend(shard.blocks[0])
+    idx, data = [], []
+    for _, off, block, _ in shard.items():
+        sel = rows[(rows >= off) & (rows < off + block.shape[0])]
+        if len(sel):
+            idx.append(sel)
+            data.append(be.to_numpy(block[be.xp.asarray(sel - off)]))
+    if not idx:
+        return np.empty(0, np.int64), np.empty((0, shard.blocks[0].shape[1]))
+    return np.concatenate(idx), np.concatenate(data).astype(np.float64)
+
+
+def _gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
+    idx = np.concatenate([p[0] for p in parts])
+    data = np.concatenate([p[1] for p in parts])
+    order = {int(r): i for i, r in enumerate(idx)}
+    return data[[order[int(r)] for r in rows]]
+
+
+def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
+    uniq = np.unique(rows)
+    parts = submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
+    return client.submit(_gather_rows, parts, rows, pure=False).result()
+
+
+@dataclass
+class _ParState:
+    d2: list  # per block: squared distance to the nearest candidate so far (float64)
+    phi: float  # weighted sum of d2 over the shard
+
+
+def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray) -> _ParState:
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    d2s, phi = [], 0.0
+    prep = be.prepare(new, shard.blocks[0].dtype) if new.shape[0] else None
+    for j, (_, _, block, w) in enumerate(shard.items()):
+        d2 = state.d2[j] if state is not None else xp.full(block.shape[0], xp.inf)
+        if prep is not None:
+            d2 = xp.minimum(d2, be.min_sqdist(block, prep)[1])
+        d2s.append(d2)
+        phi += float(d2.sum() if w is None else d2 @ w.astype(xp.float64))
+    return _ParState(d2s, phi)
+
+
+def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> np.ndarray:
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    out = []
+    for j, (cid, _, block, w) in enumerate(shard.items()):
+        rng = np.random.default_rng([seed, rnd, cid])
+        p = be.to_numpy(state.d2[j]) * (ell / phi)
+        if w is not None:
+            p = p * be.to_numpy(w)
+        pick = np.flatnonzero(rng.random(p.shape[0]) < p)
+        if len(pick):
+            out.append(be.to_numpy(block[xp.asarray(pick)]).astype(np.float64))
+    return np.concatenate(out) if out else np.empty((0, shard.blocks[0].shape[1]))
+
+
+def _concat(parts: list) -> np.ndarray:
+    return np.concatenate(parts)
+
+
+def _phi_total(states: list) -> float:
+    return float(sum(s.phi for s in states))
+
+
+def _cand_weights(shard: Shard, cands: np.ndarray) -> np.ndarray:
+    be = get_backend(shard.blocks[0])
+    prep = be.prepare(cands, shard.blocks[0].dtype)
+    total = np.zeros(cands.shape[0])
+    for _, _, block, w in shard.items():
+        lab = be.to_numpy(be.min_sqdist(block, prep)[0])
+        total += np.bincount(lab, weights=None if w is None else be.to_numpy(w), minlength=cands.shape[0])
+    return total
+
+
+def _sum_arrays(items: list) -> np.ndarray:
+    return np.sum(items, axis=0)
+
+
+def _recluster(cands: np.ndarray, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
+    be = get_backend(backend)
+    keep = weights > 0
+    x = be.asarray(cands[keep])
+    w = be.asarray(weights[keep])
+    c = kmeans_plusplus(x, k, seed, w)
+    c = weighted_lloyd(x, c, w, n_iter)
+    return be.to_numpy(c)
+
+
+# ---------------------------------------------------------------- drivers
+
+
+def init_random(client: Client, placement: Placement, k: int, seed: int) -> np.ndarray:
+    """``k`` distinct rows drawn uniformly."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(placement.n_samples, size=k, replace=False)
+    return take_rows(client, placement, rows)
+
+
+def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int) -> np.ndarray:
+    """Greedy k-means++ on a uniform sample of ``daskmeans.init.sample-size`` rows (at least k)."""
+    n = placement.n_samples
+    m = min(n, max(k, int(config.get("init.sample-size"))))
+    ss = np.random.SeedSequence(seed)
+    s1, s2 = ss.spawn(2)
+    rows = np.sort(np.random.default_rng(s1).choice(n, size=m, replace=False))
+    sample = take_rows(client, placement, rows)
+    be = get_backend(placement.backend)
+    fut = client.submit(
+        lambda s: be.to_numpy(kmeans_plusplus(be.asarray(s), k, s2)), sample, pure=False,
+        key=f"daskmeans-kmeans++-{uuid.uuid4().hex}",
+    )
+    return fut.result()
+
+
+def init_kmeans_parallel(
+    client: Client,
+    placement: Placement,
+    k: int,
+    seed: int,
+    *,
+    rounds: int | None = None,
+    oversampling_factor: float | None = None,
+) -> np.ndarray:
+    """k-means|| (Bahmani et al. 2012): ``rounds`` rounds drawing each row with probability
+    ``min(1, l * w * d^2 / phi)``, ``l = oversampling_factor * k``; the candidates, weighted by
+    the rows nearest to each, are reduced to ``k`` by k-means++ and a few weighted Lloyd
+    iterations on one worker."""
+    rounds = int(rounds if rounds is not None else config.get("init.rounds"))
+    ell = float(oversampling_factor if oversampling_factor is not None else config.get("init.oversampling-factor")) * k
+    n = placement.n_samples
+    seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
+    first = take_rows(client, placement, np.random.default_rng([seed, 0]).integers(0, n, size=1))
+    new = client.scatter(first, hash=False)
+    cand_futs = [new]
+    nshard = len(placement.shards)
+    states = [None] * nshard
+    for r in range(1, rounds + 1):
+        states = submit_per_shard(client, placement, _par_update, states, [new] * nshard, name="daskmeans-kpar-update")
+        phi = client.submit(_phi_total, states, pure=False).result()
+        if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
+            break
+        samples = submit_per_shard(
+            client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
+            [r] * nshard, name="daskmeans-kpar-sample",
+        )
+        new = client.submit(_concat, samples, pure=False)
+        cand_futs.append(new)
+    cands = client.submit(_concat, cand_futs, pure=False)
+    weights = tree_reduce(
+        client, submit_per_shard(client, placement, _cand_weights, [cands] * nshard, name="daskmeans-kpar-weights"),
+        _sum_arrays, name="daskmeans-kpar-wsum",
+    )
+    n_cand = int((client.submit(lambda w: int((w > 0).sum()), weights, pure=False)).result())
+    if n_cand < k:
+        # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
+        return init_kmeans_plusplus(client, placement, k, seed)
+    fut = client.submit(
+        _recluster, cands, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
+        pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
+    )
+    return fut.result()
+
+
+def resolve_init(
+    client: Client, placement: Placement, init: Any, k: int, seed: int, oversampling_factor: float | None = None
+) -> np.ndarray:
+    """Initial centroids ``(k, d)`` float64 for an ``init`` spec (name, array or .npy path)."""
+    if isinstance(init, str) and init == "k-means||":
+        return init_kmeans_parallel(client, placement, k, seed, oversampling_factor=oversampling_factor)
+    if isinstance(init, str) and init == "k-means++":
+        return init_kmeans_plusplus(client, placement, k, seed)
+    if isinstance(init, str) and init == "random":
+        return init_random(client, placement, k, seed)
+    raise ValueError(f"unknown init {init!r}")

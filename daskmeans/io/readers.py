@@ -1,0 +1,254 @@
+"""Readers: Zarr (v2/v3, an array or an array in a group), numeric CSV and ``.npy`` to a 2-D
+float32/float64 Dask array of row chunks sized by bytes (``daskmeans.chunk-bytes``).
+
+Nothing is loaded into the client: each chunk is read by the task that needs it. In-memory
+NumPy/CuPy arrays and Dask arrays are accepted too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import dask.array as da
+import numpy as np
+
+from .. import config
+from ..errors import DataError
+from ..validation import check_2d_numeric
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
+
+
+def float_dtype(dtype: Any) -> np.dtype:
+    """float32/float64 stay; float16 becomes float32; integers and bools become float64."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return np.dtype(np.float64) if dt.itemsize >= 8 else np.dtype(np.float32)
+    if dt.kind in "iub":
+        return np.dtype(np.float64)
+    raise DataError(f"X should be numeric, got dtype {dt}")
+
+
+def rows_per_chunk(n_features: int, itemsize: int, chunk_bytes: int | None = None, align: int = 1) -> int:
+    """Rows in one chunk of about ``chunk_bytes``, a multiple of ``align`` (at least ``align``)."""
+    cb = chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes")
+    rows = max(1, int(cb) // max(1, n_features * itemsize))
+    return max(align, rows // align * align)
+
+
+def read(
+    source: Any,
+    *,
+    dataset: str | None = None,
+    columns: Sequence[str | int] | None = None,
+    drop_columns: Sequence[str | int] | None = None,
+    chunk_bytes: int | str | None = None,
+    delimiter: str | None = None,
+) -> da.Array:
+    """Open data as a 2-D float Dask array of row chunks (one chunk across columns).
+
+    Parameters
+    ----------
+    source : str or path-like, or a NumPy / CuPy / Dask array
+        ``*.zarr`` or any Zarr store directory, ``*.npy``, or ``*.csv`` (also ``.tsv``,
+        ``.txt``, compressed ``.csv.gz``...).
+    dataset : str, optional
+        The array's path inside a Zarr group (needed when the group holds several arrays).
+    columns, drop_columns : sequence of str or int, optional
+        CSV only: features to keep, or to drop (e.g. a label column), by name or position.
+    chunk_bytes : int or str, optional
+        Target bytes per row chunk; default ``daskmeans.chunk-bytes``.
+    delimiter : str, optional
+        CSV only; guessed from the first line (comma, tab, semicolon, space) if omitted.
+
+    Returns
+    -------
+    dask.array.Array, shape (n_samples, n_features), float32 or float64
+    """
+    cb = None if chunk_bytes is None else int(__import__("dask").utils.parse_bytes(chunk_bytes))
+    if isinstance(source, da.Array):
+        x = source
+    elif isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise DataError(f"no such file or directory: {path}")
+        lower = path.lower().rstrip("/")
+        if (columns or drop_columns) and not lower.endswith(CSV_SUFFIXES):
+            raise DataError("columns/drop_columns apply to CSV input only")
+        if lower.endswith(".npy"):
+            x = _read_npy(path, cb)
+        elif lower.endswith(CSV_SUFFIXES):
+            x = _read_csv(path, columns, drop_columns, cb, delimiter)
+        elif os.path.isdir(path) or lower.endswith(".zarr") or lower.endswith(".zip"):
+            x = _read_zarr(path, dataset, cb)
+        else:
+            raise DataError(f"cannot tell the format of {path}: expected a .zarr store, a .npy or a .csv file")
+    elif hasattr(source, "shape") and hasattr(source, "dtype"):
+        x = _from_memory(source, cb)
+    else:
+        raise DataError(f"X should be an array or a path, got {type(source).__name__}")
+    return _finish(x, cb)
+
+
+def _finish(x: da.Array, cb: int | None) -> da.Array:
+    check_2d_numeric(x.shape, x.dtype)
+    dt = float_dtype(x.dtype)
+    if x.dtype != dt:
+        x = x.astype(dt)
+    if x.numblocks[1] != 1:
+        x = x.rechunk({1: -1})
+    return x
+
+
+def _from_memory(a: Any, cb: int | None) -> da.Array:
+    check_2d_numeric(getattr(a, "shape", ()), a.dtype)
+    rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
+    # asarray=False keeps CuPy blocks as CuPy (da.from_array would otherwise call np.asarray)
+    return da.from_array(a, chunks=(rows, a.shape[1]), asarray=False)
+
+
+def _npy_block(path: str, start: int, stop: int) -> np.ndarray:
+    return np.array(np.load(path, mmap_mode="r")[start:stop])
+
+
+def _read_npy(path: str, cb: int | None) -> da.Array:
+    try:
+        mm = np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as e:
+        raise DataError(f"cannot read {path} as .npy: {e}") from None
+    check_2d_numeric(mm.shape, mm.dtype)
+    n, d = mm.shape
+    rows = rows_per_chunk(d, mm.dtype.itemsize, cb)
+    # One task per block opens the memory map itself: the array never travels in the graph.
+    from dask import delayed
+
+    blocks = [
+        da.from_delayed(delayed(_npy_block, pure=True)(path, s, min(s + rows, n)), shape=(min(s + rows, n) - s, d), dtype=mm.dtype)
+        for s in range(0, n, rows)
+    ]
+    return da.concatenate(blocks, axis=0)
+
+
+def _read_zarr(path: str, dataset: str | None, cb: int | None) -> da.Array:
+    import zarr
+
+    try:
+        node = zarr.open(path, mode="r")
+    except Exception as e:  # zarr raises several types for "not a store"
+        raise DataError(f"cannot open {path} as Zarr: {e}") from None
+    if isinstance(node, zarr.Group):
+        names = sorted(_array_paths(node))
+        if dataset is None:
+            if len(names) != 1:
+                raise DataError(
+                    f"{path} is a Zarr group with arrays {names}: choose one with dataset= (--dataset)"
+                )
+            dataset = names[0]
+        if dataset not in names:
+            raise DataError(f"dataset={dataset!r} is not an array in {path}; arrays: {names}")
+        arr = node[dataset]
+    else:
+        if dataset is not None:
+            raise DataError(f"{path} is a Zarr array, not a group: drop dataset={dataset!r}")
+        arr = node
+    check_2d_numeric(arr.shape, arr.dtype)
+    zrows = int(arr.chunks[0])
+    rows = rows_per_chunk(arr.shape[1], float_dtype(arr.dtype).itemsize, cb, align=zrows)
+    return da.from_zarr(arr, chunks=(rows, arr.shape[1]))
+
+
+def _array_paths(group: Any, prefix: str = "") -> list[str]:
+    out = []
+    for name, arr in group.arrays():
+        out.append(prefix + name)
+    for name, sub in group.groups():
+        out += _array_paths(sub, prefix + name + "/")
+    return out
+
+
+def _guess_layout(path: str, delimiter: str | None) -> tuple[str, bool]:
+    """(delimiter, has_header) from the first line: a header has a non-numeric field."""
+    import gzip
+    import bz2
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(path)[1], open)
+    with opener(path, "rt") as f:
+        first = f.readline().strip()
+    if not first:
+        raise DataError(f"{path} is empty")
+    if delimiter is None:
+        counts = {d: first.count(d) for d in (",", "\t", ";")}
+        delimiter = max(counts, key=counts.get) if max(counts.values()) > 0 else " "
+    fields = [s.strip().strip('"') for s in (first.split() if delimiter == " " else first.split(delimiter))]
+
+    def numeric(s: str) -> bool:
+        try:
+            float(s)
+            return True
+        except ValueError:
+            return s == ""
+
+    # A non-numeric data file also "has a header" by this test; the dtype check after
+    # parsing then names the offending column.
+    return delimiter, not all(numeric(s) for s in fields)
+
+
+def _read_csv(path, columns, drop_columns, cb, delimiter) -> da.Array:
+    import dask.dataframe as dd
+
+    delim, header = _guess_layout(path, delimiter)
+    kwargs: dict[str, Any] = {"header": 0 if header else None}
+    if delim == " ":
+        kwargs["sep"] = r"\s+"
+    else:
+        kwargs["sep"] = delim
+    compression = "infer"
+    blocksize = cb if cb is not None else config.get_bytes("chunk-bytes")
+    if os.path.splitext(path)[1] in (".gz", ".bz2", ".xz"):
+        blocksize = None  # compressed files cannot be split
+    try:
+        df = dd.read_csv(path, blocksize=blocksize, compression=compression, **kwargs)
+    except Exception as e:
+        raise DataError(f"cannot read {path} as CSV: {e}") from None
+    names = list(df.columns)
+    if not header:
+        df.columns = [str(c) for c in names]
+        names = list(df.columns)
+    df = df[_select(names, columns, drop_columns, path)]
+    bad = [(c, str(t)) for c, t in df.dtypes.items() if not np.issubdtype(np.dtype(t) if not hasattr(t, "numpy_dtype") else t.numpy_dtype, np.number)]
+    if bad:
+        c, t = bad[0]
+        raise DataError(
+            f"column {c!r} of {path} is not numeric (dtype {t}); select features with "
+            f"--columns or --drop-columns"
+        )
+    try:
+        x = df.to_dask_array(lengths=True)
+    except ValueError as e:  # a value that pandas could not parse as a number
+        raise DataError(f"{path} has a non-numeric value: {e}") from None
+    return x
+
+
+def _select(names: list[str], columns, drop_columns, path: str) -> list[str]:
+    def resolve(spec) -> str:
+        s = str(spec)
+        if s in names:
+            return s
+        if s.lstrip("-").isdigit():
+            i = int(s)
+            if -len(names) <= i < len(names):
+                return names[i]
+        raise DataError(f"column {spec!r} is not in {path}; columns: {names}")
+
+    if columns is not None and drop_columns is not None:
+        raise DataError("give columns or drop_columns, not both")
+    if columns is not None:
+        keep = [resolve(c) for c in columns]
+    else:
+        drop = {resolve(c) for c in (drop_columns or [])}
+        keep = [c for c in names if c not in drop]
+    if not keep:
+        raise DataError(f"no columns left to cluster in {path}")
+    return keep

@@ -1,0 +1,321 @@
+"""Lloyd iterations orchestrated on a distributed cluster.
+
+Per iteration (see ``DESIGN.md``):
+
+1. one task per shard (a worker thread's local chunks) runs the backend kernel over its blocks
+   with the current centroids and returns a :class:`StepState` (labels kept on the worker, one
+   :class:`~daskmeans.partials.Partial`);
+2. the partials are combined by a tree of tasks (fan-in ``daskmeans.split-every``);
+3. a root task computes the new centroids and the scalar statistics; the centroids stay on the
+   cluster as a future, only the scalars travel to the client, which decides to stop or go on.
+
+The number of tasks per iteration depends on the number of worker threads, not of chunks.
+Stopping follows scikit-learn's Lloyd: stop when no label changes ("strict convergence") or
+when the squared centroid shift summed over clusters is at most ``tol_abs``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from distributed import Client
+
+from . import config
+from .backends import get_backend
+from .errors import DataError
+from .partials import Partial, combine
+from .placement import Placement, Shard, submit_per_shard
+from .reduction import tree_reduce
+
+
+@dataclass
+class ModelState:
+    """Centroids (float64, on the cluster's backend) and the stats of the step that made them."""
+
+    centroids: Any  # (K, D) float64
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepState:
+    """A shard's labels under the step's centroids (kept on the worker) and its partial."""
+
+    labels: list  # one int32 array per block
+    partial: Partial
+
+
+# ---------------------------------------------------------------- tasks (run on workers)
+
+
+def _step(shard: Shard, model: ModelState, want_sums: bool = True) -> Partial | StepState:
+    """One Lloyd step over a shard's blocks.
+
+    With ``want_sums`` (an iteration) returns the shard's :class:`Partial` and records the
+    labels in the shard's workspace to count reassignments next time; without (the final
+    E-step) returns a :class:`StepState` whose labels become ``labels_``.
+    """
+    be = get_backend(shard.blocks[0])
+    t0 = time.perf_counter()
+    prep = be.prepare(model.centroids, shard.blocks[0].dtype)
+    prev = shard.labels if shard.labels is not None and len(shard.labels) == len(shard.blocks) else None
+    labels, total, reassigned = [], None, 0
+    for j, (_, _, block, w) in enumerate(shard.items()):
+        out = be.assign(block, prep, w, want_sums=want_sums)
+        labels.append(out["labels"])
+        reassigned += int((out["labels"] != prev[j]).sum()) if prev is not None else block.shape[0]
+        if want_sums:
+            p = Partial.from_kernel(out, block.shape[0], 0, 0.0)
+            total = p if total is None else total + p
+        else:
+            inertia = out["inertia"] if total is None else total.inertia + out["inertia"]
+            total = Partial(None, None, None, inertia, 0)
+    if be.name == "cupy":  # kernels are asynchronous: time them to completion
+        be.xp.cuda.get_current_stream().synchronize()
+    total.reassigned = reassigned
+    total.n = shard.n
+    total.kernel_seconds = time.perf_counter() - t0
+    if not want_sums:
+        return StepState(labels, total)
+    shard.labels = labels
+    return total
+
+
+def _update(partial: Partial, prev: ModelState, iteration: int, to_host: bool = False) -> ModelState:
+    """New centroids = sums / weights; empty clusters keep their centroid (relocated later).
+
+    ``to_host`` returns NumPy centroids (for small models that travel to the client)."""
+    be = get_backend(partial.sums)
+    xp = be.xp
+    old = xp.asarray(prev.centroids, dtype=xp.float64)
+    nonempty = partial.counts > 0
+    safe = xp.where(nonempty, partial.weights, 1.0)
+    new = xp.where(nonempty[:, None], partial.sums / safe[:, None], old)
+    shift = float(((new - old) ** 2).sum())
+    stats = {
+        "iteration": iteration,
+        "inertia": float(partial.inertia),
+        "shift": shift,
+        "reassigned": int(partial.reassigned),
+        "n_empty": int((~nonempty).sum()),
+        "kernel_seconds": float(partial.kernel_seconds),
+    }
+    return ModelState(be.to_numpy(new) if to_host else new, stats)
+
+
+def _far_points(shard: Shard, model: ModelState, n_far: int) -> list:
+    """The ``n_far`` rows farthest from their assigned centroid: ``(d2, row, label, x, w)``."""
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    c = xp.asarray(model.centroids, dtype=xp.float64)
+    out = []
+    for j, (_, off, block, w) in enumerate(shard.items()):
+        lab = shard.labels[j]
+        d2 = ((block.astype(xp.float64) - c[lab]) ** 2).sum(axis=1)
+        m = min(n_far, d2.shape[0])
+        idx = xp.argpartition(d2, d2.shape[0] - m)[d2.shape[0] - m :] if m < d2.shape[0] else xp.arange(m)
+        d2h, idxh, labh = be.to_numpy(d2[idx]), be.to_numpy(idx), be.to_numpy(lab[idx])
+        xh = be.to_numpy(block[idx]).astype(np.float64)
+        wh = np.ones(m) if w is None else be.to_numpy(w[idx]).astype(np.float64)
+        out += [(float(d2h[i]), off + int(idxh[i]), int(labh[i]), xh[i], float(wh[i])) for i in range(m)]
+    out.sort(key=lambda t: (-t[0], t[1]))
+    return out[:n_far]
+
+
+def _merge_far(lists: list, n_far: int) -> list:
+    merged = [c for lst in lists for c in lst]
+    merged.sort(key=lambda t: (-t[0], t[1]))
+    return merged[:n_far]
+
+
+def _relocate(partial: Partial, prev: ModelState, candidates: list, iteration: int, to_host: bool) -> ModelState:
+    """Re-seed empty clusters with the points farthest from their centroid (as scikit-learn).
+
+    Each empty cluster, in increasing index, takes the next farthest point, which is removed
+    from the sums of the cluster it was assigned to.
+    """
+    be = get_backend(partial.sums)
+    xp = be.xp
+    sums = be.to_numpy(partial.sums).copy()
+    weights = be.to_numpy(partial.weights).copy()
+    counts = be.to_numpy(partial.counts).copy()
+    empty = np.flatnonzero(counts == 0)
+    for j, (_, _, lab, x, w) in zip(empty, candidates):
+        sums[lab] -= w * x
+        weights[lab] -= w
+        counts[lab] -= 1
+        sums[j] = w * x
+        weights[j] = w
+        counts[j] = 1
+    fixed = Partial(
+        xp.asarray(sums), xp.asarray(weights), xp.asarray(counts), partial.inertia, partial.n,
+        partial.reassigned, partial.kernel_seconds,
+    )
+    state = _update(fixed, prev, iteration, to_host)
+    state.stats["n_empty"] = int(len(empty))
+    return state
+
+
+def _moments(shard: Shard) -> dict:
+    """Row count, per-feature mean and M2 (float64), and the first non-finite row if any."""
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    n, mean, m2, bad = 0, None, None, None
+    for _, off, block, w in shard.items():
+        x = block.astype(xp.float64)
+        finite = xp.isfinite(x).all(axis=1)
+        if bad is None and not bool(finite.all()):
+            bad = off + int(xp.argmin(finite))
+        if w is not None and bad is None and not bool(xp.isfinite(w).all()):
+            bad = off + int(xp.argmin(xp.isfinite(w)))
+        nb = x.shape[0]
+        mb = x.mean(axis=0)
+        m2b = ((x - mb) ** 2).sum(axis=0)
+        mb, m2b = be.to_numpy(mb), be.to_numpy(m2b)
+        if mean is None:
+            n, mean, m2 = nb, mb, m2b
+        else:  # Chan et al. pairwise update
+            delta = mb - mean
+            tot = n + nb
+            mean = mean + delta * nb / tot
+            m2 = m2 + m2b + delta**2 * n * nb / tot
+            n = tot
+    return {"n": n, "mean": mean, "m2": m2, "bad": bad}
+
+
+def _merge_moments(items: list) -> dict:
+    acc = None
+    for it in items:
+        if acc is None:
+            acc = dict(it)
+            continue
+        n, nb = acc["n"], it["n"]
+        delta = it["mean"] - acc["mean"]
+        tot = n + nb
+        acc = {
+            "n": tot,
+            "mean": acc["mean"] + delta * nb / tot,
+            "m2": acc["m2"] + it["m2"] + delta**2 * n * nb / tot,
+            "bad": acc["bad"] if acc["bad"] is not None else it["bad"],
+        }
+    return acc
+
+
+def _get_stats(model: ModelState) -> dict:
+    return model.stats
+
+
+def _get_centroids(model: ModelState) -> np.ndarray:
+    return get_backend(model.centroids).to_numpy(model.centroids)
+
+
+def _sum_inertia(states: list) -> float:
+    return float(sum(s.partial.inertia for s in states))
+
+
+# ---------------------------------------------------------------- client-side driver
+
+
+def data_moments(client: Client, placement: Placement) -> dict:
+    """Mean and variance per feature (float64) in one pass; raises on NaN/inf."""
+    futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
+    res = client.submit(_merge_moments, futs, pure=False).result()
+    if res["bad"] is not None:
+        raise DataError(f"X contains NaN or infinity (first at row {res['bad']}); clean or drop those rows")
+    return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"]}
+
+
+@dataclass
+class LloydResult:
+    centroids: np.ndarray  # (K, D) float64
+    inertia: float
+    n_iter: int
+    history: list
+    states: list  # futures of StepState, labels under the final centroids
+    converged: bool
+    layout: list  # global chunk ids of each state's blocks
+
+
+def run_lloyd(
+    client: Client,
+    placement: Placement,
+    centroids: np.ndarray,
+    *,
+    max_iter: int,
+    tol_abs: float,
+    callback: Callable[[dict], None] | None = None,
+) -> LloydResult:
+    """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    placement : Placement of the data (see :func:`daskmeans.placement.place`)
+    centroids : ndarray, shape (K, D)
+    max_iter : int
+    tol_abs : float
+        Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol``
+        times the mean feature variance).
+    callback : callable(stats dict), optional
+        Called after each iteration with ``iteration, inertia, shift, reassigned, n_empty,
+        seconds, kernel_seconds``.
+    """
+    k = centroids.shape[0]
+    small = centroids.size * 8 <= config.get_bytes("small-model-bytes")
+    model = ModelState(np.asarray(centroids, np.float64))
+    if not small:
+        model = client.scatter(model, hash=False)
+    history: list[dict] = []
+    nshard = len(placement.shards)
+    stale = None  # last iteration's centroids future, released with the next submits
+    it = 0
+    for it in range(max_iter):
+        t0 = time.perf_counter()
+        partials = submit_per_shard(client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step")
+        new_model = tree_reduce(
+            client, partials, combine, name="daskmeans-lloyd-update", finalize=_update, finalize_args=(model, it + 1, small)
+        )
+        # Small models come back whole (one scheduling hop fewer); large ones stay on the
+        # cluster and only their scalar stats travel.
+        stats_f = new_model if small else client.submit(_get_stats, new_model, pure=False)
+        # Release the previous iteration's futures now, so that message rides with these
+        # submits (the client sends at most one message per 10 ms).
+        stale = None
+        stats = stats_f.result()
+        if small:
+            # Ship the small centroids inside the next tasks: a future would make each step
+            # wait for a transfer from the worker that computed it, whose compute thread
+            # holds the GIL (measured: 10+ ms of skew between workers).
+            new_model, stats = stats, stats.stats
+        if stats["n_empty"]:
+            root = tree_reduce(client, partials, combine, name="daskmeans-lloyd-combine")
+            far = submit_per_shard(
+                client, placement, _far_points, [model] * nshard, [stats["n_empty"]] * nshard,
+                name="daskmeans-far-points",
+            )
+            cands = client.submit(_merge_far, far, stats["n_empty"], pure=False)
+            new_model = client.submit(
+                _relocate, root, model, cands, it + 1, small, pure=False, key=f"daskmeans-relocate-{uuid.uuid4().hex}"
+            )
+            stats = client.submit(_get_stats, new_model, pure=False).result()
+            if small:
+                new_model = new_model.result()
+        stats = dict(stats, seconds=time.perf_counter() - t0)
+        history.append(stats)
+        if callback is not None:
+            callback(stats)
+        model, stale = new_model, model
+        if stats["reassigned"] == 0 or stats["shift"] <= tol_abs:
+            break
+    # Final E-step: labels and inertia under the final centroids. After a step where no label
+    # changed this repeats the last assignment, as scikit-learn's result does.
+    final_states = submit_per_shard(client, placement, _step, [model] * nshard, name="daskmeans-lloyd-estep", want_sums=False)
+    inertia = client.submit(_sum_inertia, final_states, pure=False).result()
+    centers = _get_centroids(model) if small else client.submit(_get_centroids, model, pure=False).result()
+    converged = history[-1]["reassigned"] == 0 or history[-1]["shift"] <= tol_abs
+    return LloydResult(
+        np.asarray(centers), float(inertia), it + 1, history, final_states, converged, placement.chunk_ids
+    )

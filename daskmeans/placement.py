@@ -1,0 +1,199 @@
+"""Which chunks live where: persisted row chunks grouped into per-worker-thread shards.
+
+The engine must not pay one task per chunk per iteration (~1 ms each in Dask). After the data
+is persisted, each worker's local chunks are grouped into a few :class:`Shard` objects (one per
+worker thread), each built by a task pinned to that worker. A shard holds references to the
+worker's blocks (no copy); afterwards one task per shard per iteration loops over its blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import dask.array as da
+import numpy as np
+from dask.sizeof import sizeof
+from distributed import Client, futures_of, wait
+
+from .backends import get_backend
+
+
+@dataclass
+class Shard:
+    """A worker-local run of row chunks, in global chunk order.
+
+    Attributes
+    ----------
+    chunk_ids : tuple of int
+        Global index of each block along the row axis.
+    offsets : tuple of int
+        Global row offset of each block.
+    blocks : list of arrays, each shape (n_i, d)
+        The data, as the backend's arrays (NumPy or CuPy).
+    weights : list of arrays, each shape (n_i,), or None
+        Sample weights aligned with ``blocks``.
+    """
+
+    chunk_ids: tuple[int, ...]
+    offsets: tuple[int, ...]
+    blocks: list
+    weights: list | None = None
+    # Workspace: the labels of the last Lloyd step, per block. Kept here rather than in a
+    # task result so that only the small partial sums travel to the reduction (a result
+    # carrying labels would be serialized whole). Lost if the shard is recomputed or
+    # spilled; the engine then counts every row of the shard as reassigned.
+    labels: list | None = None
+
+    @property
+    def n(self) -> int:
+        return int(sum(b.shape[0] for b in self.blocks))
+
+    def items(self):
+        """Yield ``(chunk_id, row_offset, block, weights_or_None)`` in order."""
+        ws = self.weights or [None] * len(self.blocks)
+        yield from zip(self.chunk_ids, self.offsets, self.blocks, ws)
+
+
+@sizeof.register(Shard)
+def _sizeof_shard(s: Shard) -> int:
+    return int(sum(sizeof(b) for b in s.blocks) + sum(sizeof(w) for w in (s.weights or [])))
+
+
+def _make_shard(chunk_ids, offsets, n_blocks, *arrays) -> Shard:
+    blocks = list(arrays[:n_blocks])
+    weights = list(arrays[n_blocks:]) or None
+    return Shard(tuple(chunk_ids), tuple(offsets), blocks, weights)
+
+
+@dataclass
+class Placement:
+    """Shard futures, the workers that hold them, and the global chunk layout."""
+
+    shards: list  # futures of Shard, ordered by their first chunk
+    workers: list[str]
+    chunk_ids: list[tuple[int, ...]]
+    row_chunks: tuple[int, ...]
+    n_features: int
+    dtype: np.dtype
+    backend: str
+
+    @property
+    def n_samples(self) -> int:
+        return int(sum(self.row_chunks))
+
+
+def to_backend(X: da.Array, backend: str) -> da.Array:
+    """Map every block onto the backend's device arrays (a no-op for matching blocks)."""
+    be = get_backend(backend)
+    if get_backend(X).name == be.name:
+        return X
+    try:
+        meta = be.asarray(np.empty((0,) * X.ndim, X.dtype))
+    except Exception:  # the client may lack the GPU library; Dask infers meta lazily then
+        meta = None
+    return X.map_blocks(be.asarray, dtype=X.dtype, meta=meta)
+
+
+def place(
+    client: Client,
+    X: da.Array,
+    backend: str,
+    sample_weight: da.Array | None = None,
+) -> Placement:
+    """Persist ``X`` (and weights) on the cluster and group chunks into per-thread shards.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    X : dask array, shape (n, d), one chunk along columns
+    backend : "numpy" or "cupy"
+    sample_weight : dask array, shape (n,), chunked like X's rows, optional
+    """
+    X = to_backend(X.rechunk({1: -1}), backend)
+    arrays = [X] if sample_weight is None else [X, to_backend(sample_weight.rechunk((X.chunks[0],)), backend)]
+    persisted = client.persist(arrays)
+    xfuts = futures_of(persisted[0])
+    wfuts = futures_of(persisted[1]) if sample_weight is not None else None
+    wait(xfuts + (wfuts or []))
+    # futures_of does not promise an order: index them by the block's key.
+    by_key = {f.key: f for f in xfuts}
+    xkeys = [k for k in (key for key in _row_keys(persisted[0]))]
+    wkeys = list(_row_keys(persisted[1])) if wfuts is not None else None
+    wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
+    who = client.who_has(list(by_key.values()))
+    nthreads = client.nthreads()
+
+    offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
+    per_worker: dict[str, list[int]] = {}
+    for i, key in enumerate(xkeys):
+        holders = sorted(who[key])
+        per_worker.setdefault(holders[0], []).append(i)
+
+    groups: list[tuple[str, list[int]]] = []
+    for w, ids in per_worker.items():
+        parts = max(1, min(int(nthreads.get(w, 1)), len(ids)))
+        for sub in np.array_split(np.asarray(ids), parts):
+            groups.append((w, sub.tolist()))
+    groups.sort(key=lambda g: g[1][0])
+
+    shards = []
+    for w, ids in groups:
+        args = [by_key[xkeys[i]] for i in ids]
+        if wkeys is not None:
+            args += [wby_key[wkeys[i]] for i in ids]
+        shards.append(
+            client.submit(
+                _make_shard,
+                ids,
+                [offsets[i] for i in ids],
+                len(ids),
+                *args,
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+                key=f"daskmeans-shard-{_token()}",
+            )
+        )
+    wait(shards)
+    return Placement(
+        shards=shards,
+        workers=[w for w, _ in groups],
+        chunk_ids=[tuple(ids) for _, ids in groups],
+        row_chunks=tuple(int(c) for c in X.chunks[0]),
+        n_features=int(X.shape[1]),
+        dtype=np.dtype(X.dtype),
+        backend=get_backend(backend).name,
+    )
+
+
+def _row_keys(x: da.Array) -> Sequence:
+    keys = x.__dask_keys__()
+    # 2-D: keys[i][0] is row block i (one column block); 1-D: keys[i].
+    return [k[0] if isinstance(k, list) else k for k in keys]
+
+
+def _token() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: Sequence, name: str, **kwargs) -> list:
+    """Submit ``fn(shard, *extra)`` once per shard on the shard's worker; returns futures."""
+    futs = []
+    for i, (shard, w) in enumerate(zip(placement.shards, placement.workers)):
+        extra = [a[i] for a in args_per_shard]
+        futs.append(
+            client.submit(
+                fn,
+                shard,
+                *extra,
+                workers=[w],
+                allow_other_workers=True,
+                pure=False,
+                key=f"{name}-{_token()}",
+                **kwargs,
+            )
+        )
+    return futs

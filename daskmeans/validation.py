@@ -1,0 +1,118 @@
+"""Declarative parameter constraints and the checks that produce uniform error messages.
+
+Messages state the value and the requirement, e.g. ``n_samples=10 should be >= n_clusters=11``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from .errors import DataError, InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A numeric range; ``integer`` requires an integral value."""
+
+    low: float | None = None
+    high: float | None = None
+    closed: str = "both"  # "both", "left", "right", "neither"
+    integer: bool = False
+
+    def check(self, name: str, value: Any) -> None:
+        kind = numbers.Integral if self.integer else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind):
+            what = "an integer" if self.integer else "a real number"
+            raise InvalidParameterError(f"{name}={value!r} should be {what}")
+        if self.low is not None:
+            if self.closed in ("both", "left") and not value >= self.low:
+                raise InvalidParameterError(f"{name}={value!r} should be >= {self.low}")
+            if self.closed in ("right", "neither") and not value > self.low:
+                raise InvalidParameterError(f"{name}={value!r} should be > {self.low}")
+        if self.high is not None:
+            if self.closed in ("both", "right") and not value <= self.high:
+                raise InvalidParameterError(f"{name}={value!r} should be <= {self.high}")
+            if self.closed in ("left", "neither") and not value < self.high:
+                raise InvalidParameterError(f"{name}={value!r} should be < {self.high}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a fixed set of strings."""
+
+    values: tuple[str, ...]
+
+    def check(self, name: str, value: Any) -> None:
+        if not isinstance(value, str) or value not in self.values:
+            allowed = ", ".join(repr(v) for v in self.values)
+            raise InvalidParameterError(f"{name}={value!r} should be one of {allowed}")
+
+
+class ArrayLike:
+    """Anything with ``shape`` and ``dtype`` (a NumPy, CuPy or Dask array) or a path string."""
+
+    def check(self, name: str, value: Any) -> None:
+        if isinstance(value, str) or hasattr(value, "shape"):
+            return
+        raise InvalidParameterError(
+            f"{name} should be an array of shape (n_clusters, n_features) or a .npy path, "
+            f"got {type(value).__name__}"
+        )
+
+
+class NoneOr:
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def check(self, name: str, value: Any) -> None:
+        if value is not None:
+            self.inner.check(name, value)
+
+
+class AnyOf:
+    def __init__(self, *options: Any):
+        self.options = options
+
+    def check(self, name: str, value: Any) -> None:
+        errors = []
+        for opt in self.options:
+            try:
+                opt.check(name, value)
+                return
+            except InvalidParameterError as e:
+                errors.append(str(e).split(" should ", 1)[-1])
+        raise InvalidParameterError(f"{name}={value!r} should " + " or ".join(errors))
+
+
+def validate_params(params: dict[str, Any], constraints: dict[str, Any]) -> None:
+    """Check each parameter against its constraint; raise on the first violation."""
+    for name, constraint in constraints.items():
+        constraint.check(name, params[name])
+
+
+def check_n_clusters(n_samples: int, n_clusters: int) -> None:
+    if n_samples < n_clusters:
+        raise DataError(f"n_samples={n_samples} should be >= n_clusters={n_clusters}")
+
+
+def check_2d_numeric(shape: Iterable[int], dtype: Any, name: str = "X") -> None:
+    """Data must be 2-D and numeric (bool and complex are refused)."""
+    shape = tuple(shape)
+    if len(shape) != 2:
+        raise DataError(f"{name} should be 2-D (n_samples, n_features), got shape {shape}")
+    kind = np.dtype(dtype).kind
+    if kind not in "iuf":
+        raise DataError(f"{name} should be numeric, got dtype {np.dtype(dtype)}")
+    if shape[1] < 1:
+        raise DataError(f"{name} should have at least 1 feature, got shape {shape}")
+    if shape[0] < 1:
+        raise DataError(f"{name} should have at least 1 sample, got shape {shape}")
+
+
+def check_n_features(expected: int, got: int, name: str = "X") -> None:
+    if expected != got:
+        raise DataError(f"{name} has {got} features, but the model was fitted with {expected}")
