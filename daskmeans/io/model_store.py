@@ -80,14 +80,20 @@ def load_model(path: str) -> tuple[np.ndarray, dict]:
     return centers, attrs
 
 
-def write_array(x, path: str, name: str = "labels") -> None:
-    """Write a host-backed Dask array to a new Zarr group ``path`` (atomically)."""
+def write_array(x, path: str, name: str | None = None) -> None:
+    """Write a host-backed Dask array to Zarr at ``path`` (atomically), chunk by chunk.
+
+    With ``name`` the array goes into a new group under that name; without, ``path`` is the
+    array itself. Nothing larger than one chunk is held in memory.
+    """
     import dask.array as da
     import zarr
 
     # Zarr chunks are regular: rechunk so no two Dask blocks write into one Zarr chunk.
     x = x.rechunk(tuple(max(c) for c in x.chunks))
     with atomic_dir(path) as tmp:
-        g = zarr.open_group(tmp, mode="w")
-        arr = g.create_array(name, shape=x.shape, chunks=x.chunksize, dtype=x.dtype)
+        if name is None:
+            arr = zarr.create_array(tmp, shape=x.shape, chunks=x.chunksize, dtype=x.dtype)
+        else:
+            arr = zarr.open_group(tmp, mode="w").create_array(name, shape=x.shape, chunks=x.chunksize, dtype=x.dtype)
         da.store(x, arr, lock=False)

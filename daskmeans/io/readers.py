@@ -217,7 +217,9 @@ def _read_csv(path, columns, drop_columns, cb, delimiter) -> da.Array:
         df.columns = [str(c) for c in names]
         names = list(df.columns)
     df = df[_select(names, columns, drop_columns, path)]
-    bad = [(c, str(t)) for c, t in df.dtypes.items() if not np.issubdtype(np.dtype(t) if not hasattr(t, "numpy_dtype") else t.numpy_dtype, np.number)]
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    bad = [(c, str(t)) for c, t in df.dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
     if bad:
         c, t = bad[0]
         raise DataError(

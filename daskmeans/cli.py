@@ -1,0 +1,222 @@
+"""``daskmeans`` command line: parse, preflight, call the Python API, report.
+
+Expected failures (bad input, bad parameters, unreachable scheduler) print one line
+``daskmeans: error: ...`` and exit 1 (usage errors exit 2), never a traceback; outputs are
+written atomically so a failure leaves nothing partial behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from . import __version__
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", help="array inside a Zarr group")
+    p.add_argument("--columns", help="CSV: comma-separated feature columns to keep (names or positions)")
+    p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
+    p.add_argument("--chunk-bytes", help="target bytes per row chunk (e.g. 128MiB)")
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scheduler", metavar="ADDRESS", help="scheduler address or scheduler JSON file; default: start a local cluster")
+    p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
+    p.add_argument("--workers", type=int, help="local CPU cluster: number of workers (default: one per core)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="daskmeans", description="Distributed, out-of-core k-means on Dask (GPU or CPU).")
+    ap.add_argument("--version", action="version", version=f"daskmeans {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fit", help="fit a model to DATA (.zarr, .csv or .npy)")
+    f.add_argument("data")
+    f.add_argument("--k", type=int, required=True, help="number of clusters")
+    f.add_argument("-o", "--output", default="model.zarr", help="model to write (Zarr group; default model.zarr)")
+    f.add_argument("--init", default="k-means||", help="k-means|| (default), k-means++, random, or a .npy of centroids")
+    f.add_argument("--n-init", type=int, default=1)
+    f.add_argument("--max-iter", type=int, default=300)
+    f.add_argument("--tol", type=float, default=1e-4)
+    f.add_argument("--seed", type=int, default=None)
+    f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    f.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _add_data_args(f)
+    _add_cluster_args(f)
+
+    p = sub.add_parser("predict", help="label DATA with a fitted MODEL")
+    p.add_argument("model")
+    p.add_argument("data")
+    p.add_argument("-o", "--output", required=True, metavar="LABELS.zarr")
+    p.add_argument("--overwrite", action="store_true")
+    _add_data_args(p)
+    _add_cluster_args(p)
+
+    i = sub.add_parser("info", help="describe a fitted MODEL")
+    i.add_argument("model")
+    i.add_argument("--json", action="store_true", help="print the model's attributes as JSON")
+
+    g = sub.add_parser("generate", help="write synthetic data")
+    gs = g.add_subparsers(dest="kind", required=True)
+    b = gs.add_parser("blobs", help="isotropic Gaussian blobs, written chunk by chunk to Zarr")
+    b.add_argument("--n", type=int, required=True, help="rows")
+    b.add_argument("--d", type=int, required=True, help="features")
+    b.add_argument("--centers", type=int, required=True)
+    b.add_argument("--std", type=float, default=1.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    b.add_argument("--chunk-rows", type=int)
+    b.add_argument("-o", "--output", required=True, metavar="DATA.zarr")
+    b.add_argument("--overwrite", action="store_true")
+    return ap
+
+
+def _split(s: str | None) -> list[str] | None:
+    return None if s is None else [c.strip() for c in s.split(",") if c.strip()]
+
+
+def _read(args):
+    from .io.readers import read
+
+    return read(
+        args.data, dataset=args.dataset, columns=_split(args.columns), drop_columns=_split(args.drop_columns),
+        chunk_bytes=args.chunk_bytes,
+    )
+
+
+def _check_output(path: str | None, overwrite: bool) -> None:
+    from .errors import DaskmeansError
+
+    if path is None:
+        return
+    if os.path.exists(path) and not overwrite:
+        raise DaskmeansError(f"{path} exists: choose another output or pass --overwrite")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise DaskmeansError(f"cannot write {path}: directory {parent} does not exist")
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return None
+
+    def show(s: dict) -> None:
+        print(
+            f"iter {s['iteration']:4d}  inertia {s['inertia']:.6e}  shift {s['shift']:.3e}  "
+            f"reassigned {s['reassigned']:>10d}  empty {s['n_empty']}  {s['seconds']:.3f} s",
+            file=sys.stderr, flush=True,
+        )
+
+    return show
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _cmd_fit(args) -> int:
+    from .cluster import connect
+    from .estimator import KMeans
+    from .io.model_store import write_array
+    from .validation import check_n_clusters
+
+    X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+    check_n_clusters(int(X.shape[0]), args.k)
+    _check_output(args.output, args.overwrite)
+    _check_output(args.labels, args.overwrite)
+    init = args.init
+    if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
+        from .errors import DaskmeansError
+
+        raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
+    km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed, backend=args.backend)
+    with connect(args.scheduler, args.backend, args.workers) as client:
+        _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
+        km.client = client
+        t0 = time.perf_counter()
+        km.fit(X, callback=_progress(args.quiet))
+        _say(
+            f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
+            f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
+        )
+        km.client = None
+        if args.labels:
+            write_array(km.labels_, args.labels, name="labels")
+            _say(f"daskmeans: labels written to {args.labels}")
+        km.save(args.output)
+    _say(f"daskmeans: model written to {args.output}")
+    return 0
+
+
+def _cmd_predict(args) -> int:
+    from . import load
+    from .cluster import connect
+    from .io.model_store import write_array
+
+    km = load(args.model)
+    X = _read(args)
+    _check_output(args.output, args.overwrite)
+    from .validation import check_n_features
+
+    check_n_features(km.n_features_in_, int(X.shape[1]))
+    with connect(args.scheduler, args.backend, args.workers) as client:
+        km.client = client
+        km.backend_ = args.backend
+        write_array(km.predict(X), args.output, name="labels")
+    _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
+    return 0
+
+
+def _cmd_info(args) -> int:
+    from .io.model_store import load_model
+
+    centers, attrs = load_model(args.model)
+    if args.json:
+        print(json.dumps(attrs, indent=2))
+        return 0
+    p = attrs.get("params", {})
+    hist = attrs.get("history", [])
+    print(f"model        {args.model}")
+    print(f"clusters     {centers.shape[0]}  features {centers.shape[1]}  dtype {attrs.get('dtype')}")
+    print(f"inertia      {attrs.get('inertia'):.6e}")
+    print(f"iterations   {attrs.get('n_iter')}  (max_iter {p.get('max_iter')}, tol {p.get('tol')})")
+    print(f"init         {p.get('init')}  seed {p.get('random_state')}  backend {attrs.get('backend')}")
+    if hist:
+        print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
+    print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
+    return 0
+
+
+def _cmd_generate(args) -> int:
+    from .datasets import make_blobs
+    from .io.model_store import write_array
+
+    _check_output(args.output, args.overwrite)
+    X, _ = make_blobs(args.n, args.d, args.centers, cluster_std=args.std, random_state=args.seed, dtype=args.dtype, chunk_rows=args.chunk_rows)
+    t0 = time.perf_counter()
+    write_array(X, args.output)
+    _say(f"daskmeans: {args.n} x {args.d} {args.dtype} blobs ({args.centers} centers) written to {args.output} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .errors import DaskmeansError
+
+    try:
+        return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "generate": _cmd_generate}[args.command](args)
+    except DaskmeansError as e:
+        _say(f"daskmeans: error: {e}")
+        return 1
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        _say(f"daskmeans: error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        _say("daskmeans: interrupted")
+        return 130

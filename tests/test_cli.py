@@ -1,0 +1,114 @@
+"""The command line: the README's workflow end to end, and one-line errors for bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from daskmeans.cli import main
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    path = str(d / "data.zarr")
+    assert main(["generate", "blobs", "--n", "30000", "--d", "6", "--centers", "4", "--chunk-rows", "4000", "-o", path]) == 0
+    return d, path
+
+
+def test_generate_writes_chunked_zarr(blobs):
+    _, path = blobs
+    a = zarr.open_array(path, mode="r")
+    assert a.shape == (30000, 6) and a.chunks == (4000, 6) and a.dtype == np.float32
+    assert np.isfinite(a[:]).all()
+
+
+def test_fit_info_predict_roundtrip(blobs, capsys):
+    d, data = blobs
+    model, labels, pred = str(d / "m.zarr"), str(d / "l.zarr"), str(d / "p.zarr")
+    rc, _, err = run(capsys, "fit", data, "--k", "4", "--seed", "3", "-o", model, "--labels", labels, "--workers", "2")
+    assert rc == 0, err
+    assert "iter    1" in err and "model written" in err
+    rc, out, _ = run(capsys, "info", model)
+    assert rc == 0 and "clusters     4  features 6" in out
+    rc, out, _ = run(capsys, "info", model, "--json")
+    attrs = json.loads(out)
+    assert attrs["format"] == "daskmeans-model" and attrs["params"]["n_clusters"] == 4
+    rc, _, err = run(capsys, "predict", model, data, "-o", pred, "--workers", "2")
+    assert rc == 0, err
+    a = zarr.open_group(labels, mode="r")["labels"][:]
+    b = zarr.open_group(pred, mode="r")["labels"][:]
+    assert a.shape == (30000,) and (a == b).all()
+    assert sorted(np.bincount(a, minlength=4) > 5000) == [True] * 4
+
+
+def _one_line_error(rc, out, err):
+    # Progress lines may precede it (errors found while reading the data on the cluster),
+    # but the error itself is exactly one line, the last, and there is no traceback.
+    assert rc != 0
+    lines = [ln for ln in err.strip().splitlines() if ln]
+    errors = [ln for ln in lines if ln.startswith("daskmeans: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    assert "Traceback" not in err
+    return errors[0]
+
+
+def test_missing_file(tmp_path, capsys):
+    line = _one_line_error(*run(capsys, "fit", str(tmp_path / "nope.zarr"), "--k", "3", "-o", str(tmp_path / "m.zarr")))
+    assert "no such file" in line
+    assert not os.path.exists(tmp_path / "m.zarr")
+
+
+def test_k_larger_than_n(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((10, 2)))
+    line = _one_line_error(*run(capsys, "fit", str(tmp_path / "x.npy"), "--k", "11", "-o", str(tmp_path / "m.zarr")))
+    assert "n_samples=10 should be >= n_clusters=11" in line
+    assert not os.path.exists(tmp_path / "m.zarr")
+
+
+def test_non_numeric_csv(tmp_path, capsys):
+    (tmp_path / "x.csv").write_text("a,b\n1,x\n2,y\n3,z\n")
+    line = _one_line_error(*run(capsys, "fit", str(tmp_path / "x.csv"), "--k", "1", "-o", str(tmp_path / "m.zarr")))
+    assert "column 'b'" in line and "not numeric" in line
+
+
+def test_csv_drop_label_column(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    x = np.r_[rng.normal(0, 0.1, (50, 2)), rng.normal(5, 0.1, (50, 2))]
+    rows = "\n".join(f"{a},{b},{'p' if i < 50 else 'q'}" for i, (a, b) in enumerate(x))
+    (tmp_path / "x.csv").write_text("f1,f2,label\n" + rows + "\n")
+    rc, _, err = run(capsys, "fit", str(tmp_path / "x.csv"), "--k", "2", "--drop-columns", "label", "--seed", "0",
+                     "-o", str(tmp_path / "m.zarr"), "--workers", "1", "-q")
+    assert rc == 0, err
+    centers = np.sort(zarr.open_group(str(tmp_path / "m.zarr"), mode="r")["cluster_centers"][:, 0])
+    np.testing.assert_allclose(centers, [0, 5], atol=0.1)
+
+
+def test_nan_in_data(tmp_path, capsys):
+    x = np.random.default_rng(0).random((100, 3))
+    x[7, 2] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    line = _one_line_error(*run(capsys, "fit", str(tmp_path / "x.npy"), "--k", "2", "-o", str(tmp_path / "m.zarr"), "--workers", "1", "-q"))
+    assert "NaN" in line and "row 7" in line
+    assert not os.path.exists(tmp_path / "m.zarr")
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+
+
+def test_existing_output_refused(blobs, tmp_path, capsys):
+    _, data = blobs
+    (tmp_path / "m.zarr").mkdir()
+    line = _one_line_error(*run(capsys, "fit", data, "--k", "2", "-o", str(tmp_path / "m.zarr")))
+    assert "--overwrite" in line
+
+
+def test_bad_model_path(tmp_path, capsys):
+    line = _one_line_error(*run(capsys, "info", str(tmp_path / "none.zarr")))
+    assert "no such model" in line

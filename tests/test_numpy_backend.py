@@ -1,0 +1,257 @@
+"""The NumPy kernels of :mod:`daskmeans.backends.numpy` against hand-computed values and a
+plain float64 NumPy reference."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+from daskmeans.backends import get_backend
+from daskmeans.backends import numpy as nb
+
+# Regimes of the kernel: default tiles, tiny tiles (K*itemsize > tile-bytes, so 64-row
+# tiles), one-hot sums for every K, sorted (reduceat) sums for every K, small one-hot groups.
+REGIMES = {
+    "default": {},
+    "tiny-tiles": {"daskmeans.tile-bytes": 256},
+    "onehot-always": {"daskmeans.onehot-max-k": 100_000},
+    "sorted-always": {"daskmeans.onehot-max-k": 0},
+    "onehot-small-groups": {"daskmeans.onehot-max-k": 100_000, "daskmeans.onehot-rows": 7, "daskmeans.tile-bytes": 256},
+    "sorted-tiny-tiles": {"daskmeans.onehot-max-k": 0, "daskmeans.tile-bytes": 256},
+}
+
+
+def reference(X, C, w=None):
+    """Plain float64 nearest-centroid assignment by broadcasting (first index on ties)."""
+    X = np.asarray(X, np.float64)
+    C = np.asarray(C, np.float64)
+    d2 = ((X[:, None, :] - C[None, :, :]) ** 2).sum(axis=2)
+    lab = d2.argmin(axis=1)
+    mind = d2[np.arange(len(X)), lab]
+    k, d = C.shape
+    ww = np.ones(len(X)) if w is None else np.asarray(w, np.float64)
+    sums = np.zeros((k, d))
+    np.add.at(sums, lab, X * ww[:, None])
+    return {
+        "labels": lab,
+        "sqdist": mind,
+        "d2": d2,
+        "inertia": float(mind @ ww),
+        "sums": sums,
+        "weights": np.bincount(lab, weights=ww, minlength=k),
+        "counts": np.bincount(lab, minlength=k),
+    }
+
+
+# ---------------------------------------------------------------- hand-computed toy case
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("regime", ["default", "onehot-always", "sorted-always"])
+def test_toy_1d_exact(dtype, regime):
+    X = np.array([[0.0], [1.0], [10.0], [11.0]], dtype=dtype)
+    C = np.array([[0.5], [10.5]])
+    with dask.config.set(REGIMES[regime]):
+        out = nb.assign(X, nb.prepare(C, dtype))
+    assert out["labels"].dtype == np.int32
+    np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
+    assert out["sums"].dtype == np.float64
+    np.testing.assert_array_equal(out["sums"], [[1.0], [21.0]])
+    assert out["counts"].dtype == np.int64
+    np.testing.assert_array_equal(out["counts"], [2, 2])
+    assert out["weights"].dtype == np.float64
+    np.testing.assert_array_equal(out["weights"], [2.0, 2.0])
+    # every point is 0.5 away from its centroid: 4 * 0.25 (all exact in binary floating point)
+    assert out["inertia"] == 1.0
+
+
+def test_toy_1d_weighted_exact():
+    X = np.array([[0.0], [1.0], [10.0], [11.0]])
+    C = np.array([[0.5], [10.5]])
+    w = np.array([1.0, 3.0, 0.5, 2.0])
+    out = nb.assign(X, nb.prepare(C, X.dtype), w)
+    np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
+    np.testing.assert_array_equal(out["sums"], [[3.0], [27.0]])
+    np.testing.assert_array_equal(out["weights"], [4.0, 2.5])
+    np.testing.assert_array_equal(out["counts"], [2, 2])  # counts stay unweighted
+    assert out["inertia"] == 0.25 * (1.0 + 3.0 + 0.5 + 2.0)
+
+
+def test_toy_min_sqdist_and_sqdistances_exact():
+    X = np.array([[0.0], [1.0], [10.0], [11.0]])
+    p = nb.prepare(np.array([[0.5], [10.5]]), X.dtype)
+    lab, d2 = nb.min_sqdist(X, p)
+    assert lab.dtype == np.int32 and d2.dtype == np.float64
+    np.testing.assert_array_equal(lab, [0, 0, 1, 1])
+    np.testing.assert_array_equal(d2, [0.25] * 4)
+    full = nb.sqdistances(X, p)
+    assert full.dtype == np.float64
+    np.testing.assert_array_equal(full, [[0.25, 110.25], [0.25, 90.25], [90.25, 0.25], [110.25, 0.25]])
+
+
+def test_want_sums_false_returns_only_labels_and_inertia():
+    X = np.array([[0.0], [1.0], [10.0], [11.0]])
+    out = nb.assign(X, nb.prepare(np.array([[0.5], [10.5]]), X.dtype), want_sums=False)
+    assert set(out) == {"labels", "inertia"}
+    np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
+    assert out["inertia"] == 1.0
+
+
+# ---------------------------------------------------------------- ties
+
+
+@pytest.mark.parametrize("regime", ["default", "sorted-always"])
+def test_ties_go_to_lowest_index(regime):
+    # 5 is exactly 1 away from 4 and from 6; 0 is exactly 1 away from -1 and 1
+    X = np.array([[5.0], [0.0], [5.0]])
+    C = np.array([[6.0], [4.0], [-1.0], [1.0]])
+    with dask.config.set(REGIMES[regime]):
+        out = nb.assign(X, nb.prepare(C, X.dtype))
+        lab, _ = nb.min_sqdist(X, nb.prepare(C, X.dtype))
+    np.testing.assert_array_equal(out["labels"], [0, 2, 0])
+    np.testing.assert_array_equal(lab, [0, 2, 0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("regime", ["default", "tiny-tiles", "sorted-always"])
+def test_duplicate_centroids_never_win(dtype, regime):
+    """With every centroid duplicated at a higher index, labels stay in the first copy."""
+    rng = np.random.default_rng(3)
+    X = rng.integers(-8, 8, size=(500, 3)).astype(dtype)
+    C0 = rng.integers(-8, 8, size=(6, 3)).astype(np.float64)
+    C = np.concatenate([C0, C0])
+    with dask.config.set(REGIMES[regime]):
+        out = nb.assign(X, nb.prepare(C, dtype))
+    assert out["labels"].max() < 6
+    np.testing.assert_array_equal(out["counts"][6:], 0)
+    np.testing.assert_array_equal(out["labels"], reference(X, C0)["labels"])
+
+
+# ---------------------------------------------------------------- float64 reference equivalence
+
+SHAPES = [
+    # (n, d, k)
+    (1, 1, 1),
+    (17, 3, 1),
+    (257, 5, 2),
+    (1000, 7, 9),
+    (1000, 13, 50),
+    (333, 1, 300),
+    (700, 6, 130),
+]
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("n,d,k", SHAPES)
+def test_assign_matches_float64_reference(n, d, k, regime):
+    rng = np.random.default_rng(n * 1000 + d * 10 + k)
+    X = rng.standard_normal((n, d)) * 3 + rng.uniform(-5, 5, size=d)
+    C = X[rng.choice(n, size=k, replace=True)] + rng.standard_normal((k, d)) * 0.1
+    ref = reference(X, C)
+    with dask.config.set(REGIMES[regime]):
+        p = nb.prepare(C, X.dtype)
+        out = nb.assign(X, p)
+        lab, d2 = nb.min_sqdist(X, p)
+        full = nb.sqdistances(X, p)
+    np.testing.assert_array_equal(out["labels"], ref["labels"])
+    np.testing.assert_array_equal(lab, ref["labels"])
+    np.testing.assert_array_equal(out["counts"], ref["counts"])
+    np.testing.assert_array_equal(out["weights"], ref["counts"].astype(np.float64))
+    np.testing.assert_allclose(out["sums"], ref["sums"], rtol=1e-12, atol=1e-9)
+    assert out["inertia"] == pytest.approx(ref["inertia"], rel=1e-10, abs=1e-9)
+    np.testing.assert_allclose(d2, ref["sqdist"], rtol=1e-9, atol=1e-9)
+    assert full.shape == (n, k)
+    np.testing.assert_allclose(full, ref["d2"], rtol=1e-9, atol=1e-9)
+    assert (d2 >= 0).all() and (full >= 0).all()
+
+
+@pytest.mark.parametrize("regime", ["default", "tiny-tiles", "sorted-always", "onehot-small-groups"])
+@pytest.mark.parametrize("n,d,k", [(1000, 7, 9), (700, 6, 130), (50, 3, 1)])
+def test_assign_weighted_matches_reference(n, d, k, regime):
+    rng = np.random.default_rng(k)
+    X = rng.standard_normal((n, d))
+    C = X[rng.choice(n, size=k, replace=False)]
+    w = rng.uniform(0, 4, size=n)
+    w[::7] = 0.0  # zero weights are allowed
+    ref = reference(X, C, w)
+    with dask.config.set(REGIMES[regime]):
+        out = nb.assign(X, nb.prepare(C, X.dtype), w)
+    np.testing.assert_array_equal(out["labels"], ref["labels"])
+    np.testing.assert_array_equal(out["counts"], ref["counts"])
+    np.testing.assert_allclose(out["weights"], ref["weights"], rtol=1e-12)
+    np.testing.assert_allclose(out["sums"], ref["sums"], rtol=1e-12, atol=1e-9)
+    assert out["inertia"] == pytest.approx(ref["inertia"], rel=1e-10)
+
+
+@pytest.mark.parametrize("regime", ["default", "tiny-tiles", "sorted-always", "onehot-small-groups"])
+def test_float32_close_to_reference(regime):
+    """float32 data: sums and inertia accumulate in float64; labels are optimal to float32
+    rounding (a different label only where the two distances are within rounding)."""
+    rng = np.random.default_rng(11)
+    X64 = rng.standard_normal((2000, 5))
+    X = X64.astype(np.float32)
+    C = X64[rng.choice(2000, size=20, replace=False)]
+    ref = reference(X.astype(np.float64), C.astype(np.float32).astype(np.float64))
+    with dask.config.set(REGIMES[regime]):
+        out = nb.assign(X, nb.prepare(C, np.float32))
+    assert out["sums"].dtype == np.float64
+    chosen = ref["d2"][np.arange(len(X)), out["labels"]]
+    np.testing.assert_allclose(chosen, ref["sqdist"], rtol=1e-4, atol=1e-4)
+    assert (out["labels"] == ref["labels"]).mean() > 0.99
+    # sums are of the kernel's own labels: recompute the reference with those
+    sums = np.zeros((20, 5))
+    np.add.at(sums, out["labels"], X.astype(np.float64))
+    np.testing.assert_allclose(out["sums"], sums, rtol=1e-5, atol=1e-3)
+    np.testing.assert_array_equal(out["counts"], np.bincount(out["labels"], minlength=20))
+    assert out["inertia"] == pytest.approx(float(chosen.sum()), rel=1e-4)
+
+
+def test_point_on_centroid_has_nonnegative_distance():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100, 4)) * 1e3
+    p = nb.prepare(X[:10], X.dtype)
+    lab, d2 = nb.min_sqdist(X, p)
+    np.testing.assert_array_equal(lab[:10], np.arange(10))
+    assert (d2 >= 0).all()
+    assert (d2[:10] < 1e-6).all()
+    assert (nb.sqdistances(X, p) >= 0).all()
+
+
+def test_prepare_casts_to_data_dtype():
+    C = np.arange(6, dtype=np.float64).reshape(3, 2)
+    p = nb.prepare(C, np.float32)
+    assert p.centroids.dtype == np.float32 and p.neg2_ct.dtype == np.float32 and p.sqnorm.dtype == np.float32
+    assert p.k == 3
+    np.testing.assert_array_equal(p.neg2_ct, -2 * C.T)
+    np.testing.assert_array_equal(p.sqnorm, [1.0, 13.0, 41.0])
+    assert p.neg2_ct.flags.c_contiguous
+
+
+def test_get_backend_dispatch():
+    assert get_backend("numpy") is nb
+    assert get_backend("cpu") is nb
+    assert get_backend(np.zeros(3)) is nb
+    import dask.array as da
+
+    assert get_backend(da.zeros((4, 2), chunks=2)) is nb
+    with pytest.raises(ValueError, match="backend='tpu'"):
+        get_backend("tpu")
+
+
+@pytest.mark.gpu
+def test_cupy_assign_matches_numpy():
+    import cupy
+
+    from daskmeans.backends import cupy as cb
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((3000, 7))
+    C = X[:25]
+    w = rng.uniform(0, 2, size=3000)
+    ref = nb.assign(X, nb.prepare(C, X.dtype), w)
+    out = cb.assign(cupy.asarray(X), cb.prepare(C, X.dtype), cupy.asarray(w))
+    np.testing.assert_array_equal(cb.to_numpy(out["labels"]), ref["labels"])
+    np.testing.assert_allclose(cb.to_numpy(out["sums"]), ref["sums"], rtol=1e-10)
+    np.testing.assert_array_equal(cb.to_numpy(out["counts"]), ref["counts"])
+    assert float(out["inertia"]) == pytest.approx(ref["inertia"], rel=1e-10)
