@@ -166,11 +166,11 @@ def _moments(shard: Shard) -> dict:
     n, mean, m2, bad = 0, None, None, None
     for _, off, block, w in shard.items():
         x = block.astype(xp.float64)
-        finite = xp.isfinite(x).all(axis=1)
-        if bad is None and not bool(finite.all()):
-            bad = off + int(xp.argmin(finite))
-        if w is not None and bad is None and not bool(xp.isfinite(w).all()):
-            bad = off + int(xp.argmin(xp.isfinite(w)))
+        bad_rows = ~xp.isfinite(x).all(axis=1)
+        if w is not None:
+            bad_rows |= ~xp.isfinite(w)
+        if bad is None and bool(bad_rows.any()):
+            bad = off + int(xp.flatnonzero(bad_rows)[0])
         nb = x.shape[0]
         mb = x.mean(axis=0)
         m2b = ((x - mb) ** 2).sum(axis=0)

@@ -1,0 +1,128 @@
+"""GPU kernel-step benchmark (issue: GPU engine at the cuBLAS floor).
+
+On one GPU, data resident, per iteration: median time (CUDA events, after warm-up, fresh
+random data per problem) of daskmeans' CuPy kernel step (``backends.cupy.assign``) and, in
+the same run, the floors: cuBLAS fp32 and tf32 GEMM of N x D x K (row-tiled like the kernel
+where N x K would not fit), one HBM read of X (a device copy's time / 2), and the naive PyTorch
+step (cdist, argmin, index_add). Writes JSON with device, date and commit.
+
+    python benchmarks/bench_gpu_kernels.py [--problems P2,P3,S1,S2] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+PROBLEMS = {
+    "P2": (1_000_000, 100, 1000),
+    "P3": (300_000, 408, 5000),
+    "P4": (4_000_000, 480, 40000),
+    "S1": (1_000_000, 100, 4),
+    "S2": (10_000_000, 2, 8),
+}
+
+
+def timeit(fn, reps=10, warm=3):
+    import torch
+
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return float(np.median(ts))
+
+
+def gemm_tiled(X, CT, rows):
+    import torch
+
+    out = torch.empty((rows, CT.shape[1]), device=X.device, dtype=X.dtype)
+    for s in range(0, X.shape[0], rows):
+        xt = X[s : s + rows]
+        torch.matmul(xt, CT, out=out[: xt.shape[0]])
+
+
+def main(argv=None):
+    import cupy
+    import torch
+
+    from daskmeans.backends import get_backend
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default="P2,P3,S1,S2")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    be = get_backend("cupy")
+    dev = torch.cuda.get_device_name()
+    rows_out = []
+    for name in args.problems.split(","):
+        n, d, k = PROBLEMS[name]
+        g = torch.Generator(device="cuda").manual_seed(hash(name) % 2**31)
+        X = torch.randn((n, d), device="cuda", dtype=torch.float32, generator=g)
+        C = X[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
+        rows = max(1024, min(n, (1 << 30) // (4 * k)))  # 1 GiB distance tile for the floors
+        r = {"problem": name, "n": n, "d": d, "k": k}
+        torch.backends.cuda.matmul.allow_tf32 = False
+        r["gemm_fp32_s"] = timeit(lambda: gemm_tiled(X, C.T.contiguous(), rows))
+        torch.backends.cuda.matmul.allow_tf32 = True
+        r["gemm_tf32_s"] = timeit(lambda: gemm_tiled(X, C.T.contiguous(), rows))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        Y = torch.empty_like(X)
+        r["hbm_read_s"] = timeit(lambda: Y.copy_(X)) / 2
+        del Y
+        Xc, Cc = cupy.from_dlpack(X), cupy.from_dlpack(C)
+        prep = be.prepare(Cc, np.float32)
+        r["daskmeans_fp32_s"] = timeit(lambda: be.assign(Xc, prep), reps=5, warm=2)
+
+        def naive():
+            sums = torch.zeros((k, d), device="cuda")
+            for s in range(0, n, rows):
+                xt = X[s : s + rows]
+                lab = torch.cdist(xt, C).argmin(1)
+                sums.index_add_(0, lab, xt)
+            return sums
+
+        r["torch_naive_s"] = timeit(naive, reps=5, warm=2)
+        r["ratio_fp32_vs_gemm_fp32"] = r["daskmeans_fp32_s"] / r["gemm_fp32_s"]
+        r["ratio_fp32_vs_hbm_read"] = r["daskmeans_fp32_s"] / r["hbm_read_s"]
+        r["speedup_vs_torch_naive"] = r["torch_naive_s"] / r["daskmeans_fp32_s"]
+        rows_out.append(r)
+        del X, C, Xc, Cc, prep
+        torch.cuda.empty_cache()
+        cupy.get_default_memory_pool().free_all_blocks()
+        print(json.dumps(r), flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        commit = None
+    doc = {
+        "benchmark": "gpu_kernel_step",
+        "device": dev,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "cupy": cupy.__version__,
+        "torch": torch.__version__,
+        "results": rows_out,
+    }
+    print(f"{'prob':5s} {'dm fp32':>9s} {'gemm32':>9s} {'tf32':>9s} {'hbm rd':>9s} {'torch':>9s} {'x gemm':>7s} {'x hbm':>7s}")
+    for r in rows_out:
+        print(f"{r['problem']:5s} {r['daskmeans_fp32_s']*1e3:9.2f} {r['gemm_fp32_s']*1e3:9.2f} {r['gemm_tf32_s']*1e3:9.2f} "
+              f"{r['hbm_read_s']*1e3:9.3f} {r['torch_naive_s']*1e3:9.2f} {r['ratio_fp32_vs_gemm_fp32']:7.2f} {r['ratio_fp32_vs_hbm_read']:7.1f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
