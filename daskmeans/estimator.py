@@ -56,6 +56,8 @@ class KMeans:
     ----------
     cluster_centers_ : ndarray (n_clusters, n_features)
     labels_ : dask array (n_samples,) int32, lazy
+        Its blocks live on the fitting client's cluster: compute it while that client is open
+        (``client.compute(km.labels_)`` when it is not the default client).
     inertia_ : float
     n_iter_ : int
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
@@ -182,9 +184,10 @@ class KMeans:
         init_arr = self._init_array(d)
         w = None
         if sample_weight is not None:
+            shape = tuple(int(s) for s in getattr(sample_weight, "shape", np.shape(sample_weight)))
+            if shape != (n,):
+                raise DataError(f"sample_weight has shape {shape}, should be (n_samples,) = ({n},)")
             w = sample_weight if isinstance(sample_weight, da.Array) else da.from_array(sample_weight, chunks=(X.chunks[0],), asarray=False)
-            if w.shape != (n,):
-                raise DataError(f"sample_weight has shape {w.shape}, should be (n_samples,) = ({n},)")
             w = w.astype(X.dtype)
         client = self._client()
         backend = resolve_backend(client, self.backend, get_backend(X).name)
@@ -221,7 +224,9 @@ class KMeans:
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Fit, then return ``labels_`` (computed to NumPy for NumPy input)."""
         self.fit(X, sample_weight=sample_weight)
-        return self.labels_.compute() if isinstance(X, np.ndarray) else self.labels_
+        if isinstance(X, np.ndarray):
+            return self._client().compute(self.labels_).result()
+        return self.labels_
 
     # ------------------------------------------------------------ inference
 

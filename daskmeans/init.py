@@ -136,19 +136,30 @@ def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray) -> _ParS
     return _ParState(d2s, phi)
 
 
-def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> np.ndarray:
+def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
+    """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``."""
     be = get_backend(shard.blocks[0])
     xp = be.xp
-    out = []
-    for j, (cid, _, block, w) in enumerate(shard.items()):
+    idx, out = [], []
+    for j, (cid, off, block, w) in enumerate(shard.items()):
         rng = np.random.default_rng([seed, rnd, cid])
         p = be.to_numpy(state.d2[j]) * (ell / phi)
         if w is not None:
             p = p * be.to_numpy(w)
         pick = np.flatnonzero(rng.random(p.shape[0]) < p)
         if len(pick):
+            idx.append(off + pick)
             out.append(be.to_numpy(block[xp.asarray(pick)]).astype(np.float64))
-    return np.concatenate(out) if out else np.empty((0, shard.blocks[0].shape[1]))
+    if not out:
+        return np.empty(0, np.int64), np.empty((0, shard.blocks[0].shape[1]))
+    return np.concatenate(idx), np.concatenate(out)
+
+
+def _concat_by_row(parts: list) -> np.ndarray:
+    """Sampled rows in global row order, whichever shard (worker) drew them."""
+    idx = np.concatenate([p[0] for p in parts])
+    data = np.concatenate([p[1] for p in parts])
+    return data[np.argsort(idx, kind="stable")]
 
 
 def _concat(parts: list) -> np.ndarray:
@@ -240,7 +251,7 @@ def init_kmeans_parallel(
             client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
             [r] * nshard, name="daskmeans-kpar-sample",
         )
-        new = client.submit(_concat, samples, pure=False)
+        new = client.submit(_concat_by_row, samples, pure=False)
         cand_futs.append(new)
     cands = client.submit(_concat, cand_futs, pure=False)
     weights = tree_reduce(

@@ -51,17 +51,18 @@ class StepState:
 # ---------------------------------------------------------------- tasks (run on workers)
 
 
-def _step(shard: Shard, model: ModelState, want_sums: bool = True) -> Partial | StepState:
+def _step(shard: Shard, model: ModelState, want_sums: bool = True, fresh: bool = False) -> Partial | StepState:
     """One Lloyd step over a shard's blocks.
 
     With ``want_sums`` (an iteration) returns the shard's :class:`Partial` and records the
     labels in the shard's workspace to count reassignments next time; without (the final
-    E-step) returns a :class:`StepState` whose labels become ``labels_``.
+    E-step) returns a :class:`StepState` whose labels become ``labels_``. ``fresh`` marks the
+    first step of a run: labels left by an earlier run are not compared against.
     """
     be = get_backend(shard.blocks[0])
     t0 = time.perf_counter()
     prep = be.prepare(model.centroids, shard.blocks[0].dtype)
-    prev = shard.labels if shard.labels is not None and len(shard.labels) == len(shard.blocks) else None
+    prev = shard.labels if not fresh and shard.labels is not None and len(shard.labels) == len(shard.blocks) else None
     labels, total, reassigned = [], None, 0
     for j, (_, _, block, w) in enumerate(shard.items()):
         out = be.assign(block, prep, w, want_sums=want_sums)
@@ -91,7 +92,8 @@ def _update(partial: Partial, prev: ModelState, iteration: int, to_host: bool = 
     be = get_backend(partial.sums)
     xp = be.xp
     old = xp.asarray(prev.centroids, dtype=xp.float64)
-    nonempty = partial.counts > 0
+    # Empty means no weight (as scikit-learn): rows of weight 0 cannot define a centroid.
+    nonempty = partial.weights > 0
     safe = xp.where(nonempty, partial.weights, 1.0)
     new = xp.where(nonempty[:, None], partial.sums / safe[:, None], old)
     shift = float(((new - old) ** 2).sum())
@@ -142,7 +144,7 @@ def _relocate(partial: Partial, prev: ModelState, candidates: list, iteration: i
     sums = be.to_numpy(partial.sums).copy()
     weights = be.to_numpy(partial.weights).copy()
     counts = be.to_numpy(partial.counts).copy()
-    empty = np.flatnonzero(counts == 0)
+    empty = np.flatnonzero(weights <= 0)
     for j, (_, _, lab, x, w) in zip(empty, candidates):
         sums[lab] -= w * x
         weights[lab] -= w
@@ -274,7 +276,9 @@ def run_lloyd(
     it = 0
     for it in range(max_iter):
         t0 = time.perf_counter()
-        partials = submit_per_shard(client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step")
+        partials = submit_per_shard(
+            client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", fresh=(it == 0)
+        )
         new_model = tree_reduce(
             client, partials, combine, name="daskmeans-lloyd-update", finalize=_update, finalize_args=(model, it + 1, small)
         )

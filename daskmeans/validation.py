@@ -53,14 +53,15 @@ class Options:
 
 
 class ArrayLike:
-    """Anything with ``shape`` and ``dtype`` (a NumPy, CuPy or Dask array) or a path string."""
+    """Anything with ``shape`` and ``dtype`` (a NumPy, CuPy or Dask array) or a ``.npy`` path."""
 
     def check(self, name: str, value: Any) -> None:
-        if isinstance(value, str) or hasattr(value, "shape"):
+        if isinstance(value, str) and value.endswith(".npy") or hasattr(value, "shape"):
             return
         raise InvalidParameterError(
-            f"{name} should be an array of shape (n_clusters, n_features) or a .npy path, "
-            f"got {type(value).__name__}"
+            f"{name}={value!r} should be an array of shape (n_clusters, n_features) or a .npy path"
+            if isinstance(value, str) else
+            f"{name} should be an array of shape (n_clusters, n_features) or a .npy path, got {type(value).__name__}"
         )
 
 

@@ -59,3 +59,4 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy (daskmeans.backends.gpu_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+

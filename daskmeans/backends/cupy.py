@@ -58,6 +58,45 @@ def prepare(centroids: Any, dtype: Any) -> Prepared:
     return Prepared(c, cupy.ascontiguousarray((-2 * c).T), sq)
 
 
+_ARGMIN_SRC = r"""
+extern "C" __global__ void argmin_rows(const float* __restrict__ G, const float* __restrict__ csq,
+                                       const double* __restrict__ xsq, long long rows, int K,
+                                       int* __restrict__ labels, double* __restrict__ d2) {
+    // One warp per row of the GEMM tile G = X (-2 C)^T: min over k of G[r,k] + ||c_k||^2
+    // in float32, exactly as the NumPy backend rounds it; the lowest index wins ties.
+    long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float* g = G + r * (long long)K;
+    float best = __int_as_float(0x7f800000);
+    int bi = 0x7fffffff;
+    for (int k = lane; k < K; k += 32) {
+        float v = g[k] + csq[k];
+        if (v < best) { best = v; bi = k; }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, best, off);
+        int oi = __shfl_down_sync(0xffffffffu, bi, off);
+        if (ov < best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (lane == 0) {
+        labels[r] = bi;
+        double v = (double)best + xsq[r];
+        d2[r] = v > 0.0 ? v : 0.0;
+    }
+}
+"""
+
+
+def _argmin_kernel():
+    import cupy
+
+    global _ARGMIN
+    if "_ARGMIN" not in globals():
+        _ARGMIN = cupy.RawKernel(_ARGMIN_SRC, "argmin_rows")
+    return _ARGMIN
+
+
 def _tile_rows(k: int, itemsize: int) -> int:
     # GPU tiles are larger than CPU cache tiles: 16x the CPU budget keeps the GEMM efficient.
     return max(1024, 16 * config.get_bytes("tile-bytes") // max(1, k * itemsize))
@@ -67,11 +106,20 @@ def _tile_nearest(xt, p):
     import cupy
 
     g = xt @ p.neg2_ct
+    xt64 = xt.astype(cupy.float64)
+    xsq = (xt64 * xt64).sum(axis=1)
+    if g.dtype == cupy.float32:
+        rows, k = g.shape
+        lab = cupy.empty(rows, cupy.int32)
+        d2 = cupy.empty(rows, cupy.float64)
+        threads = 256
+        blocks = (rows * 32 + threads - 1) // threads
+        _argmin_kernel()((blocks,), (threads,), (g, p.sqnorm, xsq, cupy.int64(rows), cupy.int32(k), lab, d2))
+        return lab, d2
     g += p.sqnorm
     lab = g.argmin(axis=1).astype(cupy.int32)
     d2 = g[cupy.arange(len(lab)), lab].astype(cupy.float64)
-    xt64 = xt.astype(cupy.float64)
-    d2 += (xt64 * xt64).sum(axis=1)
+    d2 += xsq
     cupy.maximum(d2, 0.0, out=d2)
     return lab, d2
 
@@ -90,7 +138,6 @@ def min_sqdist(X, p):
 
 def assign(X, p, sample_weight=None, want_sums: bool = True) -> dict[str, Any]:
     import cupy
-    import cupyx
 
     n, d = X.shape
     k = p.k
@@ -109,7 +156,7 @@ def assign(X, p, sample_weight=None, want_sums: bool = True) -> dict[str, Any]:
             xs = xt.astype(cupy.float64)
             if wt is not None:
                 xs *= wt[:, None]
-            cupyx.scatter_add(sums, lab, xs)
+            cupy.add.at(sums, lab, xs)
     out: dict[str, Any] = {"labels": labels, "inertia": float(inertia)}
     if want_sums:
         counts = cupy.bincount(labels, minlength=k).astype(cupy.int64)

@@ -119,7 +119,7 @@ def _read_npy(path: str, cb: int | None) -> da.Array:
         raise DataError(f"cannot read {path} as .npy: {e}") from None
     check_2d_numeric(mm.shape, mm.dtype)
     n, d = mm.shape
-    rows = rows_per_chunk(d, mm.dtype.itemsize, cb)
+    rows = rows_per_chunk(d, float_dtype(mm.dtype).itemsize, cb)  # sized as the float data it becomes
     # One task per block opens the memory map itself: the array never travels in the graph.
     from dask import delayed
 

@@ -1,0 +1,459 @@
+"""Readers (Zarr v2/v3, CSV, .npy, in-memory) and the model store (save/load, atomic writes)."""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+
+import daskmeans
+import daskmeans.io.model_store as model_store
+from daskmeans import DataError, KMeans, read
+from daskmeans.io.readers import rows_per_chunk
+
+
+@pytest.fixture(scope="module")
+def data():
+    return np.random.default_rng(0).standard_normal((1000, 5))
+
+
+def listing(path):
+    return sorted(os.listdir(path))
+
+
+# ---------------------------------------------------------------- Zarr
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_zarr_array(tmp_path, data, zarr_format):
+    path = str(tmp_path / "x.zarr")
+    z = zarr.open_array(path, mode="w", shape=data.shape, chunks=(50, 5), dtype="f8", zarr_format=zarr_format)
+    z[:] = data
+    x = read(path)
+    assert isinstance(x, da.Array)
+    assert x.dtype == np.float64 and x.shape == data.shape
+    assert x.numblocks == (1, 1)
+    np.testing.assert_array_equal(x.compute(), data)
+    # chunks by bytes, aligned to the Zarr chunks (50 rows): 4000 B = 100 rows; 9000 B = 225 -> 200
+    assert read(path, chunk_bytes=4000).chunks[0] == (100,) * 10
+    assert read(path, chunk_bytes=9_000).chunks[0] == (200,) * 5
+    # never smaller than one Zarr chunk
+    assert read(path, chunk_bytes=8).chunks[0] == (50,) * 20
+    assert read(path, chunk_bytes="4000B").chunks[0] == (100,) * 10
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_zarr_dtypes(tmp_path, zarr_format):
+    a = np.arange(60).reshape(20, 3)
+    for dt, expected in [("i4", np.float64), ("u1", np.float64), ("f2", np.float32), ("f4", np.float32)]:
+        path = str(tmp_path / f"{dt}.zarr")
+        z = zarr.open_array(path, mode="w", shape=a.shape, chunks=(7, 3), dtype=dt, zarr_format=zarr_format)
+        z[:] = a.astype(dt)
+        x = read(path)
+        assert x.dtype == expected, dt
+        np.testing.assert_array_equal(x.compute(), a.astype(expected))
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_zarr_group_dataset_selection(tmp_path, data, zarr_format):
+    path = str(tmp_path / "g.zarr")
+    g = zarr.open_group(path, mode="w", zarr_format=zarr_format)
+    g.create_array("a", data=data)
+    g.create_group("sub").create_array("b", data=data[:10].astype(np.float32))
+    with pytest.raises(DataError, match=r"Zarr group with arrays \['a', 'sub/b'\]: choose one with dataset="):
+        read(path)
+    np.testing.assert_array_equal(read(path, dataset="a").compute(), data)
+    b = read(path, dataset="sub/b")
+    assert b.dtype == np.float32
+    np.testing.assert_array_equal(b.compute(), data[:10].astype(np.float32))
+    with pytest.raises(DataError, match=r"dataset='nope' is not an array in .*; arrays: \['a', 'sub/b'\]"):
+        read(path, dataset="nope")
+
+
+def test_zarr_group_single_array_is_chosen(tmp_path, data):
+    path = str(tmp_path / "one.zarr")
+    zarr.open_group(path, mode="w").create_group("deep").create_array("x", data=data)
+    np.testing.assert_array_equal(read(path).compute(), data)
+
+
+def test_zarr_array_with_dataset_is_refused(tmp_path, data):
+    path = str(tmp_path / "x.zarr")
+    zarr.open_array(path, mode="w", shape=data.shape, dtype="f8")[:] = data
+    with pytest.raises(DataError, match="is a Zarr array, not a group"):
+        read(path, dataset="x")
+
+
+def test_zarr_bad_arrays(tmp_path):
+    path = str(tmp_path / "one_d.zarr")
+    zarr.open_array(path, mode="w", shape=(10,), dtype="f8")[:] = np.arange(10.0)
+    with pytest.raises(DataError, match="X should be 2-D"):
+        read(path)
+    path = str(tmp_path / "bool.zarr")
+    zarr.open_array(path, mode="w", shape=(10, 2), dtype="bool")[:] = True
+    with pytest.raises(DataError, match="X should be numeric"):
+        read(path)
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    with pytest.raises(DataError, match="cannot open .* as Zarr"):
+        read(str(empty))
+
+
+# ---------------------------------------------------------------- CSV
+
+
+@pytest.fixture()
+def labelled_csv(tmp_path, data):
+    df = pd.DataFrame(data, columns=list("abcde"))
+    df.insert(2, "label", np.where(data[:, 0] > 0, "pos", "neg"))
+    path = tmp_path / "t.csv"
+    df.to_csv(path, index=False)
+    return str(path)
+
+
+def test_csv_with_header(tmp_path, data):
+    path = tmp_path / "h.csv"
+    pd.DataFrame(data, columns=list("abcde")).to_csv(path, index=False)
+    x = read(str(path))
+    assert x.dtype == np.float64 and x.shape == data.shape
+    np.testing.assert_allclose(x.compute(), data, rtol=1e-15)
+
+
+@pytest.mark.parametrize("suffix,delimiter", [(".csv", ","), (".tsv", "\t"), (".txt", ";"), (".txt", " ")])
+def test_csv_without_header(tmp_path, data, suffix, delimiter):
+    path = tmp_path / f"n{suffix}"
+    np.savetxt(path, data, delimiter=delimiter, fmt="%.17g")
+    x = read(str(path))
+    assert x.shape == data.shape
+    np.testing.assert_array_equal(x.compute(), data)
+    # positional column names
+    np.testing.assert_array_equal(read(str(path), columns=[4, 0]).compute(), data[:, [4, 0]])
+    np.testing.assert_array_equal(read(str(path), drop_columns=["1", -1]).compute(), data[:, [0, 2, 3]])
+
+
+def test_csv_gzip(tmp_path, data):
+    path = tmp_path / "z.csv.gz"
+    pd.DataFrame(data, columns=list("abcde")).to_csv(path, index=False)
+    np.testing.assert_allclose(read(str(path)).compute(), data, rtol=1e-15)
+
+
+def test_csv_columns_and_drop_columns(labelled_csv, data):
+    with pytest.raises(DataError, match=r"column 'label' of .* is not numeric .*--columns or --drop-columns"):
+        read(labelled_csv)
+    np.testing.assert_allclose(read(labelled_csv, drop_columns=["label"]).compute(), data, rtol=1e-15)
+    np.testing.assert_allclose(read(labelled_csv, drop_columns=[2]).compute(), data, rtol=1e-15)
+    np.testing.assert_allclose(read(labelled_csv, columns=["e", "a"]).compute(), data[:, [4, 0]], rtol=1e-15)
+    np.testing.assert_allclose(read(labelled_csv, columns=[0, "b", -1]).compute(), data[:, [0, 1, 4]], rtol=1e-15)
+    with pytest.raises(DataError, match=r"column 'zz' is not in .*; columns: \['a', 'b', 'label', 'c', 'd', 'e'\]"):
+        read(labelled_csv, columns=["a", "zz"])
+    with pytest.raises(DataError, match="not both"):
+        read(labelled_csv, columns=["a"], drop_columns=["label"])
+    with pytest.raises(DataError, match="no columns left"):
+        read(labelled_csv, drop_columns=list("abcde") + ["label"])
+
+
+def test_csv_non_numeric_value_late_in_file(tmp_path):
+    """A bad value past the part dask samples for dtypes still gives a DataError."""
+    n = 40_000
+    col = np.arange(n, dtype=np.float64).astype(str).astype(object)
+    col[n - 5] = "oops"
+    df = pd.DataFrame({"a": np.arange(n, dtype=np.float64), "b": col})
+    path = tmp_path / "late.csv"
+    df.to_csv(path, index=False)
+    assert os.path.getsize(path) > 300_000  # larger than dask's 256 KiB sample
+    with pytest.raises(DataError, match="oops|non-numeric|not numeric"):
+        read(str(path), chunk_bytes=100_000).compute()
+
+
+def test_csv_bool_column_is_not_numeric(tmp_path):
+    path = tmp_path / "b.csv"
+    pd.DataFrame({"a": [1.0, 2.0, 3.0], "flag": [True, False, True]}).to_csv(path, index=False)
+    with pytest.raises(DataError, match="column 'flag' .* is not numeric"):
+        read(str(path))
+    np.testing.assert_array_equal(read(str(path), columns=["a"]).compute(), [[1.0], [2.0], [3.0]])
+
+
+def test_csv_missing_value_is_refused_by_fit(client, tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text("a,b\n1,2\n3,\n5,6\n7,8\n")
+    x = read(str(path))
+    assert np.isnan(x.compute()[1, 1])
+    with pytest.raises(DataError, match=r"NaN or infinity \(first at row 1\)"):
+        KMeans(2, client=client).fit(str(path))
+
+
+def test_csv_empty_and_columns_on_non_csv(tmp_path, data):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        read(str(empty))
+    np.save(tmp_path / "a.npy", data)
+    with pytest.raises(DataError, match="CSV input only"):
+        read(str(tmp_path / "a.npy"), columns=[0])
+
+
+def test_csv_chunk_bytes_splits(tmp_path, data):
+    path = tmp_path / "h.csv"
+    pd.DataFrame(data, columns=list("abcde")).to_csv(path, index=False)
+    size = os.path.getsize(path)
+    x = read(str(path), chunk_bytes=size // 4)
+    assert x.numblocks[0] >= 4
+    assert sum(x.chunks[0]) == len(data)
+    np.testing.assert_allclose(x.compute(), data, rtol=1e-15)
+
+
+# ---------------------------------------------------------------- .npy
+
+
+def test_npy_memory_mapped(tmp_path, data):
+    path = tmp_path / "a.npy"
+    np.save(path, data)
+    x = read(str(path), chunk_bytes=4000)  # 4000 B / (5 * 8 B) = 100 rows
+    assert x.chunks == ((100,) * 10, (5,))
+    np.testing.assert_array_equal(x.compute(), data)
+    # the graph holds the path, not the data: tasks open the memory map themselves
+    import cloudpickle
+
+    graph = dict(x.__dask_graph__())
+    assert len(cloudpickle.dumps(graph)) < data.nbytes / 4
+    # default chunking: 128 MiB -> one chunk here
+    assert read(str(path)).numblocks == (1, 1)
+
+
+def test_npy_float32_and_fortran_order(tmp_path, data):
+    path = tmp_path / "f.npy"
+    np.save(path, np.asfortranarray(data.astype(np.float32)))
+    x = read(str(path), chunk_bytes=2000)  # 2000 B / (5 * 4 B) = 100 rows
+    assert x.dtype == np.float32
+    assert x.chunks[0] == (100,) * 10
+    np.testing.assert_array_equal(x.compute(), data.astype(np.float32))
+
+
+def test_npy_integer_chunk_bytes_counts_float_size(tmp_path):
+    """Regression (fixed): integer data is read as float64, and in-memory arrays and Zarr size their
+    chunks by the float64 itemsize; .npy uses the file's itemsize (readers._read_npy:
+    ``rows_per_chunk(d, mm.dtype.itemsize, cb)``), so an int32 file gets chunks twice the
+    requested bytes (uint8: 8x)."""
+    a = np.arange(5000, dtype=np.int32).reshape(1000, 5)
+    np.save(tmp_path / "i.npy", a)
+    assert read(a, chunk_bytes=4000).chunks[0] == (100,) * 10  # in memory: 4000 / (5 * 8)
+    x = read(str(tmp_path / "i.npy"), chunk_bytes=4000)
+    assert x.dtype == np.float64
+    np.testing.assert_array_equal(x.compute(), a)
+    assert x.chunks[0] == (100,) * 10, f"got rows per chunk {x.chunks[0][0]}, expected 100"
+
+
+def test_npy_bad_files(tmp_path):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not an npy file")
+    with pytest.raises(DataError, match="cannot read .* as .npy"):
+        read(str(bad))
+    np.save(tmp_path / "one_d.npy", np.arange(4.0))
+    with pytest.raises(DataError, match="2-D"):
+        read(str(tmp_path / "one_d.npy"))
+
+
+# ---------------------------------------------------------------- in memory, paths, chunk sizes
+
+
+@pytest.mark.parametrize(
+    "dtype,chunk_bytes,rows",
+    [(np.float64, 4000, 100), (np.float32, 4000, 200), (np.int64, 4000, 100), (np.float64, "1KiB", 25), (np.float64, 1, 1)],
+)
+def test_in_memory_chunk_bytes(data, dtype, chunk_bytes, rows):
+    x = read(data.astype(dtype), chunk_bytes=chunk_bytes)
+    assert x.chunks[0][0] == rows
+    assert sum(x.chunks[0]) == len(data)
+    assert x.chunks[1] == (5,)
+
+
+def test_rows_per_chunk():
+    assert rows_per_chunk(5, 8, 4000) == 100
+    assert rows_per_chunk(5, 8, 4000, align=64) == 64
+    assert rows_per_chunk(5, 8, 40_000, align=64) == 960
+    assert rows_per_chunk(1000, 8, 10) == 1
+
+
+def test_dask_input_is_rechunked_to_one_column_block(data):
+    x = read(da.from_array(data, chunks=(300, 2)))
+    assert x.numblocks[1] == 1 and x.chunks[0] == (300, 300, 300, 100)
+    x = read(da.from_array(data.astype(np.int16), chunks=(300, 5)))
+    assert x.dtype == np.float64
+
+
+def test_missing_and_unknown_paths(tmp_path):
+    with pytest.raises(DataError, match="no such file or directory"):
+        read(str(tmp_path / "nope.zarr"))
+    with pytest.raises(DataError, match="no such file or directory"):
+        read(tmp_path / "nope.npy")
+    other = tmp_path / "data.parquet"
+    other.write_bytes(b"x")
+    with pytest.raises(DataError, match="cannot tell the format"):
+        read(str(other))
+    with pytest.raises(DataError, match="X should be an array or a path"):
+        read([[1.0, 2.0]])
+
+
+def test_fit_from_paths_equals_fit_from_array(client, tmp_path, data):
+    init = data[:4]
+    ref = KMeans(4, init=init, client=client).fit(data)
+    np.save(tmp_path / "a.npy", data)
+    zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=data.shape, chunks=(100, 5), dtype="f8")[:] = data
+    pd.DataFrame(data, columns=list("abcde")).to_csv(tmp_path / "a.csv", index=False)
+    for src in ["a.npy", "a.zarr", "a.csv"]:
+        km = KMeans(4, init=init, client=client).fit(str(tmp_path / src))
+        np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-9, err_msg=src)
+        np.testing.assert_array_equal(km.labels_.compute(), ref.labels_.compute(), err_msg=src)
+    with pytest.raises(DataError, match="no such file"):
+        KMeans(4, client=client).fit(str(tmp_path / "missing.npy"))
+
+
+# ---------------------------------------------------------------- model store
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    X = np.random.default_rng(1).standard_normal((2000, 4))
+    return X, KMeans(5, init="k-means++", random_state=7, tol=1e-3, client=client).fit(X)
+
+
+def test_save_load_round_trip(tmp_path, model):
+    X, km = model
+    path = str(tmp_path / "model.zarr")
+    km.save(path)
+    assert listing(tmp_path) == ["model.zarr"]
+    loaded = daskmeans.load(path)
+    assert isinstance(loaded, KMeans)
+    np.testing.assert_array_equal(loaded.cluster_centers_, km.cluster_centers_)
+    assert loaded.cluster_centers_.dtype == km.cluster_centers_.dtype
+    assert loaded.inertia_ == km.inertia_
+    assert loaded.n_iter_ == km.n_iter_
+    assert loaded.n_features_in_ == km.n_features_in_ == 4
+    assert loaded.backend_ == km.backend_ == "numpy"
+    assert len(loaded.history_) == len(km.history_)
+    assert loaded.history_[-1]["inertia"] == km.history_[-1]["inertia"]
+    params = loaded.get_params()
+    assert params["n_clusters"] == 5 and params["init"] == "k-means++" and params["random_state"] == 7
+    assert params["tol"] == 1e-3 and params["client"] is None
+    attrs = dict(zarr.open_group(path, mode="r").attrs)
+    assert attrs["format"] == "daskmeans-model" and attrs["format_version"] == 1
+    assert attrs["daskmeans_version"] == daskmeans.__version__
+    np.testing.assert_array_equal(loaded.predict(X), km.predict(X))
+    np.testing.assert_array_equal(loaded.predict(X), km.labels_.compute())
+    np.testing.assert_allclose(loaded.transform(X), km.transform(X))
+    assert loaded.score(X) == km.score(X)
+
+
+def test_save_load_float32_and_array_init(client, tmp_path):
+    X = np.random.default_rng(2).standard_normal((500, 3)).astype(np.float32)
+    km = KMeans(3, init=X[:3].astype(np.float64), client=client).fit(X)
+    path = str(tmp_path / "m32.zarr")
+    km.save(path)
+    loaded = daskmeans.load(path)
+    assert loaded.cluster_centers_.dtype == np.float32
+    np.testing.assert_array_equal(loaded.cluster_centers_, km.cluster_centers_)
+    assert isinstance(loaded.init, np.ndarray) and loaded.init.shape == (3, 3)
+    np.testing.assert_array_equal(loaded.predict(X), km.predict(X))
+
+
+def test_save_overwrites_atomically(tmp_path, model, client):
+    X, km = model
+    path = str(tmp_path / "model.zarr")
+    km.save(path)
+    other = KMeans(2, init="random", random_state=0, client=client).fit(X)
+    other.save(path)
+    assert listing(tmp_path) == ["model.zarr"]
+    assert daskmeans.load(path).n_clusters == 2
+
+
+def test_failed_save_leaves_nothing(tmp_path, model, monkeypatch):
+    X, km = model
+    path = str(tmp_path / "model.zarr")
+    written = []
+    real_jsonable = model_store._jsonable
+
+    def boom(obj):
+        # the centroids array is already on disk in the temporary directory at this point
+        written.extend(p for p in os.listdir(tmp_path))
+        real_jsonable(obj)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(model_store, "_jsonable", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        km.save(path)
+    assert written and all(".tmp-" in p for p in written), written  # it did write, elsewhere
+    assert not os.path.exists(path)
+    assert listing(tmp_path) == []
+
+
+def test_failed_save_keeps_previous_model(tmp_path, model, monkeypatch, client):
+    X, km = model
+    path = str(tmp_path / "model.zarr")
+    km.save(path)
+
+    def boom(obj):
+        raise RuntimeError("disk full")
+
+    other = KMeans(2, init="random", random_state=0, client=client).fit(X)
+    monkeypatch.setattr(model_store, "_jsonable", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        other.save(path)
+    monkeypatch.undo()
+    assert listing(tmp_path) == ["model.zarr"]
+    loaded = daskmeans.load(path)
+    assert loaded.n_clusters == 5
+    np.testing.assert_array_equal(loaded.cluster_centers_, km.cluster_centers_)
+
+
+def test_save_errors(tmp_path, model):
+    X, km = model
+    with pytest.raises(DataError, match="does not exist"):
+        km.save(str(tmp_path / "no" / "such" / "dir" / "m.zarr"))
+    with pytest.raises(daskmeans.NotFittedError):
+        KMeans(3).save(str(tmp_path / "m.zarr"))
+    assert listing(tmp_path) == []
+
+
+def test_load_errors(tmp_path, data):
+    with pytest.raises(DataError, match="no such model"):
+        daskmeans.load(str(tmp_path / "missing.zarr"))
+    path = str(tmp_path / "notmodel.zarr")
+    zarr.open_group(path, mode="w").create_array("x", data=data)
+    with pytest.raises(DataError, match="is not a daskmeans model"):
+        daskmeans.load(path)
+    path2 = str(tmp_path / "future.zarr")
+    g = zarr.open_group(path2, mode="w")
+    g.create_array("cluster_centers", data=data[:3])
+    g.attrs.update({"format": "daskmeans-model", "format_version": 99})
+    with pytest.raises(DataError, match="format_version=99"):
+        daskmeans.load(path2)
+
+
+@pytest.mark.parametrize("name", [None, "labels"])
+def test_write_array_round_trip(tmp_path, name):
+    """Without ``name`` the path is the array itself; with it, a group holding the array."""
+    labels = da.concatenate([da.arange(0, 7, chunks=7), da.arange(7, 30, chunks=10)]).astype(np.int32)
+    assert len(set(labels.chunks[0])) > 1  # irregular on purpose
+    path = str(tmp_path / "labels.zarr")
+    model_store.write_array(labels, path, name=name)
+    arr = zarr.open_array(path, mode="r") if name is None else zarr.open_group(path, mode="r")[name]
+    assert arr.dtype == np.int32
+    np.testing.assert_array_equal(arr[...], np.arange(30))
+    assert listing(tmp_path) == ["labels.zarr"]
+
+
+def test_write_array_2d_readable_and_failure_leaves_nothing(tmp_path, monkeypatch, data):
+    path = str(tmp_path / "x.zarr")
+    model_store.write_array(da.from_array(data, chunks=(300, 5)), path)
+    np.testing.assert_array_equal(read(path).compute(), data)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(da, "store", boom)
+    with pytest.raises(RuntimeError, match="worker died"):
+        model_store.write_array(da.from_array(data, chunks=(300, 5)), str(tmp_path / "y.zarr"))
+    assert listing(tmp_path) == ["x.zarr"]
