@@ -19,7 +19,8 @@ def _ref(X, C, w=None):
 
 @pytest.mark.parametrize("n,d,k", [(1000, 3, 1), (4099, 7, 5), (20000, 33, 300), (513, 130, 17)])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_cupy_assign_matches_float64_reference(n, d, k, weighted):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype):
     import cupy
 
     from daskmeans.backends import get_backend
@@ -27,11 +28,14 @@ def test_cupy_assign_matches_float64_reference(n, d, k, weighted):
     be = get_backend("cupy")
     rng = np.random.default_rng(n + d + k)
     centers = rng.normal(0, 4, (k, d))
-    X = (centers[rng.integers(0, k, n)] + rng.normal(0, 1, (n, d))).astype(np.float32)
+    X = (centers[rng.integers(0, k, n)] + rng.normal(0, 1, (n, d))).astype(dtype)
     C = X[rng.choice(n, k, replace=False)].astype(np.float64)
     w = rng.random(n) + 0.5 if weighted else None
-    out = be.assign(cupy.asarray(X), be.prepare(C, np.float32), None if w is None else cupy.asarray(w))
-    lab, sums, counts, inertia = _ref(X, C.astype(np.float32), w)
+    sums_out = cupy.full((k, d), cupy.nan)  # poison: every output must be written
+    out = be.assign(cupy.asarray(X), be.prepare(C, dtype), None if w is None else cupy.asarray(w))
+    sums_out[...] = out["sums"]
+    assert not bool(cupy.isnan(sums_out).any())
+    lab, sums, counts, inertia = _ref(X, C.astype(dtype), w)
     got = cupy.asnumpy(out["labels"])
     assert (got == lab).mean() > 0.999  # fp32 distances: only near-ties may differ
     np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), np.bincount(got, minlength=k))

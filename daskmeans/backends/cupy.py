@@ -1,7 +1,9 @@
 """CuPy kernels: the same contract as :mod:`daskmeans.backends.numpy`, on the GPU.
 
-This first version is deliberately plain (cuBLAS GEMM over row tiles, argmin, scatter-add
-of float64 partial sums); the fused assign-and-partial-sum kernels are tracked separately.
+Per row tile: cuBLAS GEMM ``X (-2C)^T`` (cupy matmul), then one warp per row takes the fp32
+argmin (lowest index on ties) and ``||x||^2``; per-cluster float64 sums come from one pass over
+the tile, with block-private shared-memory accumulators when K x D is small and float64 atomics
+otherwise. The fully fused regimes (no N x K tile in HBM) are tracked separately.
 CuPy is imported lazily so that importing daskmeans never needs a GPU.
 """
 
@@ -60,7 +62,7 @@ def prepare(centroids: Any, dtype: Any) -> Prepared:
 
 _ARGMIN_SRC = r"""
 extern "C" __global__ void argmin_rows(const float* __restrict__ G, const float* __restrict__ csq,
-                                       const double* __restrict__ xsq, long long rows, int K,
+                                       const float* __restrict__ X, int D, long long rows, int K,
                                        int* __restrict__ labels, double* __restrict__ d2) {
     // One warp per row of the GEMM tile G = X (-2 C)^T: min over k of G[r,k] + ||c_k||^2
     // in float32, exactly as the NumPy backend rounds it; the lowest index wins ties.
@@ -74,18 +76,101 @@ extern "C" __global__ void argmin_rows(const float* __restrict__ G, const float*
         float v = g[k] + csq[k];
         if (v < best) { best = v; bi = k; }
     }
+    const float* x = X + r * (long long)D;
+    double sq = 0.0;
+    for (int j = lane; j < D; j += 32) { double v = (double)x[j]; sq += v * v; }
     for (int off = 16; off > 0; off >>= 1) {
         float ov = __shfl_down_sync(0xffffffffu, best, off);
         int oi = __shfl_down_sync(0xffffffffu, bi, off);
         if (ov < best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        sq += __shfl_down_sync(0xffffffffu, sq, off);
     }
     if (lane == 0) {
         labels[r] = bi;
-        double v = (double)best + xsq[r];
+        double v = (double)best + sq;
         d2[r] = v > 0.0 ? v : 0.0;
     }
 }
 """
+
+
+_SUMS_SRC = r"""
+// Per-cluster float64 sums of rows. X (rows x D, T = float or double) is read once, coalesced
+// (thread e handles element e of the flattened tile). "shared": block-private K x D
+// accumulators in shared memory, written as one partial per block and reduced in a fixed
+// order on the host side (no global atomics; for small K x D). "global": float64 atomics into
+// the K x D sums (large K, where collisions are rare).
+extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __restrict__ lab,
+                                       const double* __restrict__ w, int has_w, long long rows,
+                                       int D, int K, double* __restrict__ out) {
+    extern __shared__ double sh[];
+    int KD = K * D;
+    for (int i = threadIdx.x; i < KD; i += blockDim.x) sh[i] = 0.0;
+    __syncthreads();
+    long long total = rows * (long long)D;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        long long r = e / D;
+        int d = (int)(e - r * D);
+        double v = (double)X[e];
+        if (has_w) v *= w[r];
+        atomicAdd(&sh[lab[r] * D + d], v);
+    }
+    __syncthreads();
+    double* o = out + (long long)blockIdx.x * KD;
+    for (int i = threadIdx.x; i < KD; i += blockDim.x) o[i] = sh[i];
+}
+
+extern "C" __global__ void sums_global(const T* __restrict__ X, const int* __restrict__ lab,
+                                       const double* __restrict__ w, int has_w, long long rows,
+                                       int D, double* __restrict__ sums) {
+    long long total = rows * (long long)D;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        long long r = e / D;
+        int d = (int)(e - r * D);
+        double v = (double)X[e];
+        if (has_w) v *= w[r];
+        atomicAdd(&sums[(long long)lab[r] * D + d], v);
+    }
+}
+"""
+_SHARED_MAX_DOUBLES = 6144  # 48 KiB of shared memory per block
+_MODULES: dict = {}
+
+
+def _sums_kernels(dtype):
+    import cupy
+
+    key = numpy.dtype(dtype).name
+    if key not in _MODULES:
+        t = "float" if key == "float32" else "double"
+        _MODULES[key] = cupy.RawModule(code=f"#define T {t}\n" + _SUMS_SRC)
+    m = _MODULES[key]
+    return m.get_function("sums_shared"), m.get_function("sums_global")
+
+
+def _accumulate(xt, lab, wt, sums):
+    """Add the rows of ``xt`` (weighted by ``wt``) into ``sums[lab]`` (float64, K x D)."""
+    import cupy
+
+    rows, d = xt.shape
+    k = sums.shape[0]
+    shared, glob = _sums_kernels(xt.dtype)
+    w = wt if wt is not None else cupy.empty(1, cupy.float64)
+    has_w = cupy.int32(wt is not None)
+    threads = 256
+    blocks_needed = (rows * d + threads - 1) // threads
+    sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    if k * d <= _SHARED_MAX_DOUBLES:
+        nb = int(max(1, min(blocks_needed, 4 * sm)))
+        out = cupy.empty((nb, k * d), cupy.float64)
+        shared((nb,), (threads,), (xt, lab, w, has_w, cupy.int64(rows), cupy.int32(d), cupy.int32(k), out),
+               shared_mem=k * d * 8)
+        sums += out.sum(axis=0).reshape(k, d)
+    else:
+        nb = int(max(1, min(blocks_needed, 32 * sm)))
+        glob((nb,), (threads,), (xt, lab, w, has_w, cupy.int64(rows), cupy.int32(d), sums))
 
 
 def _argmin_kernel():
@@ -106,16 +191,18 @@ def _tile_nearest(xt, p):
     import cupy
 
     g = xt @ p.neg2_ct
-    xt64 = xt.astype(cupy.float64)
-    xsq = (xt64 * xt64).sum(axis=1)
     if g.dtype == cupy.float32:
         rows, k = g.shape
         lab = cupy.empty(rows, cupy.int32)
         d2 = cupy.empty(rows, cupy.float64)
         threads = 256
         blocks = (rows * 32 + threads - 1) // threads
-        _argmin_kernel()((blocks,), (threads,), (g, p.sqnorm, xsq, cupy.int64(rows), cupy.int32(k), lab, d2))
+        _argmin_kernel()(
+            (blocks,), (threads,), (g, p.sqnorm, xt, cupy.int32(xt.shape[1]), cupy.int64(rows), cupy.int32(k), lab, d2)
+        )
         return lab, d2
+    xt64 = xt.astype(cupy.float64)
+    xsq = (xt64 * xt64).sum(axis=1)
     g += p.sqnorm
     lab = g.argmin(axis=1).astype(cupy.int32)
     d2 = g[cupy.arange(len(lab)), lab].astype(cupy.float64)
@@ -153,10 +240,7 @@ def assign(X, p, sample_weight=None, want_sums: bool = True) -> dict[str, Any]:
         labels[s : s + step] = lab
         inertia += d2.sum() if wt is None else d2 @ wt
         if want_sums:
-            xs = xt.astype(cupy.float64)
-            if wt is not None:
-                xs *= wt[:, None]
-            cupy.add.at(sums, lab, xs)
+            _accumulate(xt, lab, wt, sums)
     out: dict[str, Any] = {"labels": labels, "inertia": float(inertia)}
     if want_sums:
         counts = cupy.bincount(labels, minlength=k).astype(cupy.int64)
