@@ -9,6 +9,7 @@ CuPy is imported lazily so that importing daskmeans never needs a GPU.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,13 @@ def _sums_kernels(dtype):
     return m.get_function("sums_shared"), m.get_function("sums_global")
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
 def _accumulate(xt, lab, wt, sums):
     """Add the rows of ``xt`` (weighted by ``wt``) into ``sums[lab]`` (float64, K x D)."""
     import cupy
@@ -161,7 +169,7 @@ def _accumulate(xt, lab, wt, sums):
     has_w = cupy.int32(wt is not None)
     threads = 256
     blocks_needed = (rows * d + threads - 1) // threads
-    sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sm = _sm_count(cupy.cuda.Device().id)
     if k * d <= _SHARED_MAX_DOUBLES:
         nb = int(max(1, min(blocks_needed, 4 * sm)))
         out = cupy.empty((nb, k * d), cupy.float64)
