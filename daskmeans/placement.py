@@ -118,17 +118,25 @@ def place(
     wait(xfuts + (wfuts or []))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
-    xkeys = [k for k in (key for key in _row_keys(persisted[0]))]
+    xkeys = list(_row_keys(persisted[0]))
     wkeys = list(_row_keys(persisted[1])) if wfuts is not None else None
     wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
     who = client.who_has(list(by_key.values()))
     nthreads = client.nthreads()
 
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
+    holders = [sorted(who[key])[0] if who.get(key) else None for key in xkeys]
+    owner = _balance(holders, list(X.chunks[0]), {w: int(t) for w, t in nthreads.items()})
+    xf = [by_key[k] for k in xkeys]
+    wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
+    for i, w in enumerate(owner):
+        if w != holders[i]:  # move the chunk: one transfer, once per fit
+            xf[i] = client.submit(_identity, xf[i], workers=[w], allow_other_workers=False, pure=False)
+            if wf is not None:
+                wf[i] = client.submit(_identity, wf[i], workers=[w], allow_other_workers=False, pure=False)
     per_worker: dict[str, list[int]] = {}
-    for i, key in enumerate(xkeys):
-        holders = sorted(who[key])
-        per_worker.setdefault(holders[0], []).append(i)
+    for i, w in enumerate(owner):
+        per_worker.setdefault(w, []).append(i)
 
     groups: list[tuple[str, list[int]]] = []
     for w, ids in per_worker.items():
@@ -139,9 +147,9 @@ def place(
 
     shards = []
     for w, ids in groups:
-        args = [by_key[xkeys[i]] for i in ids]
-        if wkeys is not None:
-            args += [wby_key[wkeys[i]] for i in ids]
+        args = [xf[i] for i in ids]
+        if wf is not None:
+            args += [wf[i] for i in ids]
         shards.append(
             client.submit(
                 _make_shard,
@@ -165,6 +173,34 @@ def place(
         dtype=np.dtype(X.dtype),
         backend=get_backend(backend).name,
     )
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _balance(holders: list, rows: list[int], nthreads: dict[str, int]) -> list[str]:
+    """A worker for each chunk: rows spread in proportion to worker threads, keeping each
+    chunk where it already is unless its holder is full (then it moves to the emptiest).
+
+    Persisting does not balance by itself: chunks of an in-memory array all depend on one
+    key and land on one worker.
+    """
+    total_threads = sum(nthreads.values())
+    total_rows = sum(rows)
+    target = {w: total_rows * t / total_threads for w, t in nthreads.items()}
+    load = dict.fromkeys(nthreads, 0.0)
+    owner: list[str | None] = [None] * len(rows)
+    for i, h in enumerate(holders):
+        if h in load and load[h] + rows[i] / 2 <= target[h]:
+            owner[i] = h
+            load[h] += rows[i]
+    for i in range(len(rows)):
+        if owner[i] is None:
+            w = max(load, key=lambda w: (target[w] - load[w], w))
+            owner[i] = w
+            load[w] += rows[i]
+    return owner  # type: ignore[return-value]
 
 
 def _row_keys(x: da.Array) -> Sequence:
