@@ -61,8 +61,9 @@ def _sizeof_shard(s: Shard) -> int:
 
 
 def _make_shard(chunk_ids, offsets, n_blocks, *arrays) -> Shard:
-    blocks = list(arrays[:n_blocks])
-    weights = list(arrays[n_blocks:]) or None
+    # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
+    blocks = [get_backend(a).asarray(a) for a in arrays[:n_blocks]]
+    weights = [get_backend(a).asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), blocks, weights)
 
 
