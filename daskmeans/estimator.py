@@ -14,7 +14,6 @@ import dask
 import dask.array as da
 import numpy as np
 
-from . import config
 from .backends import get_backend
 from .cluster import resolve_backend
 from .errors import DaskmeansError, DataError, NotFittedError
@@ -194,8 +193,6 @@ class KMeans:
         placement = place(client, X, backend, w)
         try:
             moments = data_moments(client, placement)
-            if w is not None and bool((w < 0).any().compute()):
-                raise DataError("sample_weight should be >= 0")
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
             seeds = np.random.SeedSequence(self.random_state).generate_state(self.n_init)
             best = None
@@ -216,7 +213,6 @@ class KMeans:
         self.n_features_in_ = d
         self.backend_ = backend
         self.tol_abs_ = tol_abs
-        self._label_states = best.states
         self.converged_ = best.converged
         self.labels_ = _labels_array(best.states, X.chunks[0], best.layout)
         return self

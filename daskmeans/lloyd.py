@@ -162,15 +162,17 @@ def _relocate(partial: Partial, prev: ModelState, candidates: list, iteration: i
 
 
 def _moments(shard: Shard) -> dict:
-    """Row count, per-feature mean and M2 (float64), and the first non-finite row if any."""
+    """Row count, per-feature mean and M2 (float64), the first non-finite row if any, and
+    whether any sample weight is negative (all checks ride on this one pass)."""
     be = get_backend(shard.blocks[0])
     xp = be.xp
-    n, mean, m2, bad = 0, None, None, None
+    n, mean, m2, bad, neg_w = 0, None, None, None, False
     for _, off, block, w in shard.items():
         x = block.astype(xp.float64)
         bad_rows = ~xp.isfinite(x).all(axis=1)
         if w is not None:
             bad_rows |= ~xp.isfinite(w)
+            neg_w = neg_w or bool((w < 0).any())
         if bad is None and bool(bad_rows.any()):
             bad = off + int(xp.flatnonzero(bad_rows)[0])
         nb = x.shape[0]
@@ -185,7 +187,7 @@ def _moments(shard: Shard) -> dict:
             mean = mean + delta * nb / tot
             m2 = m2 + m2b + delta**2 * n * nb / tot
             n = tot
-    return {"n": n, "mean": mean, "m2": m2, "bad": bad}
+    return {"n": n, "mean": mean, "m2": m2, "bad": bad, "neg_w": neg_w}
 
 
 def _merge_moments(items: list) -> dict:
@@ -202,6 +204,7 @@ def _merge_moments(items: list) -> dict:
             "mean": acc["mean"] + delta * nb / tot,
             "m2": acc["m2"] + it["m2"] + delta**2 * n * nb / tot,
             "bad": acc["bad"] if acc["bad"] is not None else it["bad"],
+            "neg_w": acc["neg_w"] or it["neg_w"],
         }
     return acc
 
@@ -222,11 +225,14 @@ def _sum_inertia(states: list) -> float:
 
 
 def data_moments(client: Client, placement: Placement) -> dict:
-    """Mean and variance per feature (float64) in one pass; raises on NaN/inf."""
+    """Mean and variance per feature (float64) in one pass; raises on NaN/inf (in X or the
+    weights) and on negative weights."""
     futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
     res = client.submit(_merge_moments, futs, pure=False).result()
     if res["bad"] is not None:
         raise DataError(f"X contains NaN or infinity (first at row {res['bad']}); clean or drop those rows")
+    if res["neg_w"]:
+        raise DataError("sample_weight should be >= 0")
     return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"]}
 
 
@@ -265,7 +271,6 @@ def run_lloyd(
         Called after each iteration with ``iteration, inertia, shift, reassigned, n_empty,
         seconds, kernel_seconds``.
     """
-    k = centroids.shape[0]
     small = centroids.size * 8 <= config.get_bytes("small-model-bytes")
     model = ModelState(np.asarray(centroids, np.float64))
     if not small:

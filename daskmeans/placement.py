@@ -226,8 +226,10 @@ def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: 
                 fn,
                 shard,
                 *extra,
+                # Pinned: a shard never moves (moving it would copy its data, and the step's
+                # label workspace lives in the worker's copy).
                 workers=[w],
-                allow_other_workers=True,
+                allow_other_workers=False,
                 pure=False,
                 key=f"{name}-{_token()}",
                 **kwargs,

@@ -420,7 +420,9 @@ def test_history_and_callback(client, randn_small):
     assert km.history_[0]["reassigned"] == len(randn_small)
 
 
-def test_n_init_keeps_best(client, monkeypatch, separated):
+@pytest.fixture
+def lloyd_runs(monkeypatch):
+    """The LloydResult of every run_lloyd call made by KMeans.fit, in order."""
     results = []
     real = daskmeans.estimator.run_lloyd
 
@@ -430,6 +432,11 @@ def test_n_init_keeps_best(client, monkeypatch, separated):
         return res
 
     monkeypatch.setattr(daskmeans.estimator, "run_lloyd", recording)
+    return results
+
+
+def test_n_init_keeps_best(client, lloyd_runs, separated):
+    results = lloyd_runs
     km = KMeans(8, init="random", n_init=4, random_state=0, client=client).fit(separated)
     assert len(results) == 4
     inertias = [r.inertia for r in results]
@@ -444,23 +451,15 @@ def test_n_init_keeps_best(client, monkeypatch, separated):
     assert km.inertia_ <= one.inertia_
 
 
-def test_n_init_runs_each_start_fresh(client, monkeypatch):
+def test_n_init_runs_each_start_fresh(client, lloyd_runs):
     """Every run's first iteration reassigns all rows (``Partial.reassigned``: "all rows at
     the first one"). Regression (fixed): the shards' label workspace (``Shard.labels``) survives from
     one run to the next, so run 2+ counts its first labels against the previous run's last
     ones: ``reassigned`` is wrong, and a run whose first partition equals the previous run's
     last one stops after 1 iteration as "converged"."""
+    results = lloyd_runs
     X, y = make_blobs(3000, 2, centers=3, cluster_std=0.5, random_state=0)
     init = np.stack([X[y == i][0] for i in range(3)])
-    results = []
-    real = daskmeans.estimator.run_lloyd
-
-    def recording(*args, **kwargs):
-        res = real(*args, **kwargs)
-        results.append(res)
-        return res
-
-    monkeypatch.setattr(daskmeans.estimator, "run_lloyd", recording)
     KMeans(3, init=init, n_init=3, client=client).fit(X)
     assert len(results) == 3
     firsts = [r.history[0]["reassigned"] for r in results]

@@ -101,13 +101,11 @@ _SUMS_SRC = r"""
 // accumulators in shared memory, written as one partial per block and reduced in a fixed
 // order on the host side (no global atomics; for small K x D). "global": float64 atomics into
 // the K x D sums (large K, where collisions are rare).
-extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __restrict__ lab,
-                                       const double* __restrict__ w, int has_w, long long rows,
-                                       int D, int K, double* __restrict__ out) {
-    extern __shared__ double sh[];
-    int KD = K * D;
-    for (int i = threadIdx.x; i < KD; i += blockDim.x) sh[i] = 0.0;
-    __syncthreads();
+// Calls add(cluster * D + d, value) for every element of the tile, grid-strided.
+template <typename Add>
+__device__ __forceinline__ void for_each_element(const T* __restrict__ X, const int* __restrict__ lab,
+                                                 const double* __restrict__ w, int has_w,
+                                                 long long rows, int D, Add add) {
     long long total = rows * (long long)D;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
@@ -115,8 +113,18 @@ extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __res
         int d = (int)(e - r * D);
         double v = (double)X[e];
         if (has_w) v *= w[r];
-        atomicAdd(&sh[lab[r] * D + d], v);
+        add((long long)lab[r] * D + d, v);
     }
+}
+
+extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __restrict__ lab,
+                                       const double* __restrict__ w, int has_w, long long rows,
+                                       int D, int K, double* __restrict__ out) {
+    extern __shared__ double sh[];
+    int KD = K * D;
+    for (int i = threadIdx.x; i < KD; i += blockDim.x) sh[i] = 0.0;
+    __syncthreads();
+    for_each_element(X, lab, w, has_w, rows, D, [&](long long i, double v) { atomicAdd(&sh[i], v); });
     __syncthreads();
     double* o = out + (long long)blockIdx.x * KD;
     for (int i = threadIdx.x; i < KD; i += blockDim.x) o[i] = sh[i];
@@ -125,15 +133,7 @@ extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __res
 extern "C" __global__ void sums_global(const T* __restrict__ X, const int* __restrict__ lab,
                                        const double* __restrict__ w, int has_w, long long rows,
                                        int D, double* __restrict__ sums) {
-    long long total = rows * (long long)D;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-        long long r = e / D;
-        int d = (int)(e - r * D);
-        double v = (double)X[e];
-        if (has_w) v *= w[r];
-        atomicAdd(&sums[(long long)lab[r] * D + d], v);
-    }
+    for_each_element(X, lab, w, has_w, rows, D, [&](long long i, double v) { atomicAdd(&sums[i], v); });
 }
 """
 _SHARED_MAX_DOUBLES = 6144  # 48 KiB of shared memory per block
@@ -146,7 +146,7 @@ def _sums_kernels(dtype):
     key = numpy.dtype(dtype).name
     if key not in _MODULES:
         t = "float" if key == "float32" else "double"
-        _MODULES[key] = cupy.RawModule(code=f"#define T {t}\n" + _SUMS_SRC)
+        _MODULES[key] = cupy.RawModule(code=f"#define T {t}\n" + _SUMS_SRC, options=("--std=c++17",))
     m = _MODULES[key]
     return m.get_function("sums_shared"), m.get_function("sums_global")
 
