@@ -6,7 +6,10 @@ the same run, the floors: cuBLAS fp32 and tf32 GEMM of N x D x K (row-tiled like
 where N x K would not fit), one HBM read of X (a device copy's time / 2), and the naive PyTorch
 step (cdist, argmin, index_add). Writes JSON with device, date and commit.
 
-    python benchmarks/bench_gpu_kernels.py [--problems P2,P3,S1,S2] [--out results.json]
+    python benchmarks/bench_gpu_kernels.py [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
+
+Per problem it also records, for each low-precision mode, the fraction of rows the kernel had
+to re-rank exactly and whether its labels equal the fp32 mode's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ PROBLEMS = {
 
 
 def timeit(fn, reps=10, warm=3):
+    reps, warm = _REPS.get("reps", reps), _REPS.get("warm", warm)
+    return _timeit(fn, reps, warm)
+
+
+_REPS: dict = {}
+
+
+def _timeit(fn, reps, warm):
     """Median seconds of ``fn`` between full device synchronisations (CuPy and PyTorch
     work both complete inside the interval, whichever streams they use)."""
     import time
@@ -68,7 +79,9 @@ def main(argv=None):
     from daskmeans.backends import get_backend
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="P2,P3,S1,S2")
+    ap.add_argument("--problems", default="P2,P3,P4,S1,S2")
+    ap.add_argument("--modes", default="fp32,tf32,bf16")
+    ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     be = get_backend("cupy")
@@ -76,6 +89,10 @@ def main(argv=None):
     rows_out = []
     for name in args.problems.split(","):
         n, d, k = PROBLEMS[name]
+        # P4's fp32 GEMM alone takes seconds: fewer repeats.
+        _REPS.clear()
+        if name == "P4":
+            _REPS.update(reps=3, warm=1)
         g = torch.Generator(device="cuda").manual_seed(hash(name) % 2**31)
         X = torch.randn((n, d), device="cuda", dtype=torch.float32, generator=g)
         C = X[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
@@ -90,8 +107,19 @@ def main(argv=None):
         r["hbm_read_s"] = timeit(lambda: Y.copy_(X)) / 2
         del Y
         Xc, Cc = cupy.from_dlpack(X), cupy.from_dlpack(C)
-        prep = be.prepare(Cc, np.float32)
-        r["daskmeans_fp32_s"] = timeit(lambda: be.assign(Xc, prep), reps=5, warm=2)
+        labels = {}
+        for mode in args.modes.split(","):
+            prep = be.prepare(Cc, np.float32, mode)
+            r[f"daskmeans_{mode}_s"] = timeit(lambda: be.assign(Xc, prep), reps=5, warm=2)
+            out = be.assign(Xc, prep)
+            labels[mode] = out["labels"].copy()
+            r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
+            r["regime"] = "fused" if prep.small is not None else "gemm"
+            del out, prep
+        for mode in labels:
+            if mode != "fp32" and "fp32" in labels:
+                r[f"labels_equal_{mode}_fp32"] = bool((labels[mode] == labels["fp32"]).all())
+        del labels
 
         def naive():
             sums = torch.zeros((k, d), device="cuda")
@@ -101,12 +129,20 @@ def main(argv=None):
                 sums.index_add_(0, lab, xt)
             return sums
 
-        r["torch_naive_s"] = timeit(naive, reps=5, warm=2)
-        r["ratio_fp32_vs_gemm_fp32"] = r["daskmeans_fp32_s"] / r["gemm_fp32_s"]
-        r["ratio_fp32_vs_hbm_read"] = r["daskmeans_fp32_s"] / r["hbm_read_s"]
-        r["speedup_vs_torch_naive"] = r["torch_naive_s"] / r["daskmeans_fp32_s"]
+        if not args.skip_torch:
+            r["torch_naive_s"] = timeit(naive, reps=5, warm=2)
+        fp = r.get("daskmeans_fp32_s")
+        if fp:
+            r["ratio_fp32_vs_gemm_fp32"] = fp / r["gemm_fp32_s"]
+            r["ratio_fp32_vs_hbm_read"] = fp / r["hbm_read_s"]
+            if "torch_naive_s" in r:
+                r["speedup_fp32_vs_torch_naive"] = r["torch_naive_s"] / fp
+        if r.get("daskmeans_tf32_s"):
+            r["ratio_tf32_vs_gemm_tf32"] = r["daskmeans_tf32_s"] / r["gemm_tf32_s"]
+            if "torch_naive_s" in r:
+                r["speedup_tf32_vs_torch_naive"] = r["torch_naive_s"] / r["daskmeans_tf32_s"]
         rows_out.append(r)
-        del X, C, Xc, Cc, prep
+        del X, C, Xc, Cc
         torch.cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()
         print(json.dumps(r), flush=True)
@@ -123,10 +159,18 @@ def main(argv=None):
         "torch": torch.__version__,
         "results": rows_out,
     }
-    print(f"{'prob':5s} {'dm fp32':>9s} {'gemm32':>9s} {'tf32':>9s} {'hbm rd':>9s} {'torch':>9s} {'x gemm':>7s} {'x hbm':>7s}")
+    print(f"{'prob':5s} {'fp32':>9s} {'tf32':>9s} {'gemm32':>9s} {'gemmtf32':>9s} {'hbm rd':>8s} {'torch':>9s} "
+          f"{'x gemm':>7s} {'x tf32':>7s} {'x hbm':>7s} {'rchk tf32':>9s}")
     for r in rows_out:
-        print(f"{r['problem']:5s} {r['daskmeans_fp32_s']*1e3:9.2f} {r['gemm_fp32_s']*1e3:9.2f} {r['gemm_tf32_s']*1e3:9.2f} "
-              f"{r['hbm_read_s']*1e3:9.3f} {r['torch_naive_s']*1e3:9.2f} {r['ratio_fp32_vs_gemm_fp32']:7.2f} {r['ratio_fp32_vs_hbm_read']:7.1f}")
+        def ms(key):
+            return f"{r[key] * 1e3:9.2f}" if key in r else f"{'-':>9s}"
+
+        def x(key):
+            return f"{r[key]:7.2f}" if key in r else f"{'-':>7s}"
+
+        print(f"{r['problem']:5s} {ms('daskmeans_fp32_s')} {ms('daskmeans_tf32_s')} {ms('gemm_fp32_s')} {ms('gemm_tf32_s')} "
+              f"{r['hbm_read_s'] * 1e3:8.3f} {ms('torch_naive_s')} {x('ratio_fp32_vs_gemm_fp32')} "
+              f"{x('ratio_tf32_vs_gemm_tf32')} {x('ratio_fp32_vs_hbm_read')} {r.get('rechecked_tf32', float('nan')):9.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=2)

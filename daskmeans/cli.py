@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--max-iter", type=int, default=300)
     f.add_argument("--tol", type=float, default=1e-4)
     f.add_argument("--seed", type=int, default=None)
+    f.add_argument("--metric", choices=("euclidean", "cosine"), default="euclidean",
+                   help="cosine: spherical k-means (unit rows and centroids)")
+    f.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+                   help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
@@ -109,7 +113,8 @@ def _progress(quiet: bool):
     def show(s: dict) -> None:
         print(
             f"iter {s['iteration']:4d}  inertia {s['inertia']:.6e}  shift {s['shift']:.3e}  "
-            f"reassigned {s['reassigned']:>10d}  empty {s['n_empty']}  {s['seconds']:.3f} s",
+            f"reassigned {s['reassigned']:>10d}  empty {s['n_empty']}  {s['seconds']:.3f} s"
+            + (f"  rechecked {100 * s['rechecked']:.2f}%" if s.get("rechecked") else ""),
             file=sys.stderr, flush=True,
         )
 
@@ -135,7 +140,8 @@ def _cmd_fit(args) -> int:
         from .errors import DaskmeansError
 
         raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
-    km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed, backend=args.backend)
+    km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
+                backend=args.backend, metric=args.metric, precision=args.precision)
     with connect(args.scheduler, args.backend, args.workers) as client:
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
         km.client = client

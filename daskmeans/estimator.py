@@ -14,13 +14,14 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .backends import get_backend
+from .backends import PRECISIONS, get_backend
 from .cluster import resolve_backend
 from .errors import DaskmeansError, DataError, NotFittedError
 from .init import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read
 from .lloyd import data_moments, run_lloyd
+from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import place, to_backend
 from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, check_n_clusters, check_n_features, validate_params
 
@@ -48,6 +49,14 @@ class KMeans:
         k-means|| draws ``oversampling_factor * n_clusters`` points per round.
     backend : {"auto", "cpu", "gpu"}
         ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
+    metric : {"euclidean", "cosine"}, default "euclidean"
+        ``cosine`` is spherical k-means: rows are scaled to unit norm, centroids are unit
+        vectors renormalised each iteration, and ``inertia_`` sums ``1 - cos(x, c)``.
+    precision : {"fp32", "tf32", "bf16"}, default "fp32"
+        GEMM precision of the GPU kernels. Labels are those of exact distances in every mode:
+        tf32/bf16 rows whose margin the format's error bound cannot certify are re-ranked
+        exactly (their fraction is ``history_[i]["rechecked"]``). CPUs compute in the data
+        dtype whatever the mode.
     client : distributed.Client, optional
         Defaults to the current client (``distributed.default_client()``).
 
@@ -60,7 +69,7 @@ class KMeans:
     inertia_ : float
     n_iter_ : int
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
-        n_empty, seconds, kernel_seconds)
+        n_empty, rechecked (fraction of rows), seconds, kernel_seconds)
     n_features_in_ : int
     """
 
@@ -73,6 +82,8 @@ class KMeans:
         "random_state": NoneOr(Interval(0, 2**32 - 1, integer=True)),
         "oversampling_factor": Interval(0, None, closed="neither"),
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
+        "metric": Options(METRICS),
+        "precision": Options(PRECISIONS),
     }
 
     def __init__(
@@ -86,6 +97,8 @@ class KMeans:
         random_state: int | None = None,
         oversampling_factor: float = 2.0,
         backend: str = "auto",
+        metric: str = "euclidean",
+        precision: str = "fp32",
         client: Any = None,
     ):
         self.n_clusters = n_clusters
@@ -96,6 +109,8 @@ class KMeans:
         self.random_state = random_state
         self.oversampling_factor = oversampling_factor
         self.backend = backend
+        self.metric = metric
+        self.precision = precision
         self.client = client
 
     # ------------------------------------------------------------ sklearn plumbing
@@ -150,7 +165,7 @@ class KMeans:
             )
         if not np.isfinite(arr).all():
             raise DataError("init array contains NaN or infinity")
-        return arr
+        return check_unit_init(arr) if self.metric == "cosine" else arr
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
@@ -188,6 +203,8 @@ class KMeans:
                 raise DataError(f"sample_weight has shape {shape}, should be (n_samples,) = ({n},)")
             w = sample_weight if isinstance(sample_weight, da.Array) else da.from_array(sample_weight, chunks=(X.chunks[0],), asarray=False)
             w = w.astype(X.dtype)
+        if self.metric == "cosine":
+            X = unit_rows(X)
         client = self._client()
         backend = resolve_backend(client, self.backend, get_backend(X).name)
         placement = place(client, X, backend, w)
@@ -201,7 +218,12 @@ class KMeans:
                     c0 = init_arr
                 else:
                     c0 = resolve_init(client, placement, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor)
-                res = run_lloyd(client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, callback=callback)
+                    if self.metric == "cosine":
+                        c0 = unit_centroids(np.asarray(c0, np.float64))
+                res = run_lloyd(
+                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, callback=callback,
+                    precision=self.precision, metric=self.metric,
+                )
                 if best is None or res.inertia < best.inertia:
                     best = res
         finally:
@@ -230,6 +252,8 @@ class KMeans:
         self._check_fitted()
         x = read(X)
         check_n_features(self.n_features_in_, int(x.shape[1]))
+        if self.metric == "cosine":
+            x = unit_rows(x)
         try:
             backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), get_backend(x).name)
         except DaskmeansError:
@@ -243,21 +267,25 @@ class KMeans:
     def predict(self, X: Any) -> Any:
         """Nearest-centroid labels, int32 (n_samples,); lazy unless ``X`` is a NumPy array."""
         x = self._blocks(X)
-        lab = x.map_blocks(_predict_block, self.cluster_centers_, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
+        lab = x.map_blocks(_predict_block, self.cluster_centers_, self.precision, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
         return self._out(X, lab)
 
     def transform(self, X: Any) -> Any:
-        """Euclidean distances to every centroid, float64 (n_samples, n_clusters)."""
+        """Distances to every centroid, float64 (n_samples, n_clusters): Euclidean, or
+        ``1 - cos`` for ``metric="cosine"``."""
         x = self._blocks(X)
         k = self.n_clusters
-        out = x.map_blocks(_transform_block, self.cluster_centers_, chunks=(x.chunks[0], (k,)), dtype=np.float64, meta=np.empty((0, 0)))
+        out = x.map_blocks(_transform_block, self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)), dtype=np.float64, meta=np.empty((0, 0)))
         return self._out(X, out)
 
     def score(self, X: Any, y: Any = None) -> float:
         """Opposite of the inertia of ``X`` under the fitted centroids."""
         x = self._blocks(X)
-        parts = x.map_blocks(_inertia_block, self.cluster_centers_, chunks=((1,) * x.numblocks[0], (1,)), dtype=np.float64, meta=np.empty((0, 0)))
-        return -float(parts.sum().compute())
+        parts = x.map_blocks(
+            _inertia_block, self.cluster_centers_, self.precision,
+            chunks=((1,) * x.numblocks[0], (1,)), dtype=np.float64, meta=np.empty((0, 0)),
+        )
+        return -float(parts.sum().compute()) * inertia_scale(self.metric)
 
     # ------------------------------------------------------------ persistence
 
@@ -303,24 +331,25 @@ class KMeans:
 # ---------------------------------------------------------------- block functions
 
 
-def _prep(block, centers):
+def _prep(block, centers, precision="fp32"):
     be = get_backend(block)
-    return be, be.prepare(centers, block.dtype)
+    return be, be.prepare(centers, block.dtype, precision)
 
 
-def _predict_block(block, centers):
-    be, p = _prep(block, centers)
+def _predict_block(block, centers, precision):
+    be, p = _prep(block, centers, precision)
     return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
 
 
-def _transform_block(block, centers):
+def _transform_block(block, centers, metric):
     be, p = _prep(block, centers)
-    return np.sqrt(be.to_numpy(be.sqdistances(block, p)))
+    d2 = be.to_numpy(be.sqdistances(block, p))
+    return d2 * inertia_scale(metric) if metric == "cosine" else np.sqrt(d2)
 
 
-def _inertia_block(block, centers):
-    be, p = _prep(block, centers)
-    return np.array([[be.assign(block, p, want_sums=False)["inertia"]]])
+def _inertia_block(block, centers, precision):
+    be, p = _prep(block, centers, precision)
+    return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
 
 
 def _state_labels(state, j):

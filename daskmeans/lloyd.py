@@ -27,6 +27,7 @@ from distributed import Client
 from . import config
 from .backends import get_backend
 from .errors import DataError
+from .metric import inertia_scale, unit_centroids
 from .partials import Partial, combine
 from .placement import Placement, Shard, submit_per_shard
 from .reduction import tree_reduce
@@ -51,32 +52,39 @@ class StepState:
 # ---------------------------------------------------------------- tasks (run on workers)
 
 
-def _step(shard: Shard, model: ModelState, want_sums: bool = True, fresh: bool = False) -> Partial | StepState:
+def _step(
+    shard: Shard, model: ModelState, want_sums: bool = True, fresh: bool = False, precision: str = "fp32"
+) -> Partial | StepState:
     """One Lloyd step over a shard's blocks.
 
     With ``want_sums`` (an iteration) returns the shard's :class:`Partial` and records the
-    labels in the shard's workspace to count reassignments next time; without (the final
-    E-step) returns a :class:`StepState` whose labels become ``labels_``. ``fresh`` marks the
-    first step of a run: labels left by an earlier run are not compared against.
+    labels in the shard's workspace (overwriting the last ones, which the kernel compares
+    against to count reassignments); without (the final E-step) returns a :class:`StepState`
+    whose labels become ``labels_``. ``fresh`` marks the first step of a run: labels left by
+    an earlier run are not compared against.
     """
     be = get_backend(shard.blocks[0])
     t0 = time.perf_counter()
-    prep = be.prepare(model.centroids, shard.blocks[0].dtype)
+    prep = be.prepare(model.centroids, shard.blocks[0].dtype, precision)
     prev = shard.labels if not fresh and shard.labels is not None and len(shard.labels) == len(shard.blocks) else None
-    labels, total, reassigned = [], None, 0
+    labels, total = [], None
+    inertia = reassigned = rechecked = 0
     for j, (_, _, block, w) in enumerate(shard.items()):
-        out = be.assign(block, prep, w, want_sums=want_sums)
+        pl = prev[j] if prev is not None else None
+        # Kernel scalars stay on the device until the end of the shard: one synchronisation.
+        out = be.assign(block, prep, w, want_sums=want_sums, prev_labels=pl, out_labels=pl if want_sums else None)
         labels.append(out["labels"])
-        reassigned += int((out["labels"] != prev[j]).sum()) if prev is not None else block.shape[0]
+        inertia = inertia + out["inertia"]
+        reassigned = reassigned + out["reassigned"]
+        rechecked = rechecked + out["rechecked"]
         if want_sums:
-            p = Partial.from_kernel(out, block.shape[0], 0, 0.0)
+            p = Partial(out["sums"], out["weights"], out["counts"], 0.0, 0)
             total = p if total is None else total + p
-        else:
-            inertia = out["inertia"] if total is None else total.inertia + out["inertia"]
-            total = Partial(None, None, None, inertia, 0)
-    if be.name == "cupy":  # kernels are asynchronous: time them to completion
-        be.xp.cuda.get_current_stream().synchronize()
-    total.reassigned = reassigned
+    if total is None:
+        total = Partial(None, None, None, 0.0, 0)
+    total.inertia = float(inertia)  # synchronises: kernel_seconds covers the kernels' work
+    total.reassigned = int(reassigned)
+    total.rechecked = int(rechecked)
     total.n = shard.n
     total.kernel_seconds = time.perf_counter() - t0
     if not want_sums:
@@ -85,8 +93,11 @@ def _step(shard: Shard, model: ModelState, want_sums: bool = True, fresh: bool =
     return total
 
 
-def _update(partial: Partial, prev: ModelState, iteration: int, to_host: bool = False) -> ModelState:
-    """New centroids = sums / weights; empty clusters keep their centroid (relocated later).
+def _update(
+    partial: Partial, prev: ModelState, iteration: int, to_host: bool = False, metric: str = "euclidean"
+) -> ModelState:
+    """New centroids = sums / weights (renormalised for ``metric="cosine"``); empty clusters
+    keep their centroid (relocated later).
 
     ``to_host`` returns NumPy centroids (for small models that travel to the client)."""
     be = get_backend(partial.sums)
@@ -96,13 +107,16 @@ def _update(partial: Partial, prev: ModelState, iteration: int, to_host: bool = 
     nonempty = partial.weights > 0
     safe = xp.where(nonempty, partial.weights, 1.0)
     new = xp.where(nonempty[:, None], partial.sums / safe[:, None], old)
+    if metric == "cosine":
+        new = unit_centroids(new, old)
     shift = float(((new - old) ** 2).sum())
     stats = {
         "iteration": iteration,
-        "inertia": float(partial.inertia),
+        "inertia": float(partial.inertia) * inertia_scale(metric),
         "shift": shift,
         "reassigned": int(partial.reassigned),
         "n_empty": int((~nonempty).sum()),
+        "rechecked": partial.rechecked / max(1, partial.n),
         "kernel_seconds": float(partial.kernel_seconds),
     }
     return ModelState(be.to_numpy(new) if to_host else new, stats)
@@ -133,7 +147,9 @@ def _merge_far(lists: list, n_far: int) -> list:
     return merged[:n_far]
 
 
-def _relocate(partial: Partial, prev: ModelState, candidates: list, iteration: int, to_host: bool) -> ModelState:
+def _relocate(
+    partial: Partial, prev: ModelState, candidates: list, iteration: int, to_host: bool, metric: str = "euclidean"
+) -> ModelState:
     """Re-seed empty clusters with the points farthest from their centroid (as scikit-learn).
 
     Each empty cluster, in increasing index, takes the next farthest point, which is removed
@@ -154,9 +170,9 @@ def _relocate(partial: Partial, prev: ModelState, candidates: list, iteration: i
         counts[j] = 1
     fixed = Partial(
         xp.asarray(sums), xp.asarray(weights), xp.asarray(counts), partial.inertia, partial.n,
-        partial.reassigned, partial.kernel_seconds,
+        partial.reassigned, partial.kernel_seconds, partial.rechecked,
     )
-    state = _update(fixed, prev, iteration, to_host)
+    state = _update(fixed, prev, iteration, to_host, metric)
     state.stats["n_empty"] = int(len(empty))
     return state
 
@@ -255,6 +271,8 @@ def run_lloyd(
     max_iter: int,
     tol_abs: float,
     callback: Callable[[dict], None] | None = None,
+    precision: str = "fp32",
+    metric: str = "euclidean",
 ) -> LloydResult:
     """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
 
@@ -269,7 +287,11 @@ def run_lloyd(
         times the mean feature variance).
     callback : callable(stats dict), optional
         Called after each iteration with ``iteration, inertia, shift, reassigned, n_empty,
-        seconds, kernel_seconds``.
+        rechecked, seconds, kernel_seconds``.
+    precision : {"fp32", "tf32", "bf16"}
+        GEMM precision of the GPU kernels (labels are the same in every mode).
+    metric : {"euclidean", "cosine"}
+        With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
     """
     small = centroids.size * 8 <= config.get_bytes("small-model-bytes")
     model = ModelState(np.asarray(centroids, np.float64))
@@ -282,10 +304,12 @@ def run_lloyd(
     for it in range(max_iter):
         t0 = time.perf_counter()
         partials = submit_per_shard(
-            client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", fresh=(it == 0)
+            client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", fresh=(it == 0),
+            precision=precision,
         )
         new_model = tree_reduce(
-            client, partials, combine, name="daskmeans-lloyd-update", finalize=_update, finalize_args=(model, it + 1, small)
+            client, partials, combine, name="daskmeans-lloyd-update", finalize=_update,
+            finalize_args=(model, it + 1, small, metric),
         )
         # Small models come back whole (one scheduling hop fewer); large ones stay on the
         # cluster and only their scalar stats travel.
@@ -307,7 +331,8 @@ def run_lloyd(
             )
             cands = client.submit(_merge_far, far, stats["n_empty"], pure=False)
             new_model = client.submit(
-                _relocate, root, model, cands, it + 1, small, pure=False, key=f"daskmeans-relocate-{uuid.uuid4().hex}"
+                _relocate, root, model, cands, it + 1, small, metric, pure=False,
+                key=f"daskmeans-relocate-{uuid.uuid4().hex}",
             )
             stats = client.submit(_get_stats, new_model, pure=False).result()
             if small:
@@ -321,8 +346,10 @@ def run_lloyd(
             break
     # Final E-step: labels and inertia under the final centroids. After a step where no label
     # changed this repeats the last assignment, as scikit-learn's result does.
-    final_states = submit_per_shard(client, placement, _step, [model] * nshard, name="daskmeans-lloyd-estep", want_sums=False)
-    inertia = client.submit(_sum_inertia, final_states, pure=False).result()
+    final_states = submit_per_shard(
+        client, placement, _step, [model] * nshard, name="daskmeans-lloyd-estep", want_sums=False, precision=precision
+    )
+    inertia = client.submit(_sum_inertia, final_states, pure=False).result() * inertia_scale(metric)
     centers = _get_centroids(model) if small else client.submit(_get_centroids, model, pure=False).result()
     converged = history[-1]["reassigned"] == 0 or history[-1]["shift"] <= tol_abs
     return LloydResult(

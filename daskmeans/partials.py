@@ -8,7 +8,7 @@ float64 rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 
@@ -32,6 +32,9 @@ class Partial:
         Rows whose label differs from the previous iteration (all rows at the first one).
     kernel_seconds : float
         Time spent in backend kernels (max over parallel tasks once combined).
+    rechecked : int
+        Rows whose nearest centroid was re-ranked by exact distances (GPU GEMM regime: the
+        low-precision margin test could not certify them).
     """
 
     sums: Any
@@ -41,11 +44,7 @@ class Partial:
     n: int
     reassigned: int = 0
     kernel_seconds: float = 0.0
-    meta: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_kernel(cls, out: dict, n: int, reassigned: int, seconds: float) -> "Partial":
-        return cls(out["sums"], out["weights"], out["counts"], out["inertia"], n, reassigned, seconds)
+    rechecked: int = 0
 
     def __add__(self, other: "Partial") -> "Partial":
         return Partial(
@@ -56,6 +55,7 @@ class Partial:
             self.n + other.n,
             self.reassigned + other.reassigned,
             max(self.kernel_seconds, other.kernel_seconds),
+            self.rechecked + other.rechecked,
         )
 
 

@@ -112,3 +112,21 @@ def test_existing_output_refused(blobs, tmp_path, capsys):
 def test_bad_model_path(tmp_path, capsys):
     line = _one_line_error(*run(capsys, "info", str(tmp_path / "none.zarr")))
     assert "no such model" in line
+
+
+def test_fit_cosine_and_zero_row_error(blobs, tmp_path, capsys):
+    _, data = blobs
+    model = str(tmp_path / "cos.zarr")
+    rc, _, err = run(capsys, "fit", data, "--k", "4", "--seed", "1", "--metric", "cosine", "-o", model, "--workers", "2", "-q")
+    assert rc == 0, err
+    attrs = zarr.open_group(model, mode="r").attrs
+    assert attrs["params"]["metric"] == "cosine" and attrs["params"]["precision"] == "fp32"
+    np.testing.assert_allclose(np.linalg.norm(zarr.open_group(model, mode="r")["cluster_centers"][:], axis=1), 1, rtol=1e-6)
+    bad = str(tmp_path / "zero.npy")
+    x = np.ones((100, 3), np.float32)
+    x[42] = 0
+    np.save(bad, x)
+    out_model = str(tmp_path / "never.zarr")
+    msg = _one_line_error(*run(capsys, "fit", bad, "--k", "2", "--metric", "cosine", "-o", out_model, "--workers", "1"))
+    assert "row 42 is all zeros" in msg
+    assert not os.path.exists(out_model)

@@ -585,6 +585,8 @@ def test_non_finite_data(client, bad):
         ({"oversampling_factor": 0}, "oversampling_factor=0 should be > 0"),
         ({"backend": "tpu"}, "backend='tpu' should be one of 'auto', 'cpu', 'gpu'"),
         ({"init": 3}, "init=3 should be one of 'k-means||', 'k-means++', 'random'"),
+        ({"metric": "manhattan"}, "metric='manhattan' should be one of 'euclidean', 'cosine'"),
+        ({"precision": "fp16"}, "precision='fp16' should be one of 'fp32', 'tf32', 'bf16'"),
     ],
 )
 def test_invalid_parameters(client, params, message):

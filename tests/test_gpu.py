@@ -8,40 +8,111 @@ pytestmark = pytest.mark.gpu
 
 
 def _ref(X, C, w=None):
+    """Float64 reference: labels (lowest index on ties), sums, counts, inertia, min d2."""
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     d = ((X64[:, None, :] - C64[None]) ** 2).sum(-1)
     lab = d.argmin(1)
     w = np.ones(len(X)) if w is None else w
     sums = np.zeros_like(C64)
     np.add.at(sums, lab, X64 * w[:, None])
-    return lab, sums, np.bincount(lab, minlength=len(C)), float((d[np.arange(len(X)), lab] * w).sum())
+    d2 = d[np.arange(len(X)), lab]
+    return lab, sums, np.bincount(lab, minlength=len(C)), float((d2 * w).sum()), d2
 
 
-@pytest.mark.parametrize("n,d,k", [(1000, 3, 1), (4099, 7, 5), (20000, 33, 300), (513, 130, 17)])
+@pytest.fixture
+def poisoned_pool():
+    """Fill CuPy's memory pool with NaN bytes, so that every buffer a kernel fails to write
+    shows up as garbage in the results."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    junk = [cupy.full(1 << 24, cupy.nan, cupy.float64) for _ in range(4)]  # 4 x 128 MiB
+    cupy.cuda.Device().synchronize()
+    del junk
+    yield
+    pool.free_all_blocks()
+
+
+# (n, d, k): regimes fused-registers, fused-shared-memory and GEMM; D not a multiple of 4/8;
+# K = 1; N not a multiple of any block; K much larger than a GEMM tile's rows.
+SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (513, 130, 17), (20000, 33, 300), (2000, 61, 1500)]
+
+
+def _data(n, d, k, dtype, seed=0):
+    rng = np.random.default_rng(n + d + k + seed)
+    centers = rng.normal(0, 4, (k, d))
+    X = (centers[rng.integers(0, k, n)] + rng.normal(0, 1, (n, d))).astype(dtype)
+    C = X[rng.choice(n, k, replace=False)].astype(np.float64)
+    return X, C, rng
+
+
+@pytest.mark.parametrize("n,d,k", SHAPES)
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype):
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precision, poisoned_pool):
+    import cupy
+    import dask
+
+    from daskmeans.backends import get_backend
+
+    be = get_backend("cupy")
+    X, C, rng = _data(n, d, k, dtype)
+    w = rng.random(n) + 0.5 if weighted else None
+    wg = None if w is None else cupy.asarray(w)
+    with dask.config.set({"daskmeans.gpu-tile-bytes": "64KiB" if k == 1500 else "256MiB"}):
+        p = be.prepare(C, dtype, precision)
+        prev = cupy.full(n, -7, cupy.int32)  # poison: every label must be written
+        out = be.assign(cupy.asarray(X), p, wg, prev_labels=prev, out_labels=prev)
+        lab_only, d2 = be.min_sqdist(cupy.asarray(X), p)
+    lab, sums, counts, inertia, d2_ref = _ref(X, C.astype(dtype), w)
+    got = cupy.asnumpy(out["labels"])
+    # Labels are those of exact distances in every regime and precision.
+    np.testing.assert_array_equal(got, lab)
+    np.testing.assert_array_equal(cupy.asnumpy(lab_only), lab)
+    assert int(out["reassigned"]) == n  # previous labels were all -7
+    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
+    np.testing.assert_allclose(cupy.asnumpy(out["sums"]), sums, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(cupy.asnumpy(out["weights"]), np.bincount(lab, weights=w, minlength=k), rtol=1e-12)
+    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+    assert 0 <= int(out["rechecked"]) <= n
+
+
+@pytest.mark.parametrize("k,d", [(3, 2), (40, 5), (300, 20)])  # fused-registers, fused-shared, GEMM
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_exact_ties_go_to_the_lowest_index(k, d, precision):
+    """Duplicated centroids tie exactly for every row near them: the lower index must win."""
     import cupy
 
     from daskmeans.backends import get_backend
 
     be = get_backend("cupy")
-    rng = np.random.default_rng(n + d + k)
-    centers = rng.normal(0, 4, (k, d))
-    X = (centers[rng.integers(0, k, n)] + rng.normal(0, 1, (n, d))).astype(dtype)
-    C = X[rng.choice(n, k, replace=False)].astype(np.float64)
-    w = rng.random(n) + 0.5 if weighted else None
-    sums_out = cupy.full((k, d), cupy.nan)  # poison: every output must be written
-    out = be.assign(cupy.asarray(X), be.prepare(C, dtype), None if w is None else cupy.asarray(w))
-    sums_out[...] = out["sums"]
-    assert not bool(cupy.isnan(sums_out).any())
-    lab, sums, counts, inertia = _ref(X, C.astype(dtype), w)
-    got = cupy.asnumpy(out["labels"])
-    assert (got == lab).mean() > 0.999  # fp32 distances: only near-ties may differ
-    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), np.bincount(got, minlength=k))
-    assert abs(out["inertia"] - inertia) <= 1e-5 * inertia
-    if (got == lab).all():
-        np.testing.assert_allclose(cupy.asnumpy(out["sums"]), sums, rtol=1e-9, atol=1e-6)
+    rng = np.random.default_rng(k)
+    base = rng.integers(-20, 20, (k // 2 + 1, d)).astype(np.float64)
+    C = np.concatenate([base, base])[:k]  # centroid j + len(base) duplicates centroid j
+    X = (base[rng.integers(0, len(base), 3000)] + rng.integers(-1, 2, (3000, d))).astype(np.float32)
+    out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
+    lab, *_ = _ref(X, C.astype(np.float32))
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
+    assert (lab < len(base)).all()
+
+
+def test_low_precision_rechecks_uncertain_rows_and_keeps_fp32_labels():
+    """P2-like random data: bf16 cannot certify every row, the re-check restores exact labels."""
+    import cupy
+
+    from daskmeans.backends import get_backend
+
+    be = get_backend("cupy")
+    X = cupy.random.default_rng(1).standard_normal((50000, 100), dtype=cupy.float32)
+    C = X[:1000].astype(cupy.float64)
+    res = {pr: be.assign(X, be.prepare(C, np.float32, pr)) for pr in ("fp32", "tf32", "bf16")}
+    for pr in ("tf32", "bf16"):
+        assert bool((res[pr]["labels"] == res["fp32"]["labels"]).all()), pr
+    assert int(res["bf16"]["rechecked"]) > int(res["tf32"]["rechecked"]) > 0
+    assert int(res["fp32"]["rechecked"]) < 0.01 * 50000
 
 
 def test_cupy_matches_numpy_backend_on_ties():
@@ -105,3 +176,29 @@ def test_estimator_with_cupy_dask_array():
         same = (km.labels_.compute() == cpu.labels_.compute()).mean()
     assert same >= 0.9999
     assert abs(km.inertia_ - cpu.inertia_) <= 1e-5 * cpu.inertia_
+
+
+@pytest.mark.parametrize("metric,precision", [("cosine", "fp32"), ("euclidean", "tf32")])
+def test_gpu_fit_variants_agree_with_cpu(metric, precision):
+    """Spherical k-means and the TF32 mode on a LocalCUDACluster give the CPU path's labels."""
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+
+    rng = np.random.default_rng(9)
+    X = (rng.normal(0, 1, (60000, 48)) + rng.integers(0, 40, (60000, 1)) * 0.5).astype(np.float32)
+    init = X[rng.choice(60000, 40, replace=False)].astype(np.float64)
+    with LocalCUDACluster(dashboard_address=":0") as lc, Client(lc) as client:
+        Xg = da.from_array(cupy.asarray(X), chunks=(7000, 48), asarray=False)
+        km = daskmeans.KMeans(40, init=init, max_iter=20, tol=0, metric=metric, precision=precision, client=client).fit(Xg)
+        cpu = daskmeans.KMeans(40, init=init, max_iter=20, tol=0, metric=metric, backend="cpu", client=client).fit(X)
+        same = (km.labels_.compute() == cpu.labels_.compute()).mean()
+    assert km.backend_ == "cupy"
+    assert same >= 0.9999, same
+    assert abs(km.inertia_ - cpu.inertia_) <= 1e-5 * cpu.inertia_
+    assert all("rechecked" in h for h in km.history_)
+    if metric == "cosine":
+        np.testing.assert_allclose(np.linalg.norm(km.cluster_centers_, axis=1), 1.0, rtol=1e-5)

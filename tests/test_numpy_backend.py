@@ -90,12 +90,27 @@ def test_toy_min_sqdist_and_sqdistances_exact():
     np.testing.assert_array_equal(full, [[0.25, 110.25], [0.25, 90.25], [90.25, 0.25], [110.25, 0.25]])
 
 
-def test_want_sums_false_returns_only_labels_and_inertia():
+def test_want_sums_false_returns_no_sums():
     X = np.array([[0.0], [1.0], [10.0], [11.0]])
     out = nb.assign(X, nb.prepare(np.array([[0.5], [10.5]]), X.dtype), want_sums=False)
-    assert set(out) == {"labels", "inertia"}
+    assert set(out) == {"labels", "inertia", "reassigned", "rechecked"}
     np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
     assert out["inertia"] == 1.0
+    assert out["reassigned"] == 4 and out["rechecked"] == 0  # no previous labels: all rows count
+
+
+def test_reassigned_counts_changed_labels_in_place():
+    X = np.array([[0.0], [1.0], [10.0], [11.0]])
+    prev = np.array([0, 1, 1, 0], np.int32)
+    out = nb.assign(X, nb.prepare(np.array([[0.5], [10.5]]), X.dtype), prev_labels=prev, out_labels=prev)
+    assert out["reassigned"] == 2
+    assert out["labels"] is prev
+    np.testing.assert_array_equal(prev, [0, 0, 1, 1])
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ValueError, match=r"precision='fp16' should be one of"):
+        nb.prepare(np.zeros((2, 2)), np.float32, "fp16")
 
 
 # ---------------------------------------------------------------- ties

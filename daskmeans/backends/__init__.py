@@ -26,6 +26,9 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+# GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy).
+PRECISIONS = ("fp32", "tf32", "bf16")
+
 _MODULES = {"numpy": "daskmeans.backends.numpy", "cupy": "daskmeans.backends.cupy"}
 # User-facing aliases (CLI --backend) for the backend names.
 ALIASES = {"cpu": "numpy", "gpu": "cupy", "numpy": "numpy", "cupy": "cupy"}

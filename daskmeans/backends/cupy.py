@@ -1,9 +1,21 @@
 """CuPy kernels: the same contract as :mod:`daskmeans.backends.numpy`, on the GPU.
 
-Per row tile: cuBLAS GEMM ``X (-2C)^T`` (cupy matmul), then one warp per row takes the fp32
-argmin (lowest index on ties) and ``||x||^2``; per-cluster float64 sums come from one pass over
-the tile, with block-private shared-memory accumulators when K x D is small and float64 atomics
-otherwise. The fully fused regimes (no N x K tile in HBM) are tracked separately.
+Two regimes, chosen in :func:`prepare` from K and D alone:
+
+fused (small K x D: the centroids fit in shared memory)
+    one ``fused_small`` pass over X: float64 distances, argmin, labels, block-private float64
+    sums in registers or shared memory, one partial per block reduced in a fixed order. No
+    GEMM, no N x K tile, no global atomics.
+GEMM (moderate and large K)
+    per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
+    preallocated tiles, then ``select_rows`` takes the top-2 of ``G + ||c||^2`` per row,
+    certifies the winner against the GEMM's error bound, re-ranks the uncertain rows by
+    exact float64 distances, and adds each row into the float64 sums. Tiles alternate
+    between two streams, so that the select kernel of one tile overlaps the next tile's GEMM.
+
+Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
+(the default), "tf32" (TF32 tensor-core GEMM) and "bf16" (bfloat16 inputs) differ in speed
+and in how many rows need the exact re-check (``rechecked``), never in labels.
 CuPy is imported lazily so that importing daskmeans never needs a GPU.
 """
 
@@ -16,7 +28,8 @@ from typing import Any
 import numpy
 
 from .. import config
-
+from . import PRECISIONS
+from . import cuda_src
 
 def __getattr__(attr: str) -> Any:
     if attr == "xp":
@@ -41,114 +54,112 @@ def to_numpy(a: Any) -> numpy.ndarray:
     return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else numpy.asarray(a)
 
 
+# ------------------------------------------------------------------ regime choice
+
+_THREADS = 256
+_REG_ACC = 32  # float64 register accumulators per lane (K x values-per-lane)
+_SHARED_BYTES = 48 * 1024
+
+
+def _small_config(k: int, d: int) -> tuple[int, int, int] | None:
+    """``(L, DPL, KACC)`` of the fused kernel for K x D, or None for the GEMM regime.
+
+    Fewest lanes per row such that the K x DPL register accumulators fit (fewer lanes, fewer
+    shuffles per row); else shared-memory accumulators with at most 16 values per lane."""
+    for lanes in (1, 2, 4, 8, 16, 32):
+        dpl = -(-d // lanes)
+        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
+            return lanes, dpl, k
+    for lanes in (1, 2, 4, 8, 16, 32):
+        dpl = -(-d // lanes)
+        if dpl <= 16 or lanes == 32:
+            if dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
+                return lanes, dpl, 0
+            return None
+    return None
+
+
+def _shared_bytes(k: int, dp: int) -> int:
+    return 8 * (2 * k * dp + 2 * k + 2)
+
+
 @dataclass(frozen=True)
 class Prepared:
+    """Centroid-side precomputation for one iteration (shared by all blocks).
+
+    ``small`` is the fused kernel's ``(L, DPL, KACC)``, or None for the GEMM regime, whose
+    inputs are ``a`` (Kpad x D centroids in the GEMM input type, zero rows past K), ``csq``
+    (Kpad squared norms in the GEMM output type, +inf past K) and the error bound ``err``.
+    """
+
     centroids: Any  # (K, D) cupy, data dtype
-    neg2_ct: Any  # (D, K)
-    sqnorm: Any  # (K,)
+    c64: Any  # (K, D) float64 values of ``centroids``
+    precision: str
+    small: tuple | None
+    a: Any = None
+    csq: Any = None
+    err: tuple = (0.0, 0.0)
 
     @property
     def k(self) -> int:
         return self.centroids.shape[0]
 
 
-def prepare(centroids: Any, dtype: Any) -> Prepared:
+# Unit round-offs. TF32 inputs may be truncated rather than rounded: 2^-10, not 2^-11.
+_U_IN = {"fp32": 0.0, "tf32": 2.0**-10, "bf16": 2.0**-8}
+
+
+def _error_bound(cmax: float, d: int, precision: str, gemm64: bool) -> tuple[float, float]:
+    """``(errA, errB)`` with ``|G + csq - (||c||^2 - 2 x.c)| <= errA ||x|| + errB`` for every
+    centroid (max norm ``cmax``).
+
+    The GEMM's error is at most ``2 (e_in + g) ||x|| ||c||`` (Cauchy-Schwarz), with ``e_in``
+    from rounding the inputs (``2u + u^2``) and ``g = 2 D u_acc`` from accumulating in any
+    order (twice the classical ``D u`` for tensor-core adders); rounding ``||c||^2`` and the
+    final addition add ``u_out (2 ||x|| ||c|| + 2 ||c||^2)``. A 10% margin covers the
+    second-order terms."""
+    u_out = 2.0**-53 if gemm64 else 2.0**-24
+    u_in = 0.0 if gemm64 else _U_IN[precision]
+    e_in = 2 * u_in + u_in * u_in
+    g = 2 * d * u_out
+    a = 1.1 * cmax * (2 * e_in + 2 * g * (1 + e_in) + 2.2 * u_out)
+    b = 1.1 * cmax * cmax * 2.2 * u_out
+    return a, b
+
+
+def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
+    """Cast centroids ``(K, D)`` to the data dtype and precompute what the kernels read."""
     import cupy
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
     c = cupy.ascontiguousarray(cupy.asarray(centroids, dtype=dtype))
     c64 = c.astype(cupy.float64)
-    sq = (c64 * c64).sum(axis=1).astype(dtype)
-    return Prepared(c, cupy.ascontiguousarray((-2 * c).T), sq)
+    k, d = c.shape
+    small = _small_config(k, d)
+    if small is not None:
+        return Prepared(c, cupy.ascontiguousarray(c64), precision, small)
+    gemm64 = c.dtype == cupy.float64
+    kpad = -(-k // 4) * 4
+    a = cupy.zeros((kpad, d), c.dtype)
+    a[:k] = c
+    if precision == "bf16" and not gemm64:
+        a = _to_bf16(a)
+    sq = (c64 * c64).sum(axis=1)
+    csq = cupy.full(kpad, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
+    csq[:k] = sq
+    cmax = float(cupy.sqrt(sq.max()))
+    return Prepared(c, c64, precision, None, a, csq, _error_bound(cmax, d, precision, gemm64))
 
 
-_ARGMIN_SRC = r"""
-extern "C" __global__ void argmin_rows(const float* __restrict__ G, const float* __restrict__ csq,
-                                       const float* __restrict__ X, int D, long long rows, int K,
-                                       int* __restrict__ labels, double* __restrict__ d2) {
-    // One warp per row of the GEMM tile G = X (-2 C)^T: min over k of G[r,k] + ||c_k||^2
-    // in float32, exactly as the NumPy backend rounds it; the lowest index wins ties.
-    long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (r >= rows) return;
-    const float* g = G + r * (long long)K;
-    float best = __int_as_float(0x7f800000);
-    int bi = 0x7fffffff;
-    for (int k = lane; k < K; k += 32) {
-        float v = g[k] + csq[k];
-        if (v < best) { best = v; bi = k; }
-    }
-    const float* x = X + r * (long long)D;
-    double sq = 0.0;
-    for (int j = lane; j < D; j += 32) { double v = (double)x[j]; sq += v * v; }
-    for (int off = 16; off > 0; off >>= 1) {
-        float ov = __shfl_down_sync(0xffffffffu, best, off);
-        int oi = __shfl_down_sync(0xffffffffu, bi, off);
-        if (ov < best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        sq += __shfl_down_sync(0xffffffffu, sq, off);
-    }
-    if (lane == 0) {
-        labels[r] = bi;
-        double v = (double)best + sq;
-        d2[r] = v > 0.0 ? v : 0.0;
-    }
-}
-"""
-
-
-_SUMS_SRC = r"""
-// Per-cluster float64 sums of rows. X (rows x D, T = float or double) is read once, coalesced
-// (thread e handles element e of the flattened tile). "shared": block-private K x D
-// accumulators in shared memory, written as one partial per block and reduced in a fixed
-// order on the host side (no global atomics; for small K x D). "global": float64 atomics into
-// the K x D sums (large K, where collisions are rare).
-// Calls add(cluster * D + d, value) for every element of the tile, grid-strided.
-template <typename Add>
-__device__ __forceinline__ void for_each_element(const T* __restrict__ X, const int* __restrict__ lab,
-                                                 const double* __restrict__ w, int has_w,
-                                                 long long rows, int D, Add add) {
-    long long total = rows * (long long)D;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-        long long r = e / D;
-        int d = (int)(e - r * D);
-        double v = (double)X[e];
-        if (has_w) v *= w[r];
-        add((long long)lab[r] * D + d, v);
-    }
-}
-
-extern "C" __global__ void sums_shared(const T* __restrict__ X, const int* __restrict__ lab,
-                                       const double* __restrict__ w, int has_w, long long rows,
-                                       int D, int K, double* __restrict__ out) {
-    extern __shared__ double sh[];
-    int KD = K * D;
-    for (int i = threadIdx.x; i < KD; i += blockDim.x) sh[i] = 0.0;
-    __syncthreads();
-    for_each_element(X, lab, w, has_w, rows, D, [&](long long i, double v) { atomicAdd(&sh[i], v); });
-    __syncthreads();
-    double* o = out + (long long)blockIdx.x * KD;
-    for (int i = threadIdx.x; i < KD; i += blockDim.x) o[i] = sh[i];
-}
-
-extern "C" __global__ void sums_global(const T* __restrict__ X, const int* __restrict__ lab,
-                                       const double* __restrict__ w, int has_w, long long rows,
-                                       int D, double* __restrict__ sums) {
-    for_each_element(X, lab, w, has_w, rows, D, [&](long long i, double v) { atomicAdd(&sums[i], v); });
-}
-"""
-_SHARED_MAX_DOUBLES = 6144  # 48 KiB of shared memory per block
-_MODULES: dict = {}
-
-
-def _sums_kernels(dtype):
+def _to_bf16(x):
+    """float32 -> bfloat16 bits (uint16), round to nearest even."""
     import cupy
 
-    key = numpy.dtype(dtype).name
-    if key not in _MODULES:
-        t = "float" if key == "float32" else "double"
-        _MODULES[key] = cupy.RawModule(code=f"#define T {t}\n" + _SUMS_SRC, options=("--std=c++17",))
-    m = _MODULES[key]
-    return m.get_function("sums_shared"), m.get_function("sums_global")
+    y = cupy.empty(x.shape, cupy.uint16)
+    n = x.size
+    cuda_src.bf16_kernel()((min(4096, max(1, -(-n // 256))),), (256,), (x, y, cupy.int64(n)))
+    return y
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,115 +169,232 @@ def _sm_count(device_id: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
 
 
-def _accumulate(xt, lab, wt, sums):
-    """Add the rows of ``xt`` (weighted by ``wt``) into ``sums[lab]`` (float64, K x D)."""
+@functools.lru_cache(maxsize=None)
+def _streams(device_id: int) -> tuple:
     import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+
+
+# ------------------------------------------------------------------ the fused regime
+
+_NULL = numpy.uint64(0)  # a NULL pointer argument (optional kernel inputs and outputs)
+
+
+def _ptr(a: Any) -> Any:
+    return _NULL if a is None else a
+
+
+def _run_small(X, p, w, prev, labels, d2, want_sums):
+    import cupy
+
+    n, d = X.shape
+    k = p.k
+    lanes, dpl, kacc = p.small
+    kern = cuda_src.small_kernel(X.dtype, lanes, dpl, kacc, _THREADS)
+    rows_per_block = _THREADS // lanes
+    nb = int(max(1, min(2 * _sm_count(cupy.cuda.Device().id), -(-n // rows_per_block))))
+    width = k * d + 2 * k + 2
+    part = cupy.empty((nb, width), cupy.float64) if want_sums else None
+    pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
+    kern(
+        (nb,), (_THREADS,),
+        (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2),
+         _ptr(part), _ptr(pstat)),
+        shared_mem=_shared_bytes(k, lanes * dpl),
+    )
+    if not want_sums:
+        st = pstat.sum(axis=0)
+        return {"inertia": st[0], "reassigned": st[1], "rechecked": 0}
+    tot = part.sum(axis=0)  # fixed order: block partials, one reduction
+    kd = k * d
+    return {
+        "sums": tot[:kd].reshape(k, d),
+        "weights": tot[kd : kd + k],
+        "counts": tot[kd + k : kd + 2 * k].astype(cupy.int64),
+        "inertia": tot[kd + 2 * k],
+        "reassigned": tot[kd + 2 * k + 1],
+        "rechecked": 0,
+    }
+
+
+# ------------------------------------------------------------------ the GEMM regime
+
+_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
+
+
+def _tile_rows(kpad: int, itemsize: int, n: int) -> int:
+    return int(max(32, min(n, config.get_bytes("gpu-tile-bytes") // max(1, kpad * itemsize))))
+
+
+def _gemm(p: Prepared, xt, out, xbuf) -> None:
+    """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream."""
+    import cupy
+    from cupy.cuda import cublas, device
 
     rows, d = xt.shape
-    k = sums.shape[0]
-    shared, glob = _sums_kernels(xt.dtype)
-    w = wt if wt is not None else cupy.empty(1, cupy.float64)
-    has_w = cupy.int32(wt is not None)
-    threads = 256
-    blocks_needed = (rows * d + threads - 1) // threads
-    sm = _sm_count(cupy.cuda.Device().id)
-    if k * d <= _SHARED_MAX_DOUBLES:
-        nb = int(max(1, min(blocks_needed, 4 * sm)))
-        out = cupy.empty((nb, k * d), cupy.float64)
-        shared((nb,), (threads,), (xt, lab, w, has_w, cupy.int64(rows), cupy.int32(d), cupy.int32(k), out),
-               shared_mem=k * d * 8)
-        sums += out.sum(axis=0).reshape(k, d)
+    kpad = p.a.shape[0]
+    h = device.get_cublas_handle()
+    cublas.setStream(h, cupy.cuda.get_current_stream().ptr)
+    if p.centroids.dtype == cupy.float64:
+        scal = numpy.array([-2.0, 0.0])
+        dt = _CUDA_R_64F
+        ab, bb, ct, comp = dt, dt, dt, cublas.CUBLAS_COMPUTE_64F
+        bptr = xt.data.ptr
     else:
-        nb = int(max(1, min(blocks_needed, 32 * sm)))
-        glob((nb,), (threads,), (xt, lab, w, has_w, cupy.int64(rows), cupy.int32(d), sums))
-
-
-def _argmin_kernel():
-    import cupy
-
-    global _ARGMIN
-    if "_ARGMIN" not in globals():
-        _ARGMIN = cupy.RawKernel(_ARGMIN_SRC, "argmin_rows")
-    return _ARGMIN
-
-
-def _tile_rows(k: int, itemsize: int) -> int:
-    # GPU tiles are larger than CPU cache tiles: 16x the CPU budget keeps the GEMM efficient.
-    return max(1024, 16 * config.get_bytes("tile-bytes") // max(1, k * itemsize))
-
-
-def _tile_nearest(xt, p):
-    import cupy
-
-    g = xt @ p.neg2_ct
-    if g.dtype == cupy.float32:
-        rows, k = g.shape
-        lab = cupy.empty(rows, cupy.int32)
-        d2 = cupy.empty(rows, cupy.float64)
-        threads = 256
-        blocks = (rows * 32 + threads - 1) // threads
-        _argmin_kernel()(
-            (blocks,), (threads,), (g, p.sqnorm, xt, cupy.int32(xt.shape[1]), cupy.int64(rows), cupy.int32(k), lab, d2)
+        scal = numpy.array([-2.0, 0.0], numpy.float32)
+        ct, comp = _CUDA_R_32F, cublas.CUBLAS_COMPUTE_32F
+        if p.precision == "bf16":
+            ab = bb = _CUDA_R_16BF
+            n = rows * d
+            cuda_src.bf16_kernel()((min(4096, max(1, -(-n // 256))),), (256,), (xt, xbuf, cupy.int64(n)))
+            bptr = xbuf.data.ptr
+        else:
+            ab = bb = _CUDA_R_32F
+            bptr = xt.data.ptr
+            if p.precision == "tf32":
+                comp = cublas.CUBLAS_COMPUTE_32F_FAST_TF32
+    mode = cublas.getPointerMode(h)
+    if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+        cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        # Column-major view: out^T (Kpad x rows) = a (Kpad x D) . xt^T (D x rows).
+        cublas.gemmEx(
+            h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, kpad, rows, d,
+            scal.ctypes.data, p.a.data.ptr, ab, d, bptr, bb, d,
+            scal[1:].ctypes.data, out.data.ptr, ct, kpad, comp, cublas.CUBLAS_GEMM_DEFAULT,
         )
-        return lab, d2
-    xt64 = xt.astype(cupy.float64)
-    xsq = (xt64 * xt64).sum(axis=1)
-    g += p.sqnorm
-    lab = g.argmin(axis=1).astype(cupy.int32)
-    d2 = g[cupy.arange(len(lab)), lab].astype(cupy.float64)
-    d2 += xsq
-    cupy.maximum(d2, 0.0, out=d2)
-    return lab, d2
+    finally:
+        if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+            cublas.setPointerMode(h, mode)
 
 
-def min_sqdist(X, p):
+def _run_gemm(X, p, w, prev, labels, d2, want_sums):
+    import cupy
+
+    n, d = X.shape
+    k = p.k
+    kpad = p.a.shape[0]
+    gdt = p.csq.dtype
+    rows = _tile_rows(kpad, gdt.itemsize, n)
+    kern = cuda_src.select_kernel(X.dtype, gdt)
+    stat = cupy.zeros(3, cupy.float64)
+    if want_sums:
+        sums = cupy.zeros((k, d), cupy.float64)
+        wsum = cupy.zeros(k, cupy.float64)
+        cnt = cupy.zeros(k, cupy.uint64)
+    else:
+        sums = wsum = cnt = None
+    dev = cupy.cuda.Device().id
+    blocks_max = 8 * _sm_count(dev)
+    ntiles = -(-n // rows)
+    main = cupy.cuda.get_current_stream()
+    # One tile: stay on the caller's stream. More: alternate two streams (tile i's select
+    # overlaps tile i+1's GEMM), each with its own tile buffer.
+    streams = (main,) if ntiles == 1 else _streams(dev)
+    bufs = [cupy.empty((rows, kpad), gdt) for _ in streams]
+    xbufs = [cupy.empty(rows * d, cupy.uint16) if p.precision == "bf16" and gdt == cupy.float32 else None for _ in streams]
+    if len(streams) > 1:
+        ev = main.record()
+        for s in streams:
+            s.wait_event(ev)
+    for t in range(ntiles):
+        s0 = t * rows
+        s1 = min(n, s0 + rows)
+        m = s1 - s0
+        i = t % len(streams)
+        with streams[i]:
+            g = bufs[i][:m]
+            _gemm(p, X[s0:s1], g, xbufs[i])
+            nb = int(max(1, min(blocks_max, -(-m // 8))))
+            kern(
+                (nb,), (256,),
+                (g, cupy.int32(kpad), p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids,
+                 numpy.float64(p.err[0]), numpy.float64(p.err[1]),
+                 _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
+                 _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
+                 _ptr(sums), _ptr(wsum), _ptr(cnt), stat),
+            )
+    from cupy.cuda import cublas, device
+
+    cublas.setStream(device.get_cublas_handle(), main.ptr)  # leave the handle as CuPy expects
+    if len(streams) > 1:
+        for s in streams:
+            main.wait_event(s.record())
+    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
+    if want_sums:
+        out.update(sums=sums, weights=wsum, counts=cnt.astype(cupy.int64))
+    return out
+
+
+# ------------------------------------------------------------------ the backend contract
+
+
+def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums):
+    import cupy
+
+    if X.dtype != p.centroids.dtype:
+        raise TypeError(f"X.dtype={X.dtype} should equal the prepared centroids' dtype {p.centroids.dtype}")
+    w = None if sample_weight is None else cupy.ascontiguousarray(sample_weight, dtype=cupy.float64)
+    run = _run_small if p.small is not None else _run_gemm
+    return run(X, p, w, prev_labels, labels, d2, want_sums)
+
+
+def assign(
+    X: Any,
+    p: Prepared,
+    sample_weight: Any = None,
+    want_sums: bool = True,
+    prev_labels: Any = None,
+    out_labels: Any = None,
+) -> dict[str, Any]:
+    """Assign each row to its nearest centroid and accumulate per-cluster statistics.
+
+    Parameters
+    ----------
+    X : cupy.ndarray, shape (n, d), float32 or float64, C-contiguous
+    p : Prepared centroids (K, d), same dtype as X
+    sample_weight : cupy.ndarray, shape (n,), optional
+    want_sums : bool
+        If False, only labels and inertia are computed (prediction / scoring).
+    prev_labels : cupy.ndarray of int32, shape (n,), optional
+        Labels of the previous iteration: ``reassigned`` counts the rows that changed
+        (all rows when not given).
+    out_labels : cupy.ndarray of int32, shape (n,), optional
+        Where to write the labels (may be ``prev_labels``: each row is read, then written).
+
+    Returns
+    -------
+    dict with ``labels`` (n,) int32, ``inertia``, ``reassigned`` and ``rechecked`` (rows
+    re-ranked by exact distances; 0-d device arrays, no synchronisation), and when
+    ``want_sums``: ``sums`` (K, d) float64, ``weights`` (K,) float64, ``counts`` (K,) int64.
+    """
+    import cupy
+
+    labels = out_labels if out_labels is not None else cupy.empty(X.shape[0], cupy.int32)
+    out = _run(X, p, sample_weight, prev_labels, labels, None, want_sums)
+    out["labels"] = labels
+    return out
+
+
+def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
+    """Nearest centroid (int32, shape (n,)) and its squared distance (float64, shape (n,))."""
     import cupy
 
     n = X.shape[0]
     labels = cupy.empty(n, cupy.int32)
     d2 = cupy.empty(n, cupy.float64)
-    step = _tile_rows(p.k, X.dtype.itemsize)
-    for s in range(0, n, step):
-        labels[s : s + step], d2[s : s + step] = _tile_nearest(X[s : s + step], p)
+    _run(X, p, None, None, labels, d2, False)
     return labels, d2
 
 
-def assign(X, p, sample_weight=None, want_sums: bool = True) -> dict[str, Any]:
-    import cupy
-
-    n, d = X.shape
-    k = p.k
-    labels = cupy.empty(n, cupy.int32)
-    inertia = cupy.zeros((), cupy.float64)
-    if want_sums:
-        sums = cupy.zeros((k, d), cupy.float64)
-    step = _tile_rows(k, X.dtype.itemsize)
-    for s in range(0, n, step):
-        xt = X[s : s + step]
-        wt = None if sample_weight is None else sample_weight[s : s + step].astype(cupy.float64)
-        lab, d2 = _tile_nearest(xt, p)
-        labels[s : s + step] = lab
-        inertia += d2.sum() if wt is None else d2 @ wt
-        if want_sums:
-            _accumulate(xt, lab, wt, sums)
-    out: dict[str, Any] = {"labels": labels, "inertia": float(inertia)}
-    if want_sums:
-        counts = cupy.bincount(labels, minlength=k).astype(cupy.int64)
-        weights = (
-            counts.astype(cupy.float64)
-            if sample_weight is None
-            else cupy.bincount(labels, weights=sample_weight.astype(cupy.float64), minlength=k)
-        )
-        out.update(sums=sums, weights=weights, counts=counts)
-    return out
-
-
-def sqdistances(X, p):
+def sqdistances(X: Any, p: Prepared) -> Any:
     """Squared distances ``(n, K)`` from every row to every centroid (float64, clamped at 0)."""
     import cupy
 
-    g = (X @ p.neg2_ct).astype(cupy.float64)
-    g += p.sqnorm
     x64 = X.astype(cupy.float64)
+    g = x64 @ (-2.0 * p.c64.T)
+    g += (p.c64 * p.c64).sum(axis=1)
     g += (x64 * x64).sum(axis=1)[:, None]
     return cupy.maximum(g, 0.0)

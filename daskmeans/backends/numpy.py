@@ -15,6 +15,7 @@ from typing import Any
 import numpy
 
 from .. import config
+from . import PRECISIONS
 
 name = "numpy"
 xp = numpy
@@ -37,17 +38,23 @@ class Prepared:
     centroids: numpy.ndarray  # (K, D) in the data dtype
     neg2_ct: numpy.ndarray  # (D, K) = -2 * centroids.T, C-contiguous for the GEMM
     sqnorm: numpy.ndarray  # (K,) ||c||^2 in the data dtype
+    precision: str = "fp32"
 
     @property
     def k(self) -> int:
         return self.centroids.shape[0]
 
 
-def prepare(centroids: Any, dtype: Any) -> Prepared:
-    """Cast centroids ``(K, D)`` to the data dtype and precompute ``-2 C^T`` and ``||c||^2``."""
+def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
+    """Cast centroids ``(K, D)`` to the data dtype and precompute ``-2 C^T`` and ``||c||^2``.
+
+    ``precision`` names a GPU GEMM mode; CPUs have no TF32/BF16 GEMM, so every mode computes
+    in the data dtype here."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
     c = numpy.ascontiguousarray(centroids, dtype=dtype)
     sq = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64)).astype(dtype)
-    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq)
+    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq, precision)
 
 
 def _tile_rows(k: int, itemsize: int) -> int:
@@ -142,6 +149,8 @@ def assign(
     p: Prepared,
     sample_weight: numpy.ndarray | None = None,
     want_sums: bool = True,
+    prev_labels: numpy.ndarray | None = None,
+    out_labels: numpy.ndarray | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -152,16 +161,23 @@ def assign(
     sample_weight : ndarray, shape (n,), optional
     want_sums : bool
         If False, only labels and inertia are computed (prediction / scoring).
+    prev_labels : ndarray of int32, shape (n,), optional
+        Labels of the previous iteration: ``reassigned`` counts the rows that changed (all
+        rows when not given).
+    out_labels : ndarray of int32, shape (n,), optional
+        Where to write the labels (may be ``prev_labels``).
 
     Returns
     -------
     dict with ``labels`` (n,) int32, ``inertia`` float (weighted sum of squared distances),
+    ``reassigned`` and ``rechecked`` (always 0 here: labels come straight from the GEMM) ints,
     and when ``want_sums``: ``sums`` (K, d) float64, ``weights`` (K,) float64 and
     ``counts`` (K,) int64.
     """
     n = X.shape[0]
     k = p.k
     labels = numpy.empty(n, numpy.int32)
+    reassigned = n
     inertia = 0.0
     out: dict[str, Any] = {"labels": labels}
     if want_sums:
@@ -173,11 +189,18 @@ def assign(
         xt = X[s : s + step]
         wt = None if sample_weight is None else sample_weight[s : s + step]
         lab, d2 = _tile_nearest(xt, p, ws)
+        if prev_labels is not None:
+            reassigned -= int(numpy.count_nonzero(lab == prev_labels[s : s + step]))
         labels[s : s + step] = lab
         inertia += float(d2.sum() if wt is None else d2 @ wt.astype(numpy.float64))
         if want_sums:
             sum_fn(xt, lab, k, wt, sums, ws)
     out["inertia"] = inertia
+    out["reassigned"] = reassigned
+    out["rechecked"] = 0
+    if out_labels is not None:
+        out_labels[...] = labels
+        out["labels"] = out_labels
     if want_sums:
         counts = numpy.bincount(labels, minlength=k).astype(numpy.int64)
         weights = (

@@ -1,0 +1,337 @@
+"""CUDA C++ sources of the CuPy backend's kernels, and their compile cache.
+
+Pure source text and compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
+too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy`.
+
+Two kernels, one per regime (see that module for when each runs):
+
+``fused_small``
+    One pass over X, nothing else: each group of ``L`` lanes holds one row (``DPL`` values
+    per lane, float64), computes its float64 distance to every centroid (kept in shared
+    memory), the argmin (lowest index wins ties), and accumulates the row into block-private
+    float64 sums: in registers when ``KACC`` (= K) accumulators fit, otherwise in shared
+    memory. Each block writes one partial (sums, weights, counts, inertia, reassigned) which
+    the host reduces in a fixed order: no global atomics.
+``select_rows``
+    After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2 of
+    ``G + ||c||^2`` with 16-byte loads, certifies the winner with an error bound of the GEMM's
+    precision, re-ranks the rare uncertain rows by exact float64 distances to the few
+    candidates that the bound cannot exclude, and adds the row into the float64 sums.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMMON = r"""
+#define FULL 0xffffffffu
+__device__ __forceinline__ double warp_sum(double v) {
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
+    return v;
+}
+"""
+
+SMALL_SRC = _COMMON + r"""
+// Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
+// KACC (K when per-lane register accumulators are used, else 0), NT (threads per block).
+#define NG (NT / L)
+#define DP (L * DPL)
+extern "C" __global__ void __launch_bounds__(NT) fused_small(
+        const T* __restrict__ X, long long n, int D, int K,
+        const double* __restrict__ C,      // K x D centroids (data-dtype values, as float64)
+        const double* __restrict__ w,      // n sample weights, or NULL
+        const int* __restrict__ prev,      // n previous labels, or NULL
+        int* __restrict__ labels,          // n, or NULL; may alias prev
+        double* __restrict__ d2,           // n squared distances, or NULL
+        double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
+        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
+    extern __shared__ double sh[];
+    double* cs = sh;                 // K x DP centroids, zero padded past D
+    double* ssum = cs + K * DP;      // K x DP block sums
+    double* sw = ssum + K * DP;      // K block weights
+    double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
+    double* sst = scnt + K;          // inertia, reassigned
+    const bool want = part != nullptr;
+    for (int i = threadIdx.x; i < K * DP; i += NT) {
+        int k = i / DP, j = i - k * DP;
+        cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
+        ssum[i] = 0.0;
+    }
+    for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
+    __syncthreads();
+
+    const int lane = threadIdx.x % L;
+    const int gw = (threadIdx.x & 31) / L;                       // group within the warp
+    const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
+    const long long nwarp = ((long long)gridDim.x * NT) >> 5;
+#if KACC > 0
+    double acc[KACC][DPL];
+    double accw[KACC], accn[KACC];
+    #pragma unroll
+    for (int k = 0; k < KACC; ++k) {
+        accw[k] = 0.0; accn[k] = 0.0;
+        #pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[k][j] = 0.0;
+    }
+#endif
+    double inert = 0.0, moved = 0.0;
+    // The loop bound is uniform across the warp (rows past n are masked), so the
+    // width-L shuffles below always see every lane.
+    for (long long base = warp * (32 / L); base < n; base += nwarp * (32 / L)) {
+        const long long r = base + gw;
+        const bool valid = r < n;
+        double xv[DPL];
+        #pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+            const int col = lane + j * L;
+            xv[j] = (valid && col < D) ? (double)X[r * D + col] : 0.0;
+        }
+        double best = __longlong_as_double(0x7ff0000000000000ll);
+        int bk = 0;
+#if KACC > 0
+        #pragma unroll
+        for (int k = 0; k < KACC; ++k) {
+#else
+        for (int k = 0; k < K; ++k) {
+#endif
+            const double* c = cs + k * DP + lane;
+            double s = 0.0;
+            #pragma unroll
+            for (int j = 0; j < DPL; ++j) { double t = xv[j] - c[j * L]; s = fma(t, t, s); }
+            // Butterfly: every lane of the group ends with the same (commutative) sum.
+            #pragma unroll
+            for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
+            if (s < best) { best = s; bk = k; }
+        }
+        if (!valid) continue;
+        const double wr = w ? w[r] : 1.0;
+        if (lane == 0) {
+            const int old = prev ? prev[r] : -1;
+            if (labels) labels[r] = bk;
+            if (d2) d2[r] = best;
+            inert += wr * best;
+            moved += (prev == nullptr || old != bk) ? 1.0 : 0.0;
+        }
+        if (!want) continue;
+#if KACC > 0
+        #pragma unroll
+        for (int k = 0; k < KACC; ++k) {
+            if (k == bk) {
+                #pragma unroll
+                for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
+                accw[k] += wr;
+                accn[k] += 1.0;
+            }
+        }
+#else
+        double* o = ssum + bk * DP + lane;
+        #pragma unroll
+        for (int j = 0; j < DPL; ++j) if (lane + j * L < D) atomicAdd(o + j * L, wr * xv[j]);
+        if (lane == 0) { atomicAdd(sw + bk, wr); atomicAdd(scnt + bk, 1.0); }
+#endif
+    }
+    // Block reduction in a fixed order: shuffle across the groups of a warp, then warps one
+    // after another.
+    inert = warp_sum(inert);
+    moved = warp_sum(moved);
+#if KACC > 0
+    #pragma unroll
+    for (int k = 0; k < KACC; ++k) {
+        #pragma unroll
+        for (int off = 16; off >= L; off >>= 1) {
+            #pragma unroll
+            for (int j = 0; j < DPL; ++j) acc[k][j] += __shfl_xor_sync(FULL, acc[k][j], off);
+            accw[k] += __shfl_xor_sync(FULL, accw[k], off);
+            accn[k] += __shfl_xor_sync(FULL, accn[k], off);
+        }
+    }
+#endif
+    for (int wi = 0; wi < NT / 32; ++wi) {
+        if ((threadIdx.x >> 5) == wi) {
+#if KACC > 0
+            if ((threadIdx.x & 31) < L) {
+                #pragma unroll
+                for (int k = 0; k < KACC; ++k) {
+                    #pragma unroll
+                    for (int j = 0; j < DPL; ++j) ssum[k * DP + lane + j * L] += acc[k][j];
+                    if (lane == 0) { sw[k] += accw[k]; scnt[k] += accn[k]; }
+                }
+            }
+#endif
+            if ((threadIdx.x & 31) == 0) { sst[0] += inert; sst[1] += moved; }
+        }
+        __syncthreads();
+    }
+    if (want) {
+        const int KD = K * D;
+        double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
+        for (int i = threadIdx.x; i < KD; i += NT) { int k = i / D; o[i] = ssum[k * DP + (i - k * D)]; }
+        for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];
+    } else if (threadIdx.x < 2) {
+        pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
+    }
+}
+"""
+
+SELECT_SRC = _COMMON + r"""
+// Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
+__device__ __forceinline__ void top2(GT v, int k, GT& b1, int& i1, GT& b2) {
+    // Indices reach a lane in increasing order, so '<' keeps the lowest index on ties and a
+    // tie lands in b2 (a zero margin, hence an exact re-check).
+    if (v < b1) { b2 = b1; b1 = v; i1 = k; } else if (v < b2) { b2 = v; }
+}
+__device__ __forceinline__ GT comp(const GV& v, int e) {
+#if VEC == 4
+    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+#else
+    return e == 0 ? v.x : v.y;
+#endif
+}
+__device__ __forceinline__ double exact_d2(const T* __restrict__ x, const T* __restrict__ c, int D, int lane) {
+    double s = 0.0;
+    for (int j = lane; j < D; j += 32) { double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
+    return warp_sum(s);
+}
+
+extern "C" __global__ void __launch_bounds__(256) select_rows(
+        const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
+        const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
+        const T* __restrict__ X, int D, long long rows,
+        const T* __restrict__ C,                    // K x D centroids (data dtype)
+        double errA, double errB,                   // |G+csq - exact| <= errA*||x|| + errB
+        const double* __restrict__ w,
+        const int* __restrict__ prev, int* __restrict__ labels, double* __restrict__ d2,
+        double* __restrict__ sums, double* __restrict__ wsum,
+        unsigned long long* __restrict__ cnt,       // K x D, K, K accumulators, or NULL
+        double* __restrict__ stat) {                // inertia, reassigned, rechecked
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
+    const int nv = ldg / VEC;
+    const GV* cq = (const GV*)csq;
+    const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
+    double inert = 0.0, moved = 0.0, checked = 0.0;
+    for (long long r = warp; r < rows; r += nwarp) {
+        const T* x = X + r * D;
+        double sq = 0.0;
+        for (int j = lane; j < D; j += 32) { double v = (double)x[j]; sq = fma(v, v, sq); }
+        const double E = errA * sqrt(warp_sum(sq)) + errB;
+        const GV* g = (const GV*)(G + r * (long long)ldg);
+        GT b1 = inf, b2 = inf;
+        int i1 = 0x7fffffff;
+        #pragma unroll 4
+        for (int q = lane; q < nv; q += 32) {
+            const GV gv = g[q], cv = cq[q];
+            #pragma unroll
+            for (int e = 0; e < VEC; ++e) top2(comp(gv, e) + comp(cv, e), q * VEC + e, b1, i1, b2);
+        }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const GT ob1 = __shfl_xor_sync(FULL, b1, off), ob2 = __shfl_xor_sync(FULL, b2, off);
+            const int oi1 = __shfl_xor_sync(FULL, i1, off);
+            if (ob1 < b1 || (ob1 == b1 && oi1 < i1)) { b2 = b1 < ob2 ? b1 : ob2; b1 = ob1; i1 = oi1; }
+            else { b2 = b2 < ob1 ? b2 : ob1; }
+        }
+        // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
+        const double thr = (double)b1 + 2.0 * E;
+        int best = i1;
+        double bd;
+        if ((double)b2 > thr) {
+            bd = exact_d2(x, C + (long long)best * D, D, lane);
+        } else {
+            checked += 1.0;
+            best = 0x7fffffff;
+            bd = (double)inf;
+            for (int qb = 0; qb < nv; qb += 32) {
+                const int q = qb + lane;
+                const bool ok = q < nv;
+                GV gv, cv;
+                if (ok) { gv = g[q]; cv = cq[q]; }
+                #pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const bool cand = ok && (double)(comp(gv, e) + comp(cv, e)) <= thr;
+                    unsigned m = __ballot_sync(FULL, cand);
+                    while (m) {
+                        const int src = __ffs(m) - 1;
+                        m &= m - 1;
+                        const int k = (qb + src) * VEC + e;
+                        const double dk = exact_d2(x, C + (long long)k * D, D, lane);
+                        if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
+                    }
+                }
+            }
+        }
+        const double wr = w ? w[r] : 1.0;
+        if (lane == 0) {
+            const int old = prev ? prev[r] : -1;
+            if (labels) labels[r] = best;
+            if (d2) d2[r] = bd;
+            inert += wr * bd;
+            moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
+        }
+        if (sums) {
+            double* o = sums + (long long)best * D;
+            for (int j = lane; j < D; j += 32) atomicAdd(o + j, wr * (double)x[j]);
+            if (lane == 0) { atomicAdd(wsum + best, wr); atomicAdd(cnt + best, 1ull); }
+        }
+    }
+    if (lane == 0) {
+        atomicAdd(stat, inert);
+        atomicAdd(stat + 1, moved);
+        atomicAdd(stat + 2, checked);
+    }
+}
+"""
+
+TO_BF16_SRC = r"""
+extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
+    // Round to nearest even (inputs are finite).
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned int u = __float_as_uint(x[i]);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        y[i] = (unsigned short)(u >> 16);
+    }
+}
+"""
+
+_CACHE: dict = {}
+
+
+def _ctype(dtype: Any) -> str:
+    import numpy
+
+    return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
+
+
+def small_kernel(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int) -> Any:
+    """The ``fused_small`` kernel for one (dtype, L, DPL, KACC, NT) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, threads)
+    if key not in _CACHE:
+        import cupy
+
+        head = f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n#define NT {threads}\n"
+        _CACHE[key] = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",)).get_function("fused_small")
+    return _CACHE[key]
+
+
+def select_kernel(dtype: Any, gemm_dtype: Any) -> Any:
+    """The ``select_rows`` kernel for data of ``dtype`` and a GEMM tile of ``gemm_dtype``."""
+    key = ("select", _ctype(dtype), _ctype(gemm_dtype))
+    if key not in _CACHE:
+        import cupy
+
+        gt = key[2]
+        vec = 4 if gt == "float" else 2
+        head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n"
+        _CACHE[key] = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",)).get_function("select_rows")
+    return _CACHE[key]
+
+
+def bf16_kernel() -> Any:
+    key = ("bf16",)
+    if key not in _CACHE:
+        import cupy
+
+        _CACHE[key] = cupy.RawKernel(TO_BF16_SRC, "to_bf16")
+    return _CACHE[key]

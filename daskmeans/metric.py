@@ -1,0 +1,57 @@
+"""Distance metrics. ``"euclidean"`` is plain k-means; ``"cosine"`` is spherical k-means:
+rows are scaled to unit norm once, centroids are renormalised after every update, and the
+reported inertia is the sum of cosine distances ``1 - cos(x, c) = ||x - c||^2 / 2`` (for unit
+vectors), so the kernels are the Euclidean ones for both metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from .backends import get_backend
+from .errors import DataError
+
+METRICS = ("euclidean", "cosine")
+
+
+def inertia_scale(metric: str) -> float:
+    """Factor from summed squared Euclidean distances to the metric's inertia."""
+    return 0.5 if metric == "cosine" else 1.0
+
+
+def _unit_rows(block: Any, block_info: Any = None) -> Any:
+    xp = get_backend(block).xp
+    norm = xp.sqrt((block.astype(xp.float64) ** 2).sum(axis=1))
+    zero = norm == 0
+    if bool(zero.any()):
+        row = int(xp.flatnonzero(zero)[0])
+        if block_info is not None and block_info.get(0):
+            row += block_info[0]["array-location"][0][0]
+        raise DataError(f"metric='cosine' needs rows of nonzero norm; row {row} is all zeros")
+    return (block / norm[:, None]).astype(block.dtype)
+
+
+def unit_rows(X: da.Array) -> da.Array:
+    """Rows of ``X`` (n, d) scaled to unit Euclidean norm (lazy; zero rows raise DataError)."""
+    return X.map_blocks(_unit_rows, dtype=X.dtype, meta=X._meta)
+
+
+def unit_centroids(c: Any, fallback: Any = None) -> Any:
+    """Rows of ``c`` (K, d) scaled to unit norm; a zero row takes ``fallback``'s row (or stays)."""
+    xp = get_backend(c).xp
+    norm = xp.sqrt((c * c).sum(axis=1))
+    ok = norm > 0
+    out = c / xp.where(ok, norm, 1.0)[:, None]
+    if fallback is not None:
+        out = xp.where(ok[:, None], out, fallback)
+    return out
+
+
+def check_unit_init(c: np.ndarray) -> np.ndarray:
+    """An explicit cosine init: rows scaled to unit norm; zero rows are an error."""
+    norm = np.sqrt((c * c).sum(axis=1))
+    if (norm == 0).any():
+        raise DataError(f"metric='cosine' needs init rows of nonzero norm; row {int(np.flatnonzero(norm == 0)[0])} is all zeros")
+    return c / norm[:, None]
