@@ -1,12 +1,15 @@
-"""Where the CuPy kernel step spends its time: each stage of ``backends.cupy.assign`` timed
-alone with CUDA events (median of repeats) on one problem. For planning kernel work.
+"""Where the CuPy kernel step spends its time, by difference: the GEMM tiles alone, the step
+without sums (GEMM + select), and the whole step; each the median of repeats between device
+synchronisations. For planning kernel work.
 
-    python benchmarks/profile_gpu_step.py S1 P2
+    python benchmarks/profile_gpu_step.py P2 P3 [--precision tf32]
 """
 
 import sys
+import time
 
 import cupy
+import dask
 import numpy as np
 
 from daskmeans.backends import cupy as be
@@ -19,32 +22,46 @@ def t(fn, reps=10):
         fn()
     ts = []
     for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
         fn()
-        b.record()
-        b.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(ts))
+        cupy.cuda.Device().synchronize()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e3
 
 
-for name in sys.argv[1:] or ["S1", "P2"]:
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+precision = sys.argv[sys.argv.index("--precision") + 1] if "--precision" in sys.argv else "fp32"
+tile = sys.argv[sys.argv.index("--tile") + 1] if "--tile" in sys.argv else "256MiB"
+args = [a for a in args if a not in (precision, tile)]
+dask.config.set({"daskmeans.gpu-tile-bytes": tile})
+for name in args or ["P2"]:
     n, d, k = PROBLEMS[name]
     X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
-    p = be.prepare(C, cupy.float32)
-    step = be._tile_rows(k, 4)
-    xt = X[:step]
-    lab, d2 = be._tile_nearest(xt, p)
-    sums = cupy.zeros((k, d), cupy.float64)
-    r = {
-        "tile_rows": step,
-        "assign_total_ms": t(lambda: be.assign(X, p)),
-        "gemm_tile_ms": t(lambda: xt @ p.neg2_ct),
-        "nearest_tile_ms": t(lambda: be._tile_nearest(xt, p)),
-        "accumulate_tile_ms": t(lambda: be._accumulate(xt, lab, None, sums)),
-        "bincount_ms": t(lambda: cupy.bincount(lab, minlength=k)),
-        "d2_sum_ms": t(lambda: float(d2.sum())),
-        "labels_copy_ms": t(lambda: cupy.copyto(cupy.empty_like(lab), lab)),
-    }
-    print(name, {kk: round(v, 3) if isinstance(v, float) else v for kk, v in r.items()}, flush=True)
+    p = be.prepare(C, cupy.float32, precision)
+    r = {"whole_ms": t(lambda: be.assign(X, p)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
+    if p.small is None:
+        rows = be._tile_rows(p.a.shape[0], 4, n)
+        buf = cupy.empty((rows, p.a.shape[0]), cupy.float32)
+        xb = cupy.empty(rows * d, cupy.uint16)
+
+        def gemms():
+            for s in range(0, n, rows):
+                be._gemm(p, X[s : s + rows], buf[: min(rows, n - s)], xb)
+
+        r["gemm_tiles_ms"] = t(gemms)
+        r["tile_rows"] = rows
+        # The select kernel alone on one tile (no GEMM running beside it), scaled to all tiles.
+        from daskmeans.backends import cuda_src
+
+        kern = cuda_src.select_kernels(X.dtype, p.csq.dtype)[0]
+        be._gemm(p, X[:rows], buf, xb)
+        lab = cupy.empty(rows, cupy.int32)
+        stat = cupy.zeros(3, cupy.float64)
+        nb = int(min(8 * be._sm_count(0), -(-rows // 8)))
+        args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
+                np.float64(p.err[0]), np.float64(p.err[1]), be._NULL, be._NULL, lab, be._NULL, stat)
+        r["select_alone_all_tiles_ms"] = t(lambda: kern((nb,), (256,), args)) * n / rows
+        r["select_regs"] = kern.attributes["num_regs"]
+    print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)

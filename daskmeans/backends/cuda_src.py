@@ -13,10 +13,13 @@ Two kernels, one per regime (see that module for when each runs):
     memory. Each block writes one partial (sums, weights, counts, inertia, reassigned) which
     the host reduces in a fixed order: no global atomics.
 ``select_rows``
-    After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2 of
-    ``G + ||c||^2`` with 16-byte loads, certifies the winner with an error bound of the GEMM's
-    precision, re-ranks the rare uncertain rows by exact float64 distances to the few
-    candidates that the bound cannot exclude, and adds the row into the float64 sums.
+    After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2
+    of ``G + ||c||^2`` (16-byte loads), certifies the winner with an error bound of the
+    GEMM's precision, and re-ranks the uncertain rows by exact float64 distances to the few
+    candidates that the bound cannot exclude (found by a second scan of the row).
+``sorted_sums``
+    Per-cluster float64 sums from the rows in label order: register accumulation along runs
+    of equal labels, one atomic add per run and column instead of one per element.
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ __device__ __forceinline__ double warp_sum(double v) {
 
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
-// KACC (K when per-lane register accumulators are used, else 0), NT (threads per block).
+// KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
+// U (rows per group per loop trip).
 #define NG (NT / L)
 #define DP (L * DPL)
 extern "C" __global__ void __launch_bounds__(NT) fused_small(
         const T* __restrict__ X, long long n, int D, int K,
         const double* __restrict__ C,      // K x D centroids (data-dtype values, as float64)
         const double* __restrict__ w,      // n sample weights, or NULL
-        const int* __restrict__ prev,      // n previous labels, or NULL
-        int* __restrict__ labels,          // n, or NULL; may alias prev
+        const int* prev,                   // n previous labels, or NULL
+        int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
         double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
@@ -77,59 +81,70 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
 #endif
     double inert = 0.0, moved = 0.0;
     // The loop bound is uniform across the warp (rows past n are masked), so the
-    // width-L shuffles below always see every lane.
-    for (long long base = warp * (32 / L); base < n; base += nwarp * (32 / L)) {
-        const long long r = base + gw;
-        const bool valid = r < n;
-        double xv[DPL];
+    // width-L shuffles below always see every lane. U rows per group per trip: their loads are
+    // all issued before the first use (memory-level parallelism).
+    for (long long base = warp * (32 / L) * U; base < n; base += nwarp * (32 / L) * U) {
+        T xr[U][DPL];
         #pragma unroll
-        for (int j = 0; j < DPL; ++j) {
-            const int col = lane + j * L;
-            xv[j] = (valid && col < D) ? (double)X[r * D + col] : 0.0;
-        }
-        double best = __longlong_as_double(0x7ff0000000000000ll);
-        int bk = 0;
-#if KACC > 0
-        #pragma unroll
-        for (int k = 0; k < KACC; ++k) {
-#else
-        for (int k = 0; k < K; ++k) {
-#endif
-            const double* c = cs + k * DP + lane;
-            double s = 0.0;
+        for (int u = 0; u < U; ++u) {
+            const long long r = base + u * (32 / L) + gw;
             #pragma unroll
-            for (int j = 0; j < DPL; ++j) { double t = xv[j] - c[j * L]; s = fma(t, t, s); }
-            // Butterfly: every lane of the group ends with the same (commutative) sum.
-            #pragma unroll
-            for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
-            if (s < best) { best = s; bk = k; }
-        }
-        if (!valid) continue;
-        const double wr = w ? w[r] : 1.0;
-        if (lane == 0) {
-            const int old = prev ? prev[r] : -1;
-            if (labels) labels[r] = bk;
-            if (d2) d2[r] = best;
-            inert += wr * best;
-            moved += (prev == nullptr || old != bk) ? 1.0 : 0.0;
-        }
-        if (!want) continue;
-#if KACC > 0
-        #pragma unroll
-        for (int k = 0; k < KACC; ++k) {
-            if (k == bk) {
-                #pragma unroll
-                for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
-                accw[k] += wr;
-                accn[k] += 1.0;
+            for (int j = 0; j < DPL; ++j) {
+                const int col = lane + j * L;
+                xr[u][j] = (r < n && col < D) ? X[r * D + col] : (T)0;
             }
         }
-#else
-        double* o = ssum + bk * DP + lane;
         #pragma unroll
-        for (int j = 0; j < DPL; ++j) if (lane + j * L < D) atomicAdd(o + j * L, wr * xv[j]);
-        if (lane == 0) { atomicAdd(sw + bk, wr); atomicAdd(scnt + bk, 1.0); }
+        for (int u = 0; u < U; ++u) {
+            const long long r = base + u * (32 / L) + gw;
+            const bool valid = r < n;
+            double xv[DPL];
+            #pragma unroll
+            for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
+            double best = __longlong_as_double(0x7ff0000000000000ll);
+            int bk = 0;
+#if KACC > 0
+            #pragma unroll
+            for (int k = 0; k < KACC; ++k) {
+#else
+            for (int k = 0; k < K; ++k) {
 #endif
+                const double* c = cs + k * DP + lane;
+                double s = 0.0;
+                #pragma unroll
+                for (int j = 0; j < DPL; ++j) { double t = xv[j] - c[j * L]; s = fma(t, t, s); }
+                // Butterfly: every lane of the group ends with the same (commutative) sum.
+                #pragma unroll
+                for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
+                if (s < best) { best = s; bk = k; }
+            }
+            if (!valid) continue;
+            const double wr = w ? w[r] : 1.0;
+            if (lane == 0) {
+                const int old = prev ? prev[r] : -1;
+                if (labels) labels[r] = bk;
+                if (d2) d2[r] = best;
+                inert += wr * best;
+                moved += (prev == nullptr || old != bk) ? 1.0 : 0.0;
+            }
+            if (!want) continue;
+#if KACC > 0
+            #pragma unroll
+            for (int k = 0; k < KACC; ++k) {
+                if (k == bk) {
+                    #pragma unroll
+                    for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
+                    accw[k] += wr;
+                    accn[k] += 1.0;
+                }
+            }
+#else
+            double* o = ssum + bk * DP + lane;
+            #pragma unroll
+            for (int j = 0; j < DPL; ++j) if (lane + j * L < D) atomicAdd(o + j * L, wr * xv[j]);
+            if (lane == 0) { atomicAdd(sw + bk, wr); atomicAdd(scnt + bk, 1.0); }
+#endif
+        }
     }
     // Block reduction in a fixed order: shuffle across the groups of a warp, then warps one
     // after another.
@@ -172,6 +187,18 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
         pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
     }
 }
+
+// Column i of the block partials summed over blocks in block order (deterministic); the
+// count columns [K*D + K, K*D + 2K) also go to int64.
+extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb, int width, int K, int KD,
+                                        double* __restrict__ out, long long* __restrict__ cnt) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    double s = 0.0;
+    for (int b = 0; b < nb; ++b) s += part[(long long)b * width + i];
+    out[i] = s;
+    if (i >= KD + K && i < KD + 2 * K) cnt[i - KD - K] = (long long)s;
+}
 """
 
 SELECT_SRC = _COMMON + r"""
@@ -180,6 +207,15 @@ __device__ __forceinline__ void top2(GT v, int k, GT& b1, int& i1, GT& b2) {
     // Indices reach a lane in increasing order, so '<' keeps the lowest index on ties and a
     // tie lands in b2 (a zero margin, hence an exact re-check).
     if (v < b1) { b2 = b1; b1 = v; i1 = k; } else if (v < b2) { b2 = v; }
+}
+#define B 8
+__device__ __forceinline__ GV vinf() {
+    const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
+#if VEC == 4
+    return make_float4(i, i, i, i);
+#else
+    return make_double2(i, i);
+#endif
 }
 __device__ __forceinline__ GT comp(const GV& v, int e) {
 #if VEC == 4
@@ -201,10 +237,8 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
         const T* __restrict__ C,                    // K x D centroids (data dtype)
         double errA, double errB,                   // |G+csq - exact| <= errA*||x|| + errB
         const double* __restrict__ w,
-        const int* __restrict__ prev, int* __restrict__ labels, double* __restrict__ d2,
-        double* __restrict__ sums, double* __restrict__ wsum,
-        unsigned long long* __restrict__ cnt,       // K x D, K, K accumulators, or NULL
-        double* __restrict__ stat) {                // inertia, reassigned, rechecked
+        const int* prev, int* labels,               // may alias (so neither is __restrict__)
+        double* __restrict__ d2, double* __restrict__ stat) {   // stat: inertia, reassigned, rechecked
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -214,17 +248,26 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
     double inert = 0.0, moved = 0.0, checked = 0.0;
     for (long long r = warp; r < rows; r += nwarp) {
         const T* x = X + r * D;
-        double sq = 0.0;
-        for (int j = lane; j < D; j += 32) { double v = (double)x[j]; sq = fma(v, v, sq); }
-        const double E = errA * sqrt(warp_sum(sq)) + errB;
         const GV* g = (const GV*)(G + r * (long long)ldg);
+        // ||x||^2 (for the bound): its loads are in flight with the scan's, reduced after.
+        double sq = 0.0;
+        for (int j = lane; j < D; j += 32) { const double v = (double)x[j]; sq = fma(v, v, sq); }
         GT b1 = inf, b2 = inf;
         int i1 = 0x7fffffff;
-        #pragma unroll 4
-        for (int q = lane; q < nv; q += 32) {
-            const GV gv = g[q], cv = cq[q];
+        // B vectors per lane loaded before any is compared: the compares branch, and loads
+        // interleaved with them would be issued one round trip at a time.
+        for (int q0 = lane; q0 < nv; q0 += 32 * B) {
+            GV gv[B], cv[B];
             #pragma unroll
-            for (int e = 0; e < VEC; ++e) top2(comp(gv, e) + comp(cv, e), q * VEC + e, b1, i1, b2);
+            for (int b = 0; b < B; ++b) {
+                const int q = q0 + 32 * b;
+                if (q < nv) { gv[b] = g[q]; cv[b] = cq[q]; } else { gv[b] = vinf(); cv[b] = vinf(); }
+            }
+            #pragma unroll
+            for (int b = 0; b < B; ++b) {
+                #pragma unroll
+                for (int e = 0; e < VEC; ++e) top2(comp(gv[b], e) + comp(cv[b], e), (q0 + 32 * b) * VEC + e, b1, i1, b2);
+            }
         }
         #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -233,16 +276,21 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
             if (ob1 < b1 || (ob1 == b1 && oi1 < i1)) { b2 = b1 < ob2 ? b1 : ob2; b1 = ob1; i1 = oi1; }
             else { b2 = b2 < ob1 ? b2 : ob1; }
         }
+        // The exact distance to the winner (x is in L1 by now).
+        const T* cb = C + (long long)i1 * D;
+        double dd = 0.0;
+        for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)cb[j]; dd = fma(t, t, dd); }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            sq += __shfl_xor_sync(FULL, sq, off);
+            dd += __shfl_xor_sync(FULL, dd, off);
+        }
         // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-        const double thr = (double)b1 + 2.0 * E;
+        const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
         int best = i1;
-        double bd;
-        if ((double)b2 > thr) {
-            bd = exact_d2(x, C + (long long)best * D, D, lane);
-        } else {
+        double bd = dd;
+        if (!((double)b2 > thr)) {
             checked += 1.0;
-            best = 0x7fffffff;
-            bd = (double)inf;
             for (int qb = 0; qb < nv; qb += 32) {
                 const int q = qb + lane;
                 const bool ok = q < nv;
@@ -250,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
                 if (ok) { gv = g[q]; cv = cq[q]; }
                 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const bool cand = ok && (double)(comp(gv, e) + comp(cv, e)) <= thr;
+                    const bool cand = ok && (q * VEC + e) != i1 && (double)(comp(gv, e) + comp(cv, e)) <= thr;
                     unsigned m = __ballot_sync(FULL, cand);
                     while (m) {
                         const int src = __ffs(m) - 1;
@@ -262,24 +310,77 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
                 }
             }
         }
-        const double wr = w ? w[r] : 1.0;
         if (lane == 0) {
+            const double wr = w ? w[r] : 1.0;
             const int old = prev ? prev[r] : -1;
             if (labels) labels[r] = best;
             if (d2) d2[r] = bd;
             inert += wr * bd;
             moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
         }
-        if (sums) {
-            double* o = sums + (long long)best * D;
-            for (int j = lane; j < D; j += 32) atomicAdd(o + j, wr * (double)x[j]);
-            if (lane == 0) { atomicAdd(wsum + best, wr); atomicAdd(cnt + best, 1ull); }
-        }
     }
     if (lane == 0) {
         atomicAdd(stat, inert);
         atomicAdd(stat + 1, moved);
         atomicAdd(stat + 2, checked);
+    }
+}
+
+// Counting sort by label: cursor starts at each cluster's first position.
+extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long long n,
+                                            unsigned long long* __restrict__ cursor,
+                                            long long* __restrict__ perm, int* __restrict__ slab) {
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += (long long)gridDim.x * blockDim.x) {
+        const int k = lab[r];
+        const unsigned long long pos = atomicAdd(cursor + k, 1ull);
+        perm[pos] = r;
+        slab[pos] = k;
+    }
+}
+
+// Per-cluster float64 sums from rows sorted by label (perm: row ids in label order, slab: the
+// sorted labels). Each warp runs through R consecutive sorted rows, lanes owning columns,
+// summing in registers and adding into sums[k] only when the label changes: a few atomics per
+// warp instead of one per element.
+#define CPL 4
+extern "C" __global__ void __launch_bounds__(256) sorted_sums(
+        const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
+        const int* __restrict__ slab, const double* __restrict__ w, int R, double* __restrict__ sums) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long s = warp * R; s < n; s += nwarp * R) {
+        const long long e = s + R < n ? s + R : n;
+        for (int c0 = 0; c0 < D; c0 += 32 * CPL) {
+            double acc[CPL];
+            #pragma unroll
+            for (int t = 0; t < CPL; ++t) acc[t] = 0.0;
+            int cur = slab[s];
+            for (long long i = s; i < e; ++i) {
+                const int k = slab[i];
+                if (k != cur) {
+                    #pragma unroll
+                    for (int t = 0; t < CPL; ++t) {
+                        const int j = c0 + lane + 32 * t;
+                        if (j < D) atomicAdd(sums + (long long)cur * D + j, acc[t]);
+                        acc[t] = 0.0;
+                    }
+                    cur = k;
+                }
+                const long long r = perm[i];
+                const double wr = w ? w[r] : 1.0;
+                #pragma unroll
+                for (int t = 0; t < CPL; ++t) {
+                    const int j = c0 + lane + 32 * t;
+                    if (j < D) acc[t] = fma(wr, (double)X[r * D + j], acc[t]);
+                }
+            }
+            #pragma unroll
+            for (int t = 0; t < CPL; ++t) {
+                const int j = c0 + lane + 32 * t;
+                if (j < D) atomicAdd(sums + (long long)cur * D + j, acc[t]);
+            }
+        }
     }
 }
 """
@@ -304,19 +405,23 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
-def small_kernel(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int) -> Any:
-    """The ``fused_small`` kernel for one (dtype, L, DPL, KACC, NT) configuration."""
+def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, NT) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, threads)
     if key not in _CACHE:
         import cupy
 
-        head = f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n#define NT {threads}\n"
-        _CACHE[key] = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",)).get_function("fused_small")
+        rows = max(1, min(4, 8 // dpl))
+        head = (f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
+                f"#define NT {threads}\n#define U {rows}\n")
+        mod = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",))
+        _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]
 
 
-def select_kernel(dtype: Any, gemm_dtype: Any) -> Any:
-    """The ``select_rows`` kernel for data of ``dtype`` and a GEMM tile of ``gemm_dtype``."""
+def select_kernels(dtype: Any, gemm_dtype: Any) -> tuple[Any, Any, Any]:
+    """``(select_rows, scatter_by_label, sorted_sums)`` for data of ``dtype`` and a GEMM tile
+    of ``gemm_dtype``."""
     key = ("select", _ctype(dtype), _ctype(gemm_dtype))
     if key not in _CACHE:
         import cupy
@@ -324,7 +429,8 @@ def select_kernel(dtype: Any, gemm_dtype: Any) -> Any:
         gt = key[2]
         vec = 4 if gt == "float" else 2
         head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n"
-        _CACHE[key] = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",)).get_function("select_rows")
+        mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
+        _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums"))
     return _CACHE[key]
 
 

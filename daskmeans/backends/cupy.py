@@ -9,9 +9,10 @@ fused (small K x D: the centroids fit in shared memory)
 GEMM (moderate and large K)
     per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
     preallocated tiles, then ``select_rows`` takes the top-2 of ``G + ||c||^2`` per row,
-    certifies the winner against the GEMM's error bound, re-ranks the uncertain rows by
-    exact float64 distances, and adds each row into the float64 sums. Tiles alternate
-    between two streams, so that the select kernel of one tile overlaps the next tile's GEMM.
+    certifies the winner against the GEMM's error bound and re-ranks the uncertain rows by
+    exact float64 distances. The GEMMs run on a low-priority stream and the selects on a
+    high-priority one, so tile t's select overlaps tile t+1's GEMM. Sums follow from a
+    counting sort by label and run-length accumulation (``sorted_sums``).
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
 (the default), "tf32" (TF32 tensor-core GEMM) and "bf16" (bfloat16 inputs) differ in speed
@@ -171,10 +172,17 @@ def _sm_count(device_id: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _streams(device_id: int) -> tuple:
+    """``(gemm, select)`` streams of a device; the select stream has the higher priority, so
+    its blocks take SMs as soon as GEMM blocks retire (the two kernels overlap)."""
     import cupy
 
     with cupy.cuda.Device(device_id):
-        return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+        try:
+            least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+            return (cupy.cuda.Stream(non_blocking=True, priority=least),
+                    cupy.cuda.Stream(non_blocking=True, priority=greatest))
+        except (TypeError, AttributeError):  # a CuPy without stream priorities
+            return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
 
 
 # ------------------------------------------------------------------ the fused regime
@@ -186,15 +194,43 @@ def _ptr(a: Any) -> Any:
     return _NULL if a is None else a
 
 
+_OCCUPANCY: dict = {}
+
+
+def _blocks_per_sm(kern: Any, threads: int, shared: int) -> int:
+    key = (id(kern), threads, shared)
+    if key not in _OCCUPANCY:
+        _OCCUPANCY[key] = _occupancy(kern, threads, shared)
+    return _OCCUPANCY[key]
+
+
+def _occupancy(kern: Any, threads: int, shared: int) -> int:
+    """Resident blocks per multiprocessor, from the kernel's registers and shared memory
+    (Hopper limits: 64K registers allocated per warp in units of 256, 228 KiB shared memory
+    with 1 KiB reserved per block, 2048 threads)."""
+    try:
+        attrs = kern.attributes
+        regs_per_warp = -(-int(attrs["num_regs"]) * 32 // 256) * 256
+        by_regs = 65536 // (regs_per_warp * (threads // 32))
+        by_shared = (228 * 1024) // (shared + int(attrs.get("shared_size_bytes", 0)) + 1024)
+        return max(1, min(by_regs, by_shared, 2048 // threads, 32))
+    except Exception:  # the occupancy estimate is an optimisation only
+        return 2
+
+
 def _run_small(X, p, w, prev, labels, d2, want_sums):
     import cupy
 
     n, d = X.shape
     k = p.k
     lanes, dpl, kacc = p.small
-    kern = cuda_src.small_kernel(X.dtype, lanes, dpl, kacc, _THREADS)
+    kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, _THREADS)
+    shared = _shared_bytes(k, lanes * dpl)
     rows_per_block = _THREADS // lanes
-    nb = int(max(1, min(2 * _sm_count(cupy.cuda.Device().id), -(-n // rows_per_block))))
+    # Every resident block slot filled once (a persistent grid): the partials to reduce grow
+    # with the grid, not with n.
+    slots = _blocks_per_sm(kern, _THREADS, shared) * _sm_count(cupy.cuda.Device().id)
+    nb = int(max(1, min(slots, -(-n // rows_per_block))))
     width = k * d + 2 * k + 2
     part = cupy.empty((nb, width), cupy.float64) if want_sums else None
     pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
@@ -202,17 +238,19 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
         (nb,), (_THREADS,),
         (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2),
          _ptr(part), _ptr(pstat)),
-        shared_mem=_shared_bytes(k, lanes * dpl),
+        shared_mem=shared,
     )
     if not want_sums:
         st = pstat.sum(axis=0)
         return {"inertia": st[0], "reassigned": st[1], "rechecked": 0}
-    tot = part.sum(axis=0)  # fixed order: block partials, one reduction
     kd = k * d
+    tot = cupy.empty(width, cupy.float64)
+    counts = cupy.empty(k, cupy.int64)
+    reduce((-(-width // 256),), (256,), (part, cupy.int32(nb), cupy.int32(width), cupy.int32(k), cupy.int32(kd), tot, counts))
     return {
         "sums": tot[:kd].reshape(k, d),
         "weights": tot[kd : kd + k],
-        "counts": tot[kd + k : kd + 2 * k].astype(cupy.int64),
+        "counts": counts,
         "inertia": tot[kd + 2 * k],
         "reassigned": tot[kd + 2 * k + 1],
         "rechecked": 0,
@@ -278,35 +316,36 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     rows = _tile_rows(kpad, gdt.itemsize, n)
-    kern = cuda_src.select_kernel(X.dtype, gdt)
+    kern, scatter, sorted_sums = cuda_src.select_kernels(X.dtype, gdt)
     stat = cupy.zeros(3, cupy.float64)
-    if want_sums:
-        sums = cupy.zeros((k, d), cupy.float64)
-        wsum = cupy.zeros(k, cupy.float64)
-        cnt = cupy.zeros(k, cupy.uint64)
-    else:
-        sums = wsum = cnt = None
     dev = cupy.cuda.Device().id
     blocks_max = 8 * _sm_count(dev)
     ntiles = -(-n // rows)
     main = cupy.cuda.get_current_stream()
-    # One tile: stay on the caller's stream. More: alternate two streams (tile i's select
-    # overlaps tile i+1's GEMM), each with its own tile buffer.
-    streams = (main,) if ntiles == 1 else _streams(dev)
-    bufs = [cupy.empty((rows, kpad), gdt) for _ in streams]
-    xbufs = [cupy.empty(rows * d, cupy.uint16) if p.precision == "bf16" and gdt == cupy.float32 else None for _ in streams]
-    if len(streams) > 1:
-        ev = main.record()
-        for s in streams:
-            s.wait_event(ev)
+    # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
+    # selected (high-priority stream); a buffer is rewritten only after its select is done.
+    gs, ss = _streams(dev)
+    nbuf = 1 if ntiles == 1 else 2
+    bufs = [cupy.empty((rows, kpad), gdt) for _ in range(nbuf)]
+    bf16 = p.precision == "bf16" and gdt == cupy.float32
+    xbufs = [cupy.empty(rows * d, cupy.uint16) if bf16 else None for _ in range(nbuf)]
+    start = main.record()
+    gs.wait_event(start)
+    ss.wait_event(start)
+    freed: list = [None] * nbuf
     for t in range(ntiles):
         s0 = t * rows
         s1 = min(n, s0 + rows)
         m = s1 - s0
-        i = t % len(streams)
-        with streams[i]:
-            g = bufs[i][:m]
+        i = t % nbuf
+        g = bufs[i][:m]
+        with gs:
+            if freed[i] is not None:
+                gs.wait_event(freed[i])
             _gemm(p, X[s0:s1], g, xbufs[i])
+            ready = gs.record()
+        with ss:
+            ss.wait_event(ready)
             nb = int(max(1, min(blocks_max, -(-m // 8))))
             kern(
                 (nb,), (256,),
@@ -314,17 +353,28 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
                  numpy.float64(p.err[0]), numpy.float64(p.err[1]),
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
-                 _ptr(sums), _ptr(wsum), _ptr(cnt), stat),
+                 stat),
             )
+            freed[i] = ss.record()
     from cupy.cuda import cublas, device
 
     cublas.setStream(device.get_cublas_handle(), main.ptr)  # leave the handle as CuPy expects
-    if len(streams) > 1:
-        for s in streams:
-            main.wait_event(s.record())
+    main.wait_event(gs.record())
+    main.wait_event(ss.record())
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
     if want_sums:
-        out.update(sums=sums, weights=wsum, counts=cnt.astype(cupy.int64))
+        # Rows in label order (a counting sort), then run-length sums: no per-element atomics.
+        counts = cupy.bincount(labels, minlength=k)
+        cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+        perm = cupy.empty(n, cupy.int64)
+        slab = cupy.empty(n, cupy.int32)
+        scatter((int(min(blocks_max, -(-n // 256))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
+        sums = cupy.zeros((k, d), cupy.float64)
+        runs = 32
+        nb = int(max(1, min(blocks_max, -(-n // (8 * runs)))))
+        sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), cupy.int32(runs), sums))
+        weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
+        out.update(sums=sums, weights=weights, counts=counts.astype(cupy.int64))
     return out
 
 
