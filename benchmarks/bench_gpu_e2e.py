@@ -25,6 +25,18 @@ import time
 import numpy as np
 
 
+def _commit() -> str | None:
+    """The measured commit: ``.commit`` (written before a device run, whose copy of .git may
+    be stale), else ``git rev-parse HEAD``."""
+    if os.path.exists(".commit"):
+        with open(".commit") as f:
+            return f.read().strip() or None
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
+
+
 def main(argv=None):
     import cupy
     import zarr
@@ -73,10 +85,7 @@ def main(argv=None):
     secs = [h["seconds"] for h in hist]
     kern = [h["kernel_seconds"] for h in hist]
     it_wall = float(np.median(secs[1:]))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        commit = None
+    commit = _commit()
     res = {
         "benchmark": "gpu_end_to_end",
         "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),

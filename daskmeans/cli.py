@@ -21,7 +21,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="array inside a Zarr group")
     p.add_argument("--columns", help="CSV: comma-separated feature columns to keep (names or positions)")
     p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
-    p.add_argument("--chunk-bytes", help="target bytes per row chunk (e.g. 128MiB)")
+    p.add_argument("--chunk-bytes", help="target bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, "
+                                         "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -90,8 +91,18 @@ def _read(args):
 
     return read(
         args.data, dataset=args.dataset, columns=_split(args.columns), drop_columns=_split(args.drop_columns),
-        chunk_bytes=args.chunk_bytes,
+        chunk_bytes=args.chunk_bytes or _gpu_chunk_bytes(args),
     )
+
+
+def _gpu_chunk_bytes(args) -> str | None:
+    """Larger chunks when the local cluster will be GPU workers: fewer, larger kernel calls
+    (the GEMM tiles fill up) and fewer tasks; None keeps the general default."""
+    from . import config
+    from .backends import gpu_available
+
+    local_gpu = args.scheduler is None and (args.backend == "gpu" or (args.backend == "auto" and gpu_available()))
+    return config.get("gpu-chunk-bytes") if local_gpu else None
 
 
 def _check_output(path: str | None, overwrite: bool) -> None:

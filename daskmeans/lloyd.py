@@ -53,26 +53,32 @@ class StepState:
 
 
 def _step(
-    shard: Shard, model: ModelState, want_sums: bool = True, fresh: bool = False, precision: str = "fp32"
+    shard: Shard, model: ModelState, want_sums: bool = True, iteration: int = 0, precision: str = "fp32"
 ) -> Partial | StepState:
     """One Lloyd step over a shard's blocks.
 
-    With ``want_sums`` (an iteration) returns the shard's :class:`Partial` and records the
-    labels in the shard's workspace (overwriting the last ones, which the kernel compares
-    against to count reassignments); without (the final E-step) returns a :class:`StepState`
-    whose labels become ``labels_``. ``fresh`` marks the first step of a run: labels left by
-    an earlier run are not compared against.
+    With ``want_sums`` (step ``iteration`` of a run, from 0) returns the shard's
+    :class:`Partial`, counting the rows whose label differs from step ``iteration - 1``'s and
+    keeping this step's labels in the shard's workspace; without (the final E-step) returns
+    a :class:`StepState` whose labels become ``labels_``.
     """
     be = get_backend(shard.blocks[0])
     t0 = time.perf_counter()
     prep = be.prepare(model.centroids, shard.blocks[0].dtype, precision)
-    prev = shard.labels if not fresh and shard.labels is not None and len(shard.labels) == len(shard.blocks) else None
+    prev = shard.labels.get((iteration - 1) % 2) if iteration > 0 else None
+    if prev is not None and len(prev) != len(shard.blocks):
+        prev = None
+    out_slot = shard.labels.get(iteration % 2) if want_sums else None
+    if out_slot is not None and len(out_slot) != len(shard.blocks):
+        out_slot = None
     labels, total = [], None
     inertia = reassigned = rechecked = 0
     for j, (_, _, block, w) in enumerate(shard.items()):
-        pl = prev[j] if prev is not None else None
         # Kernel scalars stay on the device until the end of the shard: one synchronisation.
-        out = be.assign(block, prep, w, want_sums=want_sums, prev_labels=pl, out_labels=pl if want_sums else None)
+        out = be.assign(
+            block, prep, w, want_sums=want_sums, prev_labels=None if prev is None else prev[j],
+            out_labels=None if out_slot is None else out_slot[j],
+        )
         labels.append(out["labels"])
         inertia = inertia + out["inertia"]
         reassigned = reassigned + out["reassigned"]
@@ -89,7 +95,7 @@ def _step(
     total.kernel_seconds = time.perf_counter() - t0
     if not want_sums:
         return StepState(labels, total)
-    shard.labels = labels
+    shard.labels[iteration % 2] = labels
     return total
 
 
@@ -122,14 +128,15 @@ def _update(
     return ModelState(be.to_numpy(new) if to_host else new, stats)
 
 
-def _far_points(shard: Shard, model: ModelState, n_far: int) -> list:
-    """The ``n_far`` rows farthest from their assigned centroid: ``(d2, row, label, x, w)``."""
+def _far_points(shard: Shard, model: ModelState, n_far: int, iteration: int) -> list:
+    """The ``n_far`` rows farthest from their centroid in step ``iteration``:
+    ``(d2, row, label, x, w)``."""
     be = get_backend(shard.blocks[0])
     xp = be.xp
     c = xp.asarray(model.centroids, dtype=xp.float64)
     out = []
     for j, (_, off, block, w) in enumerate(shard.items()):
-        lab = shard.labels[j]
+        lab = shard.labels[iteration % 2][j]
         d2 = ((block.astype(xp.float64) - c[lab]) ** 2).sum(axis=1)
         m = min(n_far, d2.shape[0])
         idx = xp.argpartition(d2, d2.shape[0] - m)[d2.shape[0] - m :] if m < d2.shape[0] else xp.arange(m)
@@ -225,6 +232,14 @@ def _merge_moments(items: list) -> dict:
     return acc
 
 
+def _drop(client: Client, submitted: tuple | None) -> None:
+    """Cancel a speculatively submitted step (its futures); returns None."""
+    if submitted is not None:
+        partials, new_model, stats_f = submitted
+        client.cancel([*partials, new_model, stats_f])
+    return None
+
+
 def _get_stats(model: ModelState) -> dict:
     return model.stats
 
@@ -299,13 +314,11 @@ def run_lloyd(
         model = client.scatter(model, hash=False)
     history: list[dict] = []
     nshard = len(placement.shards)
-    stale = None  # last iteration's centroids future, released with the next submits
-    it = 0
-    for it in range(max_iter):
-        t0 = time.perf_counter()
+
+    def submit(model: Any, it: int) -> tuple:
+        """Step ``it`` from ``model``, its reduction + update, and the stats' future."""
         partials = submit_per_shard(
-            client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", fresh=(it == 0),
-            precision=precision,
+            client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", iteration=it, precision=precision
         )
         new_model = tree_reduce(
             client, partials, combine, name="daskmeans-lloyd-update", finalize=_update,
@@ -313,7 +326,18 @@ def run_lloyd(
         )
         # Small models come back whole (one scheduling hop fewer); large ones stay on the
         # cluster and only their scalar stats travel.
-        stats_f = new_model if small else client.submit(_get_stats, new_model, pure=False)
+        return partials, new_model, new_model if small else client.submit(_get_stats, new_model, pure=False)
+
+    stale = None  # last iteration's centroids, released with the next submits
+    ahead = None  # step it+1, submitted before step it's stats came back (large models)
+    it = 0
+    for it in range(max_iter):
+        t0 = time.perf_counter()
+        partials, new_model, stats_f = ahead if ahead is not None else submit(model, it)
+        # Large models: submit the next step from the new centroids' future right away, so
+        # the workers never wait for the client's round trip; it is dropped if this step
+        # converges or needs relocation (its labels go to the other workspace slot).
+        ahead = submit(new_model, it + 1) if not small and it + 1 < max_iter else None
         # Release the previous iteration's futures now, so that message rides with these
         # submits (the client sends at most one message per 10 ms).
         stale = None
@@ -324,9 +348,10 @@ def run_lloyd(
             # holds the GIL (measured: 10+ ms of skew between workers).
             new_model, stats = stats, stats.stats
         if stats["n_empty"]:
+            ahead = _drop(client, ahead)
             root = tree_reduce(client, partials, combine, name="daskmeans-lloyd-combine")
             far = submit_per_shard(
-                client, placement, _far_points, [model] * nshard, [stats["n_empty"]] * nshard,
+                client, placement, _far_points, [model] * nshard, [stats["n_empty"]] * nshard, [it] * nshard,
                 name="daskmeans-far-points",
             )
             cands = client.submit(_merge_far, far, stats["n_empty"], pure=False)
@@ -343,11 +368,14 @@ def run_lloyd(
             callback(stats)
         model, stale = new_model, model
         if stats["reassigned"] == 0 or stats["shift"] <= tol_abs:
+            ahead = _drop(client, ahead)
             break
+    del stale
     # Final E-step: labels and inertia under the final centroids. After a step where no label
     # changed this repeats the last assignment, as scikit-learn's result does.
     final_states = submit_per_shard(
-        client, placement, _step, [model] * nshard, name="daskmeans-lloyd-estep", want_sums=False, precision=precision
+        client, placement, _step, [model] * nshard, name="daskmeans-lloyd-estep", want_sums=False,
+        precision=precision
     )
     inertia = client.submit(_sum_inertia, final_states, pure=False).result() * inertia_scale(metric)
     centers = _get_centroids(model) if small else client.submit(_get_centroids, model, pure=False).result()

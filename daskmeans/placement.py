@@ -8,7 +8,7 @@ worker's blocks (no copy); afterwards one task per shard per iteration loops ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import dask.array as da
@@ -39,11 +39,13 @@ class Shard:
     offsets: tuple[int, ...]
     blocks: list
     weights: list | None = None
-    # Workspace: the labels of the last Lloyd step, per block. Kept here rather than in a
-    # task result so that only the small partial sums travel to the reduction (a result
-    # carrying labels would be serialized whole). Lost if the shard is recomputed or
-    # spilled; the engine then counts every row of the shard as reassigned.
-    labels: list | None = None
+    # Workspace: the labels of Lloyd step i in ``labels[i % 2]`` (a list per block). Kept
+    # here rather than in a task result so that only the small partial sums travel to the
+    # reduction (a result carrying labels would be serialized whole). Two slots, because the
+    # engine may run step i+1 speculatively while step i's outcome is still being decided:
+    # a re-run of step i+1 then still finds step i's labels. Lost if the shard is recomputed
+    # or spilled; the engine then counts every row of the shard as reassigned.
+    labels: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:

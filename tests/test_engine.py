@@ -4,6 +4,7 @@ inference methods and parameter errors."""
 
 from __future__ import annotations
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -642,3 +643,27 @@ def test_init_from_npy_path(client, tmp_path):
 def test_bad_data_shapes(client, X, message):
     with pytest.raises(DataError, match=message):
         KMeans(1, client=client).fit(X)
+
+
+@pytest.mark.parametrize("relocate", [False, True])
+def test_large_model_path_with_speculative_steps_matches_small(client, blobs_2d, relocate):
+    """Centroids kept on the cluster (the large-model path, which submits step i+1 before
+    step i's stats return and drops it on convergence or relocation) give exactly the result
+    of the small-model path, empty-cluster relocation included."""
+    X = blobs_2d
+    init = init_rows(X, 4, seed=0)
+    if relocate:
+        init = np.concatenate([init, [[1e3, 1e3]]])
+    k = len(init)
+    fits = []
+    for small_bytes in ("1MiB", 0):
+        with dask.config.set({"daskmeans.small-model-bytes": small_bytes}):
+            fits.append(KMeans(k, init=init, client=client).fit(da.from_array(X, chunks=(250, -1))))
+    a, b = fits
+    assert a.n_iter_ == b.n_iter_ > 2
+    np.testing.assert_array_equal(a.labels_.compute(), b.labels_.compute())
+    # Each fit places the chunks afresh: float64 sums may differ in summation order only.
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-12)
+    assert [h["reassigned"] for h in a.history_] == [h["reassigned"] for h in b.history_]
+    assert [h["n_empty"] for h in a.history_] == [h["n_empty"] for h in b.history_]
+    assert a.history_[0]["n_empty"] == int(relocate)
