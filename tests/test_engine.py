@@ -645,11 +645,12 @@ def test_bad_data_shapes(client, X, message):
         KMeans(1, client=client).fit(X)
 
 
+@pytest.mark.parametrize("chunk", [250, 3000])  # several shards; one shard (fused step+update task)
 @pytest.mark.parametrize("relocate", [False, True])
-def test_large_model_path_with_speculative_steps_matches_small(client, blobs_2d, relocate):
+def test_large_model_path_with_speculative_steps_matches_small(client, blobs_2d, relocate, chunk):
     """Centroids kept on the cluster (the large-model path, which submits step i+1 before
     step i's stats return and drops it on convergence or relocation) give exactly the result
-    of the small-model path, empty-cluster relocation included."""
+    of the small-model path, empty-cluster relocation included, with one shard or several."""
     X = blobs_2d
     init = init_rows(X, 4, seed=0)
     if relocate:
@@ -658,7 +659,7 @@ def test_large_model_path_with_speculative_steps_matches_small(client, blobs_2d,
     fits = []
     for small_bytes in ("1MiB", 0):
         with dask.config.set({"daskmeans.small-model-bytes": small_bytes}):
-            fits.append(KMeans(k, init=init, client=client).fit(da.from_array(X, chunks=(250, -1))))
+            fits.append(KMeans(k, init=init, client=client).fit(da.from_array(X, chunks=(chunk, -1))))
     a, b = fits
     assert a.n_iter_ == b.n_iter_ > 2
     np.testing.assert_array_equal(a.labels_.compute(), b.labels_.compute())
