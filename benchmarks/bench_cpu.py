@@ -19,17 +19,10 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import time
 
+import benchmeta
 import numpy as np
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=os.path.dirname(__file__)).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main(argv=None):
@@ -50,7 +43,7 @@ def main(argv=None):
     rng = np.random.default_rng(int(time.time()))
     X = rng.standard_normal((args.n, args.d), dtype=np.float32)
     res = {"benchmark": "cpu_pipeline", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+           "commit": benchmeta.commit(), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "n": args.n, "d": args.d, "max_iter": args.iters, "results": []}
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as client:
         Xd = da.from_array(X, chunks=(daskmeans.io.readers.rows_per_chunk(args.d, 4), args.d)).persist()

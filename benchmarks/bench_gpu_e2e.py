@@ -17,24 +17,12 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
+import benchmeta
 import numpy as np
-
-
-def _commit() -> str | None:
-    """The measured commit: ``.commit`` (written before a device run, whose copy of .git may
-    be stale), else ``git rev-parse HEAD``."""
-    if os.path.exists(".commit"):
-        with open(".commit") as f:
-            return f.read().strip() or None
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main(argv=None):
@@ -85,7 +73,7 @@ def main(argv=None):
     secs = [h["seconds"] for h in hist]
     kern = [h["kernel_seconds"] for h in hist]
     it_wall = float(np.median(secs[1:]))
-    commit = _commit()
+    commit = benchmeta.commit()
     res = {
         "benchmark": "gpu_end_to_end",
         "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),

@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 
+import benchmeta
 import numpy as np
 
 PROBLEMS = {
@@ -71,18 +70,6 @@ def gemm_tiled(X, CT, rows):
     for s in range(0, X.shape[0], rows):
         xt = X[s : s + rows]
         torch.matmul(xt, CT, out=out[: xt.shape[0]])
-
-
-def _commit() -> str | None:
-    """The measured commit: ``.commit`` (written before a device run, whose copy of .git may
-    be stale), else ``git rev-parse HEAD``."""
-    if os.path.exists(".commit"):
-        with open(".commit") as f:
-            return f.read().strip() or None
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main(argv=None):
@@ -159,7 +146,7 @@ def main(argv=None):
         torch.cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()
         print(json.dumps(r), flush=True)
-    commit = _commit()
+    commit = benchmeta.commit()
     doc = {
         "benchmark": "gpu_kernel_step",
         "device": dev,
