@@ -53,6 +53,12 @@ class StepState:
 # ---------------------------------------------------------------- tasks (run on workers)
 
 
+def _slot(shard: Shard, iteration: int) -> list | None:
+    """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
+    labels = shard.labels.get(iteration % 2)
+    return labels if labels is not None and len(labels) == len(shard.blocks) else None
+
+
 def _step(
     shard: Shard, model: ModelState, want_sums: bool = True, iteration: int = 0, precision: str = "fp32"
 ) -> Partial | StepState:
@@ -66,12 +72,8 @@ def _step(
     be = get_backend(shard.blocks[0])
     t0 = time.perf_counter()
     prep = be.prepare(model.centroids, shard.blocks[0].dtype, precision)
-    prev = shard.labels.get((iteration - 1) % 2) if iteration > 0 else None
-    if prev is not None and len(prev) != len(shard.blocks):
-        prev = None
-    out_slot = shard.labels.get(iteration % 2) if want_sums else None
-    if out_slot is not None and len(out_slot) != len(shard.blocks):
-        out_slot = None
+    prev = _slot(shard, iteration - 1) if iteration > 0 else None
+    out_slot = _slot(shard, iteration) if want_sums else None
     labels, total = [], None
     inertia = reassigned = rechecked = 0
     for j, (_, _, block, w) in enumerate(shard.items()):

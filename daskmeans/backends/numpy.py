@@ -165,7 +165,8 @@ def assign(
         Labels of the previous iteration: ``reassigned`` counts the rows that changed (all
         rows when not given).
     out_labels : ndarray of int32, shape (n,), optional
-        Where to write the labels (may be ``prev_labels``).
+        Where to write the labels (may be ``prev_labels``: each tile is compared before it
+        is overwritten).
 
     Returns
     -------
@@ -176,7 +177,7 @@ def assign(
     """
     n = X.shape[0]
     k = p.k
-    labels = numpy.empty(n, numpy.int32)
+    labels = out_labels if out_labels is not None else numpy.empty(n, numpy.int32)
     reassigned = n
     inertia = 0.0
     out: dict[str, Any] = {"labels": labels}
@@ -198,9 +199,6 @@ def assign(
     out["inertia"] = inertia
     out["reassigned"] = reassigned
     out["rechecked"] = 0
-    if out_labels is not None:
-        out_labels[...] = labels
-        out["labels"] = out_labels
     if want_sums:
         counts = numpy.bincount(labels, minlength=k).astype(numpy.int64)
         weights = (
