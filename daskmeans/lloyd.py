@@ -209,16 +209,15 @@ def _moments(shard: Shard) -> dict:
     xp = be.xp
     n, mean, m2, bad, neg_w = 0, None, None, None, False
     for _, off, block, w in shard.items():
-        x = block.astype(xp.float64)
-        bad_rows = ~xp.isfinite(x).all(axis=1)
+        mb, m2b, bad_row = be.moments(block)
         if w is not None:
-            bad_rows |= ~xp.isfinite(w)
             neg_w = neg_w or bool((w < 0).any())
-        if bad is None and bool(bad_rows.any()):
-            bad = off + int(xp.flatnonzero(bad_rows)[0])
-        nb = x.shape[0]
-        mb = x.mean(axis=0)
-        m2b = ((x - mb) ** 2).sum(axis=0)
+            bad_w = xp.flatnonzero(~xp.isfinite(w))
+            if bad_w.size:
+                bad_row = int(bad_w[0]) if bad_row is None else min(bad_row, int(bad_w[0]))
+        if bad is None and bad_row is not None:
+            bad = off + bad_row
+        nb = block.shape[0]
         mb, m2b = be.to_numpy(mb), be.to_numpy(m2b)
         if mean is None:
             n, mean, m2 = nb, mb, m2b

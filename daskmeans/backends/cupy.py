@@ -439,6 +439,18 @@ def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
     return labels, d2
 
 
+def moments(X: Any) -> tuple[Any, Any, int | None]:
+    """Per-column mean and sum of squared deviations (float64, shape (d,) each) of a block,
+    and the index of its first row holding a NaN or infinity (None if all are finite)."""
+    import cupy
+
+    x = X.astype(cupy.float64)
+    bad_rows = cupy.flatnonzero(~cupy.isfinite(x).all(axis=1))
+    mean = x.mean(axis=0)
+    m2 = ((x - mean) ** 2).sum(axis=0)
+    return mean, m2, int(bad_rows[0]) if bad_rows.size else None
+
+
 def sqdistances(X: Any, p: Prepared) -> Any:
     """Squared distances ``(n, K)`` from every row to every centroid (float64, clamped at 0)."""
     import cupy

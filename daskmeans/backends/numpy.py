@@ -2,20 +2,22 @@
 
 Distances are computed as ``||c||^2 - 2 x.c`` by GEMM over row tiles whose ``rows x K``
 distance block is bounded in bytes (``daskmeans.tile-bytes``), so the N x K matrix never
-exists whole. Per-cluster sums avoid ``np.add.at`` (one scattered update per row): for small
-K a one-hot GEMM, for larger K a stable sort of the tile's labels and a segmented
-``np.add.reduceat`` accumulated in float64.
+exists whole; NumPy takes each tile's row argmin (vectorised), then one compiled pass
+(:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
+inertia, the reassigned count and the float64 per-cluster sums.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy
 
 from .. import config
-from . import PRECISIONS
+from ..errors import DataError
+from . import PRECISIONS, cpu_kernels
 
 name = "numpy"
 xp = numpy
@@ -62,33 +64,37 @@ def _tile_rows(k: int, itemsize: int) -> int:
 
 
 class _Workspace:
-    """Tile buffers reused across tiles. Dask workers set MALLOC_TRIM_THRESHOLD_=64KiB, so a
-    fresh multi-MB temporary per tile is mapped, faulted in and returned to the OS every time
-    (measured: the kernel ran 2x slower inside a worker than outside)."""
+    """Tile buffers reused across tiles, blocks and calls (one set per thread). Dask workers
+    set MALLOC_TRIM_THRESHOLD_=64KiB, so a fresh multi-MB temporary is mapped, faulted in and
+    returned to the OS every time (measured: the kernel ran 2x slower inside a worker than
+    outside when each tile allocated; a new set per block still cost ~8%)."""
 
-    def __init__(self, rows: int, k: int, d: int, dtype: Any):
+    def __init__(self, rows: int, k: int, dtype: Any):
         self.g = numpy.empty((rows, k), dtype)
         self.lab = numpy.empty(rows, numpy.intp)
-        self.xs = numpy.empty((rows, d), dtype)
-        self.xs64 = numpy.empty((rows, d), numpy.float64)
-        groups = min(rows, k)
-        self.red = numpy.empty((groups, d), numpy.float64)
-        self.acc = numpy.empty((groups, d), numpy.float64)
 
 
-def _tile_nearest(xt: numpy.ndarray, p: Prepared, ws: _Workspace | None = None) -> tuple[numpy.ndarray, numpy.ndarray]:
-    """Labels (int32, lowest index on ties) and clamped squared distances of one tile."""
-    n = xt.shape[0]
-    if ws is None:
-        ws = _Workspace(n, p.k, xt.shape[1], xt.dtype)
-    g = numpy.matmul(xt, p.neg2_ct, out=ws.g[:n])
-    g += p.sqnorm
-    lab = g.argmin(axis=1, out=ws.lab[:n])
-    d2 = g[numpy.arange(n), lab].astype(numpy.float64)
-    lab = lab.astype(numpy.int32)
-    d2 += numpy.einsum("nd,nd->n", xt, xt, dtype=numpy.float64)
-    numpy.maximum(d2, 0.0, out=d2)
-    return lab, d2
+_local = threading.local()
+
+
+def _workspace(rows: int, k: int, dtype: Any) -> _Workspace:
+    ws = getattr(_local, "ws", None)
+    if ws is None or ws.g.shape[0] < rows or ws.g.shape[1] != k or ws.g.dtype != dtype:
+        ws = _local.ws = _Workspace(rows, k, dtype)
+    return ws
+
+
+def _tiles(X: numpy.ndarray, p: Prepared):
+    """Yield ``(start, stop, g, lab)`` per row tile: ``g = ||c||^2 - 2 x.c`` (rows, K) in the
+    data dtype and its row-wise argmin (lowest index on ties), in reused buffers."""
+    n = X.shape[0]
+    step = _tile_rows(p.k, X.dtype.itemsize)
+    ws = _workspace(min(step, n), p.k, X.dtype)
+    for s in range(0, n, step):
+        xt = X[s : s + step]
+        g = numpy.matmul(xt, p.neg2_ct, out=ws.g[: xt.shape[0]])
+        g += p.sqnorm
+        yield s, s + xt.shape[0], g, g.argmin(axis=1, out=ws.lab[: xt.shape[0]])
 
 
 def min_sqdist(X: numpy.ndarray, p: Prepared) -> tuple[numpy.ndarray, numpy.ndarray]:
@@ -104,44 +110,12 @@ def min_sqdist(X: numpy.ndarray, p: Prepared) -> tuple[numpy.ndarray, numpy.ndar
     labels : ndarray of int32, shape (n,)
     sqdist : ndarray of float64, shape (n,)
     """
-    n = X.shape[0]
-    labels = numpy.empty(n, numpy.int32)
-    d2 = numpy.empty(n, numpy.float64)
-    step = _tile_rows(p.k, X.dtype.itemsize)
-    ws = _Workspace(min(step, n), p.k, X.shape[1], X.dtype)
-    for s in range(0, n, step):
-        labels[s : s + step], d2[s : s + step] = _tile_nearest(X[s : s + step], p, ws)
+    X = asarray(X)
+    labels = numpy.empty(X.shape[0], numpy.int32)
+    d2 = numpy.empty(X.shape[0], numpy.float64)
+    for s, e, g, lab in _tiles(X, p):
+        cpu_kernels.tile_sqdist(g, lab, X[s:e], labels[s:e], d2[s:e])
     return labels, d2
-
-
-def _sums_onehot(xt, lab, k, w, sums, ws):
-    rows = int(config.get("onehot-rows"))
-    ar = numpy.arange(k, dtype=numpy.int32)[:, None]
-    for s in range(0, len(lab), rows):
-        oh = (lab[None, s : s + rows] == ar).astype(xt.dtype)
-        if w is not None:
-            oh *= w[None, s : s + rows].astype(xt.dtype)
-        sums += oh @ xt[s : s + rows]
-
-
-def _sums_sorted(xt, lab, k, w, sums, ws):
-    order = numpy.argsort(lab, kind="stable")
-    sl = lab[order]
-    n = xt.shape[0]
-    # Gather rows by cluster straight into a float64 buffer, then one segmented reduction;
-    # every large temporary lives in the workspace (mode="clip" avoids take's own buffer).
-    xs = numpy.take(xt, order, axis=0, out=ws.xs[:n], mode="clip")
-    xs64 = ws.xs64[:n]
-    numpy.copyto(xs64, xs)
-    if w is not None:
-        xs64 *= w[order, None]
-    starts = numpy.flatnonzero(numpy.r_[True, sl[1:] != sl[:-1]])
-    g = len(starts)
-    red = numpy.add.reduceat(xs64, starts, axis=0, out=ws.red[:g])
-    ids = sl[starts]
-    acc = numpy.take(sums, ids, axis=0, out=ws.acc[:g], mode="clip")
-    acc += red
-    sums[ids] = acc
 
 
 def assign(
@@ -165,7 +139,7 @@ def assign(
         Labels of the previous iteration: ``reassigned`` counts the rows that changed (all
         rows when not given).
     out_labels : ndarray of int32, shape (n,), optional
-        Where to write the labels (may be ``prev_labels``: each tile is compared before it
+        Where to write the labels (may be ``prev_labels``: each row is compared before it
         is overwritten).
 
     Returns
@@ -175,39 +149,40 @@ def assign(
     and when ``want_sums``: ``sums`` (K, d) float64, ``weights`` (K,) float64 and
     ``counts`` (K,) int64.
     """
-    n = X.shape[0]
+    X = asarray(X)
+    n, d = X.shape
     k = p.k
     labels = out_labels if out_labels is not None else numpy.empty(n, numpy.int32)
-    reassigned = n
+    w = None if sample_weight is None else asarray(sample_weight, X.dtype)
+    sums = numpy.zeros((k, d), numpy.float64)
+    weights = numpy.zeros(k, numpy.float64)
+    counts = numpy.zeros(k, numpy.int64)
     inertia = 0.0
-    out: dict[str, Any] = {"labels": labels}
-    if want_sums:
-        sums = numpy.zeros((k, X.shape[1]), numpy.float64)
-        sum_fn = _sums_onehot if k <= int(config.get("onehot-max-k")) else _sums_sorted
-    step = _tile_rows(k, X.dtype.itemsize)
-    ws = _Workspace(min(step, n), k, X.shape[1], X.dtype)
-    for s in range(0, n, step):
-        xt = X[s : s + step]
-        wt = None if sample_weight is None else sample_weight[s : s + step]
-        lab, d2 = _tile_nearest(xt, p, ws)
-        if prev_labels is not None:
-            reassigned -= int(numpy.count_nonzero(lab == prev_labels[s : s + step]))
-        labels[s : s + step] = lab
-        inertia += float(d2.sum() if wt is None else d2 @ wt.astype(numpy.float64))
-        if want_sums:
-            sum_fn(xt, lab, k, wt, sums, ws)
-    out["inertia"] = inertia
-    out["reassigned"] = reassigned
-    out["rechecked"] = 0
-    if want_sums:
-        counts = numpy.bincount(labels, minlength=k).astype(numpy.int64)
-        weights = (
-            counts.astype(numpy.float64)
-            if sample_weight is None
-            else numpy.bincount(labels, weights=sample_weight, minlength=k)
+    reassigned = 0
+    for s, e, g, lab in _tiles(X, p):
+        inertia, r_t = cpu_kernels.tile_stats(
+            g, lab, X[s:e], None if w is None else w[s:e], None if prev_labels is None else prev_labels[s:e],
+            labels[s:e], sums, weights, counts, want_sums, inertia,
         )
+        reassigned += r_t
+    out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": 0}
+    if want_sums:
         out.update(sums=sums, weights=weights, counts=counts)
     return out
+
+
+def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, int | None]:
+    """Per-column mean and sum of squared deviations (float64, shape (d,) each) of a block,
+    and the index of its first row holding a NaN or infinity (None if all are finite)."""
+    X = asarray(X)
+    mean = numpy.empty(X.shape[1], numpy.float64)
+    m2 = numpy.empty(X.shape[1], numpy.float64)
+    if cpu_kernels.column_moments(X, mean, m2):
+        return mean, m2, None
+    bad = numpy.flatnonzero(~numpy.isfinite(X).all(axis=1))
+    if bad.size:
+        return mean, m2, int(bad[0])
+    raise DataError("X has values too large to average in float64 (a column sum overflows); rescale the data")
 
 
 def sqdistances(X: numpy.ndarray, p: Prepared) -> numpy.ndarray:
