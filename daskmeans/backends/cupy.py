@@ -80,8 +80,10 @@ def _small_config(k: int, d: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _shared_bytes(k: int, dp: int) -> int:
-    return 8 * (2 * k * dp + 2 * k + 2)
+def _shared_bytes(k: int, dp: int, fast: bool = False) -> int:
+    """Dynamic shared memory of ``fused_small``: float64 centroids and sums (K x DP each),
+    weights, counts, two scalars, and with ``fast`` the float32 centroids."""
+    return 8 * (2 * k * dp + 2 * k + 2) + (4 * k * dp if fast else 0)
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,11 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
     n, d = X.shape
     k = p.k
     lanes, dpl, kacc = p.small
-    kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, _THREADS)
-    shared = _shared_bytes(k, lanes * dpl)
+    # Float32 data: rank in float32 first and certify (see cuda_src.SMALL_SRC, FAST).
+    fast = (X.dtype == cupy.float32 and bool(config.get("gpu-fused-float32-ranking"))
+            and _shared_bytes(k, lanes * dpl, True) <= _SHARED_BYTES)
+    kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, _THREADS, fast)
+    shared = _shared_bytes(k, lanes * dpl, fast)
     rows_per_block = _THREADS // lanes
     # Every resident block slot filled once (a persistent grid): the partials to reduce grow
     # with the grid, not with n.
@@ -246,7 +251,8 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
     kd = k * d
     tot = cupy.empty(width, cupy.float64)
     counts = cupy.empty(k, cupy.int64)
-    reduce((-(-width // 256),), (256,), (part, cupy.int32(nb), cupy.int32(width), cupy.int32(k), cupy.int32(kd), tot, counts))
+    # One warp per column.
+    reduce((-(-width * 32 // 256),), (256,), (part, cupy.int32(nb), cupy.int32(width), cupy.int32(k), cupy.int32(kd), tot, counts))
     return {
         "sums": tot[:kd].reshape(k, d),
         "weights": tot[kd : kd + k],
