@@ -103,8 +103,9 @@ def test_exact_ties_go_to_the_lowest_index(k, d, precision):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_fused_float32_ranking_equals_float64_ranking(n, d, k, weighted):
     """The fused kernel's float32 ranking (gpu-fused-float32-ranking) gives the very outputs of
-    the float64 ranking: labels, and bit for bit the sums, counts, inertia and distances
-    (the winner's distance and the sums are float64 either way), near-ties included: half the
+    the float64 ranking: the same labels, counts and distances (the winner's distance is
+    float64 either way), sums that differ at most by the order of atomic adds, near-ties
+    included: half the
     rows sit on a bisector up to 1e-7, which float32 cannot separate (the warp re-ranks)."""
     import cupy
     import dask
@@ -127,8 +128,12 @@ def test_fused_float32_ranking_equals_float64_ranking(n, d, k, weighted):
             o = be.assign(cupy.asarray(X), p, w)
             o["d2"] = be.min_sqdist(cupy.asarray(X), p)[1]
             outs.append({key: cupy.asnumpy(v) for key, v in o.items()})
-    for key in ("labels", "sums", "counts", "weights", "inertia", "d2"):
+    for key in ("labels", "counts", "d2"):
         np.testing.assert_array_equal(outs[1][key], outs[0][key], err_msg=key)
+    # Register accumulators add in a fixed order; shared-memory ones by atomics (any order).
+    rtol = 0 if p.small[2] else 1e-12
+    for key in ("sums", "weights", "inertia"):
+        np.testing.assert_allclose(outs[1][key], outs[0][key], rtol=rtol, atol=0, err_msg=key)
     np.testing.assert_array_equal(outs[0]["labels"], _ref(X, Cf)[0])
 
 

@@ -457,13 +457,18 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
+_U_VALUES = 24  # values per lane loaded ahead in fused_small (see small_kernels)
+
+
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int, fast: bool = False) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, NT, FAST) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, threads, bool(fast))
     if key not in _CACHE:
         import cupy
 
-        rows = max(1, min(4, 8 // dpl))
+        # Rows per group in flight per loop trip (U x DPL registers): enough bytes in flight
+        # per SM to reach HBM speed (measured at U = 1 for D = 100: a third of it).
+        rows = max(1, min(8, _U_VALUES // dpl))
         # Relative error of a float32 sum of D squared differences: < (D + 2) u, u = 2^-24;
         # twice that (and the padded D) for margin.
         gamma = (lanes * dpl + 4) * 2.0**-23
