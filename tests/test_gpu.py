@@ -99,44 +99,6 @@ def test_exact_ties_go_to_the_lowest_index(k, d, precision):
     assert (lab < len(base)).all()
 
 
-@pytest.mark.parametrize("n,d,k", [(4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (513, 130, 17)])
-@pytest.mark.parametrize("weighted", [False, True])
-def test_fused_float32_ranking_equals_float64_ranking(n, d, k, weighted):
-    """The fused kernel's float32 ranking (gpu-fused-float32-ranking) gives the very outputs of
-    the float64 ranking: the same labels, counts and distances (the winner's distance is
-    float64 either way), sums that differ at most by the order of atomic adds, near-ties
-    included: half the
-    rows sit on a bisector up to 1e-7, which float32 cannot separate (the warp re-ranks)."""
-    import cupy
-    import dask
-
-    from daskmeans.backends import get_backend
-
-    be = get_backend("cupy")
-    X, C, rng = _data(n, d, k, np.float32)
-    Cf = C.astype(np.float32).astype(np.float64)
-    half = n // 2
-    a, b = rng.integers(0, k, half), rng.integers(0, k, half)
-    t = 0.5 + rng.uniform(-1e-7, 1e-7, (half, 1))
-    X[:half] = (Cf[a] * t + Cf[b] * (1 - t)).astype(np.float32)
-    w = cupy.asarray(rng.random(n) + 0.5) if weighted else None
-    outs = []
-    for fast in (False, True):
-        with dask.config.set({"daskmeans.gpu-fused-float32-ranking": fast}):
-            p = be.prepare(C, np.float32)
-            assert p.small is not None
-            o = be.assign(cupy.asarray(X), p, w)
-            o["d2"] = be.min_sqdist(cupy.asarray(X), p)[1]
-            outs.append({key: cupy.asnumpy(v) for key, v in o.items()})
-    for key in ("labels", "counts", "d2"):
-        np.testing.assert_array_equal(outs[1][key], outs[0][key], err_msg=key)
-    # Register accumulators add in a fixed order; shared-memory ones by atomics (any order).
-    rtol = 0 if p.small[2] else 1e-12
-    for key in ("sums", "weights", "inertia"):
-        np.testing.assert_allclose(outs[1][key], outs[0][key], rtol=rtol, atol=0, err_msg=key)
-    np.testing.assert_array_equal(outs[0]["labels"], _ref(X, Cf)[0])
-
-
 def test_low_precision_rechecks_uncertain_rows_and_keeps_fp32_labels():
     """P2-like random data: bf16 cannot certify every row, the re-check restores exact labels."""
     import cupy

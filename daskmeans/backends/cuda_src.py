@@ -38,14 +38,7 @@ __device__ __forceinline__ double warp_sum(double v) {
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
 // KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
-// U (rows per group per loop trip), FAST (1: rank in float32 first, see below), GAMMA (the
-// float32 distances' relative error bound, with a 2x margin).
-//
-// FAST (float32 data): the K distances are computed in float32 (half the float64 work, one
-// shuffle per step instead of two); the winner is certain when the runner-up is farther by
-// more than the rounding of both, b2 - b1 > GAMMA (b1 + b2) (a direct sum of squares has a
-// relative error below (D + 2) u). Otherwise (ties, near-ties, overflow, underflow) the warp
-// ranks its rows in float64 as without FAST. Labels are the same either way.
+// U (rows per group per loop trip).
 #define NG (NT / L)
 #define DP (L * DPL)
 extern "C" __global__ void __launch_bounds__(NT) fused_small(
@@ -63,16 +56,10 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
     double* sw = ssum + K * DP;      // K block weights
     double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
     double* sst = scnt + K;          // inertia, reassigned
-#if FAST
-    float* cf = (float*)(sst + 2);   // K x DP centroids in float32
-#endif
     const bool want = part != nullptr;
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
         cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
-#if FAST
-        cf[i] = (float)cs[i];  // exact: the centroids hold data-dtype (float32) values
-#endif
         ssum[i] = 0.0;
     }
     for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
@@ -117,37 +104,6 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
             double best = __longlong_as_double(0x7ff0000000000000ll);
             int bk = 0;
-#if FAST
-            float b1 = __int_as_float(0x7f800000), b2 = b1;
-            int i1 = 0;
-#if KACC > 0
-            #pragma unroll
-            for (int k = 0; k < KACC; ++k) {
-#else
-            for (int k = 0; k < K; ++k) {
-#endif
-                const float* c = cf + k * DP + lane;
-                float s = 0.0f;
-                #pragma unroll
-                for (int j = 0; j < DPL; ++j) { float t = (float)xr[u][j] - c[j * L]; s = fmaf(t, t, s); }
-                #pragma unroll
-                for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
-                if (s < b1) { b2 = b1; b1 = s; i1 = k; } else if (s < b2) { b2 = s; }
-            }
-            // NaN and infinity fail the test (comparisons with them are false).
-            const bool sure = (double)b2 > 1e-30 && (double)b2 - (double)b1 > GAMMA * ((double)b1 + (double)b2);
-            if (__all_sync(FULL, sure)) {
-                const double* c = cs + i1 * DP + lane;
-                double s = 0.0;
-                #pragma unroll
-                for (int j = 0; j < DPL; ++j) { double t = xv[j] - c[j * L]; s = fma(t, t, s); }
-                #pragma unroll
-                for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
-                best = s;
-                bk = i1;
-            } else
-#endif
-            {
 #if KACC > 0
             #pragma unroll
             for (int k = 0; k < KACC; ++k) {
@@ -162,7 +118,6 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
                 #pragma unroll
                 for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
                 if (s < best) { best = s; bk = k; }
-            }
             }
             if (!valid) continue;
             const double wr = w ? w[r] : 1.0;
@@ -457,23 +412,17 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
-_U_VALUES = 24  # values per lane loaded ahead in fused_small (see small_kernels)
-
-
-def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int, fast: bool = False) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, NT, FAST) configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, threads, bool(fast))
+def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, NT) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, threads)
     if key not in _CACHE:
         import cupy
 
-        # Rows per group in flight per loop trip (U x DPL registers): enough bytes in flight
-        # per SM to reach HBM speed (measured at U = 1 for D = 100: a third of it).
-        rows = max(1, min(8, _U_VALUES // dpl))
-        # Relative error of a float32 sum of D squared differences: < (D + 2) u, u = 2^-24;
-        # twice that (and the padded D) for margin.
-        gamma = (lanes * dpl + 4) * 2.0**-23
+        # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
+        # values per lane were no faster than 8 (register pressure costs occupancy).
+        rows = max(1, min(4, 8 // dpl))
         head = (f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-                f"#define NT {threads}\n#define U {rows}\n#define FAST {int(bool(fast))}\n#define GAMMA {gamma!r}\n")
+                f"#define NT {threads}\n#define U {rows}\n")
         mod = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",))
         _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]

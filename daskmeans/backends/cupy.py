@@ -80,10 +80,10 @@ def _small_config(k: int, d: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _shared_bytes(k: int, dp: int, fast: bool = False) -> int:
+def _shared_bytes(k: int, dp: int) -> int:
     """Dynamic shared memory of ``fused_small``: float64 centroids and sums (K x DP each),
-    weights, counts, two scalars, and with ``fast`` the float32 centroids."""
-    return 8 * (2 * k * dp + 2 * k + 2) + (4 * k * dp if fast else 0)
+    weights, counts and two scalars."""
+    return 8 * (2 * k * dp + 2 * k + 2)
 
 
 @dataclass(frozen=True)
@@ -220,29 +220,45 @@ def _occupancy(kern: Any, threads: int, shared: int) -> int:
         return 2
 
 
-def _run_small(X, p, w, prev, labels, d2, want_sums):
+_PLANS: dict = {}
+
+
+def _small_plan(X: Any, p: Prepared) -> tuple:
+    """Launch plan of the fused kernel for a block: ``(kern, reduce, shared, nb, width,
+    scalars)``, cached per shape, dtype, configuration and device. Building it costs tens of
+    microseconds of Python, a large share of a small block's step (S2: ~0.1 ms)."""
     import cupy
 
     n, d = X.shape
-    k = p.k
-    lanes, dpl, kacc = p.small
-    # Float32 data: rank in float32 first and certify (see cuda_src.SMALL_SRC, FAST).
-    fast = (X.dtype == cupy.float32 and bool(config.get("gpu-fused-float32-ranking"))
-            and _shared_bytes(k, lanes * dpl, True) <= _SHARED_BYTES)
-    kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, _THREADS, fast)
-    shared = _shared_bytes(k, lanes * dpl, fast)
-    rows_per_block = _THREADS // lanes
-    # Every resident block slot filled once (a persistent grid): the partials to reduce grow
-    # with the grid, not with n.
-    slots = _blocks_per_sm(kern, _THREADS, shared) * _sm_count(cupy.cuda.Device().id)
-    nb = int(max(1, min(slots, -(-n // rows_per_block))))
-    width = k * d + 2 * k + 2
+    key = (n, d, X.dtype.char, p.k, p.small, cupy.cuda.runtime.getDevice())
+    plan = _PLANS.get(key)
+    if plan is None:
+        k = p.k
+        lanes, dpl, kacc = p.small
+        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, _THREADS)
+        shared = _shared_bytes(k, lanes * dpl)
+        # Every resident block slot filled once (a persistent grid): the partials to reduce
+        # grow with the grid, not with n.
+        slots = _blocks_per_sm(kern, _THREADS, shared) * _sm_count(key[-1])
+        nb = int(max(1, min(slots, -(-n // (_THREADS // lanes)))))
+        width = k * d + 2 * k + 2
+        scalars = (cupy.int64(n), cupy.int32(d), cupy.int32(k), cupy.int32(nb), cupy.int32(width), cupy.int32(k * d))
+        if len(_PLANS) > 1024:  # many block shapes (e.g. predictions on varied arrays)
+            _PLANS.clear()
+        plan = _PLANS[key] = (kern, reduce, shared, nb, width, scalars)
+    return plan
+
+
+def _run_small(X, p, w, prev, labels, d2, want_sums):
+    import cupy
+
+    k, d = p.k, X.shape[1]
+    kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = _small_plan(X, p)
     part = cupy.empty((nb, width), cupy.float64) if want_sums else None
     pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
     kern(
         (nb,), (_THREADS,),
-        (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2),
-         _ptr(part), _ptr(pstat)),
+        (X, n64, d32, k32, p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), _ptr(part), _ptr(pstat)),
         shared_mem=shared,
     )
     if not want_sums:
@@ -252,7 +268,7 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
     tot = cupy.empty(width, cupy.float64)
     counts = cupy.empty(k, cupy.int64)
     # One warp per column.
-    reduce((-(-width * 32 // 256),), (256,), (part, cupy.int32(nb), cupy.int32(width), cupy.int32(k), cupy.int32(kd), tot, counts))
+    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts))
     return {
         "sums": tot[:kd].reshape(k, d),
         "weights": tot[kd : kd + k],
