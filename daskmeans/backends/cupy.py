@@ -67,11 +67,8 @@ def _small_config(k: int, d: int) -> tuple[int, int, int] | None:
 
     Fewest lanes per row such that the K x DPL register accumulators fit (fewer lanes, fewer
     shuffles per row); else shared-memory accumulators with at most 16 values per lane."""
-    least = int(config.get("gpu-fused-min-lanes"))
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
-        if lanes < least and lanes < 32:
-            continue
         if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
             return lanes, dpl, k
     for lanes in (1, 2, 4, 8, 16, 32):
