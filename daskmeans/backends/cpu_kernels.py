@@ -30,6 +30,18 @@ _JIT = dict(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")
 
 
 @numba.njit(**_JIT)
+def _sqdist(gib, x):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
+    clamped at 0 (rounding can take a point on its centroid below 0)."""
+    sq = 0.0
+    for t in range(x.shape[0]):
+        v = np.float64(x[t])
+        sq += v * v
+    d2 = np.float64(gib) + sq
+    return d2 if d2 > 0.0 else 0.0
+
+
+@numba.njit(**_JIT)
 def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia):  # pragma: no cover - compiled
     """Per-row distance, inertia, reassignment and per-cluster sums of one tile.
 
@@ -57,13 +69,7 @@ def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia)
     for i in range(n):
         b = lab[i]
         x = xt[i]
-        sq = 0.0
-        for t in range(d):
-            v = np.float64(x[t])
-            sq += v * v
-        d2 = np.float64(g[i, b]) + sq
-        if d2 < 0.0:
-            d2 = 0.0
+        d2 = _sqdist(g[i, b], x)
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])
@@ -89,16 +95,9 @@ def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia)
 @numba.njit(**_JIT)
 def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
     """Labels (int32) and clamped float64 squared distances of one tile (no statistics)."""
-    n, d = xt.shape
-    for i in range(n):
+    for i in range(xt.shape[0]):
         b = lab[i]
-        x = xt[i]
-        sq = 0.0
-        for t in range(d):
-            v = np.float64(x[t])
-            sq += v * v
-        d2 = np.float64(g[i, b]) + sq
-        out_d2[i] = d2 if d2 > 0.0 else 0.0
+        out_d2[i] = _sqdist(g[i, b], xt[i])
         out_lab[i] = b
 
 
