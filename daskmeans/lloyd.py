@@ -256,6 +256,11 @@ def _merge_moments(items: list) -> dict:
     return acc
 
 
+def _converged(stats: dict, tol_abs: float) -> bool:
+    """scikit-learn's stopping rule: no label changed, or the summed squared shift <= tol_abs."""
+    return stats["reassigned"] == 0 or stats["shift"] <= tol_abs
+
+
 def _drop(client: Client, submitted: tuple | None) -> None:
     """Cancel a speculatively submitted step (its futures); returns None."""
     if submitted is not None:
@@ -320,7 +325,7 @@ def _lloyd_local(
         if worker is not None:
             worker.log_event(topic, stats)
         model = state
-        if stats["reassigned"] == 0 or stats["shift"] <= tol_abs:
+        if _converged(stats, tol_abs):
             break
         if worker is not None and now - t_poll > _STOP_POLL_S:
             t_poll = now
@@ -335,7 +340,7 @@ def _local_summary(run: LocalRun) -> dict:
     return {
         "history": run.history,
         "centroids": _get_centroids(run.model),
-        "inertia": float(run.state.partial.inertia),
+        "inertia": _sum_inertia([run.state]),
     }
 
 
@@ -470,7 +475,7 @@ def run_lloyd(
         if callback is not None:
             callback(stats)
         model, stale = new_model, model
-        if stats["reassigned"] == 0 or stats["shift"] <= tol_abs:
+        if _converged(stats, tol_abs):
             ahead = _drop(client, ahead)
             break
     del stale
@@ -482,7 +487,7 @@ def run_lloyd(
     )
     inertia = client.submit(_sum_inertia, final_states, pure=False).result() * inertia_scale(metric)
     centers = _get_centroids(model) if small else client.submit(_get_centroids, model, pure=False).result()
-    converged = history[-1]["reassigned"] == 0 or history[-1]["shift"] <= tol_abs
+    converged = _converged(history[-1], tol_abs)
     return LloydResult(
         np.asarray(centers), float(inertia), it + 1, history, final_states, converged, placement.chunk_ids
     )
@@ -546,8 +551,7 @@ def _run_local(
         for stats in history[delivered:]:
             deliver(stats)
     state = client.submit(_local_state, run, workers=[worker], allow_other_workers=False, pure=False)
-    last = history[-1]
     return LloydResult(
         np.asarray(summary["centroids"]), summary["inertia"] * inertia_scale(metric), len(history), history,
-        [state], last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids,
+        [state], _converged(history[-1], tol_abs), placement.chunk_ids,
     )

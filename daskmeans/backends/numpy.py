@@ -154,9 +154,10 @@ def assign(
     k = p.k
     labels = out_labels if out_labels is not None else numpy.empty(n, numpy.int32)
     w = None if sample_weight is None else asarray(sample_weight, X.dtype)
-    sums = numpy.zeros((k, d), numpy.float64)
-    weights = numpy.zeros(k, numpy.float64)
-    counts = numpy.zeros(k, numpy.int64)
+    kk = k if want_sums else 0  # the kernel touches the accumulators only with want_sums
+    sums = numpy.zeros((kk, d), numpy.float64)
+    weights = numpy.zeros(kk, numpy.float64)
+    counts = numpy.zeros(kk, numpy.int64)
     inertia = 0.0
     reassigned = 0
     for s, e, g, lab in _tiles(X, p):
