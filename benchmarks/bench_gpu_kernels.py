@@ -114,7 +114,8 @@ def main(argv=None):
             out = be.assign(Xc, prep)
             labels[mode] = out["labels"].copy()
             r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
-            r["regime"] = "fused" if prep.small is not None else "gemm"
+            r[f"regime_{mode}"] = ("fused-small" if prep.small is not None
+                                   else "gemm-fused" if be._fused_gemm(Xc, prep) else "gemm-cublas")
             del out, prep
         for mode in labels:
             if mode != "fp32" and "fp32" in labels:

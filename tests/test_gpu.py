@@ -211,3 +211,67 @@ def test_gpu_fit_variants_agree_with_cpu(metric, precision):
     assert all("rechecked" in h for h in km.history_)
     if metric == "cosine":
         np.testing.assert_allclose(np.linalg.norm(km.cluster_centers_, axis=1), 1.0, rtol=1e-5)
+
+
+# GEMM-regime shapes: D odd / not a multiple of 4 / tiny, K not a multiple of the 128-wide
+# centroid tile, K spanning many tiles, N not a multiple of the 128-row block.
+FUSED_SHAPES = [(513, 130, 17), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 200), (777, 5, 1000)]
+
+
+@pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gemm_paths_match_float64_reference(n, d, k, precision, fused, offset, poisoned_pool):
+    """Both GEMM-regime paths (fused GEMM + top-2 kernel, cuBLAS tiles + selection) give the
+    exact labels, sums and distances, also on a block that starts one row into its buffer
+    (not 16-byte aligned when D is odd) and with weights."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy as be
+
+    X, C, rng = _data(n + offset, d, k, np.float32, seed=3)
+    w = rng.random(n) + 0.5
+    Xg = cupy.asarray(X)[offset:]
+    X = X[offset:]
+    with dask.config.set({"daskmeans.gpu-fused-gemm-max-d": 100000 if fused else 0}):
+        p = be.prepare(C, np.float32, precision)
+        assert p.small is None  # the GEMM regime
+        assert be._fused_gemm(Xg, p) is fused
+        prev = cupy.full(n, -7, cupy.int32)
+        out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
+        lab_only, d2 = be.min_sqdist(Xg, p)
+    lab, sums, counts, inertia, d2_ref = _ref(X, C.astype(np.float32), w)
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
+    np.testing.assert_array_equal(cupy.asnumpy(lab_only), lab)
+    assert int(out["reassigned"]) == n
+    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
+    np.testing.assert_allclose(cupy.asnumpy(out["sums"]), sums, rtol=1e-10, atol=1e-9)
+    np.testing.assert_allclose(cupy.asnumpy(out["weights"]), np.bincount(lab, weights=w, minlength=k), rtol=1e-12)
+    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, fused):
+    """Every centroid repeated ``copies`` times: each row has ``copies`` exactly tied best
+    candidates (three or more take the fused path's every-centroid re-check); the lowest
+    index wins, as in the float64 reference."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy as be
+
+    rng = np.random.default_rng(copies)
+    base = rng.integers(-20, 20, (50, 24)).astype(np.float64)
+    C = np.concatenate([base] * copies)
+    X = (base[rng.integers(0, 50, 4000)] + rng.integers(-1, 2, (4000, 24))).astype(np.float32)
+    with dask.config.set({"daskmeans.gpu-fused-gemm-max-d": 100000 if fused else 0}):
+        out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
+    lab, *_ = _ref(X, C.astype(np.float32))
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
+    assert (lab < 50).all()
+    assert int(out["rechecked"]) == 4000  # every row has a zero margin

@@ -392,6 +392,365 @@ extern "C" __global__ void __launch_bounds__(256) sorted_sums(
 }
 """
 
+FUSED_GEMM_SRC = _COMMON + r"""
+// Fused GEMM + top-2 (the distance tile never reaches HBM). Compile-time: TC (0: fp32 FFMA
+// SIMT, 1: TF32 tensor cores, mma.sync m16n8k8), VEC4 (TC only: 16-byte cp.async, when D % 4
+// == 0 and X, C are 16-byte aligned; else 4-byte copies). Each block owns BM = 128 rows and
+// walks every centroid tile of BN = 128, keeping per row the two best (value, index) pairs and
+// the third best value of v_k = ||c_k||^2 - 2 x.c_k (lowest index first on equal values).
+#define BM 128
+#define BN 128
+#define INF __int_as_float(0x7f800000)
+
+// Insert (v, k), k larger than every index seen so far by this thread.
+__device__ __forceinline__ void ins3(float v, int k, float& b1, int& i1, float& b2, int& i2, float& b3) {
+    if (v < b1) { b3 = b2; b2 = b1; i2 = i1; b1 = v; i1 = k; }
+    else if (v < b2) { b3 = b2; b2 = v; i2 = k; }
+    else if (v < b3) { b3 = v; }
+}
+// Merge another sorted state (c1, j1, c2, j2, c3): the three smallest values of the union and
+// the indices of the first two, in (value, index) order: associative and commutative.
+__device__ __forceinline__ void merge3(float& b1, int& i1, float& b2, int& i2, float& b3,
+                                       float c1, int j1, float c2, int j2, float c3) {
+    if (c1 < b1 || (c1 == b1 && j1 < i1)) {
+        float t = b1; b1 = c1; c1 = t; int u = i1; i1 = j1; j1 = u;
+        t = b2; b2 = c2; c2 = t; u = i2; i2 = j2; j2 = u;
+        t = b3; b3 = c3; c3 = t;
+    }
+    if (c1 < b2 || (c1 == b2 && j1 < i2)) { b3 = fminf(b2, c2); b2 = c1; i2 = j1; }
+    else { b3 = fminf(b3, c1); }
+}
+__device__ __forceinline__ void shfl_merge3(float& b1, int& i1, float& b2, int& i2, float& b3, int off) {
+    const float c1 = __shfl_xor_sync(FULL, b1, off), c2 = __shfl_xor_sync(FULL, b2, off);
+    const float c3 = __shfl_xor_sync(FULL, b3, off);
+    const int j1 = __shfl_xor_sync(FULL, i1, off), j2 = __shfl_xor_sync(FULL, i2, off);
+    merge3(b1, i1, b2, i2, b3, c1, j1, c2, j2, c3);
+}
+// Row state in shared memory: NSLOT x BM entries (one slot per warp column of the block).
+struct RowState { float b1[BM], b2[BM], b3[BM]; int i1[BM], i2[BM]; };
+__device__ __forceinline__ void state_merge(RowState& s, int r, float b1, int i1, float b2, int i2, float b3) {
+    float a1 = s.b1[r], a2 = s.b2[r], a3 = s.b3[r];
+    int k1 = s.i1[r], k2 = s.i2[r];
+    merge3(a1, k1, a2, k2, a3, b1, i1, b2, i2, b3);
+    s.b1[r] = a1; s.b2[r] = a2; s.b3[r] = a3; s.i1[r] = k1; s.i2[r] = k2;
+}
+
+#if TC == 0
+// ---- fp32: the classic 128 x 128 x 8 SIMT tile, 8 x 8 outputs per thread (rows ty*4+i and
+// 64+ty*4+i, columns tx*4+j and 64+tx*4+j), double-buffered through registers.
+#define BK 8
+#define SP (BM + 4)
+#define NSLOT 1
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
+        const float* __restrict__ X, long long n, int D,
+        const float* __restrict__ C, int K,
+        const float* __restrict__ csq,     // >= ceil(K / BN) * BN squared norms, +inf past K
+        int* __restrict__ o_i1, int* __restrict__ o_i2,
+        float* __restrict__ o_b1, float* __restrict__ o_b2, float* __restrict__ o_b3) {
+    __shared__ __align__(16) float As[2][BK][SP];
+    __shared__ __align__(16) float Bs[2][BK][SP];
+    __shared__ RowState st[NSLOT];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const long long row0 = (long long)blockIdx.x * BM;
+    const int lr = tid >> 1, lc = (tid & 1) * 4;
+    const bool xok = row0 + lr < n;
+    const float* xp = X + (xok ? row0 + lr : 0) * (long long)D;
+    const int nds = (D + BK - 1) / BK, nkt = (K + BN - 1) / BN, steps = nds * nkt;
+    if (tid < BM) { st[0].b1[tid] = st[0].b2[tid] = st[0].b3[tid] = INF; st[0].i1[tid] = st[0].i2[tid] = 0x7fffffff; }
+    float pa[4], pb[4];
+    auto load = [&](int kt, int ds) {
+        const int d0 = ds * BK + lc, kr = kt * BN + lr;
+        const float* cp = C + (long long)(kr < K ? kr : 0) * D;
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = d0 + i;
+            pa[i] = (xok && d < D) ? __ldg(xp + d) : 0.f;
+            pb[i] = (kr < K && d < D) ? __ldg(cp + d) : 0.f;
+        }
+    };
+    auto store = [&](int buf) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) { As[buf][lc + i][lr] = pa[i]; Bs[buf][lc + i][lr] = pb[i]; }
+    };
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+    load(0, 0);
+    store(0);
+    __syncthreads();
+    int kt = 0, ds = 0;
+    for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        int nkt2 = kt, nds2 = ds + 1;
+        if (nds2 == nds) { nds2 = 0; ++nkt2; }
+        const bool more = s + 1 < steps;
+        if (more) load(nkt2, nds2);
+        #pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            const float4 a0 = *(const float4*)&As[buf][kk][ty * 4];
+            const float4 a1 = *(const float4*)&As[buf][kk][64 + ty * 4];
+            const float4 c0 = *(const float4*)&Bs[buf][kk][tx * 4];
+            const float4 c1 = *(const float4*)&Bs[buf][kk][64 + tx * 4];
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        if (more) store(buf ^ 1);
+        if (ds == nds - 1) {
+            // Epilogue of centroid tile kt: v = csq - 2 acc (one rounding), top-2 per row over
+            // this thread's 8 columns (increasing k), merged across the 16 threads of the row.
+            const float* cq = csq + kt * BN;
+            float cv[8];
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) { cv[j] = __ldg(cq + tx * 4 + j); cv[4 + j] = __ldg(cq + 64 + tx * 4 + j); }
+            #pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float b1 = INF, b2 = INF, b3 = INF;
+                int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int k = kt * BN + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+                    ins3(fmaf(-2.f, acc[i][j], cv[j]), k, b1, i1, b2, i2, b3);
+                    acc[i][j] = 0.f;
+                }
+                #pragma unroll
+                for (int off = 8; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
+                if (tx == 0) state_merge(st[0], i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4, b1, i1, b2, i2, b3);
+            }
+        }
+        __syncthreads();
+        kt = nkt2; ds = nds2;
+    }
+#else
+// ---- TF32 tensor cores: 128 x 128 x 16 tiles, STAGES-deep cp.async pipeline (dynamic shared
+// memory), 8 warps as 2 (rows) x 4 (columns), each 64 x 32 = 4 x 4 m16n8k8 tiles. The fp32
+// inputs go to the MMA unconverted (TF32 truncation: the error bound assumes it).
+#define BK 16
+#define SK (BK + 4)      // row stride: fragment loads hit 32 distinct banks
+#define STAGES 3
+#define NSLOT 4
+__device__ __forceinline__ void cp4(float* dst, const float* src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp16(float* dst, const float* src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
+        const float* __restrict__ X, long long n, int D,
+        const float* __restrict__ C, int K,
+        const float* __restrict__ csq,
+        int* __restrict__ o_i1, int* __restrict__ o_i2,
+        float* __restrict__ o_b1, float* __restrict__ o_b2, float* __restrict__ o_b3) {
+    extern __shared__ __align__(16) float smem[];
+    float* As = smem;                          // STAGES x BM x SK
+    float* Bs = As + STAGES * BM * SK;         // STAGES x BN x SK
+    __shared__ RowState st[NSLOT];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, t = lane & 3;
+    const long long row0 = (long long)blockIdx.x * BM;
+    const int nds = (D + BK - 1) / BK, nkt = (K + BN - 1) / BN, steps = nds * nkt;
+    for (int i = tid; i < NSLOT * BM; i += 256) {
+        RowState& s = st[i / BM];
+        const int r = i % BM;
+        s.b1[r] = s.b2[r] = s.b3[r] = INF; s.i1[r] = s.i2[r] = 0x7fffffff;
+    }
+    auto load = [&](int s, int slot) {
+        const int kt = s / nds, d0 = (s - kt * nds) * BK;
+        float* as = As + slot * BM * SK;
+        float* bs = Bs + slot * BN * SK;
+#if VEC4
+        // 128 rows x 4 vectors per operand: 2 per thread.
+        #pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const int e = tid + 256 * q, r = e >> 2, c = (e & 3) * 4, d = d0 + c;
+            const long long xr = row0 + r;
+            const int kr = kt * BN + r;
+            const bool okx = xr < n && d < D, okc = kr < K && d < D;
+            cp16(as + r * SK + c, X + (okx ? xr * D + d : 0), okx);
+            cp16(bs + r * SK + c, C + (okc ? (long long)kr * D + d : 0), okc);
+        }
+#else
+        #pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int e = tid + 256 * q, r = e >> 4, c = e & 15, d = d0 + c;
+            const long long xr = row0 + r;
+            const int kr = kt * BN + r;
+            const bool okx = xr < n && d < D, okc = kr < K && d < D;
+            cp4(as + r * SK + c, X + (okx ? xr * D + d : 0), okx);
+            cp4(bs + r * SK + c, C + (okc ? (long long)kr * D + d : 0), okc);
+        }
+#endif
+    };
+    float acc[4][4][4];
+    #pragma unroll
+    for (int a = 0; a < 4; ++a)
+        #pragma unroll
+        for (int b = 0; b < 4; ++b)
+            #pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) load(s, s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int s = 0; s < steps; ++s) {
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+        __syncthreads();
+        if (s + STAGES - 1 < steps) load(s + STAGES - 1, (s + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const float* as = As + (s % STAGES) * BM * SK + (wm * 64 + g) * SK + t;
+        const float* bs = Bs + (s % STAGES) * BN * SK + (wn * 32 + g) * SK + t;
+        #pragma unroll
+        for (int k8 = 0; k8 < BK; k8 += 8) {
+            unsigned af[4][4], bf[4][2];
+            #pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+                const float* p = as + mt * 16 * SK + k8;
+                af[mt][0] = __float_as_uint(p[0]);
+                af[mt][1] = __float_as_uint(p[8 * SK]);
+                af[mt][2] = __float_as_uint(p[4]);
+                af[mt][3] = __float_as_uint(p[8 * SK + 4]);
+            }
+            #pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const float* p = bs + nt * 8 * SK + k8;
+                bf[nt][0] = __float_as_uint(p[0]);
+                bf[nt][1] = __float_as_uint(p[4]);
+            }
+            #pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+                #pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    float* c = acc[mt][nt];
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                        : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]), "r"(bf[nt][0]), "r"(bf[nt][1]));
+                }
+        }
+        const int kt = s / nds;
+        if (s - kt * nds == nds - 1) {
+            // Epilogue of centroid tile kt. Thread's rows: wm*64 + mt*16 + g + 8h; columns
+            // wn*32 + nt*8 + 2t + e (increasing in (nt, e)); the 4 lanes of a row merge by
+            // shuffles, then lane t = 0 merges into this warp column's slot.
+            float cv[4][2];
+            #pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int k = kt * BN + wn * 32 + nt * 8 + 2 * t;
+                cv[nt][0] = __ldg(csq + k); cv[nt][1] = __ldg(csq + k + 1);
+            }
+            #pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float b1 = INF, b2 = INF, b3 = INF;
+                    int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                    #pragma unroll
+                    for (int nt = 0; nt < 4; ++nt)
+                        #pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int k = kt * BN + wn * 32 + nt * 8 + 2 * t + e;
+                            ins3(fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]), k, b1, i1, b2, i2, b3);
+                            acc[mt][nt][2 * h + e] = 0.f;
+                        }
+                    shfl_merge3(b1, i1, b2, i2, b3, 1);
+                    shfl_merge3(b1, i1, b2, i2, b3, 2);
+                    if (t == 0) state_merge(st[wn], wm * 64 + mt * 16 + g + 8 * h, b1, i1, b2, i2, b3);
+                }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    if (tid < BM) {
+        #pragma unroll
+        for (int q = 1; q < NSLOT; ++q)
+            state_merge(st[0], tid, st[q].b1[tid], st[q].i1[tid], st[q].b2[tid], st[q].i2[tid], st[q].b3[tid]);
+    }
+#endif
+    if (tid < BM && row0 + tid < n) {
+        const long long r = row0 + tid;
+        o_i1[r] = st[0].i1[tid]; o_i2[r] = st[0].i2[tid];
+        o_b1[r] = st[0].b1[tid]; o_b2[r] = st[0].b2[tid]; o_b3[r] = st[0].b3[tid];
+    }
+}
+
+// One warp per row: certify the fused kernel's winner with the error bound (candidates are
+// the k with v_k <= b1 + 2E: {i1} if b2 exceeds it, {i1, i2} if b3 does, else every centroid)
+// and take the lowest-index argmin of exact float64 distances among the candidates.
+__device__ __forceinline__ double exact_d2(const float* __restrict__ x, const float* __restrict__ c, int D, int lane) {
+    double s = 0.0;
+    for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
+    return warp_sum(s);
+}
+extern "C" __global__ void __launch_bounds__(256) finish_top2(
+        const float* __restrict__ X, int D, long long n, const float* __restrict__ C, int K,
+        const int* __restrict__ o_i1, const int* __restrict__ o_i2,
+        const float* __restrict__ o_b1, const float* __restrict__ o_b2, const float* __restrict__ o_b3,
+        double errA, double errB, const double* __restrict__ w,
+        const int* prev, int* labels, double* __restrict__ d2, double* __restrict__ stat) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
+    double inert = 0.0, moved = 0.0, checked = 0.0;
+    for (long long r = warp; r < n; r += nwarp) {
+        const float* x = X + r * D;
+        const int i1 = o_i1[r];
+        double sq = 0.0;
+        for (int j = lane; j < D; j += 32) { const double v = (double)x[j]; sq = fma(v, v, sq); }
+        sq = warp_sum(sq);
+        int best = i1;
+        double bd = exact_d2(x, C + (long long)i1 * D, D, lane);
+        const double thr = (double)o_b1[r] + 2.0 * (errA * sqrt(sq) + errB);
+        if (!((double)o_b2[r] > thr)) {
+            checked += 1.0;
+            if ((double)o_b3[r] > thr) {
+                const int i2 = o_i2[r];
+                const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
+                if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
+            } else {
+                // Every centroid, one per lane at a time (rare: near-ties of three or more).
+                double mb = __longlong_as_double(0x7ff0000000000000ll);
+                int mk = 0x7fffffff;
+                for (int k = lane; k < K; k += 32) {
+                    const float* c = C + (long long)k * D;
+                    double s = 0.0;
+                    for (int j = 0; j < D; ++j) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
+                    if (s < mb) { mb = s; mk = k; }
+                }
+                #pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    const double ob = __shfl_xor_sync(FULL, mb, off);
+                    const int ok = __shfl_xor_sync(FULL, mk, off);
+                    if (ob < mb || (ob == mb && ok < mk)) { mb = ob; mk = ok; }
+                }
+                best = mk;
+                bd = exact_d2(x, C + (long long)mk * D, D, lane);  // the same order as the other paths
+            }
+        }
+        if (lane == 0) {
+            const double wr = w ? w[r] : 1.0;
+            const int old = prev ? prev[r] : -1;
+            if (labels) labels[r] = best;
+            if (d2) d2[r] = bd;
+            inert += wr * bd;
+            moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
+        }
+    }
+    if (lane == 0) {
+        atomicAdd(stat, inert);
+        atomicAdd(stat + 1, moved);
+        atomicAdd(stat + 2, checked);
+    }
+}
+"""
+
 TO_BF16_SRC = r"""
 extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
     // Round to nearest even (inputs are finite).
@@ -440,6 +799,26 @@ def select_kernels(dtype: Any, gemm_dtype: Any) -> tuple[Any, Any, Any]:
         head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n"
         mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
         _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums"))
+    return _CACHE[key]
+
+
+# Dynamic shared memory of the TF32 fused GEMM (STAGES x (BM + BN) x SK floats).
+FUSED_TC_SHARED = 3 * 256 * 20 * 4
+
+
+def fused_gemm_kernels(tc: bool, vec4: bool) -> tuple[Any, Any]:
+    """``(gemm_top2, finish_top2)`` for float32 data: the FFMA (``tc=False``) or TF32
+    tensor-core (``tc=True``; ``vec4``: 16-byte copies) fused GEMM + top-2 kernel."""
+    key = ("fused", bool(tc), bool(vec4 and tc))
+    if key not in _CACHE:
+        import cupy
+
+        head = f"#define TC {int(key[1])}\n#define VEC4 {int(key[2])}\n"
+        mod = cupy.RawModule(code=head + FUSED_GEMM_SRC, options=("--std=c++17",))
+        gemm = mod.get_function("gemm_top2")
+        if tc:
+            gemm.max_dynamic_shared_size_bytes = FUSED_TC_SHARED
+        _CACHE[key] = gemm, mod.get_function("finish_top2")
     return _CACHE[key]
 
 

@@ -149,7 +149,8 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
     if precision == "bf16" and not gemm64:
         a = _to_bf16(a)
     sq = (c64 * c64).sum(axis=1)
-    csq = cupy.full(kpad, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
+    # Padded to whole centroid tiles of the fused GEMM kernels (+inf: never selected).
+    csq = cupy.full(-(-k // _FUSED_BN) * _FUSED_BN, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, _error_bound(cmax, d, precision, gemm64))
@@ -282,6 +283,63 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
 # ------------------------------------------------------------------ the GEMM regime
 
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
+_FUSED_BM = _FUSED_BN = 128  # rows and centroids of one fused GEMM block tile (cuda_src)
+
+
+def _fused_gemm(X: Any, p: Prepared) -> bool:
+    """Whether the fused GEMM + top-2 kernels take this block (float32 data, fp32 or tf32,
+    D up to ``gpu-fused-gemm-max-d``); else cuBLAS tiles and ``select_rows``."""
+    return (X.dtype == numpy.float32 and p.precision in ("fp32", "tf32")
+            and X.shape[1] <= int(config.get("gpu-fused-gemm-max-d")))
+
+
+def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
+    """GEMM and selection in one kernel (``gemm_top2``: the N x K distances stay on chip; per
+    row the best two (value, index) pairs and the third value), then ``finish_top2``
+    certifies each winner or re-ranks its candidates by exact distances."""
+    import cupy
+
+    n, d = X.shape
+    k = p.k
+    tc = p.precision == "tf32"
+    c = p.centroids
+    vec4 = d % 4 == 0 and X.data.ptr % 16 == 0 and c.data.ptr % 16 == 0
+    gemm, finish = cuda_src.fused_gemm_kernels(tc, vec4)
+    i1, i2 = cupy.empty(n, cupy.int32), cupy.empty(n, cupy.int32)
+    b = cupy.empty((3, n), cupy.float32)
+    n64, d32, k32 = cupy.int64(n), cupy.int32(d), cupy.int32(k)
+    gemm((-(-n // _FUSED_BM),), (256,), (X, n64, d32, c, k32, p.csq, i1, i2, b[0], b[1], b[2]),
+         shared_mem=cuda_src.FUSED_TC_SHARED if tc else 0)
+    stat = cupy.zeros(3, cupy.float64)
+    blocks = int(max(1, min(8 * _sm_count(cupy.cuda.Device().id), -(-n // 8))))
+    finish((blocks,), (256,),
+           (X, d32, n64, c, k32, i1, i2, b[0], b[1], b[2], numpy.float64(p.err[0]), numpy.float64(p.err[1]),
+            _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), stat))
+    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
+    if want_sums:
+        out.update(_label_sums(X, labels, w, k))
+    return out
+
+
+def _label_sums(X, labels, w, k) -> dict:
+    """Per-cluster float64 sums, weights and int64 counts of a labelled block: rows in label
+    order (a counting sort), then run-length sums (no per-element atomics)."""
+    import cupy
+
+    n, d = X.shape
+    _, scatter, sorted_sums = cuda_src.select_kernels(X.dtype, X.dtype)
+    blocks_max = 8 * _sm_count(cupy.cuda.Device().id)
+    counts = cupy.bincount(labels, minlength=k)
+    cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+    perm = cupy.empty(n, cupy.int64)
+    slab = cupy.empty(n, cupy.int32)
+    scatter((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
+    sums = cupy.zeros((k, d), cupy.float64)
+    runs = 32
+    nb = int(max(1, min(blocks_max, -(-n // (8 * runs)))))
+    sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), cupy.int32(runs), sums))
+    weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
+    return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64)}
 
 
 def _tile_rows(kpad: int, itemsize: int, n: int) -> int:
@@ -338,7 +396,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     rows = _tile_rows(kpad, gdt.itemsize, n)
-    kern, scatter, sorted_sums = cuda_src.select_kernels(X.dtype, gdt)
+    kern = cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
     blocks_max = 8 * _sm_count(dev)
@@ -385,18 +443,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     main.wait_event(ss.record())
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
     if want_sums:
-        # Rows in label order (a counting sort), then run-length sums: no per-element atomics.
-        counts = cupy.bincount(labels, minlength=k)
-        cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
-        perm = cupy.empty(n, cupy.int64)
-        slab = cupy.empty(n, cupy.int32)
-        scatter((int(min(blocks_max, -(-n // 256))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
-        sums = cupy.zeros((k, d), cupy.float64)
-        runs = 32
-        nb = int(max(1, min(blocks_max, -(-n // (8 * runs)))))
-        sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), cupy.int32(runs), sums))
-        weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
-        out.update(sums=sums, weights=weights, counts=counts.astype(cupy.int64))
+        out.update(_label_sums(X, labels, w, k))
     return out
 
 
@@ -409,7 +456,10 @@ def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums):
     if X.dtype != p.centroids.dtype:
         raise TypeError(f"X.dtype={X.dtype} should equal the prepared centroids' dtype {p.centroids.dtype}")
     w = None if sample_weight is None else cupy.ascontiguousarray(sample_weight, dtype=cupy.float64)
-    run = _run_small if p.small is not None else _run_gemm
+    if p.small is not None:
+        run = _run_small
+    else:
+        run = _run_fused_gemm if _fused_gemm(X, p) else _run_gemm
     return run(X, p, w, prev_labels, labels, d2, want_sums)
 
 
