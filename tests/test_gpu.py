@@ -266,11 +266,13 @@ def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, fused)
     from daskmeans.backends import cupy as be
 
     rng = np.random.default_rng(copies)
-    base = rng.integers(-20, 20, (50, 24)).astype(np.float64)
+    base = rng.integers(-20, 20, (50, 40)).astype(np.float64)
     C = np.concatenate([base] * copies)
-    X = (base[rng.integers(0, 50, 4000)] + rng.integers(-1, 2, (4000, 24))).astype(np.float32)
+    X = (base[rng.integers(0, 50, 4000)] + rng.integers(-1, 2, (4000, 40))).astype(np.float32)
     with dask.config.set({"daskmeans.gpu-fused-gemm-max-d": 100000 if fused else 0}):
-        out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
+        p = be.prepare(C, np.float32, precision)
+        assert p.small is None  # the GEMM regime
+        out = be.assign(cupy.asarray(X), p)
     lab, *_ = _ref(X, C.astype(np.float32))
     np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
     assert (lab < 50).all()

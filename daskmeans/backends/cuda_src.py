@@ -510,17 +510,28 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
             for (int j = 0; j < 4; ++j) { cv[j] = __ldg(cq + tx * 4 + j); cv[4 + j] = __ldg(cq + 64 + tx * 4 + j); }
             #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                float b1 = INF, b2 = INF, b3 = INF;
-                int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                // Only values below the row's third best so far can change its state (tiles
+                // come in increasing k): most tiles of most rows have none, and skip the merge.
+                const int r = i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4;
+                const float lim = st[0].b3[r];
+                bool any = false;
                 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int k = kt * BN + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
-                    ins3(fmaf(-2.f, acc[i][j], cv[j]), k, b1, i1, b2, i2, b3);
-                    acc[i][j] = 0.f;
+                for (int j = 0; j < 8; ++j) any |= fmaf(-2.f, acc[i][j], cv[j]) < lim;
+                if (__any_sync(FULL, any)) {
+                    float b1 = INF, b2 = INF, b3 = INF;
+                    int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                    #pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const int k = kt * BN + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+                        const float v = fmaf(-2.f, acc[i][j], cv[j]);
+                        if (v < lim) ins3(v, k, b1, i1, b2, i2, b3);
+                    }
+                    #pragma unroll
+                    for (int off = 8; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
+                    if (tx == 0 && b1 < lim) state_merge(st[0], r, b1, i1, b2, i2, b3);
                 }
                 #pragma unroll
-                for (int off = 8; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
-                if (tx == 0) state_merge(st[0], i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4, b1, i1, b2, i2, b3);
+                for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
             }
         }
         __syncthreads();
@@ -650,19 +661,30 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
             for (int mt = 0; mt < 4; ++mt)
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float b1 = INF, b2 = INF, b3 = INF;
-                    int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                    const int r = wm * 64 + mt * 16 + g + 8 * h;
+                    const float lim = st[wn].b3[r];  // skip filter, as in the fp32 kernel
+                    bool any = false;
                     #pragma unroll
                     for (int nt = 0; nt < 4; ++nt)
                         #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int k = kt * BN + wn * 32 + nt * 8 + 2 * t + e;
-                            ins3(fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]), k, b1, i1, b2, i2, b3);
-                            acc[mt][nt][2 * h + e] = 0.f;
-                        }
-                    shfl_merge3(b1, i1, b2, i2, b3, 1);
-                    shfl_merge3(b1, i1, b2, i2, b3, 2);
-                    if (t == 0) state_merge(st[wn], wm * 64 + mt * 16 + g + 8 * h, b1, i1, b2, i2, b3);
+                        for (int e = 0; e < 2; ++e) any |= fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]) < lim;
+                    if (__any_sync(FULL, any)) {
+                        float b1 = INF, b2 = INF, b3 = INF;
+                        int i1 = 0x7fffffff, i2 = 0x7fffffff;
+                        #pragma unroll
+                        for (int nt = 0; nt < 4; ++nt)
+                            #pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int k = kt * BN + wn * 32 + nt * 8 + 2 * t + e;
+                                const float v = fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]);
+                                if (v < lim) ins3(v, k, b1, i1, b2, i2, b3);
+                            }
+                        shfl_merge3(b1, i1, b2, i2, b3, 1);
+                        shfl_merge3(b1, i1, b2, i2, b3, 2);
+                        if (t == 0 && b1 < lim) state_merge(st[wn], r, b1, i1, b2, i2, b3);
+                    }
+                    #pragma unroll
+                    for (int nt = 0; nt < 4; ++nt) { acc[mt][nt][2 * h] = 0.f; acc[mt][nt][2 * h + 1] = 0.f; }
                 }
         }
     }
@@ -702,11 +724,20 @@ extern "C" __global__ void __launch_bounds__(256) finish_top2(
     for (long long r = warp; r < n; r += nwarp) {
         const float* x = X + r * D;
         const int i1 = o_i1[r];
-        double sq = 0.0;
-        for (int j = lane; j < D; j += 32) { const double v = (double)x[j]; sq = fma(v, v, sq); }
-        sq = warp_sum(sq);
+        const float* cb = C + (long long)i1 * D;
+        // ||x||^2 (for the bound) and the exact distance to the winner in one pass.
+        double sq = 0.0, bd = 0.0;
+        for (int j = lane; j < D; j += 32) {
+            const double v = (double)x[j], u = v - (double)cb[j];
+            sq = fma(v, v, sq);
+            bd = fma(u, u, bd);
+        }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            sq += __shfl_xor_sync(FULL, sq, off);
+            bd += __shfl_xor_sync(FULL, bd, off);
+        }
         int best = i1;
-        double bd = exact_d2(x, C + (long long)i1 * D, D, lane);
         const double thr = (double)o_b1[r] + 2.0 * (errA * sqrt(sq) + errB);
         if (!((double)o_b2[r] > thr)) {
             checked += 1.0;
@@ -715,23 +746,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_top2(
                 const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
                 if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
             } else {
-                // Every centroid, one per lane at a time (rare: near-ties of three or more).
+                // Three or more candidates (rare): every centroid, four at a time so that
+                // their reductions overlap; in increasing k, so the lowest index wins ties.
                 double mb = __longlong_as_double(0x7ff0000000000000ll);
                 int mk = 0x7fffffff;
-                for (int k = lane; k < K; k += 32) {
-                    const float* c = C + (long long)k * D;
-                    double s = 0.0;
-                    for (int j = 0; j < D; ++j) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
-                    if (s < mb) { mb = s; mk = k; }
+                int k = 0;
+                for (; k + 4 <= K; k += 4) {
+                    double s4[4] = {0.0, 0.0, 0.0, 0.0};
+                    for (int j = lane; j < D; j += 32) {
+                        const double v = (double)x[j];
+                        #pragma unroll
+                        for (int q = 0; q < 4; ++q) { const double u = v - (double)C[(long long)(k + q) * D + j]; s4[q] = fma(u, u, s4[q]); }
+                    }
+                    #pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const double dk = warp_sum(s4[q]);
+                        if (dk < mb) { mb = dk; mk = k + q; }
+                    }
                 }
-                #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-                    const double ob = __shfl_xor_sync(FULL, mb, off);
-                    const int ok = __shfl_xor_sync(FULL, mk, off);
-                    if (ob < mb || (ob == mb && ok < mk)) { mb = ob; mk = ok; }
+                for (; k < K; ++k) {
+                    const double dk = exact_d2(x, C + (long long)k * D, D, lane);
+                    if (dk < mb) { mb = dk; mk = k; }
                 }
                 best = mk;
-                bd = exact_d2(x, C + (long long)mk * D, D, lane);  // the same order as the other paths
+                bd = mb;
             }
         }
         if (lane == 0) {
