@@ -3,7 +3,7 @@
 (median of repeats), and how many rows needed each re-check (certified / two candidates /
 every centroid). For planning kernel work.
 
-    python benchmarks/profile_fused_gemm.py P2 P3 [--precision fp32,tf32]
+    python benchmarks/profile_fused_gemm.py P2 P3
 """
 
 import sys
@@ -32,22 +32,20 @@ def t(fn, reps=7):
 
 
 names = [a for a in sys.argv[1:] if not a.startswith("--") and a in PROBLEMS]
-precs = sys.argv[sys.argv.index("--precision") + 1].split(",") if "--precision" in sys.argv else ["fp32", "tf32"]
+precs = ["fp32"]
 for name in names or ["P2"]:
     n, d, k = PROBLEMS[name]
     X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
     for prec in precs:
         p = be.prepare(C, cupy.float32, prec)
-        tc = prec == "tf32"
-        gemm, finish = cuda_src.fused_gemm_kernels(tc, d % 4 == 0)
+        gemm, finish = cuda_src.fused_gemm_kernels()
         i1, i2 = cupy.empty(n, cupy.int32), cupy.empty(n, cupy.int32)
         bb = cupy.empty((3, n), cupy.float32)
         lab = cupy.empty(n, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
         ga = (X, cupy.int64(n), cupy.int32(d), p.centroids, cupy.int32(k), p.csq, i1, i2, bb[0], bb[1], bb[2])
-        sh = cuda_src.FUSED_TC_SHARED if tc else 0
-        r = {"gemm_top2_ms": t(lambda: gemm((-(-n // 128),), (256,), ga, shared_mem=sh))}  # noqa: B023
+        r = {"gemm_top2_ms": t(lambda: gemm((-(-n // 128),), (256,), ga))}  # noqa: B023
         fb = int(min(8 * be._sm_count(0), -(-n // 8)))
         fa = (X, cupy.int32(d), cupy.int64(n), p.centroids, cupy.int32(k), i1, i2, bb[0], bb[1], bb[2],
               np.float64(p.err[0]), np.float64(p.err[1]), be._NULL, be._NULL, lab, be._NULL, stat)

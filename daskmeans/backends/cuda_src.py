@@ -393,11 +393,9 @@ extern "C" __global__ void __launch_bounds__(256) sorted_sums(
 """
 
 FUSED_GEMM_SRC = _COMMON + r"""
-// Fused GEMM + top-2 (the distance tile never reaches HBM). Compile-time: TC (0: fp32 FFMA
-// SIMT, 1: TF32 tensor cores, mma.sync m16n8k8), VEC4 (TC only: 16-byte cp.async, when D % 4
-// == 0 and X, C are 16-byte aligned; else 4-byte copies). Each block owns BM = 128 rows and
-// walks every centroid tile of BN = 128, keeping per row the two best (value, index) pairs and
-// the third best value of v_k = ||c_k||^2 - 2 x.c_k (lowest index first on equal values).
+// Fused fp32 GEMM + top-2 (the distance tile never reaches HBM). Each block owns BM = 128 rows
+// and walks every centroid tile of BN = 128, keeping per row the two best (value, index) pairs
+// and the third best value of v_k = ||c_k||^2 - 2 x.c_k (lowest index first on equal values).
 #define BM 128
 #define BN 128
 #define INF __int_as_float(0x7f800000)
@@ -426,7 +424,7 @@ __device__ __forceinline__ void shfl_merge3(float& b1, int& i1, float& b2, int& 
     const int j1 = __shfl_xor_sync(FULL, i1, off), j2 = __shfl_xor_sync(FULL, i2, off);
     merge3(b1, i1, b2, i2, b3, c1, j1, c2, j2, c3);
 }
-// Row state in shared memory: NSLOT x BM entries (one slot per warp column of the block).
+// Row state in shared memory: one entry per row of the block.
 struct RowState { float b1[BM], b2[BM], b3[BM]; int i1[BM], i2[BM]; };
 __device__ __forceinline__ void state_merge(RowState& s, int r, float b1, int i1, float b2, int i2, float b3) {
     float a1 = s.b1[r], a2 = s.b2[r], a3 = s.b3[r];
@@ -435,12 +433,10 @@ __device__ __forceinline__ void state_merge(RowState& s, int r, float b1, int i1
     s.b1[r] = a1; s.b2[r] = a2; s.b3[r] = a3; s.i1[r] = k1; s.i2[r] = k2;
 }
 
-#if TC == 0
-// ---- fp32: the classic 128 x 128 x 8 SIMT tile, 8 x 8 outputs per thread (rows ty*4+i and
+// The classic 128 x 128 x 8 SIMT tile, 8 x 8 outputs per thread (rows ty*4+i and
 // 64+ty*4+i, columns tx*4+j and 64+tx*4+j), double-buffered through registers.
 #define BK 8
 #define SP (BM + 4)
-#define NSLOT 1
 extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
         const float* __restrict__ X, long long n, int D,
         const float* __restrict__ C, int K,
@@ -449,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
         float* __restrict__ o_b1, float* __restrict__ o_b2, float* __restrict__ o_b3) {
     __shared__ __align__(16) float As[2][BK][SP];
     __shared__ __align__(16) float Bs[2][BK][SP];
-    __shared__ RowState st[NSLOT];
+    __shared__ RowState st[1];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const long long row0 = (long long)blockIdx.x * BM;
     const int lr = tid >> 1, lc = (tid & 1) * 4;
@@ -537,165 +533,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
         __syncthreads();
         kt = nkt2; ds = nds2;
     }
-#else
-// ---- TF32 tensor cores: 128 x 128 x 16 tiles, STAGES-deep cp.async pipeline (dynamic shared
-// memory), 8 warps as 2 (rows) x 4 (columns), each 64 x 32 = 4 x 4 m16n8k8 tiles. The fp32
-// inputs go to the MMA unconverted (TF32 truncation: the error bound assumes it).
-#define BK 16
-#define SK (BK + 4)      // row stride: fragment loads hit 32 distinct banks
-#define STAGES 3
-#define NSLOT 4
-__device__ __forceinline__ void cp4(float* dst, const float* src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 4 : 0));
-}
-__device__ __forceinline__ void cp16(float* dst, const float* src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
-        const float* __restrict__ X, long long n, int D,
-        const float* __restrict__ C, int K,
-        const float* __restrict__ csq,
-        int* __restrict__ o_i1, int* __restrict__ o_i2,
-        float* __restrict__ o_b1, float* __restrict__ o_b2, float* __restrict__ o_b3) {
-    extern __shared__ __align__(16) float smem[];
-    float* As = smem;                          // STAGES x BM x SK
-    float* Bs = As + STAGES * BM * SK;         // STAGES x BN x SK
-    __shared__ RowState st[NSLOT];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, t = lane & 3;
-    const long long row0 = (long long)blockIdx.x * BM;
-    const int nds = (D + BK - 1) / BK, nkt = (K + BN - 1) / BN, steps = nds * nkt;
-    for (int i = tid; i < NSLOT * BM; i += 256) {
-        RowState& s = st[i / BM];
-        const int r = i % BM;
-        s.b1[r] = s.b2[r] = s.b3[r] = INF; s.i1[r] = s.i2[r] = 0x7fffffff;
-    }
-    auto load = [&](int s, int slot) {
-        const int kt = s / nds, d0 = (s - kt * nds) * BK;
-        float* as = As + slot * BM * SK;
-        float* bs = Bs + slot * BN * SK;
-#if VEC4
-        // 128 rows x 4 vectors per operand: 2 per thread.
-        #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            const int e = tid + 256 * q, r = e >> 2, c = (e & 3) * 4, d = d0 + c;
-            const long long xr = row0 + r;
-            const int kr = kt * BN + r;
-            const bool okx = xr < n && d < D, okc = kr < K && d < D;
-            cp16(as + r * SK + c, X + (okx ? xr * D + d : 0), okx);
-            cp16(bs + r * SK + c, C + (okc ? (long long)kr * D + d : 0), okc);
-        }
-#else
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const int e = tid + 256 * q, r = e >> 4, c = e & 15, d = d0 + c;
-            const long long xr = row0 + r;
-            const int kr = kt * BN + r;
-            const bool okx = xr < n && d < D, okc = kr < K && d < D;
-            cp4(as + r * SK + c, X + (okx ? xr * D + d : 0), okx);
-            cp4(bs + r * SK + c, C + (okc ? (long long)kr * D + d : 0), okc);
-        }
-#endif
-    };
-    float acc[4][4][4];
-    #pragma unroll
-    for (int a = 0; a < 4; ++a)
-        #pragma unroll
-        for (int b = 0; b < 4; ++b)
-            #pragma unroll
-            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < steps) load(s, s);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    for (int s = 0; s < steps; ++s) {
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
-        __syncthreads();
-        if (s + STAGES - 1 < steps) load(s + STAGES - 1, (s + STAGES - 1) % STAGES);
-        asm volatile("cp.async.commit_group;\n" ::);
-        const float* as = As + (s % STAGES) * BM * SK + (wm * 64 + g) * SK + t;
-        const float* bs = Bs + (s % STAGES) * BN * SK + (wn * 32 + g) * SK + t;
-        #pragma unroll
-        for (int k8 = 0; k8 < BK; k8 += 8) {
-            unsigned af[4][4], bf[4][2];
-            #pragma unroll
-            for (int mt = 0; mt < 4; ++mt) {
-                const float* p = as + mt * 16 * SK + k8;
-                af[mt][0] = __float_as_uint(p[0]);
-                af[mt][1] = __float_as_uint(p[8 * SK]);
-                af[mt][2] = __float_as_uint(p[4]);
-                af[mt][3] = __float_as_uint(p[8 * SK + 4]);
-            }
-            #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const float* p = bs + nt * 8 * SK + k8;
-                bf[nt][0] = __float_as_uint(p[0]);
-                bf[nt][1] = __float_as_uint(p[4]);
-            }
-            #pragma unroll
-            for (int mt = 0; mt < 4; ++mt)
-                #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    float* c = acc[mt][nt];
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                        : "r"(af[mt][0]), "r"(af[mt][1]), "r"(af[mt][2]), "r"(af[mt][3]), "r"(bf[nt][0]), "r"(bf[nt][1]));
-                }
-        }
-        const int kt = s / nds;
-        if (s - kt * nds == nds - 1) {
-            // Epilogue of centroid tile kt. Thread's rows: wm*64 + mt*16 + g + 8h; columns
-            // wn*32 + nt*8 + 2t + e (increasing in (nt, e)); the 4 lanes of a row merge by
-            // shuffles, then lane t = 0 merges into this warp column's slot.
-            float cv[4][2];
-            #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int k = kt * BN + wn * 32 + nt * 8 + 2 * t;
-                cv[nt][0] = __ldg(csq + k); cv[nt][1] = __ldg(csq + k + 1);
-            }
-            #pragma unroll
-            for (int mt = 0; mt < 4; ++mt)
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = wm * 64 + mt * 16 + g + 8 * h;
-                    const float lim = st[wn].b3[r];  // skip filter, as in the fp32 kernel
-                    bool any = false;
-                    #pragma unroll
-                    for (int nt = 0; nt < 4; ++nt)
-                        #pragma unroll
-                        for (int e = 0; e < 2; ++e) any |= fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]) < lim;
-                    if (__any_sync(FULL, any)) {
-                        float b1 = INF, b2 = INF, b3 = INF;
-                        int i1 = 0x7fffffff, i2 = 0x7fffffff;
-                        #pragma unroll
-                        for (int nt = 0; nt < 4; ++nt)
-                            #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int k = kt * BN + wn * 32 + nt * 8 + 2 * t + e;
-                                const float v = fmaf(-2.f, acc[mt][nt][2 * h + e], cv[nt][e]);
-                                if (v < lim) ins3(v, k, b1, i1, b2, i2, b3);
-                            }
-                        shfl_merge3(b1, i1, b2, i2, b3, 1);
-                        shfl_merge3(b1, i1, b2, i2, b3, 2);
-                        if (t == 0 && b1 < lim) state_merge(st[wn], r, b1, i1, b2, i2, b3);
-                    }
-                    #pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) { acc[mt][nt][2 * h] = 0.f; acc[mt][nt][2 * h + 1] = 0.f; }
-                }
-        }
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    if (tid < BM) {
-        #pragma unroll
-        for (int q = 1; q < NSLOT; ++q)
-            state_merge(st[0], tid, st[q].b1[tid], st[q].i1[tid], st[q].b2[tid], st[q].i2[tid], st[q].b3[tid]);
-    }
-#endif
     if (tid < BM && row0 + tid < n) {
         const long long r = row0 + tid;
         o_i1[r] = st[0].i1[tid]; o_i2[r] = st[0].i2[tid];
@@ -840,23 +677,15 @@ def select_kernels(dtype: Any, gemm_dtype: Any) -> tuple[Any, Any, Any]:
     return _CACHE[key]
 
 
-# Dynamic shared memory of the TF32 fused GEMM (STAGES x (BM + BN) x SK floats).
-FUSED_TC_SHARED = 3 * 256 * 20 * 4
-
-
-def fused_gemm_kernels(tc: bool, vec4: bool) -> tuple[Any, Any]:
-    """``(gemm_top2, finish_top2)`` for float32 data: the FFMA (``tc=False``) or TF32
-    tensor-core (``tc=True``; ``vec4``: 16-byte copies) fused GEMM + top-2 kernel."""
-    key = ("fused", bool(tc), bool(vec4 and tc))
+def fused_gemm_kernels() -> tuple[Any, Any]:
+    """``(gemm_top2, finish_top2)``: the fused fp32 GEMM + top-2 kernel for float32 data and
+    its certification pass."""
+    key = ("fused",)
     if key not in _CACHE:
         import cupy
 
-        head = f"#define TC {int(key[1])}\n#define VEC4 {int(key[2])}\n"
-        mod = cupy.RawModule(code=head + FUSED_GEMM_SRC, options=("--std=c++17",))
-        gemm = mod.get_function("gemm_top2")
-        if tc:
-            gemm.max_dynamic_shared_size_bytes = FUSED_TC_SHARED
-        _CACHE[key] = gemm, mod.get_function("finish_top2")
+        mod = cupy.RawModule(code=FUSED_GEMM_SRC, options=("--std=c++17",))
+        _CACHE[key] = mod.get_function("gemm_top2"), mod.get_function("finish_top2")
     return _CACHE[key]
 
 

@@ -287,9 +287,9 @@ _FUSED_BM = _FUSED_BN = 128  # rows and centroids of one fused GEMM block tile (
 
 
 def _fused_gemm(X: Any, p: Prepared) -> bool:
-    """Whether the fused GEMM + top-2 kernels take this block (float32 data, fp32 or tf32,
+    """Whether the fused GEMM + top-2 kernel takes this block (float32 data, fp32 precision,
     D up to ``gpu-fused-gemm-max-d``); else cuBLAS tiles and ``select_rows``."""
-    return (X.dtype == numpy.float32 and p.precision in ("fp32", "tf32")
+    return (X.dtype == numpy.float32 and p.precision == "fp32"
             and X.shape[1] <= int(config.get("gpu-fused-gemm-max-d")))
 
 
@@ -301,15 +301,12 @@ def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
 
     n, d = X.shape
     k = p.k
-    tc = p.precision == "tf32"
     c = p.centroids
-    vec4 = d % 4 == 0 and X.data.ptr % 16 == 0 and c.data.ptr % 16 == 0
-    gemm, finish = cuda_src.fused_gemm_kernels(tc, vec4)
+    gemm, finish = cuda_src.fused_gemm_kernels()
     i1, i2 = cupy.empty(n, cupy.int32), cupy.empty(n, cupy.int32)
     b = cupy.empty((3, n), cupy.float32)
     n64, d32, k32 = cupy.int64(n), cupy.int32(d), cupy.int32(k)
-    gemm((-(-n // _FUSED_BM),), (256,), (X, n64, d32, c, k32, p.csq, i1, i2, b[0], b[1], b[2]),
-         shared_mem=cuda_src.FUSED_TC_SHARED if tc else 0)
+    gemm((-(-n // _FUSED_BM),), (256,), (X, n64, d32, c, k32, p.csq, i1, i2, b[0], b[1], b[2]))
     stat = cupy.zeros(3, cupy.float64)
     blocks = int(max(1, min(8 * _sm_count(cupy.cuda.Device().id), -(-n // 8))))
     finish((blocks,), (256,),

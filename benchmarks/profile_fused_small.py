@@ -1,0 +1,78 @@
+"""The fused small-K kernel (``fused_small``) alone, timed with CUDA events (median of
+repeats), for compile-time variants of its configuration, next to the whole step
+(``backends.cupy.assign``, between device synchronisations) and one HBM read of X.
+For planning kernel work on S1/S2.
+
+    python benchmarks/profile_fused_small.py S1 S2
+"""
+
+import sys
+import time
+
+import cupy
+import numpy as np
+
+from daskmeans.backends import cuda_src
+from daskmeans.backends import cupy as be
+
+PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
+
+
+def ev(fn, reps=20):
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(cupy.cuda.get_elapsed_time(a, b))
+    return float(np.median(ts))
+
+
+def synced(fn, reps=20):
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cupy.cuda.Device().synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts))
+
+
+def variant(lanes, dpl, kacc, rows, min_blocks):
+    head = (f"#define T float\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
+            f"#define NT 256\n#define U {rows}\n")
+    src = cuda_src.SMALL_SRC.replace("__launch_bounds__(NT)", f"__launch_bounds__(NT, {min_blocks})")
+    return cupy.RawModule(code=head + src, options=("--std=c++17",)).get_function("fused_small")
+
+
+for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
+    n, d, k = PROBLEMS[name]
+    X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
+    C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+    p = be.prepare(C, cupy.float32)
+    Y = cupy.empty_like(X)
+    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2,  # noqa: B023
+           "step_synced_ms": synced(lambda: be.assign(X, p)),  # noqa: B023
+           "step_events_ms": ev(lambda: be.assign(X, p))}  # noqa: B023
+    lanes, dpl, kacc = p.small
+    labels = cupy.empty(n, cupy.int32)
+    shared = be._shared_bytes(k, lanes * dpl)
+    for rows in (1, 2):
+        for mb in (1, 2, 3, 4):
+            kern = variant(lanes, dpl, kacc, rows, mb)
+            slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
+            nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
+            part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
+            args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, be._NULL, be._NULL, labels, be._NULL,
+                    part, be._NULL)
+            t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
+            a = kern.attributes
+            res[f"U{rows}_mb{mb}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)
+    print(name, p.small, res, flush=True)
