@@ -45,9 +45,10 @@ def synced(fn, reps=20):
     return float(np.median(ts))
 
 
-def variant(lanes, dpl, kacc, rows, min_blocks):
+def variant(lanes, dpl, kacc, creg, rows, min_blocks):
+    kp = 1 << max(0, kacc - 1).bit_length()
     head = (f"#define T float\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-            f"#define NT 256\n#define U {rows}\n")
+            f"#define NT 256\n#define U {rows}\n#define CREG {int(creg)}\n#define KP {kp}\n")
     src = cuda_src.SMALL_SRC.replace("__launch_bounds__(NT)", f"__launch_bounds__(NT, {min_blocks})")
     return cupy.RawModule(code=head + src, options=("--std=c++17",)).get_function("fused_small")
 
@@ -61,12 +62,12 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2,  # noqa: B023
            "step_synced_ms": synced(lambda: be.assign(X, p)),  # noqa: B023
            "step_events_ms": ev(lambda: be.assign(X, p))}  # noqa: B023
-    lanes, dpl, kacc = p.small
+    lanes, dpl, kacc, creg = p.small
     labels = cupy.empty(n, cupy.int32)
     shared = be._shared_bytes(k, lanes * dpl)
     for rows in (1, 2):
         for mb in (1, 2, 3, 4):
-            kern = variant(lanes, dpl, kacc, rows, mb)
+            kern = variant(lanes, dpl, kacc, creg, rows, mb)
             slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
             nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
             part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)

@@ -38,7 +38,9 @@ __device__ __forceinline__ double warp_sum(double v) {
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
 // KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
-// U (rows per group per loop trip).
+// U (rows per group per loop trip), CREG (KACC > 0 only: each lane keeps its share of the
+// centroids in registers instead of reading them from shared memory for every row, and the K
+// distances are reduced transposed; KP = K rounded up to a power of 2, at most L).
 #define NG (NT / L)
 #define DP (L * DPL)
 extern "C" __global__ void __launch_bounds__(NT) fused_small(
@@ -67,6 +69,18 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
 
     const int lane = threadIdx.x % L;
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
+#if CREG
+    // Shared-memory reads of the centroids (K x DPL per row) were the busiest unit (L1) for
+    // rows spread over many lanes (S1: 16 lanes x 7 values, 4 centroids).
+    double cr[KACC][DPL];
+    #pragma unroll
+    for (int k = 0; k < KACC; ++k)
+        #pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+            const int col = lane + j * L;
+            cr[k][j] = col < D ? C[(long long)k * D + col] : 0.0;
+        }
+#endif
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
 #if KACC > 0
@@ -104,6 +118,44 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
             double best = __longlong_as_double(0x7ff0000000000000ll);
             int bk = 0;
+#if CREG
+            double s[KP];
+            #pragma unroll
+            for (int k = 0; k < KP; ++k) {
+                double a = 0.0;
+                if (k < KACC) {
+                    #pragma unroll
+                    for (int j = 0; j < DPL; ++j) { const double t = xv[j] - cr[k][j]; a = fma(t, t, a); }
+                }
+                s[k] = a;
+            }
+            // Reduce-scatter: each step halves the k range a lane keeps and adds its partner's
+            // share of it (KP - 1 + log2(L / KP) shuffles in all, not K log2 L); then a butterfly over the
+            // lanes that hold the same k. Every k is summed by the same tree (up to the order
+            // of two operands), so equal centroids give equal distances.
+            int kb = 0;
+            #pragma unroll
+            for (int w = KP / 2, off = L / 2; w >= 1; w >>= 1, off >>= 1) {
+                const bool up = (lane & off) != 0;
+                #pragma unroll
+                for (int i = 0; i < w; ++i) {
+                    const double send = up ? s[i] : s[i + w];
+                    const double keep = up ? s[i + w] : s[i];
+                    s[i] = keep + __shfl_xor_sync(FULL, send, off, L);
+                }
+                if (up) kb += w;
+            }
+            #pragma unroll
+            for (int off = L / (2 * KP); off > 0; off >>= 1) s[0] += __shfl_xor_sync(FULL, s[0], off, L);
+            bk = kb;
+            if (kb < K) best = s[0];  // padding k (>= K) keep +inf
+            #pragma unroll
+            for (int off = L / KP; off < L; off <<= 1) {  // argmin over the lanes' k, lowest on ties
+                const double ob = __shfl_xor_sync(FULL, best, off, L);
+                const int ok = __shfl_xor_sync(FULL, bk, off, L);
+                if (ob < best || (ob == best && ok < bk)) { best = ob; bk = ok; }
+            }
+#else
 #if KACC > 0
             #pragma unroll
             for (int k = 0; k < KACC; ++k) {
@@ -119,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
                 for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
                 if (s < best) { best = s; bk = k; }
             }
+#endif
             if (!valid) continue;
             const double wr = w ? w[r] : 1.0;
             if (lane == 0) {
@@ -646,17 +699,18 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
-def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, threads: int) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, NT) configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, threads)
+def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, creg: bool, threads: int) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, CREG, NT) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(creg), threads)
     if key not in _CACHE:
         import cupy
 
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
         # values per lane were no faster than 8 (register pressure costs occupancy).
         rows = max(1, min(4, 8 // dpl))
+        kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
         head = (f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-                f"#define NT {threads}\n#define U {rows}\n")
+                f"#define NT {threads}\n#define U {rows}\n#define CREG {int(bool(creg))}\n#define KP {kp}\n")
         mod = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",))
         _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]
