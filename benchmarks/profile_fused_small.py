@@ -45,13 +45,19 @@ def synced(fn, reps=20):
     return float(np.median(ts))
 
 
-def variant(lanes, dpl, kacc, creg, rows, min_blocks):
+def variant(lanes, dpl, kacc, tred, rows, min_blocks):
     kp = 1 << max(0, kacc - 1).bit_length()
     head = (f"#define T float\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-            f"#define NT 256\n#define U {rows}\n#define CREG {int(creg)}\n#define KP {kp}\n")
+            f"#define NT 256\n#define U {rows}\n#define TRED {int(tred)}\n#define KP {kp}\n")
     src = cuda_src.SMALL_SRC.replace("__launch_bounds__(NT)", f"__launch_bounds__(NT, {min_blocks})")
     return cupy.RawModule(code=head + src, options=("--std=c++17",)).get_function("fused_small")
 
+
+# (L, DPL, TRED, U, min blocks) per problem.
+VARIANTS = {
+    "S1": [(16, 7, 0, 1, 2), (16, 7, 1, 1, 2), (32, 4, 1, 2, 2)],
+    "S2": [(1, 2, 0, 4, 1), (1, 2, 0, 2, 1)],
+}
 
 for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     n, d, k = PROBLEMS[name]
@@ -62,18 +68,17 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2,  # noqa: B023
            "step_synced_ms": synced(lambda: be.assign(X, p)),  # noqa: B023
            "step_events_ms": ev(lambda: be.assign(X, p))}  # noqa: B023
-    lanes, dpl, kacc, creg = p.small
     labels = cupy.empty(n, cupy.int32)
-    shared = be._shared_bytes(k, lanes * dpl)
-    for rows in (1, 2):
-        for mb in (1, 2, 3, 4):
-            kern = variant(lanes, dpl, kacc, creg, rows, mb)
-            slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
-            nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
-            part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
-            args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, be._NULL, be._NULL, labels, be._NULL,
-                    part, be._NULL)
-            t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
-            a = kern.attributes
-            res[f"U{rows}_mb{mb}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)
+    for lanes, dpl, tred, rows, mb in VARIANTS[name]:
+        kacc = k
+        shared = be._shared_bytes(k, lanes * dpl)
+        kern = variant(lanes, dpl, kacc, tred, rows, mb)
+        slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
+        nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
+        part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
+        args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, be._NULL, be._NULL, labels, be._NULL,
+                part, be._NULL)
+        t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
+        a = kern.attributes
+        res[f"L{lanes}_tred{tred}_U{rows}_mb{mb}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"])
     print(name, p.small, res, flush=True)

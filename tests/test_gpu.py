@@ -37,8 +37,8 @@ def poisoned_pool():
 # (n, d, k): regimes fused-registers, fused-shared-memory and GEMM; D not a multiple of 4/8;
 # K = 1; N not a multiple of any block; K much larger than a GEMM tile's rows.
 SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (513, 130, 17), (20000, 33, 300), (2000, 61, 1500),
-          # centroids held in registers (CREG): K not a power of 2, K = 1, 4 rows per warp
-          (3001, 70, 3), (1500, 40, 1), (2000, 9, 4)]
+          # transposed distance reduction (TRED): K not a power of 2 (padded), K = L
+          (3001, 70, 3), (1500, 20, 2), (2000, 60, 5)]
 
 
 def _data(n, d, k, dtype, seed=0):
@@ -82,7 +82,7 @@ def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precisi
     assert 0 <= int(out["rechecked"]) <= n
 
 
-@pytest.mark.parametrize("k,d", [(3, 2), (4, 40), (40, 5), (300, 20)])  # fused: registers, CREG, shared; GEMM
+@pytest.mark.parametrize("k,d", [(3, 2), (4, 40), (40, 5), (300, 20)])  # fused: registers, TRED, shared; GEMM
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_exact_ties_go_to_the_lowest_index(k, d, precision):
     """Duplicated centroids tie exactly for every row near them: the lower index must win."""

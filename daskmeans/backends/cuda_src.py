@@ -38,9 +38,8 @@ __device__ __forceinline__ double warp_sum(double v) {
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
 // KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
-// U (rows per group per loop trip), CREG (KACC > 0 only: each lane keeps its share of the
-// centroids in registers instead of reading them from shared memory for every row, and the K
-// distances are reduced transposed; KP = K rounded up to a power of 2, at most L).
+// U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
+// transposed, KP = K rounded up to a power of 2, at most L).
 #define NG (NT / L)
 #define DP (L * DPL)
 extern "C" __global__ void __launch_bounds__(NT) fused_small(
@@ -69,18 +68,6 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
 
     const int lane = threadIdx.x % L;
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
-#if CREG
-    // Shared-memory reads of the centroids (K x DPL per row) were the busiest unit (L1) for
-    // rows spread over many lanes (S1: 16 lanes x 7 values, 4 centroids).
-    double cr[KACC][DPL];
-    #pragma unroll
-    for (int k = 0; k < KACC; ++k)
-        #pragma unroll
-        for (int j = 0; j < DPL; ++j) {
-            const int col = lane + j * L;
-            cr[k][j] = col < D ? C[(long long)k * D + col] : 0.0;
-        }
-#endif
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
 #if KACC > 0
@@ -118,14 +105,17 @@ extern "C" __global__ void __launch_bounds__(NT) fused_small(
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
             double best = __longlong_as_double(0x7ff0000000000000ll);
             int bk = 0;
-#if CREG
+#if TRED
             double s[KP];
             #pragma unroll
             for (int k = 0; k < KP; ++k) {
                 double a = 0.0;
                 if (k < KACC) {
                     #pragma unroll
-                    for (int j = 0; j < DPL; ++j) { const double t = xv[j] - cr[k][j]; a = fma(t, t, a); }
+                    for (int j = 0; j < DPL; ++j) {
+                        const double t = xv[j] - cs[k * DP + lane + j * L];
+                        a = fma(t, t, a);
+                    }
                 }
                 s[k] = a;
             }
@@ -699,9 +689,9 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
-def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, creg: bool, threads: int) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, CREG, NT) configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(creg), threads)
+def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads)
     if key not in _CACHE:
         import cupy
 
@@ -710,7 +700,8 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, creg: bool, threa
         rows = max(1, min(4, 8 // dpl))
         kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
         head = (f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-                f"#define NT {threads}\n#define U {rows}\n#define CREG {int(bool(creg))}\n#define KP {kp}\n")
+                f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
+                f"#define KP {kp}\n")
         mod = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",))
         _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]

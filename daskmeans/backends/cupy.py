@@ -59,26 +59,19 @@ def to_numpy(a: Any) -> numpy.ndarray:
 
 _THREADS = 256
 _REG_ACC = 32  # float64 register accumulators per lane (K x values-per-lane)
-_CREG_VALUES = 16  # ... when the lane's share of the centroids is held in registers too
 _SHARED_BYTES = 48 * 1024
 
 
 def _small_config(k: int, d: int) -> tuple[int, int, int, bool] | None:
-    """``(L, DPL, KACC, CREG)`` of the fused kernel for K x D, or None for the GEMM regime.
+    """``(L, DPL, KACC, TRED)`` of the fused kernel for K x D, or None for the GEMM regime.
 
-    First, rows spread over 8+ lanes (two or more values each) whose lane share of the
-    centroids fits in registers beside the accumulators (K x DPL <= 16, K <= L): no shared
-    reads of the centroids per row (CREG). Else the fewest lanes per row such that the K x DPL
-    register accumulators fit (fewer lanes, fewer shuffles per row); else shared-memory
-    accumulators with at most 16 values per lane."""
-    for lanes in (8, 16, 32):
-        dpl = -(-d // lanes)
-        if dpl >= 2 and k * dpl <= _CREG_VALUES and k <= lanes and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
-            return lanes, dpl, k, True
+    Fewest lanes per row such that the K x DPL register accumulators fit (fewer lanes, fewer
+    shuffles per row), their K distances reduced transposed when K <= L (TRED); else
+    shared-memory accumulators with at most 16 values per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
-            return lanes, dpl, k, False
+            return lanes, dpl, k, 2 <= k <= lanes
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if dpl <= 16 or lanes == 32:
@@ -98,7 +91,7 @@ def _shared_bytes(k: int, dp: int) -> int:
 class Prepared:
     """Centroid-side precomputation for one iteration (shared by all blocks).
 
-    ``small`` is the fused kernel's ``(L, DPL, KACC, CREG)``, or None for the GEMM regime, whose
+    ``small`` is the fused kernel's ``(L, DPL, KACC, TRED)``, or None for the GEMM regime, whose
     inputs are ``a`` (Kpad x D centroids in the GEMM input type, zero rows past K), ``csq``
     (Kpad squared norms in the GEMM output type, +inf past K) and the error bound ``err``.
     """
@@ -243,8 +236,8 @@ def _small_plan(X: Any, p: Prepared) -> tuple:
     plan = _PLANS.get(key)
     if plan is None:
         k = p.k
-        lanes, dpl, kacc, creg = p.small
-        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, creg, _THREADS)
+        lanes, dpl, kacc, tred = p.small
+        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, _THREADS)
         shared = _shared_bytes(k, lanes * dpl)
         # Every resident block slot filled once (a persistent grid): the partials to reduce
         # grow with the grid, not with n.
