@@ -3,7 +3,7 @@
 Pure source text and compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
 too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy`.
 
-Two kernels, one per regime (see that module for when each runs):
+The kernels (see that module for when each runs):
 
 ``fused_small``
     One pass over X, nothing else: each group of ``L`` lanes holds one row (``DPL`` values
@@ -17,6 +17,12 @@ Two kernels, one per regime (see that module for when each runs):
     of ``G + ||c||^2`` (16-byte loads), certifies the winner with an error bound of the
     GEMM's precision, and re-ranks the uncertain rows by exact float64 distances to the few
     candidates that the bound cannot exclude (found by a second scan of the row).
+``gemm_top2`` / ``finish_top2``
+    The fused fp32 GEMM regime: a 128 x 128 x 8 FFMA tile GEMM whose epilogue keeps, per row,
+    the two best (value, index) pairs and the third value of ``||c||^2 - 2 x.c`` across all
+    centroid tiles (the N x K distances never leave the chip); then one warp per row certifies
+    the winner with the error bound, or re-ranks {i1, i2}, or (three or more candidates)
+    every centroid by exact float64 distances.
 ``sorted_sums``
     Per-cluster float64 sums from the rows in label order: register accumulation along runs
     of equal labels, one atomic add per run and column instead of one per element.

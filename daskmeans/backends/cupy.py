@@ -7,12 +7,15 @@ fused (small K x D: the centroids fit in shared memory)
     sums in registers or shared memory, one partial per block reduced in a fixed order. No
     GEMM, no N x K tile, no global atomics.
 GEMM (moderate and large K)
-    per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
-    preallocated tiles, then ``select_rows`` takes the top-2 of ``G + ||c||^2`` per row,
-    certifies the winner against the GEMM's error bound and re-ranks the uncertain rows by
-    exact float64 distances. The GEMMs run on a low-priority stream and the selects on a
-    high-priority one, so tile t's select overlaps tile t+1's GEMM. Sums follow from a
-    counting sort by label and run-length accumulation (``sorted_sums``).
+    fp32 precision, float32 data, D <= ``gpu-fused-gemm-max-d``: ``gemm_top2`` computes
+    ``||c||^2 - 2 x.c`` tile by tile on chip and keeps each row's two best (value, index) pairs
+    and third value; ``finish_top2`` certifies the winner or re-ranks the candidates exactly.
+    Otherwise, per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one
+    of two preallocated tiles, then ``select_rows`` takes the top-2 of ``G + ||c||^2`` per
+    row, certifies the winner against the GEMM's error bound and re-ranks the uncertain rows
+    by exact float64 distances. The GEMMs run on a low-priority stream and the selects on a
+    high-priority one, so tile t's select overlaps tile t+1's GEMM. In both, sums follow from
+    a counting sort by label and run-length accumulation (``sorted_sums``).
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
 (the default), "tf32" (TF32 tensor-core GEMM) and "bf16" (bfloat16 inputs) differ in speed
