@@ -49,7 +49,12 @@ SMALL_SRC = _COMMON + r"""
 // the register allocation must allow).
 #define NG (NT / L)
 #define DP (L * DPL)
-extern "C" __global__ void __launch_bounds__(NT, MINB) fused_small(
+#if MINB > 1
+#define BOUNDS __launch_bounds__(NT, MINB)
+#else
+#define BOUNDS __launch_bounds__(NT)
+#endif
+extern "C" __global__ void BOUNDS fused_small(
         const T* __restrict__ X, long long n, int D, int K,
         const double* __restrict__ C,      // K x D centroids (data-dtype values, as float64)
         const double* __restrict__ w,      // n sample weights, or NULL
