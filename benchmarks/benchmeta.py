@@ -1,5 +1,6 @@
-"""What every benchmark JSON records about where it ran (shared by the bench scripts, which
-run as ``python benchmarks/<script>.py`` and so import this module by its plain name)."""
+"""What every benchmark JSON records about where it ran, and the GPU timers of the profiling
+scripts (shared by the bench scripts, which run as ``python benchmarks/<script>.py`` and so
+import this module by its plain name)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,41 @@ def commit() -> str | None:
         return out.stdout.strip() or None
     except OSError:
         return None
+
+
+def event_ms(fn, reps: int = 20, warm: int = 3) -> float:
+    """Median milliseconds of ``fn`` between two CUDA events on the current CuPy stream
+    (GPU time of the work it enqueues, plus any host time before its first launch)."""
+    import cupy
+    import numpy as np
+
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(cupy.cuda.get_elapsed_time(a, b))
+    return float(np.median(ts))
+
+
+def synced_ms(fn, reps: int = 20, warm: int = 3) -> float:
+    """Median milliseconds of ``fn`` between full device synchronisations (wall clock)."""
+    import time
+
+    import cupy
+    import numpy as np
+
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cupy.cuda.Device().synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts))

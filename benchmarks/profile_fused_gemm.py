@@ -8,6 +8,7 @@ every centroid). For planning kernel work.
 
 import sys
 
+import benchmeta
 import cupy
 import numpy as np
 
@@ -17,18 +18,8 @@ from daskmeans.backends import cupy as be
 PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "P4s": (500_000, 480, 40000)}
 
 
-def t(fn, reps=7):
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(ts))
+def t(fn):
+    return benchmeta.event_ms(fn, reps=7, warm=2)
 
 
 names = [a for a in sys.argv[1:] if not a.startswith("--") and a in PROBLEMS]

@@ -7,10 +7,9 @@ For planning kernel work on S1/S2.
 """
 
 import sys
-import time
 
+import benchmeta
 import cupy
-import numpy as np
 
 from daskmeans.backends import cuda_src
 from daskmeans.backends import cupy as be
@@ -18,31 +17,7 @@ from daskmeans.backends import cupy as be
 PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 
 
-def ev(fn, reps=20):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(a, b))
-    return float(np.median(ts))
-
-
-def synced(fn, reps=20):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(ts))
+ev, synced = benchmeta.event_ms, benchmeta.synced_ms
 
 
 def variant(lanes, dpl, kacc, tred, rows, min_blocks):

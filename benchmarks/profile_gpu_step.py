@@ -6,8 +6,8 @@ synchronisations. For planning kernel work.
 """
 
 import sys
-import time
 
+import benchmeta
 import cupy
 import dask
 import numpy as np
@@ -17,17 +17,8 @@ from daskmeans.backends import cupy as be
 PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 
 
-def t(fn, reps=10):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts)) * 1e3
+def t(fn):
+    return benchmeta.synced_ms(fn, reps=10, warm=3)
 
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]

@@ -39,6 +39,23 @@ __device__ __forceinline__ double warp_sum(double v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
     return v;
 }
+// Row r's label and distance (one lane per row), and the running inertia and moved count.
+__device__ __forceinline__ void row_out(long long r, int best, double bd, const double* __restrict__ w,
+                                        const int* prev, int* labels, double* __restrict__ d2,
+                                        double& inert, double& moved) {
+    const double wr = w ? w[r] : 1.0;
+    const int old = prev ? prev[r] : -1;  // read before the write: labels may alias prev
+    if (labels) labels[r] = best;
+    if (d2) d2[r] = bd;
+    inert += wr * bd;
+    moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
+}
+// One warp's inertia, moved and re-checked counts into the block-shared totals.
+__device__ __forceinline__ void stat_out(double* stat, double inert, double moved, double checked) {
+    atomicAdd(stat, inert);
+    atomicAdd(stat + 1, moved);
+    atomicAdd(stat + 2, checked);
+}
 """
 
 SMALL_SRC = _COMMON + r"""
@@ -372,20 +389,9 @@ extern "C" __global__ void __launch_bounds__(256) select_rows(
                 }
             }
         }
-        if (lane == 0) {
-            const double wr = w ? w[r] : 1.0;
-            const int old = prev ? prev[r] : -1;
-            if (labels) labels[r] = best;
-            if (d2) d2[r] = bd;
-            inert += wr * bd;
-            moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
-        }
+        if (lane == 0) row_out(r, best, bd, w, prev, labels, d2, inert, moved);
     }
-    if (lane == 0) {
-        atomicAdd(stat, inert);
-        atomicAdd(stat + 1, moved);
-        atomicAdd(stat + 2, checked);
-    }
+    if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 
 // Counting sort by label: cursor starts at each cluster's first position.
@@ -664,20 +670,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_top2(
                 bd = mb;
             }
         }
-        if (lane == 0) {
-            const double wr = w ? w[r] : 1.0;
-            const int old = prev ? prev[r] : -1;
-            if (labels) labels[r] = best;
-            if (d2) d2[r] = bd;
-            inert += wr * bd;
-            moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
-        }
+        if (lane == 0) row_out(r, best, bd, w, prev, labels, d2, inert, moved);
     }
-    if (lane == 0) {
-        atomicAdd(stat, inert);
-        atomicAdd(stat + 1, moved);
-        atomicAdd(stat + 2, checked);
-    }
+    if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 """
 
