@@ -21,11 +21,8 @@ ev, synced = benchmeta.event_ms, benchmeta.synced_ms
 
 
 def variant(lanes, dpl, kacc, tred, rows, min_blocks):
-    kp = 1 << max(0, kacc - 1).bit_length()
-    head = (f"#define T float\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-            f"#define NT 256\n#define U {rows}\n#define TRED {int(tred)}\n#define KP {kp}\n")
-    src = cuda_src.SMALL_SRC.replace("BOUNDS fused_small", f"__launch_bounds__(NT, {min_blocks}) fused_small")
-    return cupy.RawModule(code=head + src, options=("--std=c++17",)).get_function("fused_small")
+    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks)
+    return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
 
 
 # (L, DPL, TRED, U, min blocks) per problem.

@@ -39,6 +39,13 @@ __device__ __forceinline__ double warp_sum(double v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
     return v;
 }
+// Exact squared distance of two D-vectors (float64), lanes striding over D, warp-reduced.
+template <typename V>
+__device__ __forceinline__ double exact_d2(const V* __restrict__ x, const V* __restrict__ c, int D, int lane) {
+    double s = 0.0;
+    for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
+    return warp_sum(s);
+}
 // Row r's label and distance (one lane per row), and the running inertia and moved count.
 __device__ __forceinline__ void row_out(long long r, int best, double bd, const double* __restrict__ w,
                                         const int* prev, int* labels, double* __restrict__ d2,
@@ -302,11 +309,6 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
 #else
     return e == 0 ? v.x : v.y;
 #endif
-}
-__device__ __forceinline__ double exact_d2(const T* __restrict__ x, const T* __restrict__ c, int D, int lane) {
-    double s = 0.0;
-    for (int j = lane; j < D; j += 32) { double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
-    return warp_sum(s);
 }
 
 extern "C" __global__ void __launch_bounds__(256) select_rows(
@@ -604,11 +606,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemm_top2(
 // One warp per row: certify the fused kernel's winner with the error bound (candidates are
 // the k with v_k <= b1 + 2E: {i1} if b2 exceeds it, {i1, i2} if b3 does, else every centroid)
 // and take the lowest-index argmin of exact float64 distances among the candidates.
-__device__ __forceinline__ double exact_d2(const float* __restrict__ x, const float* __restrict__ c, int D, int lane) {
-    double s = 0.0;
-    for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
-    return warp_sum(s);
-}
 extern "C" __global__ void __launch_bounds__(256) finish_top2(
         const float* __restrict__ X, int D, long long n, const float* __restrict__ C, int K,
         const int* __restrict__ o_i1, const int* __restrict__ o_i2,
@@ -696,24 +693,33 @@ def _ctype(dtype: Any) -> str:
     return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
 
 
+def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
+                 rows: int | None = None, min_blocks: int | None = None) -> str:
+    """CUDA source of ``fused_small`` and ``reduce_parts`` for one configuration; ``rows`` (U)
+    and ``min_blocks`` (MINB) default to the measured choices (profiling scripts vary them)."""
+    if rows is None:
+        # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
+        # values per lane were no faster than 8 (register pressure costs occupancy).
+        rows = max(1, min(4, 8 // dpl))
+    if min_blocks is None:
+        # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
+        # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
+        # way). With U > 1 the bound would spill (K=5, 4 values x 2 rows: 88 bytes); S2 ran
+        # 0.13 ms instead of 0.10 with it.
+        min_blocks = 2 if tred and rows == 1 else 1
+    kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
+    return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
+            f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
+            f"#define KP {kp}\n#define MINB {min_blocks}\n" + SMALL_SRC)
+
+
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads)
     if key not in _CACHE:
         import cupy
 
-        # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
-        # values per lane were no faster than 8 (register pressure costs occupancy).
-        rows = max(1, min(4, 8 // dpl))
-        kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
-        # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
-        # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
-        # way). With U > 1 the bound would spill (K=5, 4 values x 2 rows: 88 bytes).
-        minb = 2 if tred and rows == 1 else 1
-        head = (f"#define T {key[1]}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
-                f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
-                f"#define KP {kp}\n#define MINB {minb}\n")
-        mod = cupy.RawModule(code=head + SMALL_SRC, options=("--std=c++17",))
+        mod = cupy.RawModule(code=small_source(dtype, lanes, dpl, kacc, tred, threads), options=("--std=c++17",))
         _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]
 
