@@ -4,7 +4,9 @@ On one GPU, data resident, per iteration: median time (CUDA events, after warm-u
 random data per problem) of daskmeans' CuPy kernel step (``backends.cupy.assign``) and, in
 the same run, the floors: cuBLAS fp32 and tf32 GEMM of N x D x K (row-tiled like the kernel
 where N x K would not fit), one HBM read of X (a device copy's time / 2), and the naive PyTorch
-step (cdist, argmin, index_add). Writes JSON with device, date and commit.
+step (cdist, argmin, index_add). Each is timed twice: between device synchronisations (wall
+clock) and between CUDA events of the library doing the work (keys ``*_ev_s``). Writes JSON
+with device, date and commit.
 
     python benchmarks/bench_gpu_kernels.py [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
 
@@ -63,6 +65,38 @@ def _timeit(fn, reps, warm):
     return float(np.median(ts))
 
 
+def timeit_events(fn, lib, reps=10, warm=3):
+    """Median seconds of ``fn`` between two CUDA events of the library whose work it
+    enqueues (``"cupy"``: CuPy's current stream; ``"torch"``: PyTorch's), after warm-up. The
+    events bracket that stream's work, including any host time before its first launch, but
+    not the host's wake-up from a synchronisation. (Events of one library do not order the
+    other's work: measure each library with its own.)"""
+    reps, warm = _REPS.get("reps", reps), _REPS.get("warm", warm)
+    if lib == "cupy":
+        import benchmeta
+
+        return benchmeta.event_ms(fn, reps, warm) / 1e3
+    import torch
+
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return float(np.median(ts))
+
+
+def both(r, key, fn, lib, **kw):
+    """``r[key]``: synchronised wall time; ``r[key + "_ev"]``: CUDA-event time."""
+    r[key] = timeit(fn, **kw)
+    r[key[:-2] + "_ev_s"] = timeit_events(fn, lib, **kw)
+
+
 def gemm_tiled(X, CT, rows):
     import torch
 
@@ -98,19 +132,22 @@ def main(argv=None):
         C = X[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
         rows = max(1024, min(n, (1 << 30) // (4 * k)))  # 1 GiB distance tile for the floors
         r = {"problem": name, "n": n, "d": d, "k": k}
+        CT = C.T.contiguous()
         torch.backends.cuda.matmul.allow_tf32 = False
-        r["gemm_fp32_s"] = timeit(lambda: gemm_tiled(X, C.T.contiguous(), rows))
+        both(r, "gemm_fp32_s", lambda: gemm_tiled(X, CT, rows), "torch")
         torch.backends.cuda.matmul.allow_tf32 = True
-        r["gemm_tf32_s"] = timeit(lambda: gemm_tiled(X, C.T.contiguous(), rows))
+        both(r, "gemm_tf32_s", lambda: gemm_tiled(X, CT, rows), "torch")
         torch.backends.cuda.matmul.allow_tf32 = False
         Y = torch.empty_like(X)
-        r["hbm_read_s"] = timeit(lambda: Y.copy_(X)) / 2
-        del Y
+        both(r, "hbm_read_s", lambda: Y.copy_(X), "torch")
+        r["hbm_read_s"] /= 2
+        r["hbm_read_ev_s"] /= 2
+        del Y, CT
         Xc, Cc = cupy.from_dlpack(X), cupy.from_dlpack(C)
         labels = {}
         for mode in args.modes.split(","):
             prep = be.prepare(Cc, np.float32, mode)
-            r[f"daskmeans_{mode}_s"] = timeit(lambda: be.assign(Xc, prep), reps=5, warm=2)
+            both(r, f"daskmeans_{mode}_s", lambda: be.assign(Xc, prep), "cupy", reps=5, warm=2)
             out = be.assign(Xc, prep)
             labels[mode] = out["labels"].copy()
             r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
@@ -131,17 +168,19 @@ def main(argv=None):
             return sums
 
         if not args.skip_torch:
-            r["torch_naive_s"] = timeit(naive, reps=5, warm=2)
-        fp = r.get("daskmeans_fp32_s")
-        if fp:
-            r["ratio_fp32_vs_gemm_fp32"] = fp / r["gemm_fp32_s"]
-            r["ratio_fp32_vs_hbm_read"] = fp / r["hbm_read_s"]
-            if "torch_naive_s" in r:
-                r["speedup_fp32_vs_torch_naive"] = r["torch_naive_s"] / fp
-        if r.get("daskmeans_tf32_s"):
-            r["ratio_tf32_vs_gemm_tf32"] = r["daskmeans_tf32_s"] / r["gemm_tf32_s"]
-            if "torch_naive_s" in r:
-                r["speedup_tf32_vs_torch_naive"] = r["torch_naive_s"] / r["daskmeans_tf32_s"]
+            both(r, "torch_naive_s", naive, "torch", reps=5, warm=2)
+        for ev in ("", "_ev"):  # synchronised wall times, and CUDA-event times
+            fp = r.get(f"daskmeans_fp32{ev}_s")
+            if fp:
+                r[f"ratio_fp32_vs_gemm_fp32{ev}"] = fp / r[f"gemm_fp32{ev}_s"]
+                r[f"ratio_fp32_vs_hbm_read{ev}"] = fp / r[f"hbm_read{ev}_s"]
+                if "torch_naive_s" in r:
+                    r[f"speedup_fp32_vs_torch_naive{ev}"] = r[f"torch_naive{ev}_s"] / fp
+            tf = r.get(f"daskmeans_tf32{ev}_s")
+            if tf:
+                r[f"ratio_tf32_vs_gemm_tf32{ev}"] = tf / r[f"gemm_tf32{ev}_s"]
+                if "torch_naive_s" in r:
+                    r[f"speedup_tf32_vs_torch_naive{ev}"] = r[f"torch_naive{ev}_s"] / tf
         rows_out.append(r)
         del X, C, Xc, Cc
         torch.cuda.empty_cache()
@@ -160,15 +199,17 @@ def main(argv=None):
     print(f"{'prob':5s} {'fp32':>9s} {'tf32':>9s} {'gemm32':>9s} {'gemmtf32':>9s} {'hbm rd':>8s} {'torch':>9s} "
           f"{'x gemm':>7s} {'x tf32':>7s} {'x hbm':>7s} {'rchk tf32':>9s}")
     for r in rows_out:
-        def ms(key):
-            return f"{r[key] * 1e3:9.2f}" if key in r else f"{'-':>9s}"
+        for ev in ("", "_ev"):
+            def ms(key):
+                key = key[:-2] + ev + "_s"
+                return f"{r[key] * 1e3:9.3f}" if key in r else f"{'-':>9s}"
 
-        def x(key):
-            return f"{r[key]:7.2f}" if key in r else f"{'-':>7s}"
+            def x(key):
+                return f"{r[key + ev]:7.2f}" if key + ev in r else f"{'-':>7s}"
 
-        print(f"{r['problem']:5s} {ms('daskmeans_fp32_s')} {ms('daskmeans_tf32_s')} {ms('gemm_fp32_s')} {ms('gemm_tf32_s')} "
-              f"{r['hbm_read_s'] * 1e3:8.3f} {ms('torch_naive_s')} {x('ratio_fp32_vs_gemm_fp32')} "
-              f"{x('ratio_tf32_vs_gemm_tf32')} {x('ratio_fp32_vs_hbm_read')} {r.get('rechecked_tf32', float('nan')):9.4f}")
+            print(f"{r['problem'] + ev:5s} {ms('daskmeans_fp32_s')} {ms('daskmeans_tf32_s')} {ms('gemm_fp32_s')} "
+                  f"{ms('gemm_tf32_s')} {ms('hbm_read_s')} {ms('torch_naive_s')} {x('ratio_fp32_vs_gemm_fp32')} "
+                  f"{x('ratio_tf32_vs_gemm_tf32')} {x('ratio_fp32_vs_hbm_read')} {r.get('rechecked_tf32', float('nan')):9.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=2)

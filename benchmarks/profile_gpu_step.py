@@ -50,9 +50,13 @@ for name in args or ["P2"]:
         be._gemm(p, X[:rows], buf, xb)
         lab = cupy.empty(rows, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
-        nb = int(min(8 * be._sm_count(0), -(-rows // 8)))
+        nb = int(min(be._blocks_per_sm(kern, 256, 0) * be._sm_count(0), -(-rows // 8)))
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
-                np.float64(p.err[0]), np.float64(p.err[1]), be._NULL, be._NULL, lab, be._NULL, stat)
-        r["select_alone_all_tiles_ms"] = t(lambda: kern((nb,), (256,), args)) * n / rows
+                np.float64(p.err[0]), np.float64(p.err[1]), np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
+        sel_ms = benchmeta.event_ms(lambda: kern((nb,), (256,), args), reps=10, warm=3)
+        r["select_alone_all_tiles_ms"] = sel_ms * n / rows
+        r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (sel_ms * 1e-3) / 1e12
         r["select_regs"] = kern.attributes["num_regs"]
+        labels = be.assign(X, p)["labels"]
+        r["sums_ms"] = benchmeta.event_ms(lambda: be._label_sums(X, labels, None, k, p.centroids, stat), reps=10, warm=3)
     print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)

@@ -46,6 +46,33 @@ __device__ __forceinline__ double exact_d2(const V* __restrict__ x, const V* __r
     for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
     return warp_sum(s);
 }
+// A row's running top-2 (value, index) pairs and third value, lowest index first on equal
+// values. Insert (v, k), k larger than every index this thread has seen.
+template <typename V>
+__device__ __forceinline__ void ins3(V v, int k, V& b1, int& i1, V& b2, int& i2, V& b3) {
+    if (v < b1) { b3 = b2; b2 = b1; i2 = i1; b1 = v; i1 = k; }
+    else if (v < b2) { b3 = b2; b2 = v; i2 = k; }
+    else if (v < b3) { b3 = v; }
+}
+// Merge another sorted state (c1, j1, c2, j2, c3): the three smallest values of the union and
+// the indices of the first two, in (value, index) order: associative and commutative.
+template <typename V>
+__device__ __forceinline__ void merge3(V& b1, int& i1, V& b2, int& i2, V& b3, V c1, int j1, V c2, int j2, V c3) {
+    if (c1 < b1 || (c1 == b1 && j1 < i1)) {
+        V t = b1; b1 = c1; c1 = t; int u = i1; i1 = j1; j1 = u;
+        t = b2; b2 = c2; c2 = t; u = i2; i2 = j2; j2 = u;
+        t = b3; b3 = c3; c3 = t;
+    }
+    if (c1 < b2 || (c1 == b2 && j1 < i2)) { b3 = b2 < c2 ? b2 : c2; b2 = c1; i2 = j1; }
+    else { b3 = b3 < c1 ? b3 : c1; }
+}
+template <typename V>
+__device__ __forceinline__ void shfl_merge3(V& b1, int& i1, V& b2, int& i2, V& b3, int off) {
+    const V c1 = __shfl_xor_sync(FULL, b1, off), c2 = __shfl_xor_sync(FULL, b2, off);
+    const V c3 = __shfl_xor_sync(FULL, b3, off);
+    const int j1 = __shfl_xor_sync(FULL, i1, off), j2 = __shfl_xor_sync(FULL, i2, off);
+    merge3(b1, i1, b2, i2, b3, c1, j1, c2, j2, c3);
+}
 // Row r's label and distance (one lane per row), and the running inertia and moved count.
 __device__ __forceinline__ void row_out(long long r, int best, double bd, const double* __restrict__ w,
                                         const int* prev, int* labels, double* __restrict__ d2,
@@ -289,12 +316,8 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 
 SELECT_SRC = _COMMON + r"""
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
-__device__ __forceinline__ void top2(GT v, int k, GT& b1, int& i1, GT& b2) {
-    // Indices reach a lane in increasing order, so '<' keeps the lowest index on ties and a
-    // tie lands in b2 (a zero margin, hence an exact re-check).
-    if (v < b1) { b2 = b1; b1 = v; i1 = k; } else if (v < b2) { b2 = v; }
-}
-#define B 8
+#define B 8    // vectors per lane per batch: B * 32 * VEC values of a row
+#define XR 4   // values of x per lane held in registers (all of x when D <= 128)
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -310,88 +333,126 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
     return e == 0 ? v.x : v.y;
 #endif
 }
+// Exact squared distance from x (its first 32 * XR values in registers xr) to c.
+__device__ __forceinline__ double exact_d2_xr(const T (&xr)[XR], const T* __restrict__ x, const T* __restrict__ c,
+                                              int D, int lane) {
+    double s = 0.0;
+    #pragma unroll
+    for (int t = 0; t < XR; ++t) {
+        const int j = lane + 32 * t;
+        if (j < D) { const double u = (double)xr[t] - (double)c[j]; s = fma(u, u, s); }
+    }
+    for (int j = lane + 32 * XR; j < D; j += 32) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
+    return warp_sum(s);
+}
 
-extern "C" __global__ void __launch_bounds__(256) select_rows(
+// One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
+// batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
+// so a warp always has a batch in flight, also while it merges and certifies a row.
+extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
         const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
         const T* __restrict__ X, int D, long long rows,
         const T* __restrict__ C,                    // K x D centroids (data dtype)
         double errA, double errB,                   // |G+csq - exact| <= errA*||x|| + errB
+        int exact,                                  // 1: the winner's exact distance here (inertia, d2)
         const double* __restrict__ w,
         const int* prev, int* labels,               // may alias (so neither is __restrict__)
         double* __restrict__ d2, double* __restrict__ stat) {   // stat: inertia, reassigned, rechecked
     const int lane = threadIdx.x & 31;
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
-    const int nv = ldg / VEC;
+    const int nv = ldg / VEC, nbat = (nv + 32 * B - 1) / (32 * B);
     const GV* cq = (const GV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
-    for (long long r = warp; r < rows; r += nwarp) {
-        const T* x = X + r * D;
+    GV cur[B], nxt[B];
+    T xr[XR], xn[XR];
+    auto load = [&](GV (&buf)[B], long long r, int bt) {
         const GV* g = (const GV*)(G + r * (long long)ldg);
-        // ||x||^2 (for the bound): its loads are in flight with the scan's, reduced after.
-        double sq = 0.0;
-        for (int j = lane; j < D; j += 32) { const double v = (double)x[j]; sq = fma(v, v, sq); }
-        GT b1 = inf, b2 = inf;
-        int i1 = 0x7fffffff;
-        // B vectors per lane loaded before any is compared: the compares branch, and loads
-        // interleaved with them would be issued one round trip at a time.
-        for (int q0 = lane; q0 < nv; q0 += 32 * B) {
-            GV gv[B], cv[B];
-            #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                const int q = q0 + 32 * b;
-                if (q < nv) { gv[b] = g[q]; cv[b] = cq[q]; } else { gv[b] = vinf(); cv[b] = vinf(); }
-            }
-            #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                #pragma unroll
-                for (int e = 0; e < VEC; ++e) top2(comp(gv[b], e) + comp(cv[b], e), (q0 + 32 * b) * VEC + e, b1, i1, b2);
-            }
-        }
         #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const GT ob1 = __shfl_xor_sync(FULL, b1, off), ob2 = __shfl_xor_sync(FULL, b2, off);
-            const int oi1 = __shfl_xor_sync(FULL, i1, off);
-            if (ob1 < b1 || (ob1 == b1 && oi1 < i1)) { b2 = b1 < ob2 ? b1 : ob2; b1 = ob1; i1 = oi1; }
-            else { b2 = b2 < ob1 ? b2 : ob1; }
+        for (int b = 0; b < B; ++b) {
+            const int q = bt * 32 * B + 32 * b + lane;
+            buf[b] = q < nv ? g[q] : vinf();
         }
-        // The exact distance to the winner (x is in L1 by now).
-        const T* cb = C + (long long)i1 * D;
-        double dd = 0.0;
-        for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)cb[j]; dd = fma(t, t, dd); }
+    };
+    auto loadx = [&](T (&xv)[XR], long long r) {
         #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            sq += __shfl_xor_sync(FULL, sq, off);
-            dd += __shfl_xor_sync(FULL, dd, off);
+        for (int t = 0; t < XR; ++t) { const int j = lane + 32 * t; xv[t] = j < D ? X[r * D + j] : (T)0; }
+    };
+    long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int bt = 0;
+    if (r < rows) { load(cur, r, 0); loadx(xr, r); }
+    GT b1 = inf, b2 = inf, b3 = inf;
+    int i1 = 0x7fffffff, i2 = 0x7fffffff;
+    while (r < rows) {
+        long long rn = r;
+        int bn = bt + 1;
+        if (bn == nbat) { bn = 0; rn += nwarp; }
+        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) loadx(xn, rn); }
+        // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
+        // tie lands in b2 (a zero margin, hence an exact re-check).
+        #pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const int q = bt * 32 * B + 32 * b + lane;
+            const GV cv = q < nv ? cq[q] : vinf();
+            #pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const GT v = comp(cur[b], e) + comp(cv, e);
+                if (v < b3) ins3(v, q * VEC + e, b1, i1, b2, i2, b3);
+            }
         }
-        // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-        const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
-        int best = i1;
-        double bd = dd;
-        if (!((double)b2 > thr)) {
-            checked += 1.0;
-            for (int qb = 0; qb < nv; qb += 32) {
-                const int q = qb + lane;
-                const bool ok = q < nv;
-                GV gv, cv;
-                if (ok) { gv = g[q]; cv = cq[q]; }
-                #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const bool cand = ok && (q * VEC + e) != i1 && (double)(comp(gv, e) + comp(cv, e)) <= thr;
-                    unsigned m = __ballot_sync(FULL, cand);
-                    while (m) {
-                        const int src = __ffs(m) - 1;
-                        m &= m - 1;
-                        const int k = (qb + src) * VEC + e;
-                        const double dk = exact_d2(x, C + (long long)k * D, D, lane);
-                        if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
+        if (bn == 0) {  // row r is complete
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
+            const T* x = X + r * D;
+            double sq = 0.0;
+            #pragma unroll
+            for (int t = 0; t < XR; ++t) sq = fma((double)xr[t], (double)xr[t], sq);
+            for (int j = lane + 32 * XR; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
+            sq = warp_sum(sq);
+            // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
+            const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
+            const bool certain = (double)b2 > thr;
+            int best = i1;
+            double bd = 0.0;
+            if (exact || !certain) bd = exact_d2_xr(xr, x, C + (long long)i1 * D, D, lane);
+            if (!certain) {
+                checked += 1.0;
+                if ((double)b3 > thr) {  // two candidates
+                    const double dk = exact_d2_xr(xr, x, C + (long long)i2 * D, D, lane);
+                    if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
+                } else {  // three or more (rare): every k within the bound, from a second scan
+                    const GV* g = (const GV*)(G + r * (long long)ldg);
+                    for (int qb = 0; qb < nv; qb += 32) {
+                        const int q = qb + lane;
+                        const bool ok = q < nv;
+                        GV gv, cv;
+                        if (ok) { gv = g[q]; cv = cq[q]; }
+                        #pragma unroll
+                        for (int e = 0; e < VEC; ++e) {
+                            const bool cand = ok && (q * VEC + e) != i1 && (double)(comp(gv, e) + comp(cv, e)) <= thr;
+                            unsigned m = __ballot_sync(FULL, cand);
+                            while (m) {
+                                const int src = __ffs(m) - 1;
+                                m &= m - 1;
+                                const int k = (qb + src) * VEC + e;
+                                const double dk = exact_d2_xr(xr, x, C + (long long)k * D, D, lane);
+                                if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
+                            }
+                        }
                     }
                 }
             }
+            if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
+            b1 = b2 = b3 = inf;
+            i1 = i2 = 0x7fffffff;
+            #pragma unroll
+            for (int t = 0; t < XR; ++t) xr[t] = xn[t];
         }
-        if (lane == 0) row_out(r, best, bd, w, prev, labels, d2, inert, moved);
+        #pragma unroll
+        for (int b = 0; b < B; ++b) cur[b] = nxt[b];
+        r = rn;
+        bt = bn;
     }
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
@@ -409,40 +470,71 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 }
 
 // Per-cluster float64 sums from rows sorted by label (perm: row ids in label order, slab: the
-// sorted labels). Each warp runs through R consecutive sorted rows, lanes owning columns,
-// summing in registers and adding into sums[k] only when the label changes: a few atomics per
-// warp instead of one per element.
+// sorted labels), and, when stat is given, the inertia sum w ||x - c_label||^2 (exact float64).
+// Each warp runs through 32 consecutive sorted rows (their ids, labels and weights one per
+// lane), lanes owning columns, RG rows' values loaded before any is used; sums accumulate in
+// registers and go to sums[k] only when the label changes: a few atomics per warp instead of
+// one per element.
 #define CPL 4
+#define RG 8
 extern "C" __global__ void __launch_bounds__(256) sorted_sums(
         const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
-        const int* __restrict__ slab, const double* __restrict__ w, int R, double* __restrict__ sums) {
+        const int* __restrict__ slab, const double* __restrict__ w, const T* __restrict__ C,
+        double* __restrict__ sums, double* __restrict__ stat) {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long s = warp * R; s < n; s += nwarp * R) {
-        const long long e = s + R < n ? s + R : n;
+    double inert = 0.0;
+    for (long long s = warp * 32; s < n; s += nwarp * 32) {
+        const int m = n - s < 32 ? (int)(n - s) : 32;
+        const long long myr = lane < m ? perm[s + lane] : 0;
+        const int myk = lane < m ? slab[s + lane] : 0;
+        const double myw = (w && lane < m) ? w[myr] : 1.0;
         for (int c0 = 0; c0 < D; c0 += 32 * CPL) {
-            double acc[CPL];
+            double acc[CPL], cv[CPL];
+            int cur = __shfl_sync(FULL, myk, 0);
             #pragma unroll
-            for (int t = 0; t < CPL; ++t) acc[t] = 0.0;
-            int cur = slab[s];
-            for (long long i = s; i < e; ++i) {
-                const int k = slab[i];
-                if (k != cur) {
+            for (int t = 0; t < CPL; ++t) {
+                const int j = c0 + lane + 32 * t;
+                acc[t] = 0.0;
+                cv[t] = (stat && j < D) ? (double)C[(long long)cur * D + j] : 0.0;
+            }
+            for (int i0 = 0; i0 < m; i0 += RG) {
+                T xv[RG][CPL];
+                #pragma unroll
+                for (int g = 0; g < RG; ++g) {
+                    const long long r = __shfl_sync(FULL, myr, (i0 + g) & 31);
                     #pragma unroll
                     for (int t = 0; t < CPL; ++t) {
                         const int j = c0 + lane + 32 * t;
-                        if (j < D) atomicAdd(sums + (long long)cur * D + j, acc[t]);
-                        acc[t] = 0.0;
+                        xv[g][t] = (i0 + g < m && j < D) ? X[r * D + j] : (T)0;
                     }
-                    cur = k;
                 }
-                const long long r = perm[i];
-                const double wr = w ? w[r] : 1.0;
                 #pragma unroll
-                for (int t = 0; t < CPL; ++t) {
-                    const int j = c0 + lane + 32 * t;
-                    if (j < D) acc[t] = fma(wr, (double)X[r * D + j], acc[t]);
+                for (int g = 0; g < RG; ++g) {
+                    const int k = __shfl_sync(FULL, myk, (i0 + g) & 31);
+                    const double wr = __shfl_sync(FULL, myw, (i0 + g) & 31);
+                    if (i0 + g < m) {
+                        if (k != cur) {
+                            #pragma unroll
+                            for (int t = 0; t < CPL; ++t) {
+                                const int j = c0 + lane + 32 * t;
+                                if (j < D) {
+                                    atomicAdd(sums + (long long)cur * D + j, acc[t]);
+                                    if (stat) cv[t] = (double)C[(long long)k * D + j];
+                                }
+                                acc[t] = 0.0;
+                            }
+                            cur = k;
+                        }
+                        #pragma unroll
+                        for (int t = 0; t < CPL; ++t) {
+                            const double v = (double)xv[g][t];
+                            acc[t] = fma(wr, v, acc[t]);
+                            const double u = v - cv[t];  // 0 past D (both 0)
+                            inert = fma(wr * u, u, inert);
+                        }
+                    }
                 }
             }
             #pragma unroll
@@ -451,6 +543,10 @@ extern "C" __global__ void __launch_bounds__(256) sorted_sums(
                 if (j < D) atomicAdd(sums + (long long)cur * D + j, acc[t]);
             }
         }
+    }
+    if (stat) {
+        inert = warp_sum(inert);
+        if (lane == 0) atomicAdd(stat, inert);
     }
 }
 """
@@ -463,30 +559,6 @@ FUSED_GEMM_SRC = _COMMON + r"""
 #define BN 128
 #define INF __int_as_float(0x7f800000)
 
-// Insert (v, k), k larger than every index seen so far by this thread.
-__device__ __forceinline__ void ins3(float v, int k, float& b1, int& i1, float& b2, int& i2, float& b3) {
-    if (v < b1) { b3 = b2; b2 = b1; i2 = i1; b1 = v; i1 = k; }
-    else if (v < b2) { b3 = b2; b2 = v; i2 = k; }
-    else if (v < b3) { b3 = v; }
-}
-// Merge another sorted state (c1, j1, c2, j2, c3): the three smallest values of the union and
-// the indices of the first two, in (value, index) order: associative and commutative.
-__device__ __forceinline__ void merge3(float& b1, int& i1, float& b2, int& i2, float& b3,
-                                       float c1, int j1, float c2, int j2, float c3) {
-    if (c1 < b1 || (c1 == b1 && j1 < i1)) {
-        float t = b1; b1 = c1; c1 = t; int u = i1; i1 = j1; j1 = u;
-        t = b2; b2 = c2; c2 = t; u = i2; i2 = j2; j2 = u;
-        t = b3; b3 = c3; c3 = t;
-    }
-    if (c1 < b2 || (c1 == b2 && j1 < i2)) { b3 = fminf(b2, c2); b2 = c1; i2 = j1; }
-    else { b3 = fminf(b3, c1); }
-}
-__device__ __forceinline__ void shfl_merge3(float& b1, int& i1, float& b2, int& i2, float& b3, int off) {
-    const float c1 = __shfl_xor_sync(FULL, b1, off), c2 = __shfl_xor_sync(FULL, b2, off);
-    const float c3 = __shfl_xor_sync(FULL, b3, off);
-    const int j1 = __shfl_xor_sync(FULL, i1, off), j2 = __shfl_xor_sync(FULL, i2, off);
-    merge3(b1, i1, b2, i2, b3, c1, j1, c2, j2, c3);
-}
 // Row state in shared memory: one entry per row of the block.
 struct RowState { float b1[BM], b2[BM], b3[BM]; int i1[BM], i2[BM]; };
 __device__ __forceinline__ void state_merge(RowState& s, int r, float b1, int i1, float b2, int i2, float b3) {

@@ -322,9 +322,10 @@ def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
     return out
 
 
-def _label_sums(X, labels, w, k) -> dict:
+def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
     """Per-cluster float64 sums, weights and int64 counts of a labelled block: rows in label
-    order (a counting sort), then run-length sums (no per-element atomics)."""
+    order (a counting sort), then run-length sums (no per-element atomics). With ``C`` and
+    ``stat``, the same pass adds the block's inertia (exact float64 distances) to ``stat[0]``."""
     import cupy
 
     n, d = X.shape
@@ -336,9 +337,8 @@ def _label_sums(X, labels, w, k) -> dict:
     slab = cupy.empty(n, cupy.int32)
     scatter((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
     sums = cupy.zeros((k, d), cupy.float64)
-    runs = 32
-    nb = int(max(1, min(blocks_max, -(-n // (8 * runs)))))
-    sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), cupy.int32(runs), sums))
+    nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
+    sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
     weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
     return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64)}
 
@@ -400,7 +400,9 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kern = cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
-    blocks_max = 8 * _sm_count(dev)
+    # A persistent grid (every resident block slot once): each warp streams its rows with the
+    # next batch always in flight, which extra waves of blocks would restart.
+    blocks_max = _blocks_per_sm(kern, 256, 0) * _sm_count(dev)
     ntiles = -(-n // rows)
     main = cupy.cuda.get_current_stream()
     # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
@@ -414,6 +416,9 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     gs.wait_event(start)
     ss.wait_event(start)
     freed: list = [None] * nbuf
+    # With sums wanted, the winners' exact distances (the inertia) come from the sums pass,
+    # which reads every row anyway: the select then needs no dependent centroid read per row.
+    exact = numpy.int32(d2 is not None or not want_sums)
     for t in range(ntiles):
         s0 = t * rows
         s1 = min(n, s0 + rows)
@@ -431,7 +436,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
             kern(
                 (nb,), (256,),
                 (g, cupy.int32(kpad), p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids,
-                 numpy.float64(p.err[0]), numpy.float64(p.err[1]),
+                 numpy.float64(p.err[0]), numpy.float64(p.err[1]), exact,
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
                  stat),
@@ -442,9 +447,11 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     cublas.setStream(device.get_cublas_handle(), main.ptr)  # leave the handle as CuPy expects
     main.wait_event(gs.record())
     main.wait_event(ss.record())
+    if want_sums:
+        sums = _label_sums(X, labels, w, k, None if exact else p.centroids, None if exact else stat)
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
     if want_sums:
-        out.update(_label_sums(X, labels, w, k))
+        out.update(sums)
     return out
 
 
