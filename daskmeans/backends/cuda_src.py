@@ -97,7 +97,9 @@ SMALL_SRC = _COMMON + r"""
 // KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
 // U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
-// the register allocation must allow).
+// the register allocation must allow), MODE (0: the fused pass; 1: labels, distances, inertia
+// and moved count only, no sums; 2: sums, weights and counts of rows already labelled, read
+// from ``labels``; its inertia and moved columns are 0, reduce_parts adds a MODE 1 pstat).
 #define NG (NT / L)
 #define DP (L * DPL)
 #if MINB > 1
@@ -113,17 +115,17 @@ extern "C" __global__ void BOUNDS fused_small(
         int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
-        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
+        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL (MODE 2: unused)
     extern __shared__ double sh[];
     double* cs = sh;                 // K x DP centroids, zero padded past D
     double* ssum = cs + K * DP;      // K x DP block sums
     double* sw = ssum + K * DP;      // K block weights
     double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
     double* sst = scnt + K;          // inertia, reassigned
-    const bool want = part != nullptr;
+    const bool want = MODE != 1 && part != nullptr;
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
-        cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
+        if (MODE != 2) cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
         ssum[i] = 0.0;
     }
     for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
@@ -133,7 +135,7 @@ extern "C" __global__ void BOUNDS fused_small(
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
-#if KACC > 0
+#if KACC > 0 && MODE != 1
     double acc[KACC][DPL];
     double accw[KACC];  // only with sample weights (else the count is the weight)
     int accn[KACC];
@@ -150,6 +152,9 @@ extern "C" __global__ void BOUNDS fused_small(
     // all issued before the first use (memory-level parallelism).
     for (long long base = warp * (32 / L) * U; base < n; base += nwarp * (32 / L) * U) {
         T xr[U][DPL];
+#if MODE == 2
+        int lb[U];  // the rows' labels, loaded with them
+#endif
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const long long r = base + u * (32 / L) + gw;
@@ -158,6 +163,9 @@ extern "C" __global__ void BOUNDS fused_small(
                 const int col = lane + j * L;
                 xr[u][j] = (r < n && col < D) ? X[r * D + col] : (T)0;
             }
+#if MODE == 2
+            lb[u] = r < n ? labels[r] : 0;
+#endif
         }
         #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -166,6 +174,11 @@ extern "C" __global__ void BOUNDS fused_small(
             double xv[DPL];
             #pragma unroll
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
+#if MODE == 2
+            if (!valid) continue;
+            const int bk = lb[u];
+            const double wr = w ? w[r] : 1.0;
+#else
             double best = __longlong_as_double(0x7ff0000000000000ll);
             int bk = 0;
 #if TRED
@@ -235,6 +248,11 @@ extern "C" __global__ void BOUNDS fused_small(
                 moved += (prev == nullptr || old != bk) ? 1.0 : 0.0;
             }
             if (!want) continue;
+#endif
+#if MODE == 1
+        }
+    }
+#else
 #if KACC > 0
             #pragma unroll
             for (int k = 0; k < KACC; ++k) {
@@ -253,11 +271,12 @@ extern "C" __global__ void BOUNDS fused_small(
 #endif
         }
     }
+#endif
     // Block reduction in a fixed order: shuffle across the groups of a warp, then warps one
     // after another.
     inert = warp_sum(inert);
     moved = warp_sum(moved);
-#if KACC > 0
+#if KACC > 0 && MODE != 1
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
         #pragma unroll
@@ -271,7 +290,7 @@ extern "C" __global__ void BOUNDS fused_small(
 #endif
     for (int wi = 0; wi < NT / 32; ++wi) {
         if ((threadIdx.x >> 5) == wi) {
-#if KACC > 0
+#if KACC > 0 && MODE != 1
             if ((threadIdx.x & 31) < L) {
                 #pragma unroll
                 for (int k = 0; k < KACC; ++k) {
@@ -297,15 +316,21 @@ extern "C" __global__ void BOUNDS fused_small(
 
 // Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
 // ... in order, then a fixed butterfly (deterministic; a thread per column walking all blocks
-// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64.
+// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64. With
+// pstat (nbs x 2, from a MODE 1 pass), the last two columns are summed from it instead.
 extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb, int width, int K, int KD,
-                                        double* __restrict__ out, long long* __restrict__ cnt) {
+                                        double* __restrict__ out, long long* __restrict__ cnt,
+                                        const double* __restrict__ pstat, int nbs) {
     const int i = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (i >= width) return;  // uniform across the warp
     double s = 0.0;
-    #pragma unroll 4
-    for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
+    if (pstat && i >= width - 2) {
+        for (int b = lane; b < nbs; b += 32) s += pstat[2 * b + i - (width - 2)];
+    } else {
+        #pragma unroll 4
+        for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
+    }
     s = warp_sum(s);
     if (lane == 0) {
         out[i] = s;
@@ -316,8 +341,7 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 
 SELECT_SRC = _COMMON + r"""
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
-#define B 8    // vectors per lane per batch: B * 32 * VEC values of a row
-#define XR 4   // values of x per lane held in registers (all of x when D <= 128)
+// B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -333,22 +357,11 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
     return e == 0 ? v.x : v.y;
 #endif
 }
-// Exact squared distance from x (its first 32 * XR values in registers xr) to c.
-__device__ __forceinline__ double exact_d2_xr(const T (&xr)[XR], const T* __restrict__ x, const T* __restrict__ c,
-                                              int D, int lane) {
-    double s = 0.0;
-    #pragma unroll
-    for (int t = 0; t < XR; ++t) {
-        const int j = lane + 32 * t;
-        if (j < D) { const double u = (double)xr[t] - (double)c[j]; s = fma(u, u, s); }
-    }
-    for (int j = lane + 32 * XR; j < D; j += 32) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
-    return warp_sum(s);
-}
-
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
-// batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
-// so a warp always has a batch in flight, also while it merges and certifies a row.
+// batch t+1 (possibly the next row's first) is loaded before batch t is compared, so a warp
+// always has a batch in flight, also while it merges and certifies a row. The two batch
+// buffers alternate roles (step(A, B), step(B, A)): a register copy from the prefetched
+// buffer would wait for its loads and serialise the pipeline.
 extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
         const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
@@ -364,9 +377,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const int nv = ldg / VEC, nbat = (nv + 32 * B - 1) / (32 * B);
     const GV* cq = (const GV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
+    // x's 128-byte lines (read for ||x|| and exact distances) are prefetched into L2 with the
+    // row's first batch.
     double inert = 0.0, moved = 0.0, checked = 0.0;
-    GV cur[B], nxt[B];
-    T xr[XR], xn[XR];
+    GV bufA[B], bufB[B];
     auto load = [&](GV (&buf)[B], long long r, int bt) {
         const GV* g = (const GV*)(G + r * (long long)ldg);
         #pragma unroll
@@ -374,21 +388,22 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             const int q = bt * 32 * B + 32 * b + lane;
             buf[b] = q < nv ? g[q] : vinf();
         }
-    };
-    auto loadx = [&](T (&xv)[XR], long long r) {
-        #pragma unroll
-        for (int t = 0; t < XR; ++t) { const int j = lane + 32 * t; xv[t] = j < D ? X[r * D + j] : (T)0; }
+        if (bt == 0) {
+            const unsigned long long a0 = (unsigned long long)(X + r * D), a1 = a0 + D * sizeof(T) - 1;
+            for (unsigned long long l = (a0 >> 7) + lane; l <= (a1 >> 7); l += 32)
+                asm volatile("prefetch.global.L2 [%0];" :: "l"(l << 7));
+        }
     };
     long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int bt = 0;
-    if (r < rows) { load(cur, r, 0); loadx(xr, r); }
     GT b1 = inf, b2 = inf, b3 = inf;
     int i1 = 0x7fffffff, i2 = 0x7fffffff;
-    while (r < rows) {
+    auto step = [&](GV (&cur)[B], GV (&nxt)[B]) -> bool {
+        if (r >= rows) return false;
         long long rn = r;
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
-        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) loadx(xn, rn); }
+        if (rn < rows) load(nxt, rn, bn);
         // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
         // tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
@@ -406,20 +421,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
             const T* x = X + r * D;
             double sq = 0.0;
-            #pragma unroll
-            for (int t = 0; t < XR; ++t) sq = fma((double)xr[t], (double)xr[t], sq);
-            for (int j = lane + 32 * XR; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
+            for (int j = lane; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
             sq = warp_sum(sq);
             // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
             const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
             const bool certain = (double)b2 > thr;
             int best = i1;
             double bd = 0.0;
-            if (exact || !certain) bd = exact_d2_xr(xr, x, C + (long long)i1 * D, D, lane);
+            if (exact || !certain) bd = exact_d2(x, C + (long long)i1 * D, D, lane);
             if (!certain) {
                 checked += 1.0;
                 if ((double)b3 > thr) {  // two candidates
-                    const double dk = exact_d2_xr(xr, x, C + (long long)i2 * D, D, lane);
+                    const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
                     if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
                 } else {  // three or more (rare): every k within the bound, from a second scan
                     const GV* g = (const GV*)(G + r * (long long)ldg);
@@ -436,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                                 const int src = __ffs(m) - 1;
                                 m &= m - 1;
                                 const int k = (qb + src) * VEC + e;
-                                const double dk = exact_d2_xr(xr, x, C + (long long)k * D, D, lane);
+                                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
                                 if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
                             }
                         }
@@ -446,14 +459,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             b1 = b2 = b3 = inf;
             i1 = i2 = 0x7fffffff;
-            #pragma unroll
-            for (int t = 0; t < XR; ++t) xr[t] = xn[t];
         }
-        #pragma unroll
-        for (int b = 0; b < B; ++b) cur[b] = nxt[b];
         r = rn;
         bt = bn;
-    }
+        return true;
+    };
+    if (r < rows) load(bufA, r, 0);
+    while (step(bufA, bufB) && step(bufB, bufA)) {}
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 
@@ -476,7 +488,9 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 // registers and go to sums[k] only when the label changes: a few atomics per warp instead of
 // one per element.
 #define CPL 4
+#ifndef RG
 #define RG 8
+#endif
 extern "C" __global__ void __launch_bounds__(256) sorted_sums(
         const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
         const int* __restrict__ slab, const double* __restrict__ w, const T* __restrict__ C,
@@ -766,46 +780,51 @@ def _ctype(dtype: Any) -> str:
 
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
-                 rows: int | None = None, min_blocks: int | None = None) -> str:
-    """CUDA source of ``fused_small`` and ``reduce_parts`` for one configuration; ``rows`` (U)
-    and ``min_blocks`` (MINB) default to the measured choices (profiling scripts vary them)."""
+                 rows: int | None = None, min_blocks: int | None = None, mode: int = 0) -> str:
+    """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only, 2 sums of labelled
+    rows) and ``reduce_parts`` for one configuration; ``rows`` (U) and ``min_blocks`` (MINB)
+    default to the measured choices (profiling scripts vary them)."""
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
-        # values per lane were no faster than 8 (register pressure costs occupancy).
-        rows = max(1, min(4, 8 // dpl))
+        # values per lane were no faster than 8 (register pressure costs occupancy). The sums
+        # pass of the split (MODE 2) has no distances to compute: twice the rows in flight.
+        rows = max(1, min(4, (16 if mode == 2 else 8) // dpl))
     if min_blocks is None:
         # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
         # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
         # way). With U > 1 the bound would spill (K=5, 4 values x 2 rows: 88 bytes); S2 ran
         # 0.13 ms instead of 0.10 with it.
-        min_blocks = 2 if tred and rows == 1 else 1
+        min_blocks = 2 if tred and rows == 1 and mode == 0 else 1
     kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
     return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
             f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
-            f"#define KP {kp}\n#define MINB {min_blocks}\n" + SMALL_SRC)
+            f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n" + SMALL_SRC)
 
 
-def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT) configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads)
+def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
+                  mode: int = 0) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode)
     if key not in _CACHE:
         import cupy
 
-        mod = cupy.RawModule(code=small_source(dtype, lanes, dpl, kacc, tred, threads), options=("--std=c++17",))
+        mod = cupy.RawModule(code=small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode),
+                             options=("--std=c++17",))
         _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
     return _CACHE[key]
 
 
-def select_kernels(dtype: Any, gemm_dtype: Any) -> tuple[Any, Any, Any]:
+def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 6) -> tuple[Any, Any, Any]:
     """``(select_rows, scatter_by_label, sorted_sums)`` for data of ``dtype`` and a GEMM tile
-    of ``gemm_dtype``."""
-    key = ("select", _ctype(dtype), _ctype(gemm_dtype))
+    of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (6: the most
+    that two buffers hold in 128 registers without spilling, sm_90)."""
+    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
     if key not in _CACHE:
         import cupy
 
         gt = key[2]
         vec = 4 if gt == "float" else 2
-        head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n"
+        head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
         mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
         _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums"))
     return _CACHE[key]
