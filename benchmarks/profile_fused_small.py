@@ -10,7 +10,6 @@ import sys
 
 import benchmeta
 import cupy
-import dask
 
 from daskmeans.backends import cuda_src
 from daskmeans.backends import cupy as be
@@ -26,12 +25,10 @@ def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode):
     return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
 
 
-# (L, DPL, TRED, U, min blocks, MODE) per problem; MODE 1 = the labels pass of the split step,
-# MODE 2 = its sums pass (reads the labels the previous variant wrote).
+# (L, DPL, TRED, U, min blocks, MODE) per problem; MODE 1 = labels only (no sums).
 VARIANTS = {
-    "S1": [(16, 7, 1, 1, 2, 0), (16, 7, 1, 1, 1, 1), (16, 7, 1, 2, 1, 1), (16, 7, 1, 2, 1, 2), (16, 7, 1, 4, 1, 2),
-           (8, 13, 0, 1, 1, 1), (8, 13, 0, 1, 1, 2)],
-    "S2": [(1, 2, 0, 4, 1, 0), (1, 2, 0, 4, 1, 1), (1, 2, 0, 4, 1, 2), (1, 2, 0, 8, 1, 2)],
+    "S1": [(16, 7, 1, 1, 2, 0), (16, 7, 1, 1, 1, 1), (16, 7, 1, 2, 1, 1), (8, 13, 0, 1, 1, 1)],
+    "S2": [(1, 2, 0, 4, 1, 0), (1, 2, 0, 4, 1, 1)],
 }
 
 for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
@@ -40,11 +37,9 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
     p = be.prepare(C, cupy.float32)
     Y = cupy.empty_like(X)
-    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}  # noqa: B023
-    for split in (False, True):
-        with dask.config.set({"daskmeans.gpu-small-split": split}):
-            res[f"step_split{int(split)}_synced_ms"] = synced(lambda: be.assign(X, p))  # noqa: B023
-            res[f"step_split{int(split)}_events_ms"] = ev(lambda: be.assign(X, p))  # noqa: B023
+    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2,  # noqa: B023
+           "step_synced_ms": synced(lambda: be.assign(X, p)),  # noqa: B023
+           "step_events_ms": ev(lambda: be.assign(X, p))}  # noqa: B023
     labels = cupy.empty(n, cupy.int32)
     for lanes, dpl, tred, rows, mb, mode in VARIANTS[name]:
         kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy._small_config

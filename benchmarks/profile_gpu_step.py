@@ -57,7 +57,7 @@ for name in args or ["P2"]:
         r["select_alone_all_tiles_ms"] = sel_ms * n / rows
         r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (sel_ms * 1e-3) / 1e12
         r["select_regs"] = kern.attributes["num_regs"]
-        for batch in (6, 8):  # select with B vectors per lane per buffer
+        for batch in (4, 6, 8):  # select with B vectors per lane per buffer
             kb = cuda_src.select_kernels(X.dtype, p.csq.dtype, batch)[0]
             nbb = int(min(be._blocks_per_sm(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
             r[f"select_B{batch}_all_tiles_ms"] = benchmeta.event_ms(
@@ -78,12 +78,14 @@ for name in args or ["P2"]:
         r["sums_scatter_ms"] = ev(lambda: scatter((nbs,), (256,), (labels, cupy.int64(n), cursor0.copy(), perm, slab)))
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
         sums = cupy.zeros((k, d), cupy.float64)
-        for rg in (2, 4, 8):
-            head = f"#define T float\n#define GT float\n#define GV float4\n#define VEC 4\n#define B 6\n#define RG {rg}\n"
+        for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM
+            head = (f"#define T float\n#define GT float\n#define GV float4\n#define VEC 4\n#define B 8\n"
+                    f"#define RG {rg}\n#define SS_MINB {mb}\n")
             ss = cupy.RawModule(code=head + cuda_src.SELECT_SRC, options=("--std=c++17",)).get_function("sorted_sums")
-            for nbm in (8, 32):
-                nbq = int(min(nbm * be._sm_count(0), -(-n // 256)))
-                sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, p.centroids, sums, stat)
-                r[f"sums_sorted_RG{rg}_g{nbm}_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
-            r[f"sums_sorted_RG{rg}_regs"] = ss.attributes["num_regs"]
+            nbq = int(min(8 * be._sm_count(0), -(-n // 256)))
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, p.centroids, sums, stat)
+            r[f"sums_sorted_RG{rg}_mb{mb}_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, be._NULL, sums, be._NULL)
+            r[f"sums_sorted_RG{rg}_mb{mb}_no_inertia_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
+            r[f"sums_sorted_RG{rg}_mb{mb}_regs"] = ss.attributes["num_regs"]
     print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)

@@ -49,7 +49,7 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
         "kernel_events_ms": benchmeta.event_ms(lambda: kern((nb,), (256,), kargs, shared_mem=shared), reps=30, warm=5),
     }
     tot, cnt = cupy.empty(width, cupy.float64), cupy.empty(k, cupy.int64)
-    rargs = (part, nb32, width32, k32, kd32, tot, cnt, be._NULL, nb32)
+    rargs = (part, nb32, width32, k32, kd32, tot, cnt)
     r["reduce_events_ms"] = benchmeta.event_ms(lambda: reduce((-(-width * 32 // 256),), (256,), rargs), reps=30, warm=5)
     Y = cupy.empty_like(X)
     r["hbm_read_events_ms"] = benchmeta.event_ms(lambda: Y.__setitem__(slice(None), X), reps=30, warm=5) / 2

@@ -82,34 +82,6 @@ def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precisi
     assert 0 <= int(out["rechecked"]) <= n
 
 
-@pytest.mark.parametrize("n,d,k", [(5000, 100, 4), (513, 130, 17), (3001, 70, 3), (4099, 7, 5), (1500, 20, 2)])
-@pytest.mark.parametrize("split", [False, True])
-def test_small_regime_fused_and_split_passes(n, d, k, split, poisoned_pool):
-    """The small-K regime as one fused pass or as two (labels, then sums of the labelled
-    rows), forced either way for every configuration (register or shared accumulators, TRED
-    or not): the same exact labels, sums, counts, inertia and moved count."""
-    import cupy
-    import dask
-
-    from daskmeans.backends import cupy as be
-
-    X, C, rng = _data(n, d, k, np.float32, seed=5)
-    w = rng.random(n) + 0.5
-    with dask.config.set({"daskmeans.gpu-small-split": split}):
-        p = be.prepare(C, np.float32)
-        assert p.small is not None
-        prev = cupy.asarray(rng.integers(0, k, n).astype(np.int32))
-        prev_host = cupy.asnumpy(prev)
-        out = be.assign(cupy.asarray(X), p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
-    lab, sums, counts, inertia, _ = _ref(X, C.astype(np.float32), w)
-    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
-    assert int(out["reassigned"]) == int((prev_host != lab).sum())
-    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
-    np.testing.assert_allclose(cupy.asnumpy(out["sums"]), sums, rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(cupy.asnumpy(out["weights"]), np.bincount(lab, weights=w, minlength=k), rtol=1e-12)
-    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
-
-
 @pytest.mark.parametrize("k,d", [(3, 2), (4, 40), (40, 5), (300, 20)])  # fused: registers, TRED, shared; GEMM
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_exact_ties_go_to_the_lowest_index(k, d, precision):

@@ -98,8 +98,7 @@ SMALL_SRC = _COMMON + r"""
 // U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
 // the register allocation must allow), MODE (0: the fused pass; 1: labels, distances, inertia
-// and moved count only, no sums; 2: sums, weights and counts of rows already labelled, read
-// from ``labels``; its inertia and moved columns are 0, reduce_parts adds a MODE 1 pstat).
+// and moved count only: no accumulators, so fewer registers and more rows in flight).
 #define NG (NT / L)
 #define DP (L * DPL)
 #if MINB > 1
@@ -115,7 +114,7 @@ extern "C" __global__ void BOUNDS fused_small(
         int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
-        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL (MODE 2: unused)
+        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
     extern __shared__ double sh[];
     double* cs = sh;                 // K x DP centroids, zero padded past D
     double* ssum = cs + K * DP;      // K x DP block sums
@@ -125,7 +124,7 @@ extern "C" __global__ void BOUNDS fused_small(
     const bool want = MODE != 1 && part != nullptr;
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
-        if (MODE != 2) cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
+        cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
         ssum[i] = 0.0;
     }
     for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
@@ -152,9 +151,6 @@ extern "C" __global__ void BOUNDS fused_small(
     // all issued before the first use (memory-level parallelism).
     for (long long base = warp * (32 / L) * U; base < n; base += nwarp * (32 / L) * U) {
         T xr[U][DPL];
-#if MODE == 2
-        int lb[U];  // the rows' labels, loaded with them
-#endif
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const long long r = base + u * (32 / L) + gw;
@@ -163,9 +159,6 @@ extern "C" __global__ void BOUNDS fused_small(
                 const int col = lane + j * L;
                 xr[u][j] = (r < n && col < D) ? X[r * D + col] : (T)0;
             }
-#if MODE == 2
-            lb[u] = r < n ? labels[r] : 0;
-#endif
         }
         #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -174,11 +167,6 @@ extern "C" __global__ void BOUNDS fused_small(
             double xv[DPL];
             #pragma unroll
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
-#if MODE == 2
-            if (!valid) continue;
-            const int bk = lb[u];
-            const double wr = w ? w[r] : 1.0;
-#else
             double best = __longlong_as_double(0x7ff0000000000000ll);
             int bk = 0;
 #if TRED
@@ -248,7 +236,6 @@ extern "C" __global__ void BOUNDS fused_small(
                 moved += (prev == nullptr || old != bk) ? 1.0 : 0.0;
             }
             if (!want) continue;
-#endif
 #if MODE == 1
         }
     }
@@ -316,21 +303,15 @@ extern "C" __global__ void BOUNDS fused_small(
 
 // Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
 // ... in order, then a fixed butterfly (deterministic; a thread per column walking all blocks
-// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64. With
-// pstat (nbs x 2, from a MODE 1 pass), the last two columns are summed from it instead.
+// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64.
 extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb, int width, int K, int KD,
-                                        double* __restrict__ out, long long* __restrict__ cnt,
-                                        const double* __restrict__ pstat, int nbs) {
+                                        double* __restrict__ out, long long* __restrict__ cnt) {
     const int i = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (i >= width) return;  // uniform across the warp
     double s = 0.0;
-    if (pstat && i >= width - 2) {
-        for (int b = lane; b < nbs; b += 32) s += pstat[2 * b + i - (width - 2)];
-    } else {
-        #pragma unroll 4
-        for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
-    }
+    #pragma unroll 4
+    for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
     s = warp_sum(s);
     if (lane == 0) {
         out[i] = s;
@@ -342,6 +323,7 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 SELECT_SRC = _COMMON + r"""
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
 // B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
+#define XR 4   // values of x per lane held in registers (all of x when D <= 128)
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -357,11 +339,22 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
     return e == 0 ? v.x : v.y;
 #endif
 }
+// Exact squared distance from x (its first 32 * XR values in registers xr) to c.
+__device__ __forceinline__ double exact_d2_xr(const T (&xr)[XR], const T* __restrict__ x, const T* __restrict__ c,
+                                              int D, int lane) {
+    double s = 0.0;
+    #pragma unroll
+    for (int t = 0; t < XR; ++t) {
+        const int j = lane + 32 * t;
+        if (j < D) { const double u = (double)xr[t] - (double)c[j]; s = fma(u, u, s); }
+    }
+    for (int j = lane + 32 * XR; j < D; j += 32) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
+    return warp_sum(s);
+}
+
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
-// batch t+1 (possibly the next row's first) is loaded before batch t is compared, so a warp
-// always has a batch in flight, also while it merges and certifies a row. The two batch
-// buffers alternate roles (step(A, B), step(B, A)): a register copy from the prefetched
-// buffer would wait for its loads and serialise the pipeline.
+// batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
+// so a warp always has a batch in flight, also while it merges and certifies a row.
 extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
         const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
@@ -377,10 +370,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const int nv = ldg / VEC, nbat = (nv + 32 * B - 1) / (32 * B);
     const GV* cq = (const GV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
-    // x's 128-byte lines (read for ||x|| and exact distances) are prefetched into L2 with the
-    // row's first batch.
     double inert = 0.0, moved = 0.0, checked = 0.0;
-    GV bufA[B], bufB[B];
+    GV cur[B], nxt[B];
+    T xr[XR], xn[XR];
     auto load = [&](GV (&buf)[B], long long r, int bt) {
         const GV* g = (const GV*)(G + r * (long long)ldg);
         #pragma unroll
@@ -388,22 +380,21 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             const int q = bt * 32 * B + 32 * b + lane;
             buf[b] = q < nv ? g[q] : vinf();
         }
-        if (bt == 0) {
-            const unsigned long long a0 = (unsigned long long)(X + r * D), a1 = a0 + D * sizeof(T) - 1;
-            for (unsigned long long l = (a0 >> 7) + lane; l <= (a1 >> 7); l += 32)
-                asm volatile("prefetch.global.L2 [%0];" :: "l"(l << 7));
-        }
+    };
+    auto loadx = [&](T (&xv)[XR], long long r) {
+        #pragma unroll
+        for (int t = 0; t < XR; ++t) { const int j = lane + 32 * t; xv[t] = j < D ? X[r * D + j] : (T)0; }
     };
     long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int bt = 0;
+    if (r < rows) { load(cur, r, 0); loadx(xr, r); }
     GT b1 = inf, b2 = inf, b3 = inf;
     int i1 = 0x7fffffff, i2 = 0x7fffffff;
-    auto step = [&](GV (&cur)[B], GV (&nxt)[B]) -> bool {
-        if (r >= rows) return false;
+    while (r < rows) {
         long long rn = r;
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
-        if (rn < rows) load(nxt, rn, bn);
+        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) loadx(xn, rn); }
         // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
         // tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
@@ -421,18 +412,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
             const T* x = X + r * D;
             double sq = 0.0;
-            for (int j = lane; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
+            #pragma unroll
+            for (int t = 0; t < XR; ++t) sq = fma((double)xr[t], (double)xr[t], sq);
+            for (int j = lane + 32 * XR; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
             sq = warp_sum(sq);
             // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
             const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
             const bool certain = (double)b2 > thr;
             int best = i1;
             double bd = 0.0;
-            if (exact || !certain) bd = exact_d2(x, C + (long long)i1 * D, D, lane);
+            if (exact || !certain) bd = exact_d2_xr(xr, x, C + (long long)i1 * D, D, lane);
             if (!certain) {
                 checked += 1.0;
                 if ((double)b3 > thr) {  // two candidates
-                    const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
+                    const double dk = exact_d2_xr(xr, x, C + (long long)i2 * D, D, lane);
                     if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
                 } else {  // three or more (rare): every k within the bound, from a second scan
                     const GV* g = (const GV*)(G + r * (long long)ldg);
@@ -449,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                                 const int src = __ffs(m) - 1;
                                 m &= m - 1;
                                 const int k = (qb + src) * VEC + e;
-                                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
+                                const double dk = exact_d2_xr(xr, x, C + (long long)k * D, D, lane);
                                 if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
                             }
                         }
@@ -459,13 +452,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             b1 = b2 = b3 = inf;
             i1 = i2 = 0x7fffffff;
+            #pragma unroll
+            for (int t = 0; t < XR; ++t) xr[t] = xn[t];
         }
+        #pragma unroll
+        for (int b = 0; b < B; ++b) cur[b] = nxt[b];
         r = rn;
         bt = bn;
-        return true;
-    };
-    if (r < rows) load(bufA, r, 0);
-    while (step(bufA, bufB) && step(bufB, bufA)) {}
+    }
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 
@@ -489,9 +483,12 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 // one per element.
 #define CPL 4
 #ifndef RG
-#define RG 8
+#define RG 2
 #endif
-extern "C" __global__ void __launch_bounds__(256) sorted_sums(
+#ifndef SS_MINB
+#define SS_MINB 4
+#endif
+extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
         const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
         const int* __restrict__ slab, const double* __restrict__ w, const T* __restrict__ C,
         double* __restrict__ sums, double* __restrict__ stat) {
@@ -781,14 +778,13 @@ def _ctype(dtype: Any) -> str:
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
                  rows: int | None = None, min_blocks: int | None = None, mode: int = 0) -> str:
-    """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only, 2 sums of labelled
-    rows) and ``reduce_parts`` for one configuration; ``rows`` (U) and ``min_blocks`` (MINB)
-    default to the measured choices (profiling scripts vary them)."""
+    """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only) and ``reduce_parts``
+    for one configuration; ``rows`` (U) and ``min_blocks`` (MINB) default to the measured
+    choices (profiling scripts vary them)."""
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
-        # values per lane were no faster than 8 (register pressure costs occupancy). The sums
-        # pass of the split (MODE 2) has no distances to compute: twice the rows in flight.
-        rows = max(1, min(4, (16 if mode == 2 else 8) // dpl))
+        # values per lane were no faster than 8 (register pressure costs occupancy).
+        rows = max(1, min(4, 8 // dpl))
     if min_blocks is None:
         # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
         # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
@@ -814,17 +810,19 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
     return _CACHE[key]
 
 
-def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 6) -> tuple[Any, Any, Any]:
+def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, Any, Any]:
     """``(select_rows, scatter_by_label, sorted_sums)`` for data of ``dtype`` and a GEMM tile
-    of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (6: the most
-    that two buffers hold in 128 registers without spilling, sm_90)."""
+    of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (8: two
+    buffers in 128 registers without spilling on sm_90, float32; see benchmarks/NOTES.md)."""
     key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
     if key not in _CACHE:
         import cupy
 
         gt = key[2]
         vec = 4 if gt == "float" else 2
-        head = f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
+        # sorted_sums: 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
+        head = (f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
+                f"#define SS_MINB {4 if key[1] == 'float' else 3}\n")
         mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
         _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums"))
     return _CACHE[key]

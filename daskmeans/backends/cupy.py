@@ -255,27 +255,15 @@ def _small_plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     return plan
 
 
-def _split_small(p: Prepared) -> bool:
-    """Whether the step runs the fused kernel as two passes over X (labels, then sums of the
-    labelled rows: ``daskmeans.gpu-small-split``). ``"auto"``: for configurations of 8 or more
-    lanes per row, where the one pass is bound by its register accumulators' occupancy and
-    its shared-memory centroid reads (S1, H200: see benchmarks/NOTES.md)."""
-    split = config.get("gpu-small-split")
-    if split == "auto":
-        return p.small[0] >= 8
-    return bool(split)
-
-
 def _run_small(X, p, w, prev, labels, d2, want_sums):
     import cupy
 
     k, d = p.k, X.shape[1]
-    split = want_sums and _split_small(p)
-    # Labels only (MODE 1) where no sums are wanted or the step is split; else the fused pass.
-    kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = _small_plan(
-        X, p, 1 if (split or not want_sums) else 0)
-    part = cupy.empty((nb, width), cupy.float64) if want_sums and not split else None
-    pstat = None if part is not None else cupy.empty((nb, 2), cupy.float64)
+    # Without sums, the labels-only variant (MODE 1: no accumulators, more rows in flight;
+    # S1 0.21 vs 0.29 ms on an H200).
+    kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = _small_plan(X, p, 0 if want_sums else 1)
+    part = cupy.empty((nb, width), cupy.float64) if want_sums else None
+    pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
     kern(
         (nb,), (_THREADS,),
         (X, n64, d32, k32, p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), _ptr(part), _ptr(pstat)),
@@ -284,19 +272,11 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
     if not want_sums:
         st = pstat.sum(axis=0)
         return {"inertia": st[0], "reassigned": st[1], "rechecked": 0}
-    nbs = numpy.int32(nb)
-    if split:
-        # Sums of the rows just labelled (its own grid); reduce_parts takes the inertia and
-        # moved count from the labels pass's per-block pstat.
-        kern, _, shared, nb, _, (_, _, _, nb32, _, _) = _small_plan(X, p, 2)
-        part = cupy.empty((nb, width), cupy.float64)
-        kern((nb,), (_THREADS,), (X, n64, d32, k32, p.c64, _ptr(w), _NULL, labels, _NULL, part, _NULL),
-             shared_mem=shared)
     kd = k * d
     tot = cupy.empty(width, cupy.float64)
     counts = cupy.empty(k, cupy.int64)
     # One warp per column.
-    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts, _ptr(pstat), nbs))
+    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts))
     return {
         "sums": tot[:kd].reshape(k, d),
         "weights": tot[kd : kd + k],
