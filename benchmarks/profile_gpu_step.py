@@ -68,14 +68,11 @@ for name in args or ["P2"]:
         # with RG rows' loads in flight per lane.
         ev = benchmeta.event_ms
         counts = cupy.bincount(labels, minlength=k)
-        r["sums_bincount_ms"] = ev(lambda: cupy.bincount(labels, minlength=k))
-        cursor0 = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
-        r["sums_offsets_ms"] = ev(lambda: (cupy.cumsum(counts) - counts).astype(cupy.uint64))
-        _, scatter, _ = cuda_src.select_kernels(X.dtype, X.dtype)
+        r["sums_global_bincount_ms"] = ev(lambda: cupy.bincount(labels, minlength=k))
+        cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+        scatter = cuda_src.select_kernels(X.dtype, X.dtype)[1]
         perm, slab = cupy.empty(n, cupy.int64), cupy.empty(n, cupy.int32)
-        cursor = cursor0.copy()
         nbs = int(min(8 * be._sm_count(0), -(-n // 256)))
-        r["sums_scatter_ms"] = ev(lambda: scatter((nbs,), (256,), (labels, cupy.int64(n), cursor0.copy(), perm, slab)))
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
         sums = cupy.zeros((k, d), cupy.float64)
         for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM

@@ -255,6 +255,26 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, fused, offset, p
     np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
 
 
+@pytest.mark.parametrize("hist_max_k", [0, 1 << 30])
+def test_label_sums_counting_sorts_agree(hist_max_k, monkeypatch):
+    """The sums pass with block-local (shared-memory) label counters and with global ones
+    (taken when K is too large for shared memory): the same sums, counts and inertia."""
+    import cupy
+
+    from daskmeans.backends import cupy as be
+
+    monkeypatch.setattr(be, "_HIST_MAX_K", hist_max_k)
+    X, C, rng = _data(30000, 37, 700, np.float32, seed=7)
+    w = rng.random(30000) + 0.5
+    p = be.prepare(C, np.float32)
+    out = be.assign(cupy.asarray(X), p, cupy.asarray(w))
+    lab, sums, counts, inertia, _ = _ref(X, C.astype(np.float32), w)
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
+    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
+    np.testing.assert_allclose(cupy.asnumpy(out["sums"]), sums, rtol=1e-10, atol=1e-9)
+    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
+
+
 @pytest.mark.parametrize("copies", [2, 3])
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("fused", [True, False])

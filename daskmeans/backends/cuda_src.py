@@ -463,7 +463,40 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 
-// Counting sort by label: cursor starts at each cluster's first position.
+// Counting sort by label in three steps, block-local counters in shared memory (global
+// atomics on K counters cost ~0.1 ms per 1e6 rows each). Block b owns rows [b R, (b+1) R).
+// 1. hist[b K + k]: how many of block b's rows have label k.
+extern "C" __global__ void label_hist(const int* __restrict__ lab, long long n, int K, long long R,
+                                      int* __restrict__ hist) {
+    extern __shared__ unsigned int h[];
+    for (int i = threadIdx.x; i < K; i += blockDim.x) h[i] = 0u;
+    __syncthreads();
+    const long long r0 = (long long)blockIdx.x * R, r1 = r0 + R < n ? r0 + R : n;
+    for (long long r = r0 + threadIdx.x; r < r1; r += blockDim.x) atomicAdd(h + lab[r], 1u);
+    __syncthreads();
+    for (int i = threadIdx.x; i < K; i += blockDim.x) hist[(long long)blockIdx.x * K + i] = (int)h[i];
+}
+// 3. (2 is an exclusive scan on the host: off[b K + k] = rows of labels < k + block b's
+// predecessors' rows of label k.) Each row to off[b K + k] + its rank among block b's rows
+// of label k (in no particular order).
+extern "C" __global__ void label_scatter(const int* __restrict__ lab, long long n, int K, long long R,
+                                         const long long* __restrict__ off, long long* __restrict__ perm,
+                                         int* __restrict__ slab) {
+    extern __shared__ unsigned int cur[];
+    const long long o = (long long)blockIdx.x * K;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) cur[i] = 0u;
+    __syncthreads();
+    const long long r0 = (long long)blockIdx.x * R, r1 = r0 + R < n ? r0 + R : n;
+    for (long long r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+        const int k = lab[r];
+        const long long pos = off[o + k] + atomicAdd(cur + k, 1u);
+        perm[pos] = r;
+        slab[pos] = k;
+    }
+}
+
+// Counting sort by label with global counters (K too large for shared memory): cursor starts
+// at each cluster's first position.
 extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long long n,
                                             unsigned long long* __restrict__ cursor,
                                             long long* __restrict__ perm, int* __restrict__ slab) {
@@ -483,7 +516,7 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 // one per element.
 #define CPL 4
 #ifndef RG
-#define RG 2
+#define RG 1
 #endif
 #ifndef SS_MINB
 #define SS_MINB 4
@@ -810,9 +843,9 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
     return _CACHE[key]
 
 
-def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, Any, Any]:
-    """``(select_rows, scatter_by_label, sorted_sums)`` for data of ``dtype`` and a GEMM tile
-    of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (8: two
+def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
+    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
+    ``dtype`` and a GEMM tile of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (8: two
     buffers in 128 registers without spilling on sm_90, float32; see benchmarks/NOTES.md)."""
     key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
     if key not in _CACHE:
@@ -824,7 +857,8 @@ def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, An
         head = (f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
                 f"#define SS_MINB {4 if key[1] == 'float' else 3}\n")
         mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
-        _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums"))
+        _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums",
+                                                          "label_hist", "label_scatter"))
     return _CACHE[key]
 
 

@@ -325,6 +325,9 @@ def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
     return out
 
 
+_HIST_MAX_K = _SHARED_BYTES // 4  # block-local label counters (uint32) in shared memory
+
+
 def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
     """Per-cluster float64 sums, weights and int64 counts of a labelled block: rows in label
     order (a counting sort), then run-length sums (no per-element atomics). With ``C`` and
@@ -332,16 +335,33 @@ def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
     import cupy
 
     n, d = X.shape
-    _, scatter, sorted_sums = cuda_src.select_kernels(X.dtype, X.dtype)
-    blocks_max = 8 * _sm_count(cupy.cuda.Device().id)
-    counts = cupy.bincount(labels, minlength=k)
-    cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+    kernels = cuda_src.select_kernels(X.dtype, X.dtype)
+    sm = _sm_count(cupy.cuda.Device().id)
+    blocks_max = 8 * sm
     perm = cupy.empty(n, cupy.int64)
     slab = cupy.empty(n, cupy.int32)
-    scatter((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
+    if k <= _HIST_MAX_K:
+        # Block-local counters: per-block label histograms, their exclusive scan in (label,
+        # block) order, then each block scatters its rows from its offsets.
+        hist_k, scatter_k = kernels[3], kernels[4]
+        nblk = int(max(1, min(2 * sm, -(-n // 4096))))
+        rows = -(-n // nblk)
+        hist = cupy.empty((nblk, k), cupy.int32)
+        args = (labels, cupy.int64(n), cupy.int32(k), cupy.int64(rows))
+        hist_k((nblk,), (512,), args + (hist,), shared_mem=4 * k)
+        h64 = hist.astype(cupy.int64)
+        counts = h64.sum(axis=0)
+        off = cupy.cumsum(h64, axis=0)
+        off -= h64
+        off += (cupy.cumsum(counts) - counts)[None, :]
+        scatter_k((nblk,), (512,), args + (off, perm, slab), shared_mem=4 * k)
+    else:
+        counts = cupy.bincount(labels, minlength=k)
+        cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+        kernels[1]((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
     sums = cupy.zeros((k, d), cupy.float64)
     nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
-    sorted_sums((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
+    kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
     weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
     return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64)}
 
