@@ -264,8 +264,8 @@ def test_label_sums_counting_sorts_agree(hist_max_k, monkeypatch):
     from daskmeans.backends import cupy as be
 
     monkeypatch.setattr(be, "_HIST_MAX_K", hist_max_k)
-    X, C, rng = _data(30000, 37, 700, np.float32, seed=7)
-    w = rng.random(30000) + 0.5
+    X, C, rng = _data(6000, 21, 600, np.float32, seed=7)
+    w = rng.random(6000) + 0.5
     p = be.prepare(C, np.float32)
     out = be.assign(cupy.asarray(X), p, cupy.asarray(w))
     lab, sums, counts, inertia, _ = _ref(X, C.astype(np.float32), w)
