@@ -220,14 +220,25 @@ def test_gpu_fit_variants_agree_with_cpu(metric, precision):
 FUSED_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 200), (2777, 5, 1000)]
 
 
+def _path_config(path):
+    """dask config forcing a GEMM-regime path: the fused GEMM + top-2 kernel, or cuBLAS tiles
+    with the row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection."""
+    if path == "fused":
+        return {"daskmeans.gpu-fused-gemm-max-d": 100000}
+    return {"daskmeans.gpu-fused-gemm-max-d": 0, "daskmeans.gpu-select-layout": path}
+
+
+GEMM_PATHS = ["fused", "rows", "cols1", "cols2", "cols4"]
+
+
 @pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("path", GEMM_PATHS)
 @pytest.mark.parametrize("offset", [0, 1])
-def test_gemm_paths_match_float64_reference(n, d, k, precision, fused, offset, poisoned_pool):
-    """Both GEMM-regime paths (fused GEMM + top-2 kernel, cuBLAS tiles + selection) give the
-    exact labels, sums and distances, also on a block that starts one row into its buffer
-    (not 16-byte aligned when D is odd) and with weights."""
+def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, poisoned_pool):
+    """Every GEMM-regime path (fused GEMM + top-2 kernel; cuBLAS tiles + row- or
+    column-major selection) gives the exact labels, sums and distances, also on a block that
+    starts one row into its buffer (not 16-byte aligned when D is odd) and with weights."""
     import cupy
     import dask
 
@@ -237,10 +248,10 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, fused, offset, p
     w = rng.random(n) + 0.5
     Xg = cupy.asarray(X)[offset:]
     X = X[offset:]
-    with dask.config.set({"daskmeans.gpu-fused-gemm-max-d": 100000 if fused else 0}):
+    with dask.config.set(_path_config(path)):
         p = be.prepare(C, np.float32, precision)
         assert p.small is None  # the GEMM regime
-        assert be._fused_gemm(Xg, p) is (fused and precision == "fp32")  # fp32 only
+        assert be._fused_gemm(Xg, p) is (path == "fused" and precision == "fp32")  # fp32 only
         prev = cupy.full(n, -7, cupy.int32)
         out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
         lab_only, d2 = be.min_sqdist(Xg, p)
@@ -277,8 +288,8 @@ def test_label_sums_counting_sorts_agree(hist_max_k, monkeypatch):
 
 @pytest.mark.parametrize("copies", [2, 3])
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("fused", [True, False])
-def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, fused):
+@pytest.mark.parametrize("path", GEMM_PATHS)
+def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, path):
     """Every centroid repeated ``copies`` times: each row has ``copies`` exactly tied best
     candidates (three or more take the fused path's every-centroid re-check); the lowest
     index wins, as in the float64 reference."""
@@ -291,7 +302,7 @@ def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, fused)
     base = rng.integers(-20, 20, (50, 40)).astype(np.float64)
     C = np.concatenate([base] * copies)
     X = (base[rng.integers(0, 50, 4000)] + rng.integers(-1, 2, (4000, 40))).astype(np.float32)
-    with dask.config.set({"daskmeans.gpu-fused-gemm-max-d": 100000 if fused else 0}):
+    with dask.config.set(_path_config(path)):
         p = be.prepare(C, np.float32, precision)
         assert p.small is None  # the GEMM regime
         out = be.assign(cupy.asarray(X), p)

@@ -370,8 +370,9 @@ def _tile_rows(kpad: int, itemsize: int, n: int) -> int:
     return int(max(32, min(n, config.get_bytes("gpu-tile-bytes") // max(1, kpad * itemsize))))
 
 
-def _gemm(p: Prepared, xt, out, xbuf) -> None:
-    """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream."""
+def _gemm(p: Prepared, xt, out, xbuf, ldr: int | None = None) -> None:
+    """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream; with ``ldr``,
+    column-major instead (``out[k * ldr + r]``)."""
     import cupy
     from cupy.cuda import cublas, device
 
@@ -401,15 +402,39 @@ def _gemm(p: Prepared, xt, out, xbuf) -> None:
     if mode != cublas.CUBLAS_POINTER_MODE_HOST:
         cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
     try:
-        # Column-major view: out^T (Kpad x rows) = a (Kpad x D) . xt^T (D x rows).
-        cublas.gemmEx(
-            h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, kpad, rows, d,
-            scal.ctypes.data, p.a.data.ptr, ab, d, bptr, bb, d,
-            scal[1:].ctypes.data, out.data.ptr, ct, kpad, comp, cublas.CUBLAS_GEMM_DEFAULT,
-        )
+        if ldr is None:
+            # Column-major view: out^T (Kpad x rows) = a (Kpad x D) . xt^T (D x rows).
+            cublas.gemmEx(
+                h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, kpad, rows, d,
+                scal.ctypes.data, p.a.data.ptr, ab, d, bptr, bb, d,
+                scal[1:].ctypes.data, out.data.ptr, ct, kpad, comp, cublas.CUBLAS_GEMM_DEFAULT,
+            )
+        else:
+            # out (rows x Kpad, column-major, leading dimension ldr) = xt (rows x D) . a^T.
+            cublas.gemmEx(
+                h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, kpad, d,
+                scal.ctypes.data, bptr, bb, d, p.a.data.ptr, ab, d,
+                scal[1:].ctypes.data, out.data.ptr, ct, ldr, comp, cublas.CUBLAS_GEMM_DEFAULT,
+            )
     finally:
         if mode != cublas.CUBLAS_POINTER_MODE_HOST:
             cublas.setPointerMode(h, mode)
+
+
+def _select_layout(rows: int, gdt: Any, device_id: int) -> int:
+    """Rows per thread of ``select_cols`` on a column-major tile of ``rows`` rows (4, 2 or 1),
+    or 0 for ``select_rows`` on a row-major tile (``daskmeans.gpu-select-layout``: "auto",
+    "rows", or "cols1" / "cols2" / "cols4"). Auto: the most rows per thread that still gives
+    every SM three blocks (the column kernel parallelises over rows only), float32 tiles."""
+    layout = str(config.get("gpu-select-layout"))
+    if gdt != numpy.float32 or layout == "rows":
+        return 0
+    if layout.startswith("cols"):
+        return int(layout[4:])
+    for rpt in (4, 2, 1):
+        if -(-rows // (32 * rpt)) >= 3 * _sm_count(device_id):
+            return rpt
+    return 0
 
 
 def _run_gemm(X, p, w, prev, labels, d2, want_sums):
@@ -420,7 +445,8 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     rows = _tile_rows(kpad, gdt.itemsize, n)
-    kern = cuda_src.select_kernels(X.dtype, gdt)[0]
+    rpt = _select_layout(rows, gdt, cupy.cuda.Device().id)
+    kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
     # A persistent grid (every resident block slot once): each warp streams its rows with the
@@ -432,7 +458,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     # selected (high-priority stream); a buffer is rewritten only after its select is done.
     gs, ss = _streams(dev)
     nbuf = 1 if ntiles == 1 else 2
-    bufs = [cupy.empty((rows, kpad), gdt) for _ in range(nbuf)]
+    bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
     bf16 = p.precision == "bf16" and gdt == cupy.float32
     xbufs = [cupy.empty(rows * d, cupy.uint16) if bf16 else None for _ in range(nbuf)]
     start = main.record()
@@ -448,17 +474,23 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
         m = s1 - s0
         i = t % nbuf
         g = bufs[i][:m]
+        ldr = -(-m // 4) * 4  # column-major tile: rows padded to whole 16-byte vectors
         with gs:
             if freed[i] is not None:
                 gs.wait_event(freed[i])
-            _gemm(p, X[s0:s1], g, xbufs[i])
+            _gemm(p, X[s0:s1], bufs[i] if rpt else g, xbufs[i], ldr if rpt else None)
             ready = gs.record()
         with ss:
             ss.wait_event(ready)
-            nb = int(max(1, min(blocks_max, -(-m // 8))))
+            if rpt:
+                nb = int(max(1, -(-m // (32 * rpt))))
+                lead = (bufs[i], cupy.int64(ldr), cupy.int32(kpad))
+            else:
+                nb = int(max(1, min(blocks_max, -(-m // 8))))
+                lead = (g, cupy.int32(kpad))
             kern(
                 (nb,), (256,),
-                (g, cupy.int32(kpad), p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids,
+                lead + (p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids,
                  numpy.float64(p.err[0]), numpy.float64(p.err[1]), exact,
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
