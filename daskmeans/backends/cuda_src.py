@@ -606,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
                     }
                 }
             }
-            if (lane == 0) row_out(r, best, bd, w, prev, labels, d2, inert, moved);
+            if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
         }
         __syncthreads();
     }

@@ -11,11 +11,14 @@ GEMM (moderate and large K)
     ``||c||^2 - 2 x.c`` tile by tile on chip and keeps each row's two best (value, index) pairs
     and third value; ``finish_top2`` certifies the winner or re-ranks the candidates exactly.
     Otherwise, per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one
-    of two preallocated tiles, then ``select_rows`` takes the top-2 of ``G + ||c||^2`` per
-    row, certifies the winner against the GEMM's error bound and re-ranks the uncertain rows
-    by exact float64 distances. The GEMMs run on a low-priority stream and the selects on a
-    high-priority one, so tile t's select overlaps tile t+1's GEMM. In both, sums follow from
-    a counting sort by label and run-length accumulation (``sorted_sums``).
+    of two preallocated tiles, then a selection kernel takes the top-2 (and third value) of
+    ``G + ||c||^2`` per row, certifies the winner against the GEMM's error bound and re-ranks
+    the uncertain rows by exact float64 distances: ``select_cols`` on a column-major tile
+    (threads own rows; fp32, where few rows are uncertain) or ``select_rows`` on a row-major
+    one (a warp per row; ``_select_layout``). The GEMMs run on a low-priority stream and the
+    selects on a high-priority one. In both, sums and (when the selection did not compute
+    exact distances) the inertia follow from a counting sort by label and run-length
+    accumulation (``sorted_sums``).
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
 (the default), "tf32" (TF32 tensor-core GEMM) and "bf16" (bfloat16 inputs) differ in speed
@@ -421,16 +424,20 @@ def _gemm(p: Prepared, xt, out, xbuf, ldr: int | None = None) -> None:
             cublas.setPointerMode(h, mode)
 
 
-def _select_layout(rows: int, gdt: Any, device_id: int) -> int:
+def _select_layout(rows: int, gdt: Any, device_id: int, precision: str) -> int:
     """Rows per thread of ``select_cols`` on a column-major tile of ``rows`` rows (4, 2 or 1),
     or 0 for ``select_rows`` on a row-major tile (``daskmeans.gpu-select-layout``: "auto",
-    "rows", or "cols1" / "cols2" / "cols4"). Auto: the most rows per thread that still gives
-    every SM three blocks (the column kernel parallelises over rows only), float32 tiles."""
+    "rows", or "cols1" / "cols2" / "cols4"). Auto, float32 tiles in fp32 precision: the most
+    rows per thread that still gives every SM three blocks (the column kernel parallelises
+    over rows only). Not for tf32/bf16: their 16-30% uncertain rows (random data) make the
+    column kernel's per-block exact re-rank the bottleneck (P2 tf32 6.4 vs 4.5 ms, H200)."""
     layout = str(config.get("gpu-select-layout"))
     if gdt != numpy.float32 or layout == "rows":
         return 0
     if layout.startswith("cols"):
         return int(layout[4:])
+    if precision != "fp32":
+        return 0
     for rpt in (4, 2, 1):
         if -(-rows // (32 * rpt)) >= 3 * _sm_count(device_id):
             return rpt
@@ -445,7 +452,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     rows = _tile_rows(kpad, gdt.itemsize, n)
-    rpt = _select_layout(rows, gdt, cupy.cuda.Device().id)
+    rpt = _select_layout(rows, gdt, cupy.cuda.Device().id, p.precision)
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
