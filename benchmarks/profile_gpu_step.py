@@ -76,9 +76,8 @@ for name in args or ["P2"]:
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
         sums = cupy.zeros((k, d), cupy.float64)
         for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM
-            head = (f"#define T float\n#define GT float\n#define GV float4\n#define VEC 4\n#define B 8\n"
-                    f"#define RG {rg}\n#define SS_MINB {mb}\n")
-            ss = cupy.RawModule(code=head + cuda_src.SELECT_SRC, options=("--std=c++17",)).get_function("sorted_sums")
+            src = cuda_src.select_source(X.dtype, X.dtype, sum_rows=rg, sum_min_blocks=mb)
+            ss = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("sorted_sums")
             nbq = int(min(8 * be._sm_count(0), -(-n // 256)))
             sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, p.centroids, sums, stat)
             r[f"sums_sorted_RG{rg}_mb{mb}_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023

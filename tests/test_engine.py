@@ -33,10 +33,13 @@ def init_rows(X, k, seed):
 # ---------------------------------------------------------------- datasets (module cache)
 
 
+def _blobs(n, d, centers, std, seed):
+    return make_blobs(n_samples=n, n_features=d, centers=centers, cluster_std=std, random_state=seed)[0]
+
+
 @pytest.fixture(scope="module")
 def blobs_big():
-    X, _ = make_blobs(n_samples=120_000, n_features=8, centers=10, cluster_std=2.5, random_state=1)
-    return X
+    return _blobs(120_000, 8, 10, 2.5, 1)
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +49,13 @@ def randn_small():
 
 @pytest.fixture(scope="module")
 def blobs_overlap():
-    X, _ = make_blobs(n_samples=20_000, n_features=3, centers=6, cluster_std=4.0, random_state=3)
-    return X
+    return _blobs(20_000, 3, 6, 4.0, 3)
 
 
 @pytest.fixture(scope="module")
 def mixed_20k():
     rng = np.random.default_rng(7)
-    X, _ = make_blobs(n_samples=20_000, n_features=6, centers=8, cluster_std=1.5, random_state=5)
+    X = _blobs(20_000, 6, 8, 1.5, 5)
     return X + 0.3 * rng.standard_normal(X.shape)
 
 

@@ -984,64 +984,66 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
             f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n" + SMALL_SRC)
 
 
+def _module(key: tuple, src: str) -> Any:
+    """The compiled module of ``src``, once per process (CuPy also caches it on disk)."""
+    if key not in _CACHE:
+        import cupy
+
+        _CACHE[key] = cupy.RawModule(code=src, options=("--std=c++17",))
+    return _CACHE[key]
+
+
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
                   mode: int = 0) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode)
-    if key not in _CACHE:
-        import cupy
+    mod = _module(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode))
+    return mod.get_function("fused_small"), mod.get_function("reduce_parts")
 
-        mod = cupy.RawModule(code=small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode),
-                             options=("--std=c++17",))
-        _CACHE[key] = mod.get_function("fused_small"), mod.get_function("reduce_parts")
-    return _CACHE[key]
+
+def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
+                  sum_rows: int | None = None, sum_min_blocks: int | None = None) -> str:
+    """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
+    ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
+    buffers in 128 registers without spilling on sm_90, float32); ``rows_per_thread`` (1, 2
+    or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
+    ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
+    (profiling scripts vary them)."""
+    t, gt = _ctype(dtype), _ctype(gemm_dtype)
+    vec = 4 if gt == "float" else 2
+    if sum_min_blocks is None:
+        # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
+        sum_min_blocks = 4 if t == "float" else 3
+    head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
+    head += f"#define SS_MINB {sum_min_blocks}\n"
+    if sum_rows is not None:
+        head += f"#define RG {sum_rows}\n"
+    if rows_per_thread:
+        # Resident blocks per SM the registers allow without spilling (sm_90, ptxas).
+        head += f"#define RPT {rows_per_thread}\n#define SC_MINB {({1: 4, 2: 3, 4: 2})[rows_per_thread]}\n"
+    return head + SELECT_SRC
 
 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
     """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
-    ``dtype`` and a GEMM tile of ``gemm_dtype``; ``batch`` 16-byte vectors per lane in flight per buffer (8: two
-    buffers in 128 registers without spilling on sm_90, float32; see benchmarks/NOTES.md)."""
-    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
-    if key not in _CACHE:
-        import cupy
-
-        gt = key[2]
-        vec = 4 if gt == "float" else 2
-        # sorted_sums: 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
-        head = (f"#define T {key[1]}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
-                f"#define SS_MINB {4 if key[1] == 'float' else 3}\n")
-        mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
-        _CACHE[key] = tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums",
-                                                          "label_hist", "label_scatter"))
-    return _CACHE[key]
+    ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
+    mod = _module(("select", _ctype(dtype), _ctype(gemm_dtype), batch), select_source(dtype, gemm_dtype, batch))
+    return tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums", "label_hist",
+                                                 "label_scatter"))
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     """``select_cols`` for data of ``dtype``, a column-major float32 GEMM tile and
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
-    if key not in _CACHE:
-        import cupy
-
-        head = (f"#define T {key[1]}\n#define GT float\n#define GV float4\n#define VEC 4\n#define B 8\n"
-                f"#define SS_MINB 4\n#define RPT {rows_per_thread}\n"
-                # Resident blocks per SM the registers allow without spilling (sm_90, ptxas).
-                f"#define SC_MINB {({1: 4, 2: 3, 4: 2})[rows_per_thread]}\n")
-        mod = cupy.RawModule(code=head + SELECT_SRC, options=("--std=c++17",))
-        _CACHE[key] = mod.get_function("select_cols")
-    return _CACHE[key]
+    return _module(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread)).get_function("select_cols")
 
 
 def fused_gemm_kernels() -> tuple[Any, Any]:
     """``(gemm_top2, finish_top2)``: the fused fp32 GEMM + top-2 kernel for float32 data and
     its certification pass."""
-    key = ("fused",)
-    if key not in _CACHE:
-        import cupy
-
-        mod = cupy.RawModule(code=FUSED_GEMM_SRC, options=("--std=c++17",))
-        _CACHE[key] = mod.get_function("gemm_top2"), mod.get_function("finish_top2")
-    return _CACHE[key]
+    mod = _module(("fused",), FUSED_GEMM_SRC)
+    return mod.get_function("gemm_top2"), mod.get_function("finish_top2")
 
 
 def bf16_kernel() -> Any:

@@ -366,7 +366,7 @@ def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
     nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
     kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
     weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
-    return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64)}
+    return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64, copy=False)}
 
 
 def _tile_rows(kpad: int, itemsize: int, n: int) -> int:
@@ -509,11 +509,9 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     cublas.setStream(device.get_cublas_handle(), main.ptr)  # leave the handle as CuPy expects
     main.wait_event(gs.record())
     main.wait_event(ss.record())
+    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
     if want_sums:
-        sums = _label_sums(X, labels, w, k, None if exact else p.centroids, None if exact else stat)
-    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
-    if want_sums:
-        out.update(sums)
+        out.update(_label_sums(X, labels, w, k, None if exact else p.centroids, None if exact else stat))
     return out
 
 
