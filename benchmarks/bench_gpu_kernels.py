@@ -151,6 +151,7 @@ def main(argv=None):
             out = be.assign(Xc, prep)
             labels[mode] = out["labels"].copy()
             r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
+            r[f"gemm_inputs_{mode}"] = ["as given", "tf32", "3xtf32", "bf16"][prep.mode]
             r[f"regime_{mode}"] = ("fused-small" if prep.small is not None
                                    else "gemm-fused" if be._fused_gemm(Xc, prep) else "gemm-cublas")
             del out, prep

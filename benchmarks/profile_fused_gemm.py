@@ -39,12 +39,12 @@ for name in names or ["P2"]:
         r = {"gemm_top2_ms": t(lambda: gemm((-(-n // 128),), (256,), ga))}  # noqa: B023
         fb = int(min(8 * be._sm_count(0), -(-n // 8)))
         fa = (X, cupy.int32(d), cupy.int64(n), p.centroids, cupy.int32(k), i1, i2, bb[0], bb[1], bb[2],
-              np.float64(p.err[0]), np.float64(p.err[1]), be._NULL, be._NULL, lab, be._NULL, stat)
+              np.float64(p.err[0]), np.float64(p.err[2]), be._NULL, be._NULL, lab, be._NULL, stat)
         r["finish_ms"] = t(lambda: finish((fb,), (256,), fa))  # noqa: B023
         r["sums_ms"] = t(lambda: be._label_sums(X, lab, None, k))  # noqa: B023
         r["whole_ms"] = t(lambda: be._run_fused_gemm(X, p, None, None, lab, None, True))  # noqa: B023
         sq = (X.astype(cupy.float64) ** 2).sum(1)
-        thr = bb[0].astype(cupy.float64) + 2 * (p.err[0] * cupy.sqrt(sq) + p.err[1])
+        thr = bb[0].astype(cupy.float64) + 2 * (p.err[0] * cupy.sqrt(sq) + p.err[2])
         r["flag_two"] = float(((bb[1] <= thr) & (bb[2] > thr)).mean())
         r["flag_all"] = float((bb[2] <= thr).mean())
         r["regs"] = gemm.attributes["num_regs"]

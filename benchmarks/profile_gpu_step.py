@@ -33,26 +33,41 @@ for name in args or ["P2"]:
     p = be.prepare(C, cupy.float32, precision)
     r = {"whole_ms": t(lambda: be.assign(X, p)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
     if p.small is None:
-        rows = be._tile_rows(p.a.shape[0], 4, n)
+        rows = be._tile_rows(p, n)
         buf = cupy.empty((rows, p.a.shape[0]), cupy.float32)
-        xb = cupy.empty(rows * d, cupy.uint16)
+        xbuf = be._prep_buffer(rows, d, p.mode)
+        eb = cupy.empty(n, cupy.float64)
+
+        def tile_in(s, prep=True):
+            m = min(rows, n - s)
+            xt = X[s : s + m] if xbuf is None else xbuf[:m]
+            if prep:
+                be._prep(X[s : s + m], p.mode, 0, None if xbuf is None else xt, None, None, eb[s : s + m], p.err)
+            return xt, m
 
         def gemms():
             for s in range(0, n, rows):
-                be._gemm(p, X[s : s + rows], buf[: min(rows, n - s)], xb)
+                xt, m = tile_in(s)
+                be._gemm(p, xt, buf[:m])
 
+        def preps():
+            for s in range(0, n, rows):
+                tile_in(s)
+
+        r["gemm_mode"] = p.mode
+        r["prep_tiles_ms"] = t(preps)
         r["gemm_tiles_ms"] = t(gemms)
         r["tile_rows"] = rows
         # The select kernel alone on one tile (no GEMM running beside it), scaled to all tiles.
         from daskmeans.backends import cuda_src
 
         kern = cuda_src.select_kernels(X.dtype, p.csq.dtype)[0]
-        be._gemm(p, X[:rows], buf, xb)
+        be._gemm(p, tile_in(0)[0], buf)
         lab = cupy.empty(rows, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
         nb = int(min(be._blocks_per_sm(kern, 256, 0) * be._sm_count(0), -(-rows // 8)))
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
-                np.float64(p.err[0]), np.float64(p.err[1]), np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
+                eb[:rows], np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
         sel_ms = benchmeta.event_ms(lambda: kern((nb,), (256,), args), reps=10, warm=3)
         r["select_alone_all_tiles_ms"] = sel_ms * n / rows
         r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (sel_ms * 1e-3) / 1e12
@@ -62,6 +77,17 @@ for name in args or ["P2"]:
             nbb = int(min(be._blocks_per_sm(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
             r[f"select_B{batch}_all_tiles_ms"] = benchmeta.event_ms(
                 lambda: kb((nbb,), (256,), args), reps=10, warm=3) * n / rows  # noqa: B023
+        # select_cols alone on a column-major tile (rows per thread 1, 2, 4).
+        ldr = -(-rows // 4) * 4
+        bcol = cupy.empty((p.a.shape[0], ldr), cupy.float32)
+        be._gemm(p, tile_in(0)[0], bcol, ldr)
+        for rpt in (1, 2, 4):
+            kc = cuda_src.select_cols_kernel(X.dtype, rpt)
+            cargs = (bcol, cupy.int64(ldr), cupy.int32(p.a.shape[0])) + args[2:]
+            nbc = -(-rows // (32 * rpt))
+            r[f"select_cols{rpt}_all_tiles_ms"] = benchmeta.event_ms(
+                lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
+        del bcol
         labels = be.assign(X, p)["labels"]
         r["sums_ms"] = benchmeta.event_ms(lambda: be._label_sums(X, labels, None, k, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums

@@ -222,13 +222,16 @@ FUSED_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 
 
 def _path_config(path):
     """dask config forcing a GEMM-regime path: the fused GEMM + top-2 kernel, or cuBLAS tiles
-    with the row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection."""
+    with the row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection;
+    "+sgemm": fp32 precision through cuBLAS's fp32 GEMM instead of split TF32."""
     if path == "fused":
         return {"daskmeans.gpu-fused-gemm-max-d": 100000}
-    return {"daskmeans.gpu-fused-gemm-max-d": 0, "daskmeans.gpu-select-layout": path}
+    layout, _, gemm = path.partition("+")
+    return {"daskmeans.gpu-fused-gemm-max-d": 0, "daskmeans.gpu-select-layout": layout,
+            "daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}
 
 
-GEMM_PATHS = ["fused", "rows", "cols1", "cols2", "cols4"]
+GEMM_PATHS = ["fused", "rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm"]
 
 
 @pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
@@ -310,3 +313,95 @@ def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, path):
     np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
     assert (lab < 50).all()
     assert int(out["rechecked"]) == 4000  # every row has a zero margin
+
+
+def _round_mantissa(x, keep):
+    """float32 -> float32 rounded to nearest even with ``keep`` mantissa bits (NumPy reference
+    of gemm_prep's rounding), values below 2^-100 flushed to zero."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    sh = 23 - keep
+    u = (u + ((1 << (sh - 1)) - 1) + ((u >> sh) & 1)) & ~np.uint64((1 << sh) - 1)
+    out = (u & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    return np.where(np.abs(x) < 2.0**-100, np.float32(0), out)
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("cen", [0, 1])
+def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
+    """gemm_prep's rounded copy (TF32 / split TF32 / bf16) against a NumPy reference, on values
+    that include exact ties, binade edges, negative numbers, zeros and tiny (flushed) values;
+    the residual norms are exact and the split parts sum back to x."""
+    import cupy
+
+    from daskmeans.backends import cupy as be
+
+    rng = np.random.default_rng(mode + 10 * cen)
+    d = 37
+    x = rng.normal(0, 3, (500, d)).astype(np.float32)
+    keep = 7 if mode == 3 else 10
+    # exact ties: a kept mantissa plus exactly half a unit of the last kept place
+    half = np.float32(2.0 ** -(keep + 1))
+    x[0, :8] = np.float32(1) + half * np.arange(1, 16, 2)[:8].astype(np.float32)
+    x[1, :4] = [np.float32(2) - np.float32(2.0**-23), 1e-35, -1e-30, 0.0]
+    x[2] = -x[2]
+    xg = cupy.asarray(x)
+    out = be._prep_buffer(len(x), d, mode)
+    sq, rsq, eb = (cupy.empty(len(x), cupy.float64) for _ in range(3))
+    be._prep(xg, mode, cen, out, sq, rsq, eb, (0.5, 3.0, 0.25))
+    xb = _round_mantissa(x, keep)
+    xs = np.where(np.abs(x) < 2.0**-100, np.float32(0), x - xb)
+    if mode == 3:
+        got = (cupy.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_array_equal(got, xb)
+    elif mode == 1:
+        np.testing.assert_array_equal(cupy.asnumpy(out), xb)
+    else:
+        parts = (xb, xs, xb) if cen else (xb, xb, xs)
+        np.testing.assert_array_equal(cupy.asnumpy(out), np.concatenate(parts, axis=1))
+    np.testing.assert_array_equal(xb[0, :8] - 1, np.float32(2.0**-keep) * np.array([0, 2, 2, 4, 4, 6, 6, 8]))  # ties to even
+    assert (xb.astype(np.float64) + xs == np.where(np.abs(x) < 2.0**-100, 0, x)).all()
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(cupy.asnumpy(sq), (x64 * x64).sum(1), rtol=1e-14)
+    np.testing.assert_allclose(cupy.asnumpy(rsq), (xs.astype(np.float64) ** 2).sum(1), rtol=1e-14)
+    ref_eb = 0.5 * np.sqrt((x64 * x64).sum(1)) + 3.0 * np.sqrt((xs.astype(np.float64) ** 2).sum(1)) + 0.25
+    np.testing.assert_allclose(cupy.asnumpy(eb), ref_eb, rtol=1e-14)
+
+
+@pytest.mark.parametrize("precision,fp32_gemm", [("fp32", "sgemm"), ("fp32", "3xtf32"), ("tf32", None),
+                                                 ("bf16", None)])
+@pytest.mark.parametrize("offset", [0.0, 50.0])
+def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, offset):
+    """The certified bound the selection relies on: for every row and every centroid,
+    ``|fl(G + csq) - (||c||^2 - 2 x.c)| <= eb(row)``, G from the real cuBLAS call, the right
+    side in float64; on rows of mixed scales, centred and not (offset). TF32/bf16 bounds use
+    each row's actual rounding residual, so they are far below the format's worst case."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy as be
+
+    rng = np.random.default_rng(int(offset) + len(precision))
+    n, d, k = 3000, 77, 300
+    X = (rng.normal(0, 1, (n, d)) * rng.choice([1e-3, 1.0, 30.0], (n, 1)) + offset).astype(np.float32)
+    C = X[rng.choice(n, k, replace=False)].astype(np.float64) + rng.normal(0, 0.1, (k, d))
+    with dask.config.set({"daskmeans.gpu-fp32-gemm": fp32_gemm or "auto"}):
+        p = be.prepare(C, np.float32, precision)
+    assert p.mode == {"sgemm": 0, "3xtf32": 2, None: {"tf32": 1, "bf16": 3}[precision]}[fp32_gemm]
+    Xg = cupy.asarray(X)
+    xt = be._prep_buffer(n, d, p.mode)
+    eb = cupy.empty(n, cupy.float64)
+    be._prep(Xg, p.mode, 0, xt, None, None, eb, p.err)
+    G = cupy.empty((n, p.a.shape[0]), cupy.float32)
+    be._gemm(p, Xg if xt is None else xt, G)
+    cupy.cuda.Device().synchronize()
+    v = (G[:, :k] + p.csq[None, :k]).astype(cupy.float64)  # the float32 sum the selection takes
+    c32 = p.centroids.astype(cupy.float64)
+    exact = (c32 * c32).sum(1)[None, :] - 2.0 * Xg.astype(cupy.float64) @ c32.T
+    err = cupy.abs(v - exact).max(axis=1)
+    bound = eb
+    assert bool((err <= bound).all()), float((err / bound).max())
+    if precision != "fp32":
+        # Far tighter than the format's worst case (2 (2u_in) ||x|| cmax, truncated inputs).
+        u_in = 2.0**-10 if precision == "tf32" else 2.0**-8
+        worst = 4 * u_in * cupy.sqrt((Xg.astype(cupy.float64) ** 2).sum(1)) * float(cupy.sqrt((c32 * c32).sum(1).max()))
+        assert float((bound / worst).mean()) < 0.5

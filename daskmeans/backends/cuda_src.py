@@ -323,7 +323,6 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 SELECT_SRC = _COMMON + r"""
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
 // B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
-#define XR 4   // values of x per lane held in registers (all of x when D <= 128)
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -339,17 +338,54 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
     return e == 0 ? v.x : v.y;
 #endif
 }
-// Exact squared distance from x (its first 32 * XR values in registers xr) to c.
-__device__ __forceinline__ double exact_d2_xr(const T (&xr)[XR], const T* __restrict__ x, const T* __restrict__ c,
-                                              int D, int lane) {
-    double s = 0.0;
-    #pragma unroll
-    for (int t = 0; t < XR; ++t) {
-        const int j = lane + 32 * t;
-        if (j < D) { const double u = (double)xr[t] - (double)c[j]; s = fma(u, u, s); }
+// GEMM inputs of a row tile and each row's certified error bound (a warp per row, lanes over
+// D). MODE (runtime) 0: no rounded copy (the GEMM reads X itself: fp32 SGEMM, float64);
+// 1: xb = X rounded to TF32 (to nearest even; the tensor cores then take xb exactly);
+// 2: split TF32, out = [xb | xb | xs] per row (xs = x - xb exactly), or [xb | xs | xb]
+// when CEN (the centroid side): one TF32 GEMM of inner dimension 3D sums xb.cb + xb.cs +
+// xs.cb, fp32-accurate up to xs.cs; 3: xb rounded to bfloat16, written as its bits.
+// Values below TINY in magnitude flush to zero (so no input or residual is subnormal for the
+// tensor cores); the bound's absolute terms cover them. Per row: ||x||^2 and ||x - xb||^2
+// (float64, optional) and eb = eA ||x|| + eR ||x - xb|| + eB (optional).
+#define TINY 7.888609052210118e-31f  // 2^-100
+__device__ __forceinline__ float round_mant(float v, int keep) {  // keep mantissa bits, RN-even
+    if (fabsf(v) < TINY) return 0.0f;
+    unsigned u = __float_as_uint(v);
+    const int sh = 23 - keep;
+    u += ((1u << (sh - 1)) - 1u) + ((u >> sh) & 1u);
+    return __uint_as_float(u & ~((1u << sh) - 1u));
+}
+extern "C" __global__ void gemm_prep(const T* __restrict__ X, long long rows, int D, int mode, int cen,
+                                     void* __restrict__ out, double* __restrict__ sq, double* __restrict__ rsq,
+                                     double* __restrict__ eb, double eA, double eR, double eB) {
+    const int lane = threadIdx.x & 31;
+    const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
+    float* o = (float*)out;
+    unsigned short* h = (unsigned short*)out;
+    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarp) {
+        double s = 0.0, q = 0.0;
+        for (int j = lane; j < D; j += 32) {
+            const T v = X[r * D + j];
+            s = fma((double)v, (double)v, s);
+            if (mode == 0) continue;
+            const float f = (float)v, b = round_mant(f, mode == 3 ? 7 : 10);
+            const float e = fabsf(f) < TINY ? 0.0f : f - b;  // exact (Sterbenz)
+            q = fma((double)e, (double)e, q);
+            if (mode == 1) o[r * D + j] = b;
+            else if (mode == 3) h[r * D + j] = (unsigned short)(__float_as_uint(b) >> 16);
+            else {
+                float* t = o + r * 3 * D;
+                t[j] = b; t[D + j] = cen ? e : b; t[2 * D + j] = cen ? b : e;
+            }
+        }
+        s = warp_sum(s);
+        q = warp_sum(q);
+        if (lane == 0) {
+            if (sq) sq[r] = s;
+            if (rsq) rsq[r] = q;
+            if (eb) eb[r] = eA * sqrt(s) + eR * sqrt(q) + eB;
+        }
     }
-    for (int j = lane + 32 * XR; j < D; j += 32) { const double u = (double)x[j] - (double)c[j]; s = fma(u, u, s); }
-    return warp_sum(s);
 }
 
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
@@ -360,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
         const T* __restrict__ X, int D, long long rows,
         const T* __restrict__ C,                    // K x D centroids (data dtype)
-        double errA, double errB,                   // |G+csq - exact| <= errA*||x|| + errB
+        const double* __restrict__ eb,              // per row: |G+csq - exact| <= eb (gemm_prep)
         int exact,                                  // 1: the winner's exact distance here (inertia, d2)
         const double* __restrict__ w,
         const int* prev, int* labels,               // may alias (so neither is __restrict__)
@@ -372,7 +408,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
     GV cur[B], nxt[B];
-    T xr[XR], xn[XR];
     auto load = [&](GV (&buf)[B], long long r, int bt) {
         const GV* g = (const GV*)(G + r * (long long)ldg);
         #pragma unroll
@@ -381,20 +416,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             buf[b] = q < nv ? g[q] : vinf();
         }
     };
-    auto loadx = [&](T (&xv)[XR], long long r) {
-        #pragma unroll
-        for (int t = 0; t < XR; ++t) { const int j = lane + 32 * t; xv[t] = j < D ? X[r * D + j] : (T)0; }
-    };
     long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int bt = 0;
-    if (r < rows) { load(cur, r, 0); loadx(xr, r); }
+    double ebc = 0.0, ebn = 0.0;
+    if (r < rows) { load(cur, r, 0); ebc = eb[r]; }
     GT b1 = inf, b2 = inf, b3 = inf;
     int i1 = 0x7fffffff, i2 = 0x7fffffff;
     while (r < rows) {
         long long rn = r;
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
-        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) loadx(xn, rn); }
+        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
         // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
         // tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
@@ -411,21 +443,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             #pragma unroll
             for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
             const T* x = X + r * D;
-            double sq = 0.0;
-            #pragma unroll
-            for (int t = 0; t < XR; ++t) sq = fma((double)xr[t], (double)xr[t], sq);
-            for (int j = lane + 32 * XR; j < D; j += 32) sq = fma((double)x[j], (double)x[j], sq);
-            sq = warp_sum(sq);
             // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-            const double thr = (double)b1 + 2.0 * (errA * sqrt(sq) + errB);
+            const double thr = (double)b1 + 2.0 * ebc;
             const bool certain = (double)b2 > thr;
             int best = i1;
             double bd = 0.0;
-            if (exact || !certain) bd = exact_d2_xr(xr, x, C + (long long)i1 * D, D, lane);
+            if (exact || !certain) bd = exact_d2(x, C + (long long)i1 * D, D, lane);
             if (!certain) {
                 checked += 1.0;
                 if ((double)b3 > thr) {  // two candidates
-                    const double dk = exact_d2_xr(xr, x, C + (long long)i2 * D, D, lane);
+                    const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
                     if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
                 } else {  // three or more (rare): every k within the bound, from a second scan
                     const GV* g = (const GV*)(G + r * (long long)ldg);
@@ -442,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                                 const int src = __ffs(m) - 1;
                                 m &= m - 1;
                                 const int k = (qb + src) * VEC + e;
-                                const double dk = exact_d2_xr(xr, x, C + (long long)k * D, D, lane);
+                                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
                                 if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
                             }
                         }
@@ -452,8 +479,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             b1 = b2 = b3 = inf;
             i1 = i2 = 0x7fffffff;
-            #pragma unroll
-            for (int t = 0; t < XR; ++t) xr[t] = xn[t];
+            ebc = ebn;
         }
         #pragma unroll
         for (int b = 0; b < B; ++b) cur[b] = nxt[b];
@@ -503,12 +529,12 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
         const float* __restrict__ csq,
         const T* __restrict__ X, int D, long long rows,
         const T* __restrict__ C,
-        double errA, double errB, int exact,
+        const double* __restrict__ eb, int exact,
         const double* __restrict__ w, const int* prev, int* labels,
         double* __restrict__ d2, double* __restrict__ stat) {
     __shared__ float sb1[8][BR], sb2[8][BR], sb3[8][BR];
     __shared__ int si1[8][BR], si2[8][BR];
-    __shared__ double ssq[BR];
+    __shared__ double sthr[BR];
     __shared__ int flist[BR];
     __shared__ int nflag;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -547,14 +573,6 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
             const int i = RPT * lane + e;
             sb1[wid][i] = b1[e]; sb2[wid][i] = b2[e]; sb3[wid][i] = b3[e]; si1[wid][i] = i1[e]; si2[wid][i] = i2[e];
         }
-        // ||x||^2 of the block's rows: a warp per row, lanes over D.
-        for (int i = wid; i < BR; i += 8) {
-            const long long r = r0 + i;
-            double sq = 0.0;
-            if (r < rows) for (int j = lane; j < D; j += 32) { const double v = (double)X[r * D + j]; sq = fma(v, v, sq); }
-            sq = warp_sum(sq);
-            if (lane == 0) ssq[i] = sq;
-        }
         if (threadIdx.x == 0) nflag = 0;
         __syncthreads();
         if (threadIdx.x < BR) {
@@ -564,7 +582,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
             int j1 = si1[0][i], j2 = si2[0][i];
             for (int q = 1; q < 8; ++q) merge3(a1, j1, a2, j2, a3, sb1[q][i], si1[q][i], sb2[q][i], si2[q][i], sb3[q][i]);
             if (r < rows) {
-                const double thr = (double)a1 + 2.0 * (errA * sqrt(ssq[i]) + errB);
+                const double thr = (double)a1 + 2.0 * eb[r];
                 const bool certain = (double)a2 > thr;
                 if (exact || !certain) {
                     flist[atomicAdd(&nflag, 1)] = i;
@@ -573,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
                     row_out(r, j1, 0.0, w, prev, labels, d2, inert, moved);
                 }
                 sb1[0][i] = a1; sb2[0][i] = a2; sb3[0][i] = a3; si1[0][i] = j1; si2[0][i] = j2;
-                ssq[i] = thr;
+                sthr[i] = thr;
             }
         }
         __syncthreads();
@@ -585,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
             const T* x = X + r * D;
             const float a2 = sb2[0][i], a3 = sb3[0][i];
             const int j1 = si1[0][i], j2 = si2[0][i];
-            const double thr = ssq[i];
+            const double thr = sthr[i];
             int best = j1;
             double bd = exact_d2(x, C + (long long)j1 * D, D, lane);
             if (!((double)a2 > thr)) {
@@ -943,17 +961,6 @@ extern "C" __global__ void __launch_bounds__(256) finish_top2(
 }
 """
 
-TO_BF16_SRC = r"""
-extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
-    // Round to nearest even (inputs are finite).
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        unsigned int u = __float_as_uint(x[i]);
-        u += 0x7fffu + ((u >> 16) & 1u);
-        y[i] = (unsigned short)(u >> 16);
-    }
-}
-"""
-
 _CACHE: dict = {}
 
 
@@ -1025,11 +1032,11 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
 
 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
+    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter, gemm_prep)`` for data of
     ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
     mod = _module(("select", _ctype(dtype), _ctype(gemm_dtype), batch), select_source(dtype, gemm_dtype, batch))
     return tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums", "label_hist",
-                                                 "label_scatter"))
+                                                 "label_scatter", "gemm_prep"))
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
@@ -1044,12 +1051,3 @@ def fused_gemm_kernels() -> tuple[Any, Any]:
     its certification pass."""
     mod = _module(("fused",), FUSED_GEMM_SRC)
     return mod.get_function("gemm_top2"), mod.get_function("finish_top2")
-
-
-def bf16_kernel() -> Any:
-    key = ("bf16",)
-    if key not in _CACHE:
-        import cupy
-
-        _CACHE[key] = cupy.RawKernel(TO_BF16_SRC, "to_bf16")
-    return _CACHE[key]

@@ -98,8 +98,10 @@ class Prepared:
     """Centroid-side precomputation for one iteration (shared by all blocks).
 
     ``small`` is the fused kernel's ``(L, DPL, KACC, TRED)``, or None for the GEMM regime, whose
-    inputs are ``a`` (Kpad x D centroids in the GEMM input type, zero rows past K), ``csq``
-    (Kpad squared norms in the GEMM output type, +inf past K) and the error bound ``err``.
+    inputs are ``a`` (Kpad x D' centroids as the GEMM reads them, zero rows past K; see
+    ``mode``), ``csq`` (Kpad squared norms in the GEMM output type, +inf past K) and the error
+    bound coefficients ``err = (A, R, B)``: ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| +
+    R ||x - xb|| + B`` for every centroid, ``xb`` the row as the GEMM reads it.
     """
 
     centroids: Any  # (K, D) cupy, data dtype
@@ -108,33 +110,99 @@ class Prepared:
     small: tuple | None
     a: Any = None
     csq: Any = None
-    err: tuple = (0.0, 0.0)
+    err: tuple = (0.0, 0.0, 0.0)
+    mode: int = 0  # GEMM inputs, as gemm_prep's MODE: 0 as given, 1 TF32, 2 split TF32 (3D), 3 bf16
 
     @property
     def k(self) -> int:
         return self.centroids.shape[0]
 
 
-# Unit round-offs. TF32 inputs may be truncated rather than rounded: 2^-10, not 2^-11.
-_U_IN = {"fp32": 0.0, "tf32": 2.0**-10, "bf16": 2.0**-8}
+_TINY = 2.0**-100  # gemm_prep flushes smaller inputs to zero (cuda_src)
 
 
-def _error_bound(cmax: float, d: int, precision: str, gemm64: bool) -> tuple[float, float]:
-    """``(errA, errB)`` with ``|G + csq - (||c||^2 - 2 x.c)| <= errA ||x|| + errB`` for every
-    centroid (max norm ``cmax``).
+def _gemm_mode(precision: str, gemm64: bool) -> int:
+    """How the GEMM reads its float32 inputs (``gemm_prep`` MODE): fp32 precision as split TF32
+    (``daskmeans.gpu-fp32-gemm``: "3xtf32", or "auto" on A100/H100/B100-class GPUs, whose TF32
+    tensor cores run a 3D-deep TF32 GEMM faster than the fp32 one: P2 ~2.5 vs 6.2 ms on an
+    H200) or as given ("sgemm"); tf32 and bf16 inputs rounded to nearest by us, so that the
+    rounding error of each row is known exactly (``||x - xb||``), not bounded by the format's
+    worst case."""
+    if gemm64:
+        return 0
+    if precision == "tf32":
+        return 1
+    if precision == "bf16":
+        return 3
+    how = str(config.get("gpu-fp32-gemm"))
+    if how not in ("auto", "sgemm", "3xtf32"):
+        raise ValueError(f"daskmeans.gpu-fp32-gemm={how!r} should be one of 'auto', 'sgemm', '3xtf32'")
+    if how == "auto":
+        import cupy
 
-    The GEMM's error is at most ``2 (e_in + g) ||x|| ||c||`` (Cauchy-Schwarz), with ``e_in``
-    from rounding the inputs (``2u + u^2``) and ``g = 2 D u_acc`` from accumulating in any
-    order (twice the classical ``D u`` for tensor-core adders); rounding ``||c||^2`` and the
-    final addition add ``u_out (2 ||x|| ||c|| + 2 ||c||^2)``. A 10% margin covers the
-    second-order terms."""
-    u_out = 2.0**-53 if gemm64 else 2.0**-24
-    u_in = 0.0 if gemm64 else _U_IN[precision]
-    e_in = 2 * u_in + u_in * u_in
-    g = 2 * d * u_out
-    a = 1.1 * cmax * (2 * e_in + 2 * g * (1 + e_in) + 2.2 * u_out)
-    b = 1.1 * cmax * cmax * 2.2 * u_out
-    return a, b
+        major, minor = cupy.cuda.Device().compute_capability[:-1], cupy.cuda.Device().compute_capability[-1]
+        # Data-centre parts (8.0, 9.0, 10.0): TF32 throughput 8x fp32 or more; consumer parts
+        # (8.6, 8.9, 12.x) run TF32 near their fp32 rate, where three TF32 products lose.
+        how = "3xtf32" if minor == "0" and int(major) >= 8 and int(major) <= 10 else "sgemm"
+    return 2 if how == "3xtf32" else 0
+
+
+def _error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tuple[float, float, float]:
+    """``(A, R, B)`` with ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| + R ||x - xb|| + B`` for
+    every centroid: ``cmax`` the largest ``||c||``, ``smax`` the largest ``||c - cb||`` (``cb``
+    the centroid as the GEMM reads it), ``mode`` as in :func:`_gemm_mode`.
+
+    With ``M = cmax + smax >= ||cb||``, ``S = smax`` and Cauchy-Schwarz throughout:
+    rounded inputs (modes 1, 3): ``xb.cb - x.c = -(x.cs + xs.cb)``, at most ``||x|| S +
+    ||xs|| M``; split TF32 (mode 2): the GEMM sums ``xb.cb + xb.tf(cs) + tf(xs).cb``, off by
+    ``xb.(cs - tf(cs)) + (xs - tf(xs)).cb + xs.cs``, at most ``h (||xb|| S + ||xs|| M) +
+    ||xs|| S`` with ``h = 2^-10`` (cuBLAS's TF32 conversion of the residuals, any faithful
+    rounding). Accumulating the m D products in any order costs ``g = 2 m D u`` times the sum
+    of their magnitudes (twice the classical ``D u``: tensor-core adders may truncate); ``G``
+    carries the factor 2 of ``-2 x.c``. Rounding ``||c||^2`` and adding it to ``G`` add ``u (2
+    ||x|| cmax + 2 cmax^2)``. Absolute terms cover the flush of inputs below 2^-100 and
+    products underflowing float32. A 10% margin covers the second-order terms."""
+    u = 2.0**-53 if gemm64 else 2.0**-24
+    m = 3 if mode == 2 else 1
+    g = 2 * m * d * u
+    S, M = smax, cmax + smax
+    if mode == 0:
+        a, r = g * cmax, 0.0
+    elif mode == 2:
+        h = 2.0**-10
+        a = h * S + g * (M + S * (1 + h))
+        r = h * S + h * M + S + g * (M + S * (1 + h) + (1 + h) * M)
+    else:
+        a = S + g * M
+        r = M + g * M
+    A = 1.1 * (2 * a + 2.2 * u * cmax)
+    R = 1.1 * 2 * r
+    B = 1.1 * 2.2 * u * cmax * cmax
+    if not gemm64:
+        A += 2.2 * d**0.5 * _TINY
+        B += 2.2 * d**0.5 * _TINY * M + 4.4 * m * d * 2.0**-126
+    return A, R, B
+
+
+def _prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple) -> None:
+    """``gemm_prep`` on the rows of ``X`` (see cuda_src): the GEMM's rounded copy in ``out``
+    (mode > 0), per-row ``||x||^2`` / ``||x - xb||^2`` / error bounds where arrays are given."""
+    import cupy
+
+    rows, d = X.shape
+    kern = cuda_src.select_kernels(X.dtype, X.dtype)[5]
+    nb = int(max(1, min(16 * _sm_count(cupy.cuda.Device().id), -(-rows // 8))))
+    kern((nb,), (256,), (X, cupy.int64(rows), cupy.int32(d), cupy.int32(mode), cupy.int32(cen), _ptr(out),
+                         _ptr(sq), _ptr(rsq), _ptr(eb), *(numpy.float64(e) for e in err)))
+
+
+def _prep_buffer(rows: int, d: int, mode: int) -> Any:
+    """The GEMM's copy of ``rows`` rows in ``mode`` (None for mode 0: the data itself)."""
+    import cupy
+
+    if mode == 0:
+        return None
+    return cupy.empty((rows, 3 * d if mode == 2 else d), cupy.uint16 if mode == 3 else cupy.float32)
 
 
 def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
@@ -150,27 +218,23 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
     if small is not None:
         return Prepared(c, cupy.ascontiguousarray(c64), precision, small)
     gemm64 = c.dtype == cupy.float64
+    mode = _gemm_mode(precision, gemm64)
     kpad = -(-k // 4) * 4
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
-    if precision == "bf16" and not gemm64:
-        a = _to_bf16(a)
+    smax = 0.0
+    if mode:
+        rsq = cupy.empty(kpad, cupy.float64)
+        ab = _prep_buffer(kpad, d, mode)
+        _prep(a, mode, 1, ab, None, rsq, None, (0.0, 0.0, 0.0))
+        a = ab
+        smax = float(cupy.sqrt(rsq.max()))
     sq = (c64 * c64).sum(axis=1)
     # Padded to whole centroid tiles of the fused GEMM kernels (+inf: never selected).
     csq = cupy.full(-(-k // _FUSED_BN) * _FUSED_BN, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
-    return Prepared(c, c64, precision, None, a, csq, _error_bound(cmax, d, precision, gemm64))
-
-
-def _to_bf16(x):
-    """float32 -> bfloat16 bits (uint16), round to nearest even."""
-    import cupy
-
-    y = cupy.empty(x.shape, cupy.uint16)
-    n = x.size
-    cuda_src.bf16_kernel()((min(4096, max(1, -(-n // 256))),), (256,), (x, y, cupy.int64(n)))
-    return y
+    return Prepared(c, c64, precision, None, a, csq, _error_bound(cmax, smax, d, mode, gemm64), mode)
 
 
 @functools.lru_cache(maxsize=None)
@@ -320,7 +384,7 @@ def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
     stat = cupy.zeros(3, cupy.float64)
     blocks = int(max(1, min(8 * _sm_count(cupy.cuda.Device().id), -(-n // 8))))
     finish((blocks,), (256,),
-           (X, d32, n64, c, k32, i1, i2, b[0], b[1], b[2], numpy.float64(p.err[0]), numpy.float64(p.err[1]),
+           (X, d32, n64, c, k32, i1, i2, b[0], b[1], b[2], numpy.float64(p.err[0]), numpy.float64(p.err[2]),
             _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), stat))
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
     if want_sums:
@@ -369,13 +433,17 @@ def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
     return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64, copy=False)}
 
 
-def _tile_rows(kpad: int, itemsize: int, n: int) -> int:
-    return int(max(32, min(n, config.get_bytes("gpu-tile-bytes") // max(1, kpad * itemsize))))
+def _tile_rows(p: Prepared, n: int) -> int:
+    """Rows of one GEMM tile: its distances (rows x Kpad) and its rounded inputs (gemm_prep's
+    copy, rows x D') each within ``gpu-tile-bytes``."""
+    row_bytes = max(p.a.shape[0] * p.csq.dtype.itemsize, p.a.shape[1] * p.a.dtype.itemsize if p.mode else 0)
+    return int(max(32, min(n, config.get_bytes("gpu-tile-bytes") // max(1, row_bytes))))
 
 
-def _gemm(p: Prepared, xt, out, xbuf, ldr: int | None = None) -> None:
+def _gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
     """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream; with ``ldr``,
-    column-major instead (``out[k * ldr + r]``)."""
+    column-major instead (``out[k * ldr + r]``). ``xt`` (rows x D') is the tile as the GEMM
+    reads it: the data for ``p.mode`` 0, else ``gemm_prep``'s copy."""
     import cupy
     from cupy.cuda import cublas, device
 
@@ -385,38 +453,30 @@ def _gemm(p: Prepared, xt, out, xbuf, ldr: int | None = None) -> None:
     cublas.setStream(h, cupy.cuda.get_current_stream().ptr)
     if p.centroids.dtype == cupy.float64:
         scal = numpy.array([-2.0, 0.0])
-        dt = _CUDA_R_64F
-        ab, bb, ct, comp = dt, dt, dt, cublas.CUBLAS_COMPUTE_64F
-        bptr = xt.data.ptr
+        ab, ct, comp = _CUDA_R_64F, _CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F
     else:
         scal = numpy.array([-2.0, 0.0], numpy.float32)
         ct, comp = _CUDA_R_32F, cublas.CUBLAS_COMPUTE_32F
-        if p.precision == "bf16":
-            ab = bb = _CUDA_R_16BF
-            n = rows * d
-            cuda_src.bf16_kernel()((min(4096, max(1, -(-n // 256))),), (256,), (xt, xbuf, cupy.int64(n)))
-            bptr = xbuf.data.ptr
-        else:
-            ab = bb = _CUDA_R_32F
-            bptr = xt.data.ptr
-            if p.precision == "tf32":
-                comp = cublas.CUBLAS_COMPUTE_32F_FAST_TF32
+        ab = _CUDA_R_16BF if p.mode == 3 else _CUDA_R_32F
+        if p.mode in (1, 2):
+            comp = cublas.CUBLAS_COMPUTE_32F_FAST_TF32
+    bptr = xt.data.ptr
     mode = cublas.getPointerMode(h)
     if mode != cublas.CUBLAS_POINTER_MODE_HOST:
         cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
     try:
         if ldr is None:
-            # Column-major view: out^T (Kpad x rows) = a (Kpad x D) . xt^T (D x rows).
+            # Column-major view: out^T (Kpad x rows) = a (Kpad x D') . xt^T (D' x rows).
             cublas.gemmEx(
                 h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, kpad, rows, d,
-                scal.ctypes.data, p.a.data.ptr, ab, d, bptr, bb, d,
+                scal.ctypes.data, p.a.data.ptr, ab, d, bptr, ab, d,
                 scal[1:].ctypes.data, out.data.ptr, ct, kpad, comp, cublas.CUBLAS_GEMM_DEFAULT,
             )
         else:
-            # out (rows x Kpad, column-major, leading dimension ldr) = xt (rows x D) . a^T.
+            # out (rows x Kpad, column-major, leading dimension ldr) = xt (rows x D') . a^T.
             cublas.gemmEx(
                 h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, kpad, d,
-                scal.ctypes.data, bptr, bb, d, p.a.data.ptr, ab, d,
+                scal.ctypes.data, bptr, ab, d, p.a.data.ptr, ab, d,
                 scal[1:].ctypes.data, out.data.ptr, ct, ldr, comp, cublas.CUBLAS_GEMM_DEFAULT,
             )
     finally:
@@ -451,7 +511,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     k = p.k
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
-    rows = _tile_rows(kpad, gdt.itemsize, n)
+    rows = _tile_rows(p, n)
     rpt = _select_layout(rows, gdt, cupy.cuda.Device().id, p.precision)
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
@@ -466,8 +526,8 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     gs, ss = _streams(dev)
     nbuf = 1 if ntiles == 1 else 2
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
-    bf16 = p.precision == "bf16" and gdt == cupy.float32
-    xbufs = [cupy.empty(rows * d, cupy.uint16) if bf16 else None for _ in range(nbuf)]
+    xbufs = [_prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
+    eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
     start = main.record()
     gs.wait_event(start)
     ss.wait_event(start)
@@ -485,7 +545,9 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
         with gs:
             if freed[i] is not None:
                 gs.wait_event(freed[i])
-            _gemm(p, X[s0:s1], bufs[i] if rpt else g, xbufs[i], ldr if rpt else None)
+            xt = X[s0:s1] if xbufs[i] is None else xbufs[i][:m]
+            _prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], p.err)
+            _gemm(p, xt, bufs[i] if rpt else g, ldr if rpt else None)
             ready = gs.record()
         with ss:
             ss.wait_event(ready)
@@ -497,8 +559,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
                 lead = (g, cupy.int32(kpad))
             kern(
                 (nb,), (256,),
-                lead + (p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids,
-                 numpy.float64(p.err[0]), numpy.float64(p.err[1]), exact,
+                lead + (p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids, eb[s0:s1], exact,
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
                  stat),
