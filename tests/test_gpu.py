@@ -367,10 +367,10 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     np.testing.assert_allclose(cupy.asnumpy(eb), ref_eb, rtol=1e-14)
 
 
-@pytest.mark.parametrize("precision,fp32_gemm", [("fp32", "sgemm"), ("fp32", "3xtf32"), ("tf32", None),
-                                                 ("bf16", None)])
+@pytest.mark.parametrize("precision,fp32_gemm,mode", [("fp32", "sgemm", 0), ("fp32", "3xtf32", 2), ("tf32", None, 1),
+                                                      ("bf16", None, 3)])
 @pytest.mark.parametrize("offset", [0.0, 50.0])
-def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, offset):
+def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offset):
     """The certified bound the selection relies on: for every row and every centroid,
     ``|fl(G + csq) - (||c||^2 - 2 x.c)| <= eb(row)``, G from the real cuBLAS call, the right
     side in float64; on rows of mixed scales, centred and not (offset). TF32/bf16 bounds use
@@ -386,7 +386,7 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, offset):
     C = X[rng.choice(n, k, replace=False)].astype(np.float64) + rng.normal(0, 0.1, (k, d))
     with dask.config.set({"daskmeans.gpu-fp32-gemm": fp32_gemm or "auto"}):
         p = be.prepare(C, np.float32, precision)
-    assert p.mode == {"sgemm": 0, "3xtf32": 2, None: {"tf32": 1, "bf16": 3}[precision]}[fp32_gemm]
+    assert p.mode == mode
     Xg = cupy.asarray(X)
     xt = be._prep_buffer(n, d, p.mode)
     eb = cupy.empty(n, cupy.float64)

@@ -339,7 +339,7 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
 #endif
 }
 // GEMM inputs of a row tile and each row's certified error bound (a warp per row, lanes over
-// D). MODE (runtime) 0: no rounded copy (the GEMM reads X itself: fp32 SGEMM, float64);
+// D). gemm_prep<MODE>, MODE 0: no rounded copy (the GEMM reads X itself: fp32 SGEMM, float64);
 // 1: xb = X rounded to TF32 (to nearest even; the tensor cores then take xb exactly);
 // 2: split TF32, out = [xb | xb | xs] per row (xs = x - xb exactly), or [xb | xs | xb]
 // when CEN (the centroid side): one TF32 GEMM of inner dimension 3D sums xb.cb + xb.cs +
@@ -355,38 +355,72 @@ __device__ __forceinline__ float round_mant(float v, int keep) {  // keep mantis
     u += ((1u << (sh - 1)) - 1u) + ((u >> sh) & 1u);
     return __uint_as_float(u & ~((1u << sh) - 1u));
 }
-extern "C" __global__ void gemm_prep(const T* __restrict__ X, long long rows, int D, int mode, int cen,
-                                     void* __restrict__ out, double* __restrict__ sq, double* __restrict__ rsq,
-                                     double* __restrict__ eb, double eA, double eR, double eB) {
+// A warp takes 4 consecutive rows at a time and loads 4 values of each per lane before
+// using any (16 loads in flight: a warp per row alone kept too few bytes in flight for D ~ 100).
+template <int M>
+__device__ __forceinline__ void prep_rows(const T* __restrict__ X, long long rows, int D, int cen,
+                                          void* __restrict__ out, double* __restrict__ sq,
+                                          double* __restrict__ rsq, double* __restrict__ eb,
+                                          double eA, double eR, double eB) {
     const int lane = threadIdx.x & 31;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
     float* o = (float*)out;
     unsigned short* h = (unsigned short*)out;
-    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarp) {
-        double s = 0.0, q = 0.0;
-        for (int j = lane; j < D; j += 32) {
-            const T v = X[r * D + j];
-            s = fma((double)v, (double)v, s);
-            if (mode == 0) continue;
-            const float f = (float)v, b = round_mant(f, mode == 3 ? 7 : 10);
-            const float e = fabsf(f) < TINY ? 0.0f : f - b;  // exact (Sterbenz)
-            q = fma((double)e, (double)e, q);
-            if (mode == 1) o[r * D + j] = b;
-            else if (mode == 3) h[r * D + j] = (unsigned short)(__float_as_uint(b) >> 16);
-            else {
-                float* t = o + r * 3 * D;
-                t[j] = b; t[D + j] = cen ? e : b; t[2 * D + j] = cen ? b : e;
+    for (long long r0 = (((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 4; r0 < rows; r0 += nwarp * 4) {
+        double s[4] = {0.0, 0.0, 0.0, 0.0}, q[4] = {0.0, 0.0, 0.0, 0.0};
+        for (int j0 = 0; j0 < D; j0 += 128) {
+            T v[4][4];
+            #pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int j = j0 + lane + 32 * u;
+                    v[a][u] = (r0 + a < rows && j < D) ? X[(r0 + a) * D + j] : (T)0;
+                }
+            }
+            #pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int j = j0 + lane + 32 * u;
+                    s[a] = fma((double)v[a][u], (double)v[a][u], s[a]);
+                    if constexpr (M != 0) {
+                        if (r0 + a < rows && j < D) {
+                            const long long r = r0 + a;
+                            const float f = (float)v[a][u], b = round_mant(f, M == 3 ? 7 : 10);
+                            const float e = fabsf(f) < TINY ? 0.0f : f - b;  // exact (Sterbenz)
+                            q[a] = fma((double)e, (double)e, q[a]);
+                            if constexpr (M == 1) o[r * D + j] = b;
+                            else if constexpr (M == 3) h[r * D + j] = (unsigned short)(__float_as_uint(b) >> 16);
+                            else {
+                                float* t = o + r * 3 * D;
+                                t[j] = b; t[D + j] = cen ? e : b; t[2 * D + j] = cen ? b : e;
+                            }
+                        }
+                    }
+                }
             }
         }
-        s = warp_sum(s);
-        q = warp_sum(q);
-        if (lane == 0) {
-            if (sq) sq[r] = s;
-            if (rsq) rsq[r] = q;
-            if (eb) eb[r] = eA * sqrt(s) + eR * sqrt(q) + eB;
+        #pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const double sa = warp_sum(s[a]), qa = warp_sum(q[a]);
+            const long long r = r0 + a;
+            if (lane == 0 && r < rows) {
+                if (sq) sq[r] = sa;
+                if (rsq) rsq[r] = qa;
+                if (eb) eb[r] = eA * sqrt(sa) + eR * sqrt(qa) + eB;
+            }
         }
     }
 }
+#define PREP(M) extern "C" __global__ void __launch_bounds__(256, 3) gemm_prep##M( \
+        const T* __restrict__ X, long long rows, int D, int cen, void* __restrict__ out, double* __restrict__ sq, \
+        double* __restrict__ rsq, double* __restrict__ eb, double eA, double eR, double eB) { \
+    prep_rows<M>(X, rows, D, cen, out, sq, rsq, eb, eA, eR, eB); }
+PREP(0)
+PREP(1)
+PREP(2)
+PREP(3)
 
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
 // batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
@@ -1032,11 +1066,17 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
 
 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter, gemm_prep)`` for data of
+    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
     ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
     mod = _module(("select", _ctype(dtype), _ctype(gemm_dtype), batch), select_source(dtype, gemm_dtype, batch))
     return tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums", "label_hist",
-                                                 "label_scatter", "gemm_prep"))
+                                                 "label_scatter"))
+
+
+def prep_kernel(dtype: Any, mode: int) -> Any:
+    """``gemm_prep`` of ``mode`` (0-3, see the source) for data of ``dtype``."""
+    mod = _module(("select", _ctype(dtype), _ctype(dtype), 8), select_source(dtype, dtype))
+    return mod.get_function(f"gemm_prep{mode}")
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:

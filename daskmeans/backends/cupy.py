@@ -190,9 +190,9 @@ def _prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err
     import cupy
 
     rows, d = X.shape
-    kern = cuda_src.select_kernels(X.dtype, X.dtype)[5]
-    nb = int(max(1, min(16 * _sm_count(cupy.cuda.Device().id), -(-rows // 8))))
-    kern((nb,), (256,), (X, cupy.int64(rows), cupy.int32(d), cupy.int32(mode), cupy.int32(cen), _ptr(out),
+    kern = cuda_src.prep_kernel(X.dtype, mode)
+    nb = int(max(1, min(32 * _sm_count(cupy.cuda.Device().id), -(-rows // 32))))  # 8 warps x 4 rows
+    kern((nb,), (256,), (X, cupy.int64(rows), cupy.int32(d), cupy.int32(cen), _ptr(out),
                          _ptr(sq), _ptr(rsq), _ptr(eb), *(numpy.float64(e) for e in err)))
 
 
@@ -484,19 +484,21 @@ def _gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
             cublas.setPointerMode(h, mode)
 
 
-def _select_layout(rows: int, gdt: Any, device_id: int, precision: str) -> int:
+def _select_layout(rows: int, kpad: int, gdt: Any, device_id: int, precision: str) -> int:
     """Rows per thread of ``select_cols`` on a column-major tile of ``rows`` rows (4, 2 or 1),
     or 0 for ``select_rows`` on a row-major tile (``daskmeans.gpu-select-layout``: "auto",
-    "rows", or "cols1" / "cols2" / "cols4"). Auto, float32 tiles in fp32 precision: the most
-    rows per thread that still gives every SM three blocks (the column kernel parallelises
-    over rows only). Not for tf32/bf16: their 16-30% uncertain rows (random data) make the
-    column kernel's per-block exact re-rank the bottleneck (P2 tf32 6.4 vs 4.5 ms, H200)."""
+    "rows", or "cols1" / "cols2" / "cols4"). Auto, float32 tiles in fp32 precision with K up
+    to 2048: the most rows per thread that still gives every SM three blocks (the column
+    kernel parallelises over rows only). Larger K: a row whose bound leaves three or more
+    candidates re-reads its row of the column-major tile one 32-byte sector per centroid
+    (P3, K = 5000, 2.4% such rows: 35 vs 17 ms, H200), and each thread's share of the
+    centroids grows. Not for tf32/bf16: more uncertain rows (4-8% on random data)."""
     layout = str(config.get("gpu-select-layout"))
     if gdt != numpy.float32 or layout == "rows":
         return 0
     if layout.startswith("cols"):
         return int(layout[4:])
-    if precision != "fp32":
+    if precision != "fp32" or kpad > 2048:
         return 0
     for rpt in (4, 2, 1):
         if -(-rows // (32 * rpt)) >= 3 * _sm_count(device_id):
@@ -512,7 +514,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     rows = _tile_rows(p, n)
-    rpt = _select_layout(rows, gdt, cupy.cuda.Device().id, p.precision)
+    rpt = _select_layout(rows, kpad, gdt, cupy.cuda.Device().id, p.precision)
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
