@@ -401,7 +401,8 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
     bound = eb
     assert bool((err <= bound).all()), float((err / bound).max())
     if precision != "fp32":
-        # Far tighter than the format's worst case (2 (2u_in) ||x|| cmax, truncated inputs).
+        # The GEMM's part of the bound (less the rounding of ||c||^2 + G, the same B in every
+        # mode) is far below the format's worst case 2 (2 u_in) ||x|| cmax (truncated inputs).
         u_in = 2.0**-10 if precision == "tf32" else 2.0**-8
         worst = 4 * u_in * cupy.sqrt((Xg.astype(cupy.float64) ** 2).sum(1)) * float(cupy.sqrt((c32 * c32).sum(1).max()))
-        assert float((bound / worst).mean()) < 0.5
+        assert float(((bound - p.err[2]) / worst).max()) < 0.5

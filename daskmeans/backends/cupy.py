@@ -292,6 +292,17 @@ def _occupancy(kern: Any, threads: int, shared: int) -> int:
         return 2
 
 
+_SHARED_SET: set = set()
+
+
+def _allow_shared(kern: Any, shared: int, device_id: int) -> None:
+    """Let ``kern`` take ``shared`` bytes of dynamic shared memory (above the default 48 KiB
+    the driver needs the opt-in, per function and device)."""
+    if shared > 48 * 1024 and (id(kern), device_id) not in _SHARED_SET:
+        kern.max_dynamic_shared_size_bytes = shared
+        _SHARED_SET.add((id(kern), device_id))
+
+
 _PLANS: dict = {}
 
 
@@ -518,9 +529,11 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
+    shared = 0 if rpt else cuda_src.select_rows_shared()
+    _allow_shared(kern, shared, dev)
     # A persistent grid (every resident block slot once): each warp streams its rows with the
-    # next batch always in flight, which extra waves of blocks would restart.
-    blocks_max = _blocks_per_sm(kern, 256, 0) * _sm_count(dev)
+    # next batches always in flight, which extra waves of blocks would restart.
+    blocks_max = _blocks_per_sm(kern, 256, shared) * _sm_count(dev)
     ntiles = -(-n // rows)
     main = cupy.cuda.get_current_stream()
     # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
@@ -565,6 +578,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
                  stat),
+                shared_mem=shared,
             )
             freed[i] = ss.record()
     from cupy.cuda import cublas, device
