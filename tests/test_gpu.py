@@ -402,7 +402,10 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
     assert bool((err <= bound).all()), float((err / bound).max())
     if precision != "fp32":
         # The GEMM's part of the bound (less the rounding of ||c||^2 + G, the same B in every
-        # mode) is far below the format's worst case 2 (2 u_in) ||x|| cmax (truncated inputs).
+        # mode) against the old worst case 2 (2 u_in) ||x|| cmax: TF32 with u_in = 2^-10
+        # (inputs possibly truncated; ours are rounded to nearest, 2^-11), bf16 with 2^-8
+        # (rounded to nearest either way): the actual residuals are ~0.4 of the worst case.
         u_in = 2.0**-10 if precision == "tf32" else 2.0**-8
         worst = 4 * u_in * cupy.sqrt((Xg.astype(cupy.float64) ** 2).sum(1)) * float(cupy.sqrt((c32 * c32).sum(1).max()))
-        assert float(((bound - p.err[2]) / worst).max()) < 0.5
+        ratio = float(((bound - p.err[2]) / worst).max())
+        assert ratio < (0.35 if precision == "tf32" else 0.7), ratio

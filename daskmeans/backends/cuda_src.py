@@ -1207,23 +1207,29 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8, stages: int = SELECT_STAGES) -> tuple[Any, ...]:
     """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
     ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
-    mod = _module(("select", _ctype(dtype), _ctype(gemm_dtype), batch, stages),
-                  select_source(dtype, gemm_dtype, batch, stages=stages))
-    return tuple(mod.get_function(f) for f in ("select_rows", "scatter_by_label", "sorted_sums", "label_hist",
-                                                 "label_scatter"))
+    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch, stages)
+    if key + ("functions",) not in _CACHE:  # the same kernel objects every call (their ids key caches)
+        mod = _module(key, select_source(dtype, gemm_dtype, batch, stages=stages))
+        _CACHE[key + ("functions",)] = tuple(mod.get_function(f) for f in (
+            "select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
+            "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3"))
+    return _CACHE[key + ("functions",)][:5]
 
 
 def prep_kernel(dtype: Any, mode: int) -> Any:
     """``gemm_prep`` of ``mode`` (0-3, see the source) for data of ``dtype``."""
-    mod = _module(("select", _ctype(dtype), _ctype(dtype), 8, SELECT_STAGES), select_source(dtype, dtype))
-    return mod.get_function(f"gemm_prep{mode}")
+    select_kernels(dtype, dtype)
+    return _CACHE[("select", _ctype(dtype), _ctype(dtype), 8, SELECT_STAGES, "functions")][5 + mode]
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     """``select_cols`` for data of ``dtype``, a column-major float32 GEMM tile and
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
-    return _module(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread)).get_function("select_cols")
+    if key + ("function",) not in _CACHE:
+        mod = _module(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread))
+        _CACHE[key + ("function",)] = mod.get_function("select_cols")
+    return _CACHE[key + ("function",)]
 
 
 def fused_gemm_kernels() -> tuple[Any, Any]:
