@@ -67,21 +67,13 @@ for name in args or ["P2"]:
         stat = cupy.zeros(3, cupy.float64)
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
                 eb[:rows], np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
-        # select_rows with B vectors per lane per batch and S cp.async slots per warp (S = 0:
-        # the register-pipelined variant); the default first.
-        for batch, stages in ((8, cuda_src.SELECT_STAGES), (8, 0), (8, 2), (8, 4), (4, 4), (4, 6)):
-            kb = cuda_src.select_kernels(X.dtype, p.csq.dtype, batch, stages)[0]
-            sh = cuda_src.select_rows_shared(batch, stages)
-            try:
-                be._allow_shared(kb, sh, 0)
-                nbb = int(min(be._blocks_per_sm(kb, 256, sh) * be._sm_count(0), -(-rows // 8)))
-                ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args, shared_mem=sh), reps=10, warm=3)  # noqa: B023
-            except Exception as e:  # a variant the device cannot launch
-                print(name, f"select B{batch} S{stages}:", e, flush=True)
-                continue
-            r[f"select_B{batch}_S{stages}_all_tiles_ms"] = ms * n / rows
-            r[f"select_B{batch}_S{stages}_blocks_per_sm"] = be._blocks_per_sm(kb, 256, sh)
-            print(name, f"select B{batch} S{stages}: {ms * n / rows:.3f} ms all tiles", flush=True)
+        # select_rows with B vectors per lane per batch (8: the default).
+        for batch in (8, 4, 6):
+            kb = cuda_src.select_kernels(X.dtype, p.csq.dtype, batch)[0]
+            nbb = int(min(be._blocks_per_sm(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
+            ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
+            r[f"select_B{batch}_all_tiles_ms"] = ms * n / rows
+        r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (r["select_B8_all_tiles_ms"] * rows / n * 1e-3) / 1e12
         # select_cols alone on a column-major tile (rows per thread 1, 2, 4).
         ldr = -(-rows // 4) * 4
         bcol = cupy.empty((p.a.shape[0], ldr), cupy.float32)

@@ -12,10 +12,13 @@ The kernels (see that module for when each runs):
     float64 sums: in registers when ``KACC`` (= K) accumulators fit, otherwise in shared
     memory. Each block writes one partial (sums, weights, counts, inertia, reassigned) which
     the host reduces in a fixed order: no global atomics.
+``gemm_prep``
+    Before each GEMM tile: the tile's rows as the GEMM reads them (rounded to nearest TF32 or
+    bfloat16, or split into TF32 high and low parts for fp32 precision on tensor cores) and
+    each row's certified error bound, from the row's norm and its actual rounding residual.
 ``select_rows``
     After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2
-    of ``G + ||c||^2`` (16-byte loads), certifies the winner with an error bound of the
-    GEMM's precision, and re-ranks the uncertain rows by exact float64 distances to the few
+    of ``G + ||c||^2`` (16-byte loads), certifies the winner with the row's error bound, and re-ranks the uncertain rows by exact float64 distances to the few
     candidates that the bound cannot exclude (found by a second scan of the row).
 ``gemm_top2`` / ``finish_top2``
     The fused fp32 GEMM regime: a 128 x 128 x 8 FFMA tile GEMM whose epilogue keeps, per row,
@@ -422,131 +425,6 @@ PREP(1)
 PREP(2)
 PREP(3)
 
-#if SR_STAGES
-// The same selection with the row batches streamed into shared memory by cp.async, SR_STAGES
-// slots per warp: SR_STAGES - 1 batches always in flight per warp without holding them in
-// registers (the register pipeline above kept one, which left the kernel latency-bound at
-// ~1.7 TB/s). Each lane copies and reads back only its own 16-byte vectors (and its copy of
-// the row's bound), so the per-thread cp.async wait is the only synchronisation.
-#define SLOT_V (B * 32)
-#define SLOT_BYTES (SLOT_V * 16 + 32 * 8)
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp8(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
-extern "C" __global__ void __launch_bounds__(256) select_rows(
-        const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
-        const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
-        const T* __restrict__ X, int D, long long rows,
-        const T* __restrict__ C,                    // K x D centroids (data dtype)
-        const double* __restrict__ eb,              // per row: |G+csq - exact| <= eb (gemm_prep)
-        int exact,                                  // 1: the winner's exact distance here (inertia, d2)
-        const double* __restrict__ w,
-        const int* prev, int* labels,               // may alias (so neither is __restrict__)
-        double* __restrict__ d2, double* __restrict__ stat) {   // stat: inertia, reassigned, rechecked
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31;
-    unsigned char* wbase = smem + (size_t)(threadIdx.x >> 5) * SR_STAGES * SLOT_BYTES;
-    const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
-    const int nv = ldg / VEC, nbat = (nv + 32 * B - 1) / (32 * B);
-    const GV* cq = (const GV*)csq;
-    const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
-    double inert = 0.0, moved = 0.0, checked = 0.0;
-    long long rp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // producer: next batch
-    int bp = 0;
-    auto issue = [&](int slot) {
-        unsigned char* sl = wbase + slot * SLOT_BYTES;
-        if (rp < rows) {
-            const GV* g = (const GV*)(G + rp * (long long)ldg);
-            #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                const int q = bp * 32 * B + 32 * b + lane;
-                if (q < nv) cp16((GV*)sl + 32 * b + lane, g + q);
-            }
-            if (bp == 0) cp8((double*)(sl + SLOT_V * 16) + lane, eb + rp);
-            if (++bp == nbat) { bp = 0; rp += nwarp; }
-        }
-        cp_commit();
-    };
-    #pragma unroll
-    for (int t = 0; t < SR_STAGES - 1; ++t) issue(t);
-    long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int bt = 0, slot = 0;
-    double ebc = 0.0;
-    GT b1 = inf, b2 = inf, b3 = inf;
-    int i1 = 0x7fffffff, i2 = 0x7fffffff;
-    while (r < rows) {
-        cp_wait<SR_STAGES - 2>();  // this slot's batch has landed
-        issue(slot == 0 ? SR_STAGES - 1 : slot - 1);  // into the slot consumed last step
-        const unsigned char* sl = wbase + slot * SLOT_BYTES;
-        if (bt == 0) ebc = ((const double*)(sl + SLOT_V * 16))[lane];
-        // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
-        // tie lands in b2 (a zero margin, hence an exact re-check).
-        #pragma unroll
-        for (int b = 0; b < B; ++b) {
-            const int q = bt * 32 * B + 32 * b + lane;
-            if (q < nv) {
-                const GV gv = ((const GV*)sl)[32 * b + lane], cv = cq[q];
-                #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const GT v = comp(gv, e) + comp(cv, e);
-                    if (v < b3) ins3(v, q * VEC + e, b1, i1, b2, i2, b3);
-                }
-            }
-        }
-        if (bt == nbat - 1) {  // row r is complete
-            #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
-            const T* x = X + r * D;
-            // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-            const double thr = (double)b1 + 2.0 * ebc;
-            const bool certain = (double)b2 > thr;
-            int best = i1;
-            double bd = 0.0;
-            if (exact || !certain) bd = exact_d2(x, C + (long long)i1 * D, D, lane);
-            if (!certain) {
-                checked += 1.0;
-                if ((double)b3 > thr) {  // two candidates
-                    const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
-                    if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
-                } else {  // three or more (rare): every k within the bound, from a second scan
-                    const GV* g = (const GV*)(G + r * (long long)ldg);
-                    for (int qb = 0; qb < nv; qb += 32) {
-                        const int q = qb + lane;
-                        const bool ok = q < nv;
-                        GV gv, cv;
-                        if (ok) { gv = g[q]; cv = cq[q]; }
-                        #pragma unroll
-                        for (int e = 0; e < VEC; ++e) {
-                            const bool cand = ok && (q * VEC + e) != i1 && (double)(comp(gv, e) + comp(cv, e)) <= thr;
-                            unsigned m = __ballot_sync(FULL, cand);
-                            while (m) {
-                                const int src = __ffs(m) - 1;
-                                m &= m - 1;
-                                const int k = (qb + src) * VEC + e;
-                                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
-                                if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
-                            }
-                        }
-                    }
-                }
-            }
-            if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
-            b1 = b2 = b3 = inf;
-            i1 = i2 = 0x7fffffff;
-        }
-        if (++bt == nbat) { bt = 0; r += nwarp; }
-        if (++slot == SR_STAGES) slot = 0;
-    }
-    cp_wait<0>();
-    if (lane == 0) stat_out(stat, inert, moved, checked);
-}
-#else
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
 // batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
 // so a warp always has a batch in flight, also while it merges and certifies a row.
@@ -647,8 +525,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     }
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
-
-#endif
 
 #ifdef RPT
 // The same selection on a column-major tile (Gt[k * ldr + r], cuBLAS writing G^T): a block
@@ -1169,19 +1045,8 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
     return mod.get_function("fused_small"), mod.get_function("reduce_parts")
 
 
-# select_rows: cp.async slots per warp (0: the register-pipelined variant). Three slots of 8
-# vectors per lane: 104 KiB of shared memory per 256-thread block, two blocks per SM.
-SELECT_STAGES = 3
-
-
-def select_rows_shared(batch: int = 8, stages: int = SELECT_STAGES) -> int:
-    """Dynamic shared memory (bytes) of one 256-thread ``select_rows`` block."""
-    return 8 * stages * (batch * 32 * 16 + 32 * 8) if stages else 0
-
-
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
-                  sum_rows: int | None = None, sum_min_blocks: int | None = None,
-                  stages: int = SELECT_STAGES) -> str:
+                  sum_rows: int | None = None, sum_min_blocks: int | None = None) -> str:
     """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
     buffers in 128 registers without spilling on sm_90, float32); ``rows_per_thread`` (1, 2
@@ -1194,7 +1059,6 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
         # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
         sum_min_blocks = 4 if t == "float" else 3
     head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
-    head += f"#define SR_STAGES {stages}\n"
     head += f"#define SS_MINB {sum_min_blocks}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
@@ -1204,12 +1068,12 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
     return head + SELECT_SRC
 
 
-def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8, stages: int = SELECT_STAGES) -> tuple[Any, ...]:
+def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
     """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
     ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
-    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch, stages)
+    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
     if key + ("functions",) not in _CACHE:  # the same kernel objects every call (their ids key caches)
-        mod = _module(key, select_source(dtype, gemm_dtype, batch, stages=stages))
+        mod = _module(key, select_source(dtype, gemm_dtype, batch))
         _CACHE[key + ("functions",)] = tuple(mod.get_function(f) for f in (
             "select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3"))
@@ -1219,7 +1083,7 @@ def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8, stages: int = SE
 def prep_kernel(dtype: Any, mode: int) -> Any:
     """``gemm_prep`` of ``mode`` (0-3, see the source) for data of ``dtype``."""
     select_kernels(dtype, dtype)
-    return _CACHE[("select", _ctype(dtype), _ctype(dtype), 8, SELECT_STAGES, "functions")][5 + mode]
+    return _CACHE[("select", _ctype(dtype), _ctype(dtype), 8, "functions")][5 + mode]
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:

@@ -10,9 +10,10 @@ GEMM (moderate and large K)
     fp32 precision, float32 data, D <= ``gpu-fused-gemm-max-d``: ``gemm_top2`` computes
     ``||c||^2 - 2 x.c`` tile by tile on chip and keeps each row's two best (value, index) pairs
     and third value; ``finish_top2`` certifies the winner or re-ranks the candidates exactly.
-    Otherwise, per row tile, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one
-    of two preallocated tiles, then a selection kernel takes the top-2 (and third value) of
-    ``G + ||c||^2`` per row, certifies the winner against the GEMM's error bound and re-ranks
+    Otherwise, per row tile, ``gemm_prep`` writes the rows as the GEMM reads them and each
+    row's error bound, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
+    preallocated tiles, then a selection kernel takes the top-2 (and third value) of
+    ``G + ||c||^2`` per row, certifies the winner against the row's bound and re-ranks
     the uncertain rows by exact float64 distances: ``select_cols`` on a column-major tile
     (threads own rows; fp32, where few rows are uncertain) or ``select_rows`` on a row-major
     one (a warp per row; ``_select_layout``). The GEMMs run on a low-priority stream and the
@@ -21,8 +22,11 @@ GEMM (moderate and large K)
     accumulation (``sorted_sums``).
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
-(the default), "tf32" (TF32 tensor-core GEMM) and "bf16" (bfloat16 inputs) differ in speed
-and in how many rows need the exact re-check (``rechecked``), never in labels.
+(the default: split TF32, three TF32 products in one tensor-core GEMM of depth 3D, or
+cuBLAS's fp32 GEMM; ``gpu-fp32-gemm``), "tf32" (one TF32 product) and "bf16" (bfloat16
+inputs) differ in speed and in how many rows need the exact re-check (``rechecked``), never
+in labels. The bounds are certified per row (``_error_bound``): inputs are rounded to nearest
+by ``gemm_prep``, so each row's actual residual enters, not the format's worst case.
 CuPy is imported lazily so that importing daskmeans never needs a GPU.
 """
 
@@ -292,17 +296,6 @@ def _occupancy(kern: Any, threads: int, shared: int) -> int:
         return 2
 
 
-_SHARED_SET: set = set()
-
-
-def _allow_shared(kern: Any, shared: int, device_id: int) -> None:
-    """Let ``kern`` take ``shared`` bytes of dynamic shared memory (above the default 48 KiB
-    the driver needs the opt-in, per function and device)."""
-    if shared > 48 * 1024 and (id(kern), device_id) not in _SHARED_SET:
-        kern.max_dynamic_shared_size_bytes = shared
-        _SHARED_SET.add((id(kern), device_id))
-
-
 _PLANS: dict = {}
 
 
@@ -529,11 +522,9 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
     dev = cupy.cuda.Device().id
-    shared = 0 if rpt else cuda_src.select_rows_shared()
-    _allow_shared(kern, shared, dev)
     # A persistent grid (every resident block slot once): each warp streams its rows with the
-    # next batches always in flight, which extra waves of blocks would restart.
-    blocks_max = _blocks_per_sm(kern, 256, shared) * _sm_count(dev)
+    # next batch always in flight, which extra waves of blocks would restart.
+    blocks_max = _blocks_per_sm(kern, 256, 0) * _sm_count(dev)
     ntiles = -(-n // rows)
     main = cupy.cuda.get_current_stream()
     # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
@@ -578,7 +569,6 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
                  _ptr(None if w is None else w[s0:s1]), _ptr(None if prev is None else prev[s0:s1]),
                  _ptr(None if labels is None else labels[s0:s1]), _ptr(None if d2 is None else d2[s0:s1]),
                  stat),
-                shared_mem=shared,
             )
             freed[i] = ss.record()
     from cupy.cuda import cublas, device
