@@ -54,9 +54,10 @@ class KMeans:
         vectors renormalised each iteration, and ``inertia_`` sums ``1 - cos(x, c)``.
     precision : {"fp32", "tf32", "bf16"}, default "fp32"
         GEMM precision of the GPU kernels. Labels are those of exact distances in every mode:
-        tf32/bf16 rows whose margin the format's error bound cannot certify are re-ranked
-        exactly (their fraction is ``history_[i]["rechecked"]``). CPUs compute in the data
-        dtype whatever the mode.
+        rows whose margin the GEMM's certified error bound cannot separate are re-ranked
+        exactly (their fraction is ``history_[i]["rechecked"]``; a few per mille in fp32,
+        a few percent in tf32/bf16). fp32 runs as split TF32 on A100/H100-class GPUs
+        (``daskmeans.gpu-fp32-gemm``). CPUs compute in the data dtype whatever the mode.
     client : distributed.Client, optional
         Defaults to the current client (``distributed.default_client()``).
 
