@@ -57,6 +57,18 @@ __device__ __forceinline__ void ins3(V v, int k, V& b1, int& i1, V& b2, int& i2,
     else if (v < b2) { b3 = b2; b2 = v; i2 = k; }
     else if (v < b3) { b3 = v; }
 }
+// The same insertion without branches (selects only): in the streaming scans a warp's lanes
+// insert at different values, and the divergent ins3 made select_rows issue-bound (ncu, P2
+// tf32: 0.66 issued per scheduler-cycle, 19.5 active threads per warp).
+template <typename V>
+__device__ __forceinline__ void ins3_sel(V v, int k, V& b1, int& i1, V& b2, int& i2, V& b3) {
+    const bool c1 = v < b1, c2 = v < b2, c3 = v < b3;  // c1 => c2 => c3
+    b3 = c2 ? b2 : (c3 ? v : b3);
+    b2 = c1 ? b1 : (c2 ? v : b2);
+    i2 = c1 ? i1 : (c2 ? k : i2);
+    b1 = c1 ? v : b1;
+    i1 = c1 ? k : i1;
+}
 // Merge another sorted state (c1, j1, c2, j2, c3): the three smallest values of the union and
 // the indices of the first two, in (value, index) order: associative and commutative.
 template <typename V>
@@ -473,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const GT v = comp(cur[b], e) + comp(cv, e);
-                if (v < b3) ins3(v, q * VEC + e, b1, i1, b2, i2, b3);
+                ins3_sel(v, q * VEC + e, b1, i1, b2, i2, b3);
             }
         }
         if (bn == 0) {  // row r is complete
@@ -601,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
                 #pragma unroll
                 for (int e = 0; e < RPT; ++e) {
                     const float val = rcomp(v[u], e) + cq[u];
-                    if (val < b3[e]) ins3(val, k + u, b1[e], i1[e], b2[e], i2[e], b3[e]);
+                    ins3_sel(val, k + u, b1[e], i1[e], b2[e], i2[e], b3[e]);
                 }
             }
         }
