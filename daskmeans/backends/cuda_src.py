@@ -543,7 +543,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
 // owns 32 RPT rows, thread (warp w, lane l) rows RPT l .. RPT l + RPT - 1 of the block, scanning the centroids of warp w's eighth of [0, kpad) with coalesced RPT-float
 // loads (KU centroids in flight) and keeping each row's top-2 + third value in registers: no
 // per-row warp merge on the streaming path. Then the eight states of a row merge in shared
-// memory, one thread per row certifies it (||x||^2 from a warp per row), and the uncertain
+// memory, one thread per row certifies it (its bound from gemm_prep), and the uncertain
 // rows (all rows when ``exact``) get a warp each for the exact re-rank.
 #define KU 8
 #if RPT == 4
@@ -1040,12 +1040,15 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
             f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n" + SMALL_SRC)
 
 
-def _module(key: tuple, src: str) -> Any:
-    """The compiled module of ``src``, once per process (CuPy also caches it on disk)."""
+def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The kernels ``names`` of the module compiled from ``src``, once per process (CuPy also
+    caches the binary on disk); the same objects every call, as the launch code keys its
+    occupancy cache by them."""
     if key not in _CACHE:
         import cupy
 
-        _CACHE[key] = cupy.RawModule(code=src, options=("--std=c++17",))
+        mod = cupy.RawModule(code=src, options=("--std=c++17",))
+        _CACHE[key] = tuple(mod.get_function(f) for f in names)
     return _CACHE[key]
 
 
@@ -1053,8 +1056,8 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
                   mode: int = 0) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode)
-    mod = _module(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode))
-    return mod.get_function("fused_small"), mod.get_function("reduce_parts")
+    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode),
+                      ("fused_small", "reduce_parts"))
 
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
@@ -1083,33 +1086,29 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
     """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
     ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
-    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
-    if key + ("functions",) not in _CACHE:  # the same kernel objects every call (their ids key caches)
-        mod = _module(key, select_source(dtype, gemm_dtype, batch))
-        _CACHE[key + ("functions",)] = tuple(mod.get_function(f) for f in (
-            "select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
-            "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3"))
-    return _CACHE[key + ("functions",)][:5]
+    return _select_module(dtype, gemm_dtype, batch)[:5]
 
 
 def prep_kernel(dtype: Any, mode: int) -> Any:
     """``gemm_prep`` of ``mode`` (0-3, see the source) for data of ``dtype``."""
-    select_kernels(dtype, dtype)
-    return _CACHE[("select", _ctype(dtype), _ctype(dtype), 8, "functions")][5 + mode]
+    return _select_module(dtype, dtype)[5 + mode]
+
+
+def _select_module(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
+    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
+    return _functions(key, select_source(dtype, gemm_dtype, batch),
+                      ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
+                       "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3"))
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     """``select_cols`` for data of ``dtype``, a column-major float32 GEMM tile and
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
-    if key + ("function",) not in _CACHE:
-        mod = _module(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread))
-        _CACHE[key + ("function",)] = mod.get_function("select_cols")
-    return _CACHE[key + ("function",)]
+    return _functions(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread), ("select_cols",))[0]
 
 
 def fused_gemm_kernels() -> tuple[Any, Any]:
     """``(gemm_top2, finish_top2)``: the fused fp32 GEMM + top-2 kernel for float32 data and
     its certification pass."""
-    mod = _module(("fused",), FUSED_GEMM_SRC)
-    return mod.get_function("gemm_top2"), mod.get_function("finish_top2")
+    return _functions(("fused",), FUSED_GEMM_SRC, ("gemm_top2", "finish_top2"))

@@ -144,10 +144,10 @@ def _gemm_mode(precision: str, gemm64: bool) -> int:
     if how == "auto":
         import cupy
 
-        major, minor = cupy.cuda.Device().compute_capability[:-1], cupy.cuda.Device().compute_capability[-1]
+        cc = cupy.cuda.Device().compute_capability  # "90" for 9.0
         # Data-centre parts (8.0, 9.0, 10.0): TF32 throughput 8x fp32 or more; consumer parts
         # (8.6, 8.9, 12.x) run TF32 near their fp32 rate, where three TF32 products lose.
-        how = "3xtf32" if minor == "0" and int(major) >= 8 and int(major) <= 10 else "sgemm"
+        how = "3xtf32" if cc in ("80", "90", "100") else "sgemm"
     return 2 if how == "3xtf32" else 0
 
 
@@ -381,6 +381,8 @@ def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
     k = p.k
     c = p.centroids
     gemm, finish = cuda_src.fused_gemm_kernels()
+    # The bound (A, B) of p.mode: for split TF32 (mode 2) larger than this kernel's exact fp32
+    # inputs need, hence still certified; R multiplies a residual of 0 here.
     i1, i2 = cupy.empty(n, cupy.int32), cupy.empty(n, cupy.int32)
     b = cupy.empty((3, n), cupy.float32)
     n64, d32, k32 = cupy.int64(n), cupy.int32(d), cupy.int32(k)
