@@ -10,6 +10,7 @@ import sys
 
 import benchmeta
 import cupy
+import dask
 
 from daskmeans.backends import cuda_src
 from daskmeans.backends import cupy as be
@@ -20,15 +21,18 @@ PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 ev, synced = benchmeta.event_ms, benchmeta.synced_ms
 
 
-def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode):
-    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode)
+def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode, creg):
+    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode, creg)
     return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
 
 
-# (L, DPL, TRED, U, min blocks, MODE) per problem; MODE 1 = labels only (no sums).
+# (L, DPL, TRED, U, min blocks, MODE, CREG) per problem; MODE 1 = labels only (no sums);
+# CREG: centroids in registers, sums in per-group shared memory.
 VARIANTS = {
-    "S1": [(16, 7, 1, 1, 2, 0), (16, 7, 1, 1, 1, 1), (16, 7, 1, 2, 1, 1), (8, 13, 0, 1, 1, 1)],
-    "S2": [(1, 2, 0, 4, 1, 0), (1, 2, 0, 4, 1, 1)],
+    "S1": [(16, 7, 1, 1, 2, 0, 0), (16, 7, 1, 1, 2, 0, 1), (16, 7, 1, 2, 1, 0, 1), (16, 7, 1, 1, 1, 0, 1),
+           (16, 7, 1, 1, 1, 1, 0), (16, 7, 1, 1, 1, 1, 1), (16, 7, 1, 2, 1, 1, 1)],
+    "S2": [(1, 2, 0, 4, 1, 0, 0), (1, 2, 0, 4, 1, 0, 1), (1, 2, 0, 4, 4, 0, 1), (1, 2, 0, 2, 4, 0, 1),
+           (1, 2, 0, 1, 4, 0, 1), (1, 2, 0, 4, 1, 1, 0), (1, 2, 0, 4, 1, 1, 1)],
 }
 
 for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
@@ -37,14 +41,18 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
     p = be.prepare(C, cupy.float32)
     Y = cupy.empty_like(X)
-    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2,  # noqa: B023
-           "step_synced_ms": synced(lambda: be.assign(X, p)),  # noqa: B023
-           "step_events_ms": ev(lambda: be.assign(X, p))}  # noqa: B023
+    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}  # noqa: B023
+    for cen in ("shared", "registers"):
+        with dask.config.set({"daskmeans.gpu-small-centroids": cen}):
+            p = be.prepare(C, cupy.float32)
+            res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p))  # noqa: B023
+            res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p))  # noqa: B023
     labels = cupy.empty(n, cupy.int32)
-    for lanes, dpl, tred, rows, mb, mode in VARIANTS[name]:
+    for lanes, dpl, tred, rows, mb, mode, creg in VARIANTS[name]:
         kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy._small_config
-        shared = be._shared_bytes(k, lanes * dpl)
-        kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode)
+        shared = be._shared_bytes(k, lanes, dpl, creg, mode)
+        kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode, creg)
+        kern.max_dynamic_shared_size_bytes = shared
         slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
         nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
         part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
@@ -53,5 +61,5 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
                 be._NULL if mode == 1 else part, pstat if mode == 1 else be._NULL)
         t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
         a = kern.attributes
-        res[f"L{lanes}_DPL{dpl}_tred{tred}_U{rows}_mb{mb}_mode{mode}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)
+        res[f"L{lanes}_DPL{dpl}_tred{tred}_U{rows}_mb{mb}_mode{mode}_creg{creg}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)
     print(name, p.small, res, flush=True)

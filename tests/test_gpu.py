@@ -54,6 +54,29 @@ def _data(n, d, k, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
 def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precision, poisoned_pool):
+    _check_assign(n, d, k, weighted, dtype, precision)
+
+
+# Fused-kernel shapes whose K x D/L values fit in registers, so that the kernel has two
+# placements: centroids in registers (the default) or in shared memory.
+REG_SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (3001, 70, 3), (1500, 20, 2), (2000, 60, 5)]
+
+
+@pytest.mark.parametrize("n,d,k", REG_SHAPES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("centroids", ["registers", "shared"])
+def test_fused_small_centroid_placements_match_reference(n, d, k, weighted, dtype, centroids, poisoned_pool):
+    import dask
+
+    from daskmeans.backends import cupy as be
+
+    with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
+        assert be._small_config(k, d, 1 << 30)[4] == (centroids == "registers")
+        _check_assign(n, d, k, weighted, dtype, "fp32")
+
+
+def _check_assign(n, d, k, weighted, dtype, precision):
     import cupy
     import dask
 
@@ -84,9 +107,11 @@ def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precisi
 
 @pytest.mark.parametrize("k,d", [(3, 2), (4, 40), (40, 5), (300, 20)])  # fused: registers, TRED, shared; GEMM
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-def test_exact_ties_go_to_the_lowest_index(k, d, precision):
+@pytest.mark.parametrize("centroids", ["registers", "shared"])
+def test_exact_ties_go_to_the_lowest_index(k, d, precision, centroids):
     """Duplicated centroids tie exactly for every row near them: the lower index must win."""
     import cupy
+    import dask
 
     from daskmeans.backends import get_backend
 
@@ -95,7 +120,8 @@ def test_exact_ties_go_to_the_lowest_index(k, d, precision):
     base = rng.integers(-20, 20, (k // 2 + 1, d)).astype(np.float64)
     C = np.concatenate([base, base])[:k]  # centroid j + len(base) duplicates centroid j
     X = (base[rng.integers(0, len(base), 3000)] + rng.integers(-1, 2, (3000, d))).astype(np.float32)
-    out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
+    with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
+        out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
     lab, *_ = _ref(X, C.astype(np.float32))
     np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
     assert (lab < len(base)).all()

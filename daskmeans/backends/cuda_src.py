@@ -113,9 +113,21 @@ SMALL_SRC = _COMMON + r"""
 // U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
 // the register allocation must allow), MODE (0: the fused pass; 1: labels, distances, inertia
-// and moved count only: no accumulators, so fewer registers and more rows in flight).
+// and moved count only: no accumulators, so fewer registers and more rows in flight),
+// CREG (KACC > 0 only: each lane holds its K x DPL centroid values in registers and each group
+// of L lanes accumulates its rows into a private slice of shared memory, summed over the
+// groups in a fixed order at the end; else the centroids are in shared memory and the sums in
+// registers. 64-bit shared loads are served per half-warp, so with L = 16 the two groups of a
+// warp each paid for their own K x DPL centroid reads per row: ncu, S1, 37M of 46M L1
+// wavefronts).
 #define NG (NT / L)
 #define DP (L * DPL)
+#define GS (KACC * DP + 1)  // CREG: doubles per group's sums slice (odd: 64-bit banks spread for L = 1)
+#if CREG
+#define CEN(k, j) cen[k][j]
+#else
+#define CEN(k, j) cs[(k) * DP + lane + (j) * L]
+#endif
 #if MINB > 1
 #define BOUNDS __launch_bounds__(NT, MINB)
 #else
@@ -131,33 +143,54 @@ extern "C" __global__ void BOUNDS fused_small(
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
         double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
     extern __shared__ double sh[];
+    const int lane = threadIdx.x % L;
+#if CREG
+    // Shared: NG x GS group sums (MODE 0 only), K weights, K counts, 2 scalars.
+    double* ssum = sh;
+    double* sw = ssum + (MODE == 1 ? 0 : NG * GS);
+    double* gsum = ssum + (threadIdx.x / L) * GS;  // this group's sums, K x DP
+    for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0.0;
+    double cen[KACC][DPL];
+    #pragma unroll
+    for (int k = 0; k < KACC; ++k) {
+        #pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+            const int col = lane + j * L;
+            cen[k][j] = col < D ? C[(long long)k * D + col] : 0.0;
+        }
+    }
+#else
     double* cs = sh;                 // K x DP centroids, zero padded past D
     double* ssum = cs + K * DP;      // K x DP block sums
     double* sw = ssum + K * DP;      // K block weights
-    double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
-    double* sst = scnt + K;          // inertia, reassigned
-    const bool want = MODE != 1 && part != nullptr;
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
         cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
         ssum[i] = 0.0;
     }
+#endif
+    double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
+    double* sst = scnt + K;          // inertia, reassigned
+    const bool want = MODE != 1 && part != nullptr;
     for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
     __syncthreads();
 
-    const int lane = threadIdx.x % L;
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
 #if KACC > 0 && MODE != 1
+#if !CREG
     double acc[KACC][DPL];
+#endif
     double accw[KACC];  // only with sample weights (else the count is the weight)
     int accn[KACC];
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
         accw[k] = 0.0; accn[k] = 0;
+#if !CREG
         #pragma unroll
         for (int j = 0; j < DPL; ++j) acc[k][j] = 0.0;
+#endif
     }
 #endif
     double inert = 0.0, moved = 0.0;
@@ -192,7 +225,7 @@ extern "C" __global__ void BOUNDS fused_small(
                 if (k < KACC) {
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) {
-                        const double t = xv[j] - cs[k * DP + lane + j * L];
+                        const double t = xv[j] - CEN(k, j);
                         a = fma(t, t, a);
                     }
                 }
@@ -231,10 +264,9 @@ extern "C" __global__ void BOUNDS fused_small(
 #else
             for (int k = 0; k < K; ++k) {
 #endif
-                const double* c = cs + k * DP + lane;
                 double s = 0.0;
                 #pragma unroll
-                for (int j = 0; j < DPL; ++j) { double t = xv[j] - c[j * L]; s = fma(t, t, s); }
+                for (int j = 0; j < DPL; ++j) { double t = xv[j] - CEN(k, j); s = fma(t, t, s); }
                 // Butterfly: every lane of the group ends with the same (commutative) sum.
                 #pragma unroll
                 for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
@@ -256,11 +288,20 @@ extern "C" __global__ void BOUNDS fused_small(
     }
 #else
 #if KACC > 0
+#if CREG
+            {
+                double* o = gsum + bk * DP + lane;  // this group's slice: no other writer
+                #pragma unroll
+                for (int j = 0; j < DPL; ++j) o[j * L] = fma(wr, xv[j], o[j * L]);
+            }
+#endif
             #pragma unroll
             for (int k = 0; k < KACC; ++k) {
                 if (k == bk) {
+#if !CREG
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
+#endif
                     if (w) accw[k] += wr;
                     accn[k] += 1;
                 }
@@ -283,8 +324,10 @@ extern "C" __global__ void BOUNDS fused_small(
     for (int k = 0; k < KACC; ++k) {
         #pragma unroll
         for (int off = 16; off >= L; off >>= 1) {
+#if !CREG
             #pragma unroll
             for (int j = 0; j < DPL; ++j) acc[k][j] += __shfl_xor_sync(FULL, acc[k][j], off);
+#endif
             if (w) accw[k] += __shfl_xor_sync(FULL, accw[k], off);
             accn[k] += __shfl_xor_sync(FULL, accn[k], off);
         }
@@ -296,8 +339,10 @@ extern "C" __global__ void BOUNDS fused_small(
             if ((threadIdx.x & 31) < L) {
                 #pragma unroll
                 for (int k = 0; k < KACC; ++k) {
+#if !CREG
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) ssum[k * DP + lane + j * L] += acc[k][j];
+#endif
                     if (lane == 0) { sw[k] += w ? accw[k] : (double)accn[k]; scnt[k] += (double)accn[k]; }
                 }
             }
@@ -309,7 +354,17 @@ extern "C" __global__ void BOUNDS fused_small(
     if (want) {
         const int KD = K * D;
         double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
+#if CREG
+        for (int i = threadIdx.x; i < KD; i += NT) {  // the groups' sums, in group order
+            int k = i / D;
+            const double* g = ssum + k * DP + (i - k * D);
+            double v = 0.0;
+            for (int q = 0; q < NG; ++q) v += g[q * GS];
+            o[i] = v;
+        }
+#else
         for (int i = threadIdx.x; i < KD; i += NT) { int k = i / D; o[i] = ssum[k * DP + (i - k * D)]; }
+#endif
         for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];
     } else if (threadIdx.x < 2) {
         pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
@@ -1020,10 +1075,12 @@ def _ctype(dtype: Any) -> str:
 
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
-                 rows: int | None = None, min_blocks: int | None = None, mode: int = 0) -> str:
+                 rows: int | None = None, min_blocks: int | None = None, mode: int = 0,
+                 creg: bool = False) -> str:
     """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only) and ``reduce_parts``
-    for one configuration; ``rows`` (U) and ``min_blocks`` (MINB) default to the measured
-    choices (profiling scripts vary them)."""
+    for one configuration (``creg``: centroids in registers, sums in shared memory; needs
+    ``kacc`` > 0); ``rows`` (U) and ``min_blocks`` (MINB) default to the measured choices
+    (profiling scripts vary them)."""
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
         # values per lane were no faster than 8 (register pressure costs occupancy).
@@ -1037,7 +1094,8 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
     kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
     return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
             f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
-            f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n" + SMALL_SRC)
+            f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n"
+            f"#define CREG {int(bool(creg and kacc))}\n" + SMALL_SRC)
 
 
 def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
@@ -1053,10 +1111,11 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
 
 
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
-                  mode: int = 0) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE) configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode)
-    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode),
+                  mode: int = 0, creg: bool = False) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE, CREG)
+    configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg))
+    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg),
                       ("fused_small", "reduce_parts"))
 
 

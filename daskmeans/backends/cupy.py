@@ -72,36 +72,56 @@ _REG_ACC = 32  # float64 register accumulators per lane (K x values-per-lane)
 _SHARED_BYTES = 48 * 1024
 
 
-def _small_config(k: int, d: int) -> tuple[int, int, int, bool] | None:
-    """``(L, DPL, KACC, TRED)`` of the fused kernel for K x D, or None for the GEMM regime.
+def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int, int, int, bool, bool] | None:
+    """``(L, DPL, KACC, TRED, CREG)`` of the fused kernel for K x D, or None for the GEMM
+    regime.
 
-    Fewest lanes per row such that the K x DPL register accumulators fit (fewer lanes, fewer
-    shuffles per row), their K distances reduced transposed when K <= L (TRED); else
-    shared-memory accumulators with at most 16 values per lane."""
+    Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
+    per row), their K distances reduced transposed when K <= L (TRED); then by
+    ``daskmeans.gpu-small-centroids``: the centroids in registers and the sums in per-group
+    shared memory (CREG; "registers", and "auto" where the block's ``shared_max`` bytes allow),
+    or the centroids in shared memory and the sums in registers ("shared"). Else
+    shared-memory centroids and accumulators, at most 16 values per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
-        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
-            return lanes, dpl, k, 2 <= k <= lanes
+        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
+            choice = str(config.get("gpu-small-centroids"))
+            if choice not in ("auto", "registers", "shared"):
+                raise ValueError(f"daskmeans.gpu-small-centroids={choice!r} should be 'auto', 'registers' or 'shared'")
+            creg = choice == "registers" or (choice == "auto" and _shared_bytes(k, lanes, dpl, True) <= shared_max)
+            return lanes, dpl, k, 2 <= k <= lanes, creg
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if dpl <= 16 or lanes == 32:
-            if dpl <= 32 and _shared_bytes(k, lanes * dpl) <= _SHARED_BYTES:
-                return lanes, dpl, 0, False
+            if dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
+                return lanes, dpl, 0, False, False
             return None
     return None
 
 
-def _shared_bytes(k: int, dp: int) -> int:
-    """Dynamic shared memory of ``fused_small``: float64 centroids and sums (K x DP each),
-    weights, counts and two scalars."""
+def _shared_bytes(k: int, lanes: int, dpl: int, creg: bool, mode: int = 0) -> int:
+    """Dynamic shared memory of ``fused_small`` (cuda_src.SMALL_SRC): float64 centroids and
+    sums (K x DP each), or with CREG the sums of each group of L lanes (K x DP + 1; none in
+    MODE 1); then weights, counts and two scalars."""
+    dp = lanes * dpl
+    if creg:
+        return 8 * ((0 if mode == 1 else (_THREADS // lanes) * (k * dp + 1)) + 2 * k + 2)
     return 8 * (2 * k * dp + 2 * k + 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_optin(device_id: int) -> int:
+    """Most dynamic shared memory one block may opt in to on a device."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id).get("sharedMemPerBlockOptin", _SHARED_BYTES))
 
 
 @dataclass(frozen=True)
 class Prepared:
     """Centroid-side precomputation for one iteration (shared by all blocks).
 
-    ``small`` is the fused kernel's ``(L, DPL, KACC, TRED)``, or None for the GEMM regime, whose
+    ``small`` is the fused kernel's ``(L, DPL, KACC, TRED, CREG)``, or None for the GEMM regime, whose
     inputs are ``a`` (Kpad x D' centroids as the GEMM reads them, zero rows past K; see
     ``mode``), ``csq`` (Kpad squared norms in the GEMM output type, +inf past K) and the error
     bound coefficients ``err = (A, R, B)``: ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| +
@@ -218,7 +238,7 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
     c = cupy.ascontiguousarray(cupy.asarray(centroids, dtype=dtype))
     c64 = c.astype(cupy.float64)
     k, d = c.shape
-    small = _small_config(k, d)
+    small = _small_config(k, d, _shared_optin(cupy.cuda.runtime.getDevice()))
     if small is not None:
         return Prepared(c, cupy.ascontiguousarray(c64), precision, small)
     gemm64 = c.dtype == cupy.float64
@@ -311,9 +331,11 @@ def _small_plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     plan = _PLANS.get(key)
     if plan is None:
         k = p.k
-        lanes, dpl, kacc, tred = p.small
-        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, _THREADS, mode)
-        shared = _shared_bytes(k, lanes * dpl)
+        lanes, dpl, kacc, tred, creg = p.small
+        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, _THREADS, mode, creg)
+        shared = _shared_bytes(k, lanes, dpl, creg, mode)
+        if shared > _SHARED_BYTES:  # past the default 48 KiB: opt in (CREG's group sums)
+            kern.max_dynamic_shared_size_bytes = shared
         # Every resident block slot filled once (a persistent grid): the partials to reduce
         # grow with the grid, not with n.
         slots = _blocks_per_sm(kern, _THREADS, shared) * _sm_count(key[-1])
