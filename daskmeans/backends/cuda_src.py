@@ -122,7 +122,10 @@ SMALL_SRC = _COMMON + r"""
 // wavefronts).
 #define NG (NT / L)
 #define DP (L * DPL)
-#define GS (KACC * DP + 1)  // CREG: doubles per group's sums slice (odd: 64-bit banks spread for L = 1)
+// CREG: a group's slice of shared memory, K x DP sums, K weights, K counts; an odd number of
+// doubles, so that for L = 1 the lanes' 64-bit accesses spread over the banks.
+#define GS ((KACC * (DP + 2)) | 1)
+#define RACC (KACC > 0 && MODE != 1 && !CREG)  // register accumulators
 #if CREG
 #define CEN(k, j) cen[k][j]
 #else
@@ -145,10 +148,10 @@ extern "C" __global__ void BOUNDS fused_small(
     extern __shared__ double sh[];
     const int lane = threadIdx.x % L;
 #if CREG
-    // Shared: NG x GS group sums (MODE 0 only), K weights, K counts, 2 scalars.
+    // Shared: NG x GS group slices (MODE 0 only), K weights, K counts, 2 scalars.
     double* ssum = sh;
     double* sw = ssum + (MODE == 1 ? 0 : NG * GS);
-    double* gsum = ssum + (threadIdx.x / L) * GS;  // this group's sums, K x DP
+    double* gsum = ssum + (threadIdx.x / L) * GS;  // this group's slice
     for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0.0;
     double cen[KACC][DPL];
     #pragma unroll
@@ -178,19 +181,15 @@ extern "C" __global__ void BOUNDS fused_small(
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
-#if KACC > 0 && MODE != 1
-#if !CREG
+#if RACC
     double acc[KACC][DPL];
-#endif
     double accw[KACC];  // only with sample weights (else the count is the weight)
     int accn[KACC];
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
         accw[k] = 0.0; accn[k] = 0;
-#if !CREG
         #pragma unroll
         for (int j = 0; j < DPL; ++j) acc[k][j] = 0.0;
-#endif
     }
 #endif
     double inert = 0.0, moved = 0.0;
@@ -287,21 +286,19 @@ extern "C" __global__ void BOUNDS fused_small(
         }
     }
 #else
-#if KACC > 0
 #if CREG
             {
                 double* o = gsum + bk * DP + lane;  // this group's slice: no other writer
                 #pragma unroll
                 for (int j = 0; j < DPL; ++j) o[j * L] = fma(wr, xv[j], o[j * L]);
+                if (lane == 0) { gsum[KACC * DP + bk] += wr; gsum[KACC * (DP + 1) + bk] += 1.0; }
             }
-#endif
+#elif KACC > 0
             #pragma unroll
             for (int k = 0; k < KACC; ++k) {
                 if (k == bk) {
-#if !CREG
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
-#endif
                     if (w) accw[k] += wr;
                     accn[k] += 1;
                 }
@@ -319,15 +316,13 @@ extern "C" __global__ void BOUNDS fused_small(
     // after another.
     inert = warp_sum(inert);
     moved = warp_sum(moved);
-#if KACC > 0 && MODE != 1
+#if RACC
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
         #pragma unroll
         for (int off = 16; off >= L; off >>= 1) {
-#if !CREG
             #pragma unroll
             for (int j = 0; j < DPL; ++j) acc[k][j] += __shfl_xor_sync(FULL, acc[k][j], off);
-#endif
             if (w) accw[k] += __shfl_xor_sync(FULL, accw[k], off);
             accn[k] += __shfl_xor_sync(FULL, accn[k], off);
         }
@@ -335,14 +330,12 @@ extern "C" __global__ void BOUNDS fused_small(
 #endif
     for (int wi = 0; wi < NT / 32; ++wi) {
         if ((threadIdx.x >> 5) == wi) {
-#if KACC > 0 && MODE != 1
+#if RACC
             if ((threadIdx.x & 31) < L) {
                 #pragma unroll
                 for (int k = 0; k < KACC; ++k) {
-#if !CREG
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) ssum[k * DP + lane + j * L] += acc[k][j];
-#endif
                     if (lane == 0) { sw[k] += w ? accw[k] : (double)accn[k]; scnt[k] += (double)accn[k]; }
                 }
             }
@@ -355,17 +348,24 @@ extern "C" __global__ void BOUNDS fused_small(
         const int KD = K * D;
         double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
 #if CREG
-        for (int i = threadIdx.x; i < KD; i += NT) {  // the groups' sums, in group order
-            int k = i / D;
-            const double* g = ssum + k * DP + (i - k * D);
-            double v = 0.0;
-            for (int q = 0; q < NG; ++q) v += g[q * GS];
-            o[i] = v;
+        // The groups' slices summed by a fixed pairwise tree (NG is a power of 2; one slice per
+        // thread walking all NG slices took ~4 us for L = 1).
+        for (int st = 1; st < NG; st <<= 1) {
+            for (int t = threadIdx.x; t < (NG / (2 * st)) * GS; t += NT) {
+                const int q = (t / GS) * 2 * st, i = t % GS;
+                ssum[q * GS + i] += ssum[(q + st) * GS + i];
+            }
+            __syncthreads();
         }
+        for (int i = threadIdx.x; i < KD + 2 * K; i += NT) {
+            const int k = i / D;
+            o[i] = ssum[i < KD ? k * DP + (i - k * D) : KACC * DP + (i - KD)];
+        }
+        if (threadIdx.x < 2) o[KD + 2 * K + threadIdx.x] = sst[threadIdx.x];
 #else
         for (int i = threadIdx.x; i < KD; i += NT) { int k = i / D; o[i] = ssum[k * DP + (i - k * D)]; }
-#endif
         for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];
+#endif
     } else if (threadIdx.x < 2) {
         pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
     }
@@ -1081,21 +1081,24 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
     for one configuration (``creg``: centroids in registers, sums in shared memory; needs
     ``kacc`` > 0); ``rows`` (U) and ``min_blocks`` (MINB) default to the measured choices
     (profiling scripts vary them)."""
+    creg = bool(creg and kacc)
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
-        # values per lane were no faster than 8 (register pressure costs occupancy).
-        rows = max(1, min(4, 8 // dpl))
+        # values per lane were no faster than 8 (register pressure costs occupancy); with the
+        # centroids in registers (no accumulators there) 16: S1 (DPL 7) 0.242 ms at U = 2
+        # against 0.277 at U = 1.
+        rows = max(1, min(4, (16 if creg else 8) // dpl))
     if min_blocks is None:
         # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
         # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
         # way). With U > 1 the bound would spill (K=5, 4 values x 2 rows: 88 bytes); S2 ran
         # 0.13 ms instead of 0.10 with it.
-        min_blocks = 2 if tred and rows == 1 and mode == 0 else 1
+        min_blocks = 2 if tred and rows == 1 and mode == 0 and not creg else 1
     kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
     return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
             f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
             f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n"
-            f"#define CREG {int(bool(creg and kacc))}\n" + SMALL_SRC)
+            f"#define CREG {int(creg)}\n" + SMALL_SRC)
 
 
 def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
