@@ -67,12 +67,21 @@ for name in args or ["P2"]:
         stat = cupy.zeros(3, cupy.float64)
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
                 eb[:rows], np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
-        # select_rows with B vectors per lane per batch (8: the default).
-        for batch in (8, 4, 6):
-            kb = cuda_src.select_kernels(X.dtype, p.csq.dtype, batch)[0]
-            nbb = int(min(be._blocks_per_sm(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
+        # select_rows variants: B vectors per lane per batch (8: the default), ||c||^2 loaded
+        # a batch ahead (pf), independent top-3 states per lane (ch); labels checked against
+        # the default's.
+        ref_lab = None
+        for batch, pf, ch in ((8, 0, 1), (8, 0, 2), (4, 1, 1), (4, 1, 2), (6, 1, 2), (4, 0, 2), (6, 0, 2)):
+            src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, csq_prefetch=pf, chains=ch)
+            kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
+            nbb = int(min(be._occupancy(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
             ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
-            r[f"select_B{batch}_all_tiles_ms"] = ms * n / rows
+            key = "" if (pf, ch) == (0, 1) else f"_pf{pf}_ch{ch}"
+            r[f"select_B{batch}{key}_all_tiles_ms"] = ms * n / rows
+            if ref_lab is None:
+                ref_lab = lab.copy()
+            elif not bool((lab == ref_lab).all()):
+                r[f"select_B{batch}{key}_LABELS_DIFFER"] = 1.0
         r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (r["select_B8_all_tiles_ms"] * rows / n * 1e-3) / 1e12
         # select_cols alone on a column-major tile (rows per thread 1, 2, 4).
         ldr = -(-rows // 4) * 4

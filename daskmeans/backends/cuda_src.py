@@ -391,6 +391,12 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 """
 
 SELECT_SRC = _COMMON + r"""
+#ifndef CSQ_PF
+#define CSQ_PF 0
+#endif
+#ifndef CH
+#define CH 1
+#endif
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
 // B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
 __device__ __forceinline__ GV vinf() {
@@ -511,53 +517,74 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const GV* cq = (const GV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
+    // CSQ_PF: the batch's ||c||^2 vectors are loaded with its G vectors (a batch ahead), not
+    // when compared. CH independent top-3 states per lane (vector b feeds state b % CH), merged
+    // at the row's end: shorter dependency chains through the inserts.
     GV cur[B], nxt[B];
+#if CSQ_PF
+    GV ccur[B], cnxt[B];
+#define LOAD(buf, cbuf, r, bt) load(buf, cbuf, r, bt)
+    auto load = [&](GV (&buf)[B], GV (&cbuf)[B], long long r, int bt) {
+#else
+#define LOAD(buf, cbuf, r, bt) load(buf, r, bt)
     auto load = [&](GV (&buf)[B], long long r, int bt) {
+#endif
         const GV* g = (const GV*)(G + r * (long long)ldg);
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
             buf[b] = q < nv ? g[q] : vinf();
+#if CSQ_PF
+            cbuf[b] = q < nv ? cq[q] : vinf();
+#endif
         }
     };
     long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int bt = 0;
     double ebc = 0.0, ebn = 0.0;
-    if (r < rows) { load(cur, r, 0); ebc = eb[r]; }
-    GT b1 = inf, b2 = inf, b3 = inf;
-    int i1 = 0x7fffffff, i2 = 0x7fffffff;
+    if (r < rows) { LOAD(cur, ccur, r, 0); ebc = eb[r]; }
+    GT b1[CH], b2[CH], b3[CH];
+    int i1[CH], i2[CH];
+    #pragma unroll
+    for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
     while (r < rows) {
         long long rn = r;
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
-        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
-        // Indices reach a lane in increasing order: ins3 keeps the lowest index on ties, and a
-        // tie lands in b2 (a zero margin, hence an exact re-check).
+        if (rn < rows) { LOAD(nxt, cnxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
+        // Indices reach a lane (and a state) in increasing order: ins3 keeps the lowest index on
+        // ties, and a tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
+#if CSQ_PF
+            const GV cv = ccur[b];
+#else
             const GV cv = q < nv ? cq[q] : vinf();
+#endif
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const GT v = comp(cur[b], e) + comp(cv, e);
-                ins3_sel(v, q * VEC + e, b1, i1, b2, i2, b3);
+                ins3_sel(v, q * VEC + e, b1[b % CH], i1[b % CH], b2[b % CH], i2[b % CH], b3[b % CH]);
             }
         }
         if (bn == 0) {  // row r is complete
             #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1, i1, b2, i2, b3, off);
+            for (int c = 1; c < CH; ++c) merge3(b1[0], i1[0], b2[0], i2[0], b3[0], b1[c], i1[c], b2[c], i2[c], b3[c]);
+            #pragma unroll
+            for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1[0], i1[0], b2[0], i2[0], b3[0], off);
             const T* x = X + r * D;
             // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-            const double thr = (double)b1 + 2.0 * ebc;
-            const bool certain = (double)b2 > thr;
-            int best = i1;
+            const double thr = (double)b1[0] + 2.0 * ebc;
+            const bool certain = (double)b2[0] > thr;
+            int best = i1[0];
             double bd = 0.0;
-            if (exact || !certain) bd = exact_d2(x, C + (long long)i1 * D, D, lane);
+            if (exact || !certain) bd = exact_d2(x, C + (long long)i1[0] * D, D, lane);
             if (!certain) {
                 checked += 1.0;
-                if ((double)b3 > thr) {  // two candidates
-                    const double dk = exact_d2(x, C + (long long)i2 * D, D, lane);
-                    if (dk < bd || (dk == bd && i2 < best)) { bd = dk; best = i2; }
+                if ((double)b3[0] > thr) {  // two candidates
+                    const double dk = exact_d2(x, C + (long long)i2[0] * D, D, lane);
+                    if (dk < bd || (dk == bd && i2[0] < best)) { bd = dk; best = i2[0]; }
                 } else {  // three or more (rare): every k within the bound, from a second scan
                     const GV* g = (const GV*)(G + r * (long long)ldg);
                     for (int qb = 0; qb < nv; qb += 32) {
@@ -567,7 +594,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                         if (ok) { gv = g[q]; cv = cq[q]; }
                         #pragma unroll
                         for (int e = 0; e < VEC; ++e) {
-                            const bool cand = ok && (q * VEC + e) != i1 && (double)(comp(gv, e) + comp(cv, e)) <= thr;
+                            const bool cand = ok && (q * VEC + e) != i1[0] && (double)(comp(gv, e) + comp(cv, e)) <= thr;
                             unsigned m = __ballot_sync(FULL, cand);
                             while (m) {
                                 const int src = __ffs(m) - 1;
@@ -581,8 +608,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                 }
             }
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
-            b1 = b2 = b3 = inf;
-            i1 = i2 = 0x7fffffff;
+            #pragma unroll
+            for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
             ebc = ebn;
         }
         #pragma unroll
@@ -1123,7 +1150,8 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
 
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
-                  sum_rows: int | None = None, sum_min_blocks: int | None = None) -> str:
+                  sum_rows: int | None = None, sum_min_blocks: int | None = None,
+                  csq_prefetch: bool = False, chains: int = 1) -> str:
     """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
     buffers in 128 registers without spilling on sm_90, float32); ``rows_per_thread`` (1, 2
@@ -1136,7 +1164,7 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
         # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
         sum_min_blocks = 4 if t == "float" else 3
     head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
-    head += f"#define SS_MINB {sum_min_blocks}\n"
+    head += f"#define SS_MINB {sum_min_blocks}\n#define CSQ_PF {int(csq_prefetch)}\n#define CH {chains}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
     if rows_per_thread:
