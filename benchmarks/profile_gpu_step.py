@@ -71,7 +71,7 @@ for name in args or ["P2"]:
         # a batch ahead (pf), independent top-3 states per lane (ch); labels checked against
         # the default's.
         ref_lab = None
-        for batch, pf, ch in ((8, 0, 1), (8, 0, 2), (4, 1, 1), (4, 1, 2), (6, 1, 2), (4, 0, 2), (6, 0, 2)):
+        for batch, pf, ch in ((8, 0, 1), (8, 0, 2), (8, 0, 4), (4, 1, 2), (4, 1, 4), (6, 0, 4), (4, 0, 4)):
             src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, csq_prefetch=pf, chains=ch)
             kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
             nbb = int(min(be._occupancy(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))

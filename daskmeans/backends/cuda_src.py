@@ -518,8 +518,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
     // CSQ_PF: the batch's ||c||^2 vectors are loaded with its G vectors (a batch ahead), not
-    // when compared. CH independent top-3 states per lane (vector b feeds state b % CH), merged
-    // at the row's end: shorter dependency chains through the inserts.
+    // when compared. CH independent top-3 states per lane (value e of vector b feeds state
+    // (b VEC + e) % CH), merged at the row's end: shorter dependency chains through the inserts.
     GV cur[B], nxt[B];
 #if CSQ_PF
     GV ccur[B], cnxt[B];
@@ -565,7 +565,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const GT v = comp(cur[b], e) + comp(cv, e);
-                ins3_sel(v, q * VEC + e, b1[b % CH], i1[b % CH], b2[b % CH], i2[b % CH], b3[b % CH]);
+                const int c = (b * VEC + e) % CH;
+                ins3_sel(v, q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
             }
         }
         if (bn == 0) {  // row r is complete
@@ -613,7 +614,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             ebc = ebn;
         }
         #pragma unroll
-        for (int b = 0; b < B; ++b) cur[b] = nxt[b];
+        for (int b = 0; b < B; ++b) {
+            cur[b] = nxt[b];
+#if CSQ_PF
+            ccur[b] = cnxt[b];
+#endif
+        }
         r = rn;
         bt = bn;
     }
