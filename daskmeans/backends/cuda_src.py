@@ -1157,10 +1157,13 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
                   sum_rows: int | None = None, sum_min_blocks: int | None = None,
-                  csq_prefetch: bool = False, chains: int = 1) -> str:
+                  csq_prefetch: bool = False, chains: int = 2) -> str:
     """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
-    buffers in 128 registers without spilling on sm_90, float32); ``rows_per_thread`` (1, 2
+    buffers in 128 registers without spilling on sm_90, float32), its ``chains`` independent
+    top-3 states per lane and ``csq_prefetch`` (see the source; measured on an H200, select
+    alone on P3 tf32 tiles: 1 state 3.40 ms, 2 states 2.68, 4 states 2.73, prefetch no
+    gain; P3 fp32 2.87 / 2.54 / 2.37; P2 tf32 1.51 / 1.49 / 1.59); ``rows_per_thread`` (1, 2
     or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
     ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
     (profiling scripts vary them)."""

@@ -79,7 +79,8 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
     per row), their K distances reduced transposed when K <= L (TRED); then by
     ``daskmeans.gpu-small-centroids``: the centroids in registers and the sums in per-group
-    shared memory (CREG; "registers", and "auto" where the block's ``shared_max`` bytes allow),
+    shared memory (CREG: "registers", or "auto" for L >= 2; where the block's ``shared_max``
+    bytes allow),
     or the centroids in shared memory and the sums in registers ("shared"). Else
     shared-memory centroids and accumulators, at most 16 values per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
@@ -88,7 +89,12 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
             choice = str(config.get("gpu-small-centroids"))
             if choice not in ("auto", "registers", "shared"):
                 raise ValueError(f"daskmeans.gpu-small-centroids={choice!r} should be 'auto', 'registers' or 'shared'")
-            creg = choice == "registers" or (choice == "auto" and _shared_bytes(k, lanes, dpl, True) <= shared_max)
+            # Auto: registers where a row has L >= 2 lanes (the two 16-lane groups of a warp
+            # each paid for their own shared-memory centroid reads: S1 0.242 vs 0.290 ms for
+            # the kernel, H200); with one lane per row those reads are warp-wide broadcasts
+            # (S2: 0.085 vs 0.084 ms) and the group slices would cost shared memory per thread.
+            fits = _shared_bytes(k, lanes, dpl, True) <= shared_max
+            creg = fits and (choice == "registers" or (choice == "auto" and lanes >= 2))
             return lanes, dpl, k, 2 <= k <= lanes, creg
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
