@@ -397,6 +397,10 @@ SELECT_SRC = _COMMON + r"""
 #ifndef CH
 #define CH 1
 #endif
+#ifndef TU
+#define TU 0
+#endif
+#define VMIN(a, b) ((a) < (b) ? (a) : (b))
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
 // B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
 __device__ __forceinline__ GV vinf() {
@@ -547,6 +551,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     int i1[CH], i2[CH];
     #pragma unroll
     for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
+    // TU > 0: every TU vectors the warp takes wt = the least third value over its lanes and
+    // states, which bounds the row's third smallest value so far; a vector none of whose values
+    // is <= wt cannot change the row's top-3 (nor its third value), so its inserts are skipped.
+    GT wt = inf;
     while (r < rows) {
         long long rn = r;
         int bn = bt + 1;
@@ -562,12 +570,36 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
 #else
             const GV cv = q < nv ? cq[q] : vinf();
 #endif
+#if TU
+            GT v[VEC];
+            #pragma unroll
+            for (int e = 0; e < VEC; ++e) v[e] = comp(cur[b], e) + comp(cv, e);
+            GT m = v[0];
+            #pragma unroll
+            for (int e = 1; e < VEC; ++e) m = VMIN(m, v[e]);
+            if (m <= wt) {
+                #pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const int c = (b * VEC + e) % CH;
+                    ins3_sel(v[e], q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
+                }
+            }
+            if ((b + 1) % TU == 0) {
+                GT t = b3[0];
+                #pragma unroll
+                for (int c = 1; c < CH; ++c) t = VMIN(t, b3[c]);
+                #pragma unroll
+                for (int off = 16; off > 0; off >>= 1) t = VMIN(t, __shfl_xor_sync(FULL, t, off));
+                wt = VMIN(wt, t);
+            }
+#else
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const GT v = comp(cur[b], e) + comp(cv, e);
                 const int c = (b * VEC + e) % CH;
                 ins3_sel(v, q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
             }
+#endif
         }
         if (bn == 0) {  // row r is complete
             #pragma unroll
@@ -611,6 +643,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             #pragma unroll
             for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
+            wt = inf;
             ebc = ebn;
         }
         #pragma unroll
@@ -1157,7 +1190,7 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
                   sum_rows: int | None = None, sum_min_blocks: int | None = None,
-                  csq_prefetch: bool = False, chains: int = 2) -> str:
+                  csq_prefetch: bool = False, chains: int = 2, filter_every: int = 0) -> str:
     """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
     buffers in 128 registers without spilling on sm_90, float32), its ``chains`` independent
@@ -1174,6 +1207,7 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
         sum_min_blocks = 4 if t == "float" else 3
     head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
     head += f"#define SS_MINB {sum_min_blocks}\n#define CSQ_PF {int(csq_prefetch)}\n#define CH {chains}\n"
+    head += f"#define TU {filter_every}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
     if rows_per_thread:
