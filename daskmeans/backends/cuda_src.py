@@ -589,7 +589,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                 #pragma unroll
                 for (int c = 1; c < CH; ++c) t = VMIN(t, b3[c]);
                 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) t = VMIN(t, __shfl_xor_sync(FULL, t, off));
+                for (int off = 16; off > 0; off >>= 1) {
+                    const GT o = __shfl_xor_sync(FULL, t, off);  // every lane (not inside VMIN's ?:)
+                    t = VMIN(t, o);
+                }
                 wt = VMIN(wt, t);
             }
 #else
