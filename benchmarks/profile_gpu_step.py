@@ -67,17 +67,16 @@ for name in args or ["P2"]:
         stat = cupy.zeros(3, cupy.float64)
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
                 eb[:rows], np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
-        # select_rows variants: B vectors per lane per batch (8: the default), ||c||^2 loaded
-        # a batch ahead (pf), independent top-3 states per lane (ch), the warp-wide filter
-        # refreshed every tu vectors (0: none); labels checked against the default's.
+        # select_rows variants: B vectors per lane per batch (8: the default) and ch
+        # independent top-3 states per lane (2: the default); labels checked against the
+        # default's.
         ref_lab = None
-        for batch, pf, ch, tu in ((8, 0, 2, 0), (8, 0, 1, 0), (8, 0, 1, 1), (8, 0, 1, 2), (8, 0, 1, 4), (8, 0, 2, 1),
-                                  (8, 0, 2, 2), (8, 0, 2, 4), (8, 0, 1, 8), (4, 0, 1, 2), (4, 0, 2, 2)):
-            src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, csq_prefetch=pf, chains=ch, filter_every=tu)
+        for batch, ch in ((8, 2), (8, 1), (8, 4), (4, 2), (6, 2)):
+            src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, chains=ch)
             kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
             nbb = int(min(be._occupancy(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
             ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
-            key = "" if (pf, ch, tu) == (0, 2, 0) else f"_pf{pf}_ch{ch}_tu{tu}"
+            key = "" if ch == 2 else f"_ch{ch}"
             r[f"select_B{batch}{key}_all_tiles_ms"] = ms * n / rows
             if ref_lab is None:
                 ref_lab = lab.copy()

@@ -391,16 +391,9 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 """
 
 SELECT_SRC = _COMMON + r"""
-#ifndef CSQ_PF
-#define CSQ_PF 0
-#endif
 #ifndef CH
 #define CH 1
 #endif
-#ifndef TU
-#define TU 0
-#endif
-#define VMIN(a, b) ((a) < (b) ? (a) : (b))
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
 // B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
 __device__ __forceinline__ GV vinf() {
@@ -521,88 +514,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     const GV* cq = (const GV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
-    // CSQ_PF: the batch's ||c||^2 vectors are loaded with its G vectors (a batch ahead), not
-    // when compared. CH independent top-3 states per lane (value e of vector b feeds state
-    // (b VEC + e) % CH), merged at the row's end: shorter dependency chains through the inserts.
+    // CH independent top-3 states per lane (value e of vector b feeds state (b VEC + e) % CH),
+    // merged at the row's end: shorter dependency chains through the inserts.
     GV cur[B], nxt[B];
-#if CSQ_PF
-    GV ccur[B], cnxt[B];
-#define LOAD(buf, cbuf, r, bt) load(buf, cbuf, r, bt)
-    auto load = [&](GV (&buf)[B], GV (&cbuf)[B], long long r, int bt) {
-#else
-#define LOAD(buf, cbuf, r, bt) load(buf, r, bt)
     auto load = [&](GV (&buf)[B], long long r, int bt) {
-#endif
         const GV* g = (const GV*)(G + r * (long long)ldg);
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
             buf[b] = q < nv ? g[q] : vinf();
-#if CSQ_PF
-            cbuf[b] = q < nv ? cq[q] : vinf();
-#endif
         }
     };
     long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int bt = 0;
     double ebc = 0.0, ebn = 0.0;
-    if (r < rows) { LOAD(cur, ccur, r, 0); ebc = eb[r]; }
+    if (r < rows) { load(cur, r, 0); ebc = eb[r]; }
     GT b1[CH], b2[CH], b3[CH];
     int i1[CH], i2[CH];
     #pragma unroll
     for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
-    // TU > 0: every TU vectors the warp takes wt = the least third value over its lanes and
-    // states, which bounds the row's third smallest value so far; a vector none of whose values
-    // is <= wt cannot change the row's top-3 (nor its third value), so its inserts are skipped.
-    GT wt = inf;
     while (r < rows) {
         long long rn = r;
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
-        if (rn < rows) { LOAD(nxt, cnxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
+        if (rn < rows) { load(nxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
         // Indices reach a lane (and a state) in increasing order: ins3 keeps the lowest index on
         // ties, and a tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
-#if CSQ_PF
-            const GV cv = ccur[b];
-#else
             const GV cv = q < nv ? cq[q] : vinf();
-#endif
-#if TU
-            GT v[VEC];
-            #pragma unroll
-            for (int e = 0; e < VEC; ++e) v[e] = comp(cur[b], e) + comp(cv, e);
-            GT m = v[0];
-            #pragma unroll
-            for (int e = 1; e < VEC; ++e) m = VMIN(m, v[e]);
-            if (m <= wt) {
-                #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const int c = (b * VEC + e) % CH;
-                    ins3_sel(v[e], q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
-                }
-            }
-            if ((b + 1) % TU == 0) {
-                GT t = b3[0];
-                #pragma unroll
-                for (int c = 1; c < CH; ++c) t = VMIN(t, b3[c]);
-                #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-                    const GT o = __shfl_xor_sync(FULL, t, off);  // every lane (not inside VMIN's ?:)
-                    t = VMIN(t, o);
-                }
-                wt = VMIN(wt, t);
-            }
-#else
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const GT v = comp(cur[b], e) + comp(cv, e);
                 const int c = (b * VEC + e) % CH;
                 ins3_sel(v, q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
             }
-#endif
         }
         if (bn == 0) {  // row r is complete
             #pragma unroll
@@ -646,16 +593,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             #pragma unroll
             for (int c = 0; c < CH; ++c) { b1[c] = b2[c] = b3[c] = inf; i1[c] = i2[c] = 0x7fffffff; }
-            wt = inf;
             ebc = ebn;
         }
         #pragma unroll
-        for (int b = 0; b < B; ++b) {
-            cur[b] = nxt[b];
-#if CSQ_PF
-            ccur[b] = cnxt[b];
-#endif
-        }
+        for (int b = 0; b < B; ++b) cur[b] = nxt[b];
         r = rn;
         bt = bn;
     }
@@ -1193,13 +1134,13 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
                   sum_rows: int | None = None, sum_min_blocks: int | None = None,
-                  csq_prefetch: bool = False, chains: int = 2, filter_every: int = 0) -> str:
+                  chains: int = 2) -> str:
     """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
-    buffers in 128 registers without spilling on sm_90, float32), its ``chains`` independent
-    top-3 states per lane and ``csq_prefetch`` (see the source; measured on an H200, select
-    alone on P3 tf32 tiles: 1 state 3.40 ms, 2 states 2.68, 4 states 2.73, prefetch no
-    gain; P3 fp32 2.87 / 2.54 / 2.37; P2 tf32 1.51 / 1.49 / 1.59); ``rows_per_thread`` (1, 2
+    buffers in 128 registers without spilling on sm_90, float32) and its ``chains``
+    independent top-3 states per lane (measured on an H200, select alone on P3 tf32 tiles:
+    1 state 3.40 ms, 2 states 2.68, 4 states 2.73; P3 fp32 2.87 / 2.54 / 2.37; P2 tf32
+    1.51 / 1.49 / 1.59; see benchmarks/NOTES.md for the variants dropped); ``rows_per_thread`` (1, 2
     or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
     ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
     (profiling scripts vary them)."""
@@ -1209,8 +1150,7 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
         # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
         sum_min_blocks = 4 if t == "float" else 3
     head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
-    head += f"#define SS_MINB {sum_min_blocks}\n#define CSQ_PF {int(csq_prefetch)}\n#define CH {chains}\n"
-    head += f"#define TU {filter_every}\n"
+    head += f"#define SS_MINB {sum_min_blocks}\n#define CH {chains}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
     if rows_per_thread:
