@@ -57,23 +57,22 @@ def test_cupy_assign_matches_float64_reference(n, d, k, weighted, dtype, precisi
     _check_assign(n, d, k, weighted, dtype, precision)
 
 
-# Fused-kernel shapes whose K x D/L values fit in registers, so that the kernel has three
-# placements: centroids in registers and sums in shared memory, centroids in shared memory
-# and sums in registers, or both in registers.
+# Fused-kernel shapes whose K x D/L values fit in registers, so that the kernel has two
+# placements: centroids in registers (the default) or in shared memory.
 REG_SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (3001, 70, 3), (1500, 20, 2), (2000, 60, 5)]
 
 
 @pytest.mark.parametrize("n,d,k", REG_SHAPES)
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("centroids", ["registers", "shared", "all-registers"])
+@pytest.mark.parametrize("centroids", ["registers", "shared"])
 def test_fused_small_centroid_placements_match_reference(n, d, k, weighted, dtype, centroids, poisoned_pool):
     import dask
 
     from daskmeans.backends import cupy as be
 
     with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
-        assert be._small_config(k, d, 1 << 30)[4] == be._PLACEMENTS[centroids]
+        assert be._small_config(k, d, 1 << 30)[4] == (centroids == "registers")
         _check_assign(n, d, k, weighted, dtype, "fp32")
 
 
@@ -108,7 +107,7 @@ def _check_assign(n, d, k, weighted, dtype, precision):
 
 @pytest.mark.parametrize("k,d", [(3, 2), (4, 40), (40, 5), (300, 20)])  # fused: registers, TRED, shared; GEMM
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("centroids", ["registers", "shared", "all-registers"])
+@pytest.mark.parametrize("centroids", ["registers", "shared"])
 def test_exact_ties_go_to_the_lowest_index(k, d, precision, centroids):
     """Duplicated centroids tie exactly for every row near them: the lower index must win."""
     import cupy

@@ -114,18 +114,18 @@ SMALL_SRC = _COMMON + r"""
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
 // the register allocation must allow), MODE (0: the fused pass; 1: labels, distances, inertia
 // and moved count only: no accumulators, so fewer registers and more rows in flight),
-// CREG (KACC > 0 only; 0: the centroids in shared memory, the sums in registers; 1: each
-// lane holds its K x DPL centroid values in registers and each group of L lanes accumulates
-// its rows into a private slice of shared memory, summed over the groups in a fixed order at
-// the end; 2: centroids and sums in registers). 64-bit shared loads are served per half-warp,
-// so with L = 16 the two groups of a warp each paid for their own K x DPL centroid reads per
-// row: ncu, S1, 37M of 46M L1 wavefronts.
+// CREG (KACC > 0 only: each lane holds its K x DPL centroid values in registers and each group
+// of L lanes accumulates its rows into a private slice of shared memory, summed over the
+// groups in a fixed order at the end; else the centroids are in shared memory and the sums in
+// registers. 64-bit shared loads are served per half-warp, so with L = 16 the two groups of a
+// warp each paid for their own K x DPL centroid reads per row: ncu, S1, 37M of 46M L1
+// wavefronts).
 #define NG (NT / L)
 #define DP (L * DPL)
-// CREG 1: a group's slice of shared memory, K x DP sums, K weights, K counts; an odd number
-// of doubles, so that for L = 1 the lanes' 64-bit accesses spread over the banks.
+// CREG: a group's slice of shared memory, K x DP sums, K weights, K counts; an odd number of
+// doubles, so that for L = 1 the lanes' 64-bit accesses spread over the banks.
 #define GS ((KACC * (DP + 2)) | 1)
-#define RACC (KACC > 0 && MODE != 1 && CREG != 1)  // register accumulators
+#define RACC (KACC > 0 && MODE != 1 && !CREG)  // register accumulators
 #if CREG
 #define CEN(k, j) cen[k][j]
 #else
@@ -147,29 +147,12 @@ extern "C" __global__ void BOUNDS fused_small(
         double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
     extern __shared__ double sh[];
     const int lane = threadIdx.x % L;
-#if CREG == 1
+#if CREG
     // Shared: NG x GS group slices (MODE 0 only), K weights, K counts, 2 scalars.
     double* ssum = sh;
     double* sw = ssum + (MODE == 1 ? 0 : NG * GS);
     double* gsum = ssum + (threadIdx.x / L) * GS;  // this group's slice
     for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0.0;
-#else
-#if CREG == 2
-    double* ssum = sh;               // K x DP block sums
-#else
-    double* cs = sh;                 // K x DP centroids, zero padded past D
-    double* ssum = cs + K * DP;      // K x DP block sums
-#endif
-    double* sw = ssum + K * DP;      // K block weights
-    for (int i = threadIdx.x; i < K * DP; i += NT) {
-#if CREG == 0
-        int k = i / DP, j = i - k * DP;
-        cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
-#endif
-        ssum[i] = 0.0;
-    }
-#endif
-#if CREG
     double cen[KACC][DPL];
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
@@ -178,6 +161,15 @@ extern "C" __global__ void BOUNDS fused_small(
             const int col = lane + j * L;
             cen[k][j] = col < D ? C[(long long)k * D + col] : 0.0;
         }
+    }
+#else
+    double* cs = sh;                 // K x DP centroids, zero padded past D
+    double* ssum = cs + K * DP;      // K x DP block sums
+    double* sw = ssum + K * DP;      // K block weights
+    for (int i = threadIdx.x; i < K * DP; i += NT) {
+        int k = i / DP, j = i - k * DP;
+        cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
+        ssum[i] = 0.0;
     }
 #endif
     double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
@@ -294,7 +286,7 @@ extern "C" __global__ void BOUNDS fused_small(
         }
     }
 #else
-#if CREG == 1
+#if CREG
             {
                 double* o = gsum + bk * DP + lane;  // this group's slice: no other writer
                 #pragma unroll
@@ -355,7 +347,7 @@ extern "C" __global__ void BOUNDS fused_small(
     if (want) {
         const int KD = K * D;
         double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
-#if CREG == 1
+#if CREG
         // The groups' slices summed by a fixed pairwise tree (NG is a power of 2; one slice per
         // thread walking all NG slices took ~4 us for L = 1).
         for (int st = 1; st < NG; st <<= 1) {
@@ -1094,18 +1086,18 @@ def _ctype(dtype: Any) -> str:
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
                  rows: int | None = None, min_blocks: int | None = None, mode: int = 0,
-                 creg: int = 0) -> str:
+                 creg: bool = False) -> str:
     """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only) and ``reduce_parts``
-    for one configuration (``creg``, with ``kacc`` > 0: 1 centroids in registers and sums in
-    shared memory, 2 both in registers; see the source); ``rows`` (U) and ``min_blocks``
-    (MINB) default to the measured choices (profiling scripts vary them)."""
-    creg = int(creg) if kacc else 0
+    for one configuration (``creg``: centroids in registers, sums in shared memory; needs
+    ``kacc`` > 0); ``rows`` (U) and ``min_blocks`` (MINB) default to the measured choices
+    (profiling scripts vary them)."""
+    creg = bool(creg and kacc)
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
         # values per lane were no faster than 8 (register pressure costs occupancy); with the
         # centroids in registers (no accumulators there) 16: S1 (DPL 7) 0.242 ms at U = 2
         # against 0.277 at U = 1.
-        rows = max(1, min(4, (16 if creg == 1 else 8) // dpl))
+        rows = max(1, min(4, (16 if creg else 8) // dpl))
     if min_blocks is None:
         # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
         # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
@@ -1132,10 +1124,10 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
 
 
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
-                  mode: int = 0, creg: int = 0) -> tuple[Any, Any]:
+                  mode: int = 0, creg: bool = False) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE, CREG)
     configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, int(creg))
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg))
     return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg),
                       ("fused_small", "reduce_parts"))
 

@@ -72,52 +72,47 @@ _REG_ACC = 32  # float64 register accumulators per lane (K x values-per-lane)
 _SHARED_BYTES = 48 * 1024
 
 
-_PLACEMENTS = {"shared": 0, "registers": 1, "all-registers": 2}  # cuda_src.SMALL_SRC's CREG
-
-
-def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int, int, int, bool, int] | None:
+def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int, int, int, bool, bool] | None:
     """``(L, DPL, KACC, TRED, CREG)`` of the fused kernel for K x D, or None for the GEMM
     regime.
 
     Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
-    per row), their K distances reduced transposed when K <= L (TRED); then, by
-    ``daskmeans.gpu-small-centroids``, CREG: 0 "shared" (the centroids in shared memory, the
-    sums in registers), 1 "registers" (the centroids in registers, each group's sums in shared
-    memory, where the block's ``shared_max`` bytes allow), 2 "all-registers" (both in
-    registers), or "auto" (1 for L >= 2, else 0). Else shared-memory centroids and
-    accumulators, at most 16 values per lane."""
+    per row), their K distances reduced transposed when K <= L (TRED); then by
+    ``daskmeans.gpu-small-centroids``: the centroids in registers and the sums in per-group
+    shared memory (CREG: "registers", or "auto" for L >= 2; where the block's ``shared_max``
+    bytes allow),
+    or the centroids in shared memory and the sums in registers ("shared"). Else
+    shared-memory centroids and accumulators, at most 16 values per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
-        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, 0) <= _SHARED_BYTES:
+        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
             choice = str(config.get("gpu-small-centroids"))
-            if choice != "auto" and choice not in _PLACEMENTS:
-                raise ValueError(f"daskmeans.gpu-small-centroids={choice!r} should be 'auto' or one of {sorted(_PLACEMENTS)}")
-            # Auto: centroids in registers where a row has L >= 2 lanes (the two 16-lane
-            # groups of a warp each paid for their own shared-memory centroid reads: S1 0.242
-            # vs 0.290 ms for the kernel, H200); with one lane per row those reads are
-            # warp-wide broadcasts (S2: 0.085 vs 0.084 ms with the sums in shared memory).
-            creg = _PLACEMENTS.get(choice, 1 if lanes >= 2 else 0)
-            if creg == 1 and _shared_bytes(k, lanes, dpl, 1) > shared_max:
-                creg = 0
+            if choice not in ("auto", "registers", "shared"):
+                raise ValueError(f"daskmeans.gpu-small-centroids={choice!r} should be 'auto', 'registers' or 'shared'")
+            # Auto: registers where a row has L >= 2 lanes (the two 16-lane groups of a warp
+            # each paid for their own shared-memory centroid reads: S1 0.242 vs 0.290 ms for
+            # the kernel, H200); with one lane per row those reads are warp-wide broadcasts
+            # (S2: 0.085 vs 0.084 ms) and the group slices would cost shared memory per thread.
+            fits = _shared_bytes(k, lanes, dpl, True) <= shared_max
+            creg = fits and (choice == "registers" or (choice == "auto" and lanes >= 2))
             return lanes, dpl, k, 2 <= k <= lanes, creg
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if dpl <= 16 or lanes == 32:
-            if dpl <= 32 and _shared_bytes(k, lanes, dpl, 0) <= _SHARED_BYTES:
-                return lanes, dpl, 0, False, 0
+            if dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
+                return lanes, dpl, 0, False, False
             return None
     return None
 
 
-def _shared_bytes(k: int, lanes: int, dpl: int, creg: int, mode: int = 0) -> int:
-    """Dynamic shared memory of ``fused_small`` (cuda_src.SMALL_SRC): float64 centroids (CREG
-    0 only) and block sums (K x DP each), or for CREG 1 each group of L lanes' slice (GS:
-    K x (DP + 2) sums, weights and counts, made odd; none in MODE 1); then weights, counts and
-    two scalars."""
+def _shared_bytes(k: int, lanes: int, dpl: int, creg: bool, mode: int = 0) -> int:
+    """Dynamic shared memory of ``fused_small`` (cuda_src.SMALL_SRC): float64 centroids and
+    sums (K x DP each), or with CREG each group of L lanes' slice (GS: K x (DP + 2) sums,
+    weights and counts, made odd; none in MODE 1); then weights, counts and two scalars."""
     dp = lanes * dpl
-    if creg == 1:
+    if creg:
         return 8 * ((0 if mode == 1 else (_THREADS // lanes) * ((k * (dp + 2)) | 1)) + 2 * k + 2)
-    return 8 * ((1 if creg else 2) * k * dp + 2 * k + 2)
+    return 8 * (2 * k * dp + 2 * k + 2)
 
 
 @functools.lru_cache(maxsize=None)
