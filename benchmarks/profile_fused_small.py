@@ -58,7 +58,7 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
         part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
         pstat = cupy.empty((nb, 2), cupy.float64)
         args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, be._NULL, be._NULL, labels, be._NULL,
-                be._NULL if mode == 1 else part, pstat if mode == 1 else be._NULL, be._NULL, be._NULL, be._NULL)
+                be._NULL if mode == 1 else part, pstat if mode == 1 else be._NULL)
         t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
         a = kern.attributes
         res[f"L{lanes}_DPL{dpl}_tred{tred}_U{rows}_mb{mb}_mode{mode}_creg{creg}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)

@@ -76,28 +76,6 @@ def test_fused_small_centroid_placements_match_reference(n, d, k, weighted, dtyp
         _check_assign(n, d, k, weighted, dtype, "fp32")
 
 
-@pytest.mark.parametrize("n,d,k", [(3001, 2, 8), (4099, 7, 5), (1000, 3, 1)])
-@pytest.mark.parametrize("weighted", [False, True])
-def test_fused_small_last_block_sums_equal_reduce_parts(n, d, k, weighted, monkeypatch):
-    """Narrow block partials are summed by the fused kernel's last block: the same numbers,
-    bit for bit, as the separate reduce_parts launch, on every call (its counter resets)."""
-    import cupy
-
-    from daskmeans.backends import cupy as be
-
-    X, C, rng = _data(n, d, k, np.float32)
-    Xg, wg = cupy.asarray(X), cupy.asarray(rng.random(n) + 0.5) if weighted else None
-    p = be.prepare(C, np.float32)
-    assert k * d + 2 * k + 2 <= be._FOLD_MAX_WIDTH
-    folded = [be.assign(Xg, p, wg) for _ in range(3)]
-    monkeypatch.setattr(be, "_FOLD_MAX_WIDTH", 0)
-    ref = be.assign(Xg, p, wg)
-    for out in folded:
-        for key in ("sums", "weights", "counts", "inertia", "reassigned", "labels"):
-            np.testing.assert_array_equal(cupy.asnumpy(out[key]), cupy.asnumpy(ref[key]))
-    assert int(be._done_counter(cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)[0]) == 0
-
-
 def _check_assign(n, d, k, weighted, dtype, precision):
     import cupy
     import dask

@@ -131,21 +131,6 @@ SMALL_SRC = _COMMON + r"""
 #else
 #define CEN(k, j) cs[(k) * DP + lane + (j) * L]
 #endif
-// Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
-// ... in order, then a fixed butterfly (deterministic; a thread per column walking all blocks
-// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64. Loads
-// bypass L1 (__ldcg): in fused_small the partials were written by other blocks.
-__device__ __forceinline__ void column_out(const double* part, int nb, int width, int K, int KD, int i,
-                                           int lane, double* __restrict__ out, long long* __restrict__ cnt) {
-    double s = 0.0;
-    #pragma unroll 4
-    for (int b = lane; b < nb; b += 32) s += __ldcg(part + (long long)b * width + i);
-    s = warp_sum(s);
-    if (lane == 0) {
-        out[i] = s;
-        if (i >= KD + K && i < KD + 2 * K) cnt[i - KD - K] = (long long)s;
-    }
-}
 #if MINB > 1
 #define BOUNDS __launch_bounds__(NT, MINB)
 #else
@@ -159,10 +144,7 @@ extern "C" __global__ void BOUNDS fused_small(
         int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
-        double* __restrict__ pstat,        // gridDim.x x 2 (inertia, reassigned) when part is NULL
-        unsigned int* done,                // with part: NULL, or a zero counter (left zero) and then
-        double* __restrict__ tot,          // the block that finishes last sums the partials into
-        long long* __restrict__ cnt) {     // tot (K*D + 2K + 2) and cnt (K) as reduce_parts would
+        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
     extern __shared__ double sh[];
     const int lane = threadIdx.x % L;
 #if CREG
@@ -384,32 +366,27 @@ extern "C" __global__ void BOUNDS fused_small(
         for (int i = threadIdx.x; i < KD; i += NT) { int k = i / D; o[i] = ssum[k * DP + (i - k * D)]; }
         for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];
 #endif
-        if (done != nullptr) {
-            // The last block to finish (atomicInc wraps the counter back to zero) sums every
-            // block's partial in the same order as reduce_parts: no second launch (narrow
-            // partials only: its warps walk the columns one after another).
-            __shared__ unsigned int ticket;
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) ticket = atomicInc(done, gridDim.x - 1);
-            __syncthreads();
-            if (ticket == gridDim.x - 1) {
-                __threadfence();
-                const int width = KD + 2 * K + 2, w32 = threadIdx.x & 31;
-                for (int i = threadIdx.x >> 5; i < width; i += NT / 32)
-                    column_out(part, gridDim.x, width, K, KD, i, w32, tot, cnt);
-            }
-        }
     } else if (threadIdx.x < 2) {
         pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
     }
 }
 
-// One warp per column, whole kernel (reduce_parts) or last block (fused_small).
+// Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
+// ... in order, then a fixed butterfly (deterministic; a thread per column walking all blocks
+// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64.
 extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb, int width, int K, int KD,
                                         double* __restrict__ out, long long* __restrict__ cnt) {
     const int i = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    if (i < width) column_out(part, nb, width, K, KD, i, threadIdx.x & 31, out, cnt);  // uniform per warp
+    const int lane = threadIdx.x & 31;
+    if (i >= width) return;  // uniform across the warp
+    double s = 0.0;
+    #pragma unroll 4
+    for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
+    s = warp_sum(s);
+    if (lane == 0) {
+        out[i] = s;
+        if (i >= KD + K && i < KD + 2 * K) cnt[i - KD - K] = (long long)s;
+    }
 }
 """
 

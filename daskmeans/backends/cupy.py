@@ -354,23 +354,6 @@ def _small_plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     return plan
 
 
-# Block partials at most this wide are summed by the fused kernel's last block (S2, width 34:
-# no second launch); wider ones by reduce_parts, a warp per column over many SMs (S1, 410).
-_FOLD_MAX_WIDTH = 64
-_COUNTERS: dict = {}
-
-
-def _done_counter(device_id: int, stream_ptr: int) -> Any:
-    """A zero uint32 of ``fused_small``'s last-block detection, one per device and stream
-    (kernels on one stream run in order; each leaves the counter at zero again)."""
-    import cupy
-
-    key = (device_id, stream_ptr)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = cupy.zeros(1, cupy.uint32)
-    return _COUNTERS[key]
-
-
 def _run_small(X, p, w, prev, labels, d2, want_sums):
     import cupy
 
@@ -380,22 +363,19 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
     kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = _small_plan(X, p, 0 if want_sums else 1)
     part = cupy.empty((nb, width), cupy.float64) if want_sums else None
     pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
-    tot = cupy.empty(width, cupy.float64) if want_sums else None
-    counts = cupy.empty(k, cupy.int64) if want_sums else None
-    fold = want_sums and width <= _FOLD_MAX_WIDTH
-    done = _done_counter(cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr) if fold else None
     kern(
         (nb,), (_THREADS,),
-        (X, n64, d32, k32, p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), _ptr(part), _ptr(pstat),
-         _ptr(done), _ptr(tot if fold else None), _ptr(counts if fold else None)),
+        (X, n64, d32, k32, p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), _ptr(part), _ptr(pstat)),
         shared_mem=shared,
     )
     if not want_sums:
         st = pstat.sum(axis=0)
         return {"inertia": st[0], "reassigned": st[1], "rechecked": 0}
     kd = k * d
-    if not fold:  # one warp per column
-        reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts))
+    tot = cupy.empty(width, cupy.float64)
+    counts = cupy.empty(k, cupy.int64)
+    # One warp per column.
+    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts))
     return {
         "sums": tot[:kd].reshape(k, d),
         "weights": tot[kd : kd + k],
