@@ -77,12 +77,12 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     regime.
 
     Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
-    per row), their K distances reduced transposed when K <= L (TRED); then by
-    ``daskmeans.gpu-small-centroids``: the centroids in registers and the sums in per-group
-    shared memory (CREG: "registers", or "auto" for L >= 2; where the block's ``shared_max``
-    bytes allow),
-    or the centroids in shared memory and the sums in registers ("shared"). Else
-    shared-memory centroids and accumulators, at most 16 values per lane."""
+    per row), their K distances reduced transposed when K <= L (TRED); then, by
+    ``daskmeans.gpu-small-centroids``, either the centroids in registers and the sums in
+    per-group shared memory (CREG; "registers", or "auto" for L >= 2, where the block may
+    have the ``shared_max`` bytes this takes), or the centroids in shared memory and the sums
+    in registers ("shared"). Else shared-memory centroids and accumulators, at most 16 values
+    per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
