@@ -46,7 +46,6 @@ class ModelState:
 
     centroids: Any  # (K, D) float64
     stats: dict = field(default_factory=dict)
-    partial: Any = None  # the combined Partial that made them (single-shard runs only)
 
 
 @dataclass
@@ -136,21 +135,6 @@ def _update(
         "kernel_seconds": float(partial.kernel_seconds),
     }
     return ModelState(be.to_numpy(new) if to_host else new, stats)
-
-
-def _step_update(
-    shard: Shard, model: ModelState, iteration: int, to_host: bool, metric: str, precision: str
-) -> ModelState:
-    """Step and update in one task, for a single shard: no reduction, one scheduling hop
-    per iteration instead of two. The partial rides along for empty-cluster relocation."""
-    partial = _step(shard, model, True, iteration, precision)
-    state = _update(combine([partial]), model, iteration + 1, to_host, metric)
-    state.partial = partial
-    return state
-
-
-def _get_partial(model: ModelState) -> Partial:
-    return model.partial
 
 
 def _far_points(shard: Shard, model: ModelState, n_far: int, iteration: int) -> list:
@@ -265,7 +249,7 @@ def _drop(client: Client, submitted: tuple | None) -> None:
     """Cancel a speculatively submitted step (its futures); returns None."""
     if submitted is not None:
         partials, new_model, stats_f = submitted
-        client.cancel([*(partials or []), new_model, stats_f])
+        client.cancel([*partials, new_model, stats_f])
     return None
 
 
@@ -295,13 +279,13 @@ _STOP_POLL_S = 2.0  # how often a long local loop asks whether the client gave u
 
 def _lloyd_local(
     shard: Shard, centroids: np.ndarray, max_iter: int, tol_abs: float, metric: str, precision: str,
-    topic: str, stop: str,
+    topic: str | None, stop: str,
 ) -> LocalRun:
     """Every Lloyd iteration of a single-shard run, then the final E-step, in this one task.
 
     Same steps, relocation and stopping rule as the client-driven loop of :func:`run_lloyd`;
     each iteration's stats (with ``seconds``: wall time since the previous iteration ended)
-    are logged as an event on ``topic``. Every ``_STOP_POLL_S`` seconds the loop checks the
+    are logged as an event on ``topic`` (None: no events, nobody listens). Every ``_STOP_POLL_S`` seconds the loop checks the
     distributed Event ``stop``, set by a client that was interrupted.
     """
     be = get_backend(shard.blocks[0])
@@ -313,16 +297,17 @@ def _lloyd_local(
     history: list[dict] = []
     t_prev = t_poll = time.perf_counter()
     for it in range(max_iter):
-        state = _step_update(shard, model, it, False, metric, precision)
+        # One shard: its partial is the whole sum (no reduction), the far points are local.
+        partial = _step(shard, model, True, it, precision)
+        state = _update(partial, model, it + 1, False, metric)
         if state.stats["n_empty"]:
             cands = _far_points(shard, model, state.stats["n_empty"], it)
-            state = _relocate(state.partial, model, cands, it + 1, False, metric)
-        state.partial = None
+            state = _relocate(partial, model, cands, it + 1, False, metric)
         now = time.perf_counter()
         stats = dict(state.stats, seconds=now - t_prev)
         t_prev = now
         history.append(stats)
-        if worker is not None:
+        if worker is not None and topic is not None:
             worker.log_event(topic, stats)
         model = state
         if _converged(stats, tol_abs):
@@ -415,13 +400,6 @@ def run_lloyd(
 
     def submit(model: Any, it: int) -> tuple:
         """Step ``it`` from ``model``, its reduction + update, and the stats' future."""
-        if nshard == 1:
-            new_model = client.submit(
-                _step_update, placement.shards[0], model, it, small, metric, precision,
-                workers=[placement.workers[0]], allow_other_workers=False, pure=False,
-                key=f"daskmeans-lloyd-step-update-{uuid.uuid4().hex}",
-            )
-            return None, new_model, new_model if small else client.submit(_get_stats, new_model, pure=False)
         partials = submit_per_shard(
             client, placement, _step, [model] * nshard, name="daskmeans-lloyd-step", iteration=it, precision=precision
         )
@@ -454,10 +432,7 @@ def run_lloyd(
             new_model, stats = stats, stats.stats
         if stats["n_empty"]:
             ahead = _drop(client, ahead)
-            if partials is None:  # one shard: the partial rides with the new state
-                root = new_model.partial if small else client.submit(_get_partial, new_model, pure=False)
-            else:
-                root = tree_reduce(client, partials, combine, name="daskmeans-lloyd-combine")
+            root = tree_reduce(client, partials, combine, name="daskmeans-lloyd-combine")
             far = submit_per_shard(
                 client, placement, _far_points, [model] * nshard, [stats["n_empty"]] * nshard, [it] * nshard,
                 name="daskmeans-far-points",
@@ -511,7 +486,9 @@ def _run_local(
     it polls) and cancelled.
     """
     token = uuid.uuid4().hex
-    topic, stop = f"daskmeans-progress-{token}", f"daskmeans-stop-{token}"
+    # Progress events only for a callback (the scheduler keeps every topic it has seen).
+    topic = None if callback is None else f"daskmeans-progress-{token}"
+    stop = f"daskmeans-stop-{token}"
     events: queue.SimpleQueue = queue.SimpleQueue()
     if callback is not None:
         # The scheduler adds the sending worker's address to a dict event: not a statistic.

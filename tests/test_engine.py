@@ -700,6 +700,20 @@ def test_local_loop_matches_client_driven_loop(client, blobs_2d, relocate, small
     assert [h["iteration"] for h in seen[0]] == list(range(1, a.n_iter_ + 1))
 
 
+def test_local_loop_logs_progress_events_only_for_a_callback(client, blobs_2d):
+    """Without a callback the single-shard loop sends no events (the scheduler would keep
+    every fit's topic); with one, the callback's topic carries one event per iteration."""
+    X = da.from_array(blobs_2d, chunks=(3000, -1))
+    topics = lambda: {t for t in client.get_events() if t.startswith("daskmeans-progress")}  # noqa: E731
+    before = topics()
+    KMeans(4, init=init_rows(blobs_2d, 4, seed=0), client=client).fit(X)
+    assert topics() == before
+    seen = []
+    km = KMeans(4, init=init_rows(blobs_2d, 4, seed=0), client=client).fit(X, callback=seen.append)
+    new = topics() - before
+    assert len(new) == 1 and len(client.get_events(new.pop())) == km.n_iter_ == len(seen)
+
+
 def test_local_loop_stops_when_asked(blobs_2d):
     """The single-shard loop polls its stop Event (set by an interrupted client) and ends
     after the iteration in progress, still returning labels under its last centroids."""
