@@ -21,16 +21,20 @@ def inertia_scale(metric: str) -> float:
     return 0.5 if metric == "cosine" else 1.0
 
 
+def _nonzero_norms(a: Any, what: str, offset: int = 0) -> Any:
+    """Float64 Euclidean norms of the rows of ``a`` (n, d); a zero row is a DataError naming
+    its index (plus ``offset``, the block's first global row)."""
+    xp = get_backend(a).xp
+    norm = xp.sqrt((a.astype(xp.float64) ** 2).sum(axis=1))
+    zero = xp.flatnonzero(norm == 0)
+    if zero.size:
+        raise DataError(f"metric='cosine' needs {what} of nonzero norm; row {int(zero[0]) + offset} is all zeros")
+    return norm
+
+
 def _unit_rows(block: Any, block_info: Any = None) -> Any:
-    xp = get_backend(block).xp
-    norm = xp.sqrt((block.astype(xp.float64) ** 2).sum(axis=1))
-    zero = norm == 0
-    if bool(zero.any()):
-        row = int(xp.flatnonzero(zero)[0])
-        if block_info is not None and block_info.get(0):
-            row += block_info[0]["array-location"][0][0]
-        raise DataError(f"metric='cosine' needs rows of nonzero norm; row {row} is all zeros")
-    return (block / norm[:, None]).astype(block.dtype)
+    offset = block_info[0]["array-location"][0][0] if block_info is not None and block_info.get(0) else 0
+    return (block / _nonzero_norms(block, "rows", offset)[:, None]).astype(block.dtype)
 
 
 def unit_rows(X: da.Array) -> da.Array:
@@ -51,7 +55,4 @@ def unit_centroids(c: Any, fallback: Any = None) -> Any:
 
 def check_unit_init(c: np.ndarray) -> np.ndarray:
     """An explicit cosine init: rows scaled to unit norm; zero rows are an error."""
-    norm = np.sqrt((c * c).sum(axis=1))
-    if (norm == 0).any():
-        raise DataError(f"metric='cosine' needs init rows of nonzero norm; row {int(np.flatnonzero(norm == 0)[0])} is all zeros")
-    return c / norm[:, None]
+    return c / _nonzero_norms(c, "init rows")[:, None]
