@@ -28,3 +28,12 @@ def get(key: str, default: Any = None) -> Any:
 def get_bytes(key: str) -> int:
     """A byte-size setting (``"128MiB"`` or an integer) as an integer number of bytes."""
     return int(dask.utils.parse_bytes(get(key)))
+
+
+def choice(key: str, options: tuple[str, ...]) -> str:
+    """A setting that takes one of ``options`` (e.g. ``choice("gpu-fp32-gemm", ("auto",
+    "sgemm", "3xtf32"))``); any other value is a ValueError naming it and the options."""
+    value = str(get(key))
+    if value not in options:
+        raise ValueError(f"daskmeans.{key}={value!r} should be one of {', '.join(map(repr, options))}")
+    return value

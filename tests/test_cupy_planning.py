@@ -36,8 +36,25 @@ def test_explicit_placement_is_honoured(choice, expected):
 
 def test_unknown_placement_is_rejected_with_the_value():
     with dask.config.set({"daskmeans.gpu-small-centroids": "texture"}):
-        with pytest.raises(ValueError, match="gpu-small-centroids='texture' should be 'auto', 'registers' or 'shared'"):
+        with pytest.raises(ValueError, match="gpu-small-centroids='texture' should be one of 'auto', 'registers', 'shared'"):
             be._small_config(4, 100, BIG)
+
+
+@pytest.mark.parametrize("layout", ["columns", "cols8"])
+def test_unknown_select_layout_is_rejected_with_the_value(layout):
+    import numpy as np
+
+    with dask.config.set({"daskmeans.gpu-select-layout": layout}):
+        with pytest.raises(ValueError, match=f"gpu-select-layout='{layout}' should be one of 'auto', 'rows', 'cols1'"):
+            be._select_layout(4096, 1000, np.float32, 0, "fp32")
+
+
+@pytest.mark.parametrize("layout,rpt", [("rows", 0), ("cols1", 1), ("cols4", 4)])
+def test_explicit_select_layout_is_honoured(layout, rpt):
+    import numpy as np
+
+    with dask.config.set({"daskmeans.gpu-select-layout": layout}):
+        assert be._select_layout(4096, 1000, np.float32, 0, "fp32") == rpt
 
 
 def test_shared_accumulator_regime_has_no_register_placement():

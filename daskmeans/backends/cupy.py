@@ -86,9 +86,7 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
-            choice = str(config.get("gpu-small-centroids"))
-            if choice not in ("auto", "registers", "shared"):
-                raise ValueError(f"daskmeans.gpu-small-centroids={choice!r} should be 'auto', 'registers' or 'shared'")
+            choice = config.choice("gpu-small-centroids", ("auto", "registers", "shared"))
             # Auto: registers where a row has L >= 2 lanes (the two 16-lane groups of a warp
             # each paid for their own shared-memory centroid reads: S1 0.242 vs 0.290 ms for
             # the kernel, H200); with one lane per row those reads are warp-wide broadcasts
@@ -164,9 +162,7 @@ def _gemm_mode(precision: str, gemm64: bool) -> int:
         return 1
     if precision == "bf16":
         return 3
-    how = str(config.get("gpu-fp32-gemm"))
-    if how not in ("auto", "sgemm", "3xtf32"):
-        raise ValueError(f"daskmeans.gpu-fp32-gemm={how!r} should be one of 'auto', 'sgemm', '3xtf32'")
+    how = config.choice("gpu-fp32-gemm", ("auto", "sgemm", "3xtf32"))
     if how == "auto":
         import cupy
 
@@ -527,7 +523,7 @@ def _select_layout(rows: int, kpad: int, gdt: Any, device_id: int, precision: st
     candidates re-reads its row of the column-major tile one 32-byte sector per centroid
     (P3, K = 5000, 2.4% such rows: 35 vs 17 ms, H200), and each thread's share of the
     centroids grows. Not for tf32/bf16: more uncertain rows (4-8% on random data)."""
-    layout = str(config.get("gpu-select-layout"))
+    layout = config.choice("gpu-select-layout", ("auto", "rows", "cols1", "cols2", "cols4"))
     if gdt != numpy.float32 or layout == "rows":
         return 0
     if layout.startswith("cols"):
