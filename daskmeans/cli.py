@@ -15,6 +15,8 @@ import time
 from typing import Sequence
 
 from . import __version__
+from .backends import PRECISIONS
+from .metric import METRICS
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -45,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--max-iter", type=int, default=300)
     f.add_argument("--tol", type=float, default=1e-4)
     f.add_argument("--seed", type=int, default=None)
-    f.add_argument("--metric", choices=("euclidean", "cosine"), default="euclidean",
+    f.add_argument("--metric", choices=METRICS, default="euclidean",
                    help="cosine: spherical k-means (unit rows and centroids)")
-    f.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32",
+    f.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
@@ -99,10 +101,9 @@ def _gpu_chunk_bytes(args) -> str | None:
     """Larger chunks when the local cluster will be GPU workers: fewer, larger kernel calls
     (the GEMM tiles fill up) and fewer tasks; None keeps the general default."""
     from . import config
-    from .backends import gpu_available
+    from .cluster import local_uses_gpu
 
-    local_gpu = args.scheduler is None and (args.backend == "gpu" or (args.backend == "auto" and gpu_available()))
-    return config.get("gpu-chunk-bytes") if local_gpu else None
+    return config.get("gpu-chunk-bytes") if args.scheduler is None and local_uses_gpu(args.backend) else None
 
 
 def _check_output(path: str | None, overwrite: bool) -> None:

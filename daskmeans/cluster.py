@@ -38,6 +38,11 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
     return name
 
 
+def local_uses_gpu(backend: str) -> bool:
+    """Whether a local cluster started for ``backend`` ("auto", "cpu", "gpu") is GPU workers."""
+    return backend in ("gpu", "cupy") or (backend == "auto" and gpu_available())
+
+
 @contextlib.contextmanager
 def connect(scheduler: str | None = None, backend: str = "auto", n_workers: int | None = None) -> Iterator[Client]:
     """A client on ``scheduler``, or on a local cluster started (and closed) here.
@@ -63,8 +68,7 @@ def connect(scheduler: str | None = None, backend: str = "auto", n_workers: int 
         finally:
             client.close()
         return
-    use_gpu = backend in ("gpu", "cupy") or (backend == "auto" and gpu_available())
-    if use_gpu:
+    if local_uses_gpu(backend):
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError:
