@@ -2,8 +2,9 @@
 
 The engine must not pay one task per chunk per iteration (~1 ms each in Dask). After the data
 is persisted, each worker's local chunks are grouped into a few :class:`Shard` objects (one per
-worker thread), each built by a task pinned to that worker. A shard holds references to the
-worker's blocks (no copy); afterwards one task per shard per iteration loops over its blocks.
+worker thread), each built by a task pinned to that worker. A shard holds the worker's blocks
+(copied only where a block is not already contiguous and aligned for the kernels); afterwards
+one task per shard per iteration loops over its blocks.
 """
 
 from __future__ import annotations
