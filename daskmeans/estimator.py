@@ -253,6 +253,9 @@ class KMeans:
         self._check_fitted()
         x = read(X)
         check_n_features(self.n_features_in_, int(x.shape[1]))
+        # As in fit: a NaN or infinite row has no nearest centroid (and the GPU kernels' top-2
+        # states would keep no index for it).
+        x = x.map_blocks(_finite_rows, dtype=x.dtype, meta=x._meta)
         if self.metric == "cosine":
             x = unit_rows(x)
         try:
@@ -330,6 +333,16 @@ class KMeans:
 
 
 # ---------------------------------------------------------------- block functions
+
+
+def _finite_rows(block, block_info=None):
+    """``block`` itself; a row with a NaN or infinity is a DataError naming its global index."""
+    xp = get_backend(block).xp
+    bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
+    if bad.size:
+        offset = block_info[0]["array-location"][0][0] if block_info and block_info.get(0) else 0
+        raise DataError(f"X contains NaN or infinity (first at row {int(bad[0]) + offset}); clean or drop those rows")
+    return block
 
 
 def _prep(block, centers, precision="fp32"):

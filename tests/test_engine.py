@@ -576,6 +576,17 @@ def test_non_finite_data(client, bad):
         KMeans(3, client=client).fit(da.from_array(X, chunks=(50, -1)))
 
 
+@pytest.mark.parametrize("method", ["predict", "transform", "score"])
+def test_non_finite_data_at_inference(fitted, method):
+    """predict / transform / score refuse NaN and infinite rows as fit does, naming the row
+    (NumPy input: computed right away)."""
+    _, km = fitted
+    X = np.random.default_rng(1).standard_normal((300, km.n_features_in_))
+    X[217, 0] = np.inf
+    with pytest.raises(DataError, match=r"NaN or infinity \(first at row 217\)"):
+        getattr(km, method)(X)
+
+
 @pytest.mark.parametrize(
     "params,message",
     [
