@@ -7,28 +7,36 @@ The kernels (see that module for when each runs):
 
 ``fused_small``
     One pass over X, nothing else: each group of ``L`` lanes holds one row (``DPL`` values
-    per lane, float64), computes its float64 distance to every centroid (kept in shared
-    memory), the argmin (lowest index wins ties), and accumulates the row into block-private
-    float64 sums: in registers when ``KACC`` (= K) accumulators fit, otherwise in shared
-    memory. Each block writes one partial (sums, weights, counts, inertia, reassigned) which
-    the host reduces in a fixed order: no global atomics.
+    per lane, float64), computes its float64 distance to every centroid, the argmin (lowest
+    index wins ties), and accumulates the row into block-private float64 sums. Where K x DPL
+    values fit in registers (``KACC`` = K): the centroids in registers and each lane group's
+    sums in its own slice of shared memory (``CREG``), or the centroids in shared memory and
+    the sums in registers; otherwise both in shared memory. Each block writes one partial
+    (sums, weights, counts, inertia, reassigned) which ``reduce_parts`` sums in a fixed order:
+    no global atomics.
 ``gemm_prep``
     Before each GEMM tile: the tile's rows as the GEMM reads them (rounded to nearest TF32 or
     bfloat16, or split into TF32 high and low parts for fp32 precision on tensor cores) and
     each row's certified error bound, from the row's norm and its actual rounding residual.
 ``select_rows``
     After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2
-    of ``G + ||c||^2`` (16-byte loads), certifies the winner with the row's error bound, and re-ranks the uncertain rows by exact float64 distances to the few
-    candidates that the bound cannot exclude (found by a second scan of the row).
+    of ``G + ||c||^2`` (16-byte loads), certifies the winner with the row's error bound, and
+    re-ranks the uncertain rows by exact float64 distances to the few candidates that the
+    bound cannot exclude (found by a second scan of the row).
+``select_cols``
+    The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
+    rows: the default for fp32 precision with K <= 2048.
 ``gemm_top2`` / ``finish_top2``
-    The fused fp32 GEMM regime: a 128 x 128 x 8 FFMA tile GEMM whose epilogue keeps, per row,
-    the two best (value, index) pairs and the third value of ``||c||^2 - 2 x.c`` across all
-    centroid tiles (the N x K distances never leave the chip); then one warp per row certifies
+    The fused fp32 GEMM regime (off by default, ``daskmeans.gpu-fused-gemm-max-d: 0``: slower
+    than cuBLAS + ``select_cols`` on an H200): a 128 x 128 x 8 FFMA tile GEMM whose epilogue
+    keeps, per row, the two best (value, index) pairs and the third value of
+    ``||c||^2 - 2 x.c`` across all centroid tiles (the N x K distances never leave the chip); then one warp per row certifies
     the winner with the error bound, or re-ranks {i1, i2}, or (three or more candidates)
     every centroid by exact float64 distances.
-``sorted_sums``
-    Per-cluster float64 sums from the rows in label order: register accumulation along runs
-    of equal labels, one atomic add per run and column instead of one per element.
+``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
+    Per-cluster float64 sums once the labels are known: the rows ordered by label (a
+    block-local counting sort, or global counters for large K), then register accumulation
+    along runs of equal labels, one atomic add per run and column instead of one per element.
 """
 
 from __future__ import annotations
@@ -236,15 +244,15 @@ extern "C" __global__ void BOUNDS fused_small(
             // of two operands), so equal centroids give equal distances.
             int kb = 0;
             #pragma unroll
-            for (int w = KP / 2, off = L / 2; w >= 1; w >>= 1, off >>= 1) {
+            for (int h = KP / 2, off = L / 2; h >= 1; h >>= 1, off >>= 1) {  // h: k values halved
                 const bool up = (lane & off) != 0;
                 #pragma unroll
-                for (int i = 0; i < w; ++i) {
-                    const double send = up ? s[i] : s[i + w];
-                    const double keep = up ? s[i + w] : s[i];
+                for (int i = 0; i < h; ++i) {
+                    const double send = up ? s[i] : s[i + h];
+                    const double keep = up ? s[i + h] : s[i];
                     s[i] = keep + __shfl_xor_sync(FULL, send, off, L);
                 }
-                if (up) kb += w;
+                if (up) kb += h;
             }
             #pragma unroll
             for (int off = L / (2 * KP); off > 0; off >>= 1) s[0] += __shfl_xor_sync(FULL, s[0], off, L);
@@ -391,11 +399,9 @@ extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb,
 """
 
 SELECT_SRC = _COMMON + r"""
-#ifndef CH
-#define CH 1
-#endif
 // Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
-// B (vectors per lane per batch: B * 32 * VEC values of a row) comes from select_kernels.
+// B (vectors per lane per batch: B * 32 * VEC values of a row), CH (top-3 states per lane,
+// select_rows) and SS_MINB (sorted_sums' blocks per SM) come from select_source.
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -538,8 +544,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         int bn = bt + 1;
         if (bn == nbat) { bn = 0; rn += nwarp; }
         if (rn < rows) { load(nxt, rn, bn); if (bn == 0) ebn = eb[rn]; }
-        // Indices reach a lane (and a state) in increasing order: ins3 keeps the lowest index on
-        // ties, and a tie lands in b2 (a zero margin, hence an exact re-check).
+        // Indices reach a lane (and a state) in increasing order: ins3_sel keeps the lowest index
+        // on ties, and a tie lands in b2 (a zero margin, hence an exact re-check).
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
@@ -803,9 +809,6 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 #define CPL 4
 #ifndef RG
 #define RG 1
-#endif
-#ifndef SS_MINB
-#define SS_MINB 4
 #endif
 extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
         const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
