@@ -42,27 +42,9 @@ _REPS: dict = {}
 
 
 def _timeit(fn, reps, warm):
-    """Median seconds of ``fn`` between full device synchronisations (CuPy and PyTorch
-    work both complete inside the interval, whichever streams they use)."""
-    import time
-
-    import cupy
-    import torch
-
-    def sync():
-        torch.cuda.synchronize()
-        cupy.cuda.Device().synchronize()
-
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    """Median seconds of ``fn`` between full device synchronisations (``cudaDeviceSynchronize``
+    waits for CuPy's and PyTorch's streams alike)."""
+    return benchmeta.synced_ms(fn, reps, warm) / 1e3
 
 
 def timeit_events(fn, lib, reps=10, warm=3):
@@ -73,8 +55,6 @@ def timeit_events(fn, lib, reps=10, warm=3):
     other's work: measure each library with its own.)"""
     reps, warm = _REPS.get("reps", reps), _REPS.get("warm", warm)
     if lib == "cupy":
-        import benchmeta
-
         return benchmeta.event_ms(fn, reps, warm) / 1e3
     import torch
 
@@ -92,7 +72,7 @@ def timeit_events(fn, lib, reps=10, warm=3):
 
 
 def both(r, key, fn, lib, **kw):
-    """``r[key]``: synchronised wall time; ``r[key + "_ev"]``: CUDA-event time."""
+    """``r[key]`` (``"..._s"``): synchronised wall time; ``r[key[:-2] + "_ev_s"]``: CUDA-event time."""
     r[key] = timeit(fn, **kw)
     r[key[:-2] + "_ev_s"] = timeit_events(fn, lib, **kw)
 
