@@ -29,6 +29,12 @@ from typing import Any
 # GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy).
 PRECISIONS = ("fp32", "tf32", "bf16")
 
+
+def check_precision(precision: str) -> None:
+    """Every backend's ``prepare`` takes a precision of :data:`PRECISIONS` (or raises)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
+
 _MODULES = {"numpy": "daskmeans.backends.numpy", "cupy": "daskmeans.backends.cupy"}
 # User-facing aliases (CLI --backend) for the backend names.
 ALIASES = {"cpu": "numpy", "gpu": "cupy", "numpy": "numpy", "cupy": "cupy"}

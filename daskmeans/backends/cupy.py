@@ -39,7 +39,7 @@ from typing import Any
 import numpy
 
 from .. import config
-from . import PRECISIONS
+from . import check_precision
 from . import cuda_src
 
 def __getattr__(attr: str) -> Any:
@@ -85,7 +85,7 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
-        if k * dpl <= _REG_ACC and dpl <= 32 and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
+        if k * dpl <= _REG_ACC and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
             choice = config.choice("gpu-small-centroids", ("auto", "registers", "shared"))
             # Auto: registers where a row has L >= 2 lanes (the two 16-lane groups of a warp
             # each paid for their own shared-memory centroid reads: S1 0.242 vs 0.290 ms for
@@ -235,14 +235,13 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
     """Cast centroids ``(K, D)`` to the data dtype and precompute what the kernels read."""
     import cupy
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
+    check_precision(precision)
     c = cupy.ascontiguousarray(cupy.asarray(centroids, dtype=dtype))
     c64 = c.astype(cupy.float64)
     k, d = c.shape
     small = _small_config(k, d, _shared_optin(cupy.cuda.runtime.getDevice()))
     if small is not None:
-        return Prepared(c, cupy.ascontiguousarray(c64), precision, small)
+        return Prepared(c, c64, precision, small)  # c64: contiguous, as c
     gemm64 = c.dtype == cupy.float64
     mode = _gemm_mode(precision, gemm64)
     kpad = -(-k // 4) * 4

@@ -17,7 +17,7 @@ import numpy
 
 from .. import config
 from ..errors import DataError
-from . import PRECISIONS, cpu_kernels
+from . import check_precision, cpu_kernels
 
 name = "numpy"
 xp = numpy
@@ -40,7 +40,6 @@ class Prepared:
     centroids: numpy.ndarray  # (K, D) in the data dtype
     neg2_ct: numpy.ndarray  # (D, K) = -2 * centroids.T, C-contiguous for the GEMM
     sqnorm: numpy.ndarray  # (K,) ||c||^2 in the data dtype
-    precision: str = "fp32"
 
     @property
     def k(self) -> int:
@@ -52,11 +51,10 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
 
     ``precision`` names a GPU GEMM mode; CPUs have no TF32/BF16 GEMM, so every mode computes
     in the data dtype here."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
+    check_precision(precision)
     c = numpy.ascontiguousarray(centroids, dtype=dtype)
     sq = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64)).astype(dtype)
-    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq, precision)
+    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq)
 
 
 def _tile_rows(k: int, itemsize: int) -> int:
