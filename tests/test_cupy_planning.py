@@ -69,6 +69,13 @@ def test_labels_only_pass_needs_no_group_slices():
     assert be._shared_bytes(4, 16, 7, False) == 8 * (2 * 4 * 112 + 2 * 4 + 2)
 
 
+def test_group_slices_are_odd_only_for_multi_lane_rows():
+    # 16 lanes: 16 slices of K x (DP + 2) = 4 x 114 doubles, made odd (457) against bank conflicts.
+    assert be._shared_bytes(4, 16, 7, True) == 8 * (16 * 457 + 2 * 4 + 2)
+    # One lane per row: 256 slices of 8 x 4 doubles, interleaved (no padding needed).
+    assert be._shared_bytes(8, 1, 2, True) == 8 * (256 * 32 + 2 * 8 + 2)
+
+
 def _defines(src):
     """The first definition of each macro (the configuration head; the source's own
     ``#ifndef`` defaults come later)."""

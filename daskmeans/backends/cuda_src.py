@@ -130,9 +130,20 @@ SMALL_SRC = _COMMON + r"""
 // wavefronts).
 #define NG (NT / L)
 #define DP (L * DPL)
-// CREG: a group's slice of shared memory, K x DP sums, K weights, K counts; an odd number of
-// doubles, so that for L = 1 the lanes' 64-bit accesses spread over the banks.
-#define GS ((KACC * (DP + 2)) | 1)
+// CREG: a group's slice of shared memory, K x DP sums, K weights, K counts (weights only with
+// sample weights; else the counts are the weights). Groups of L >= 2 lanes: slices one after
+// another, an odd number of doubles apart. One lane per row: the slices interleaved (element e
+// of group g at e x NG + g), so that the 32 lanes' accesses are consecutive words whatever
+// cluster each row went to; contiguous slices met random bank conflicts (S2: no faster than
+// register accumulators).
+#define GE (KACC * (DP + 2))  // elements of a slice
+#if L == 1
+#define GS GE
+#define GIX(e) ((e) * NG)
+#else
+#define GS (GE | 1)
+#define GIX(e) (e)
+#endif
 #define RACC (KACC > 0 && MODE != 1 && !CREG)  // register accumulators
 #if CREG
 #define CEN(k, j) cen[k][j]
@@ -159,7 +170,7 @@ extern "C" __global__ void BOUNDS fused_small(
     // Shared: NG x GS group slices (MODE 0 only), K weights, K counts, 2 scalars.
     double* ssum = sh;
     double* sw = ssum + (MODE == 1 ? 0 : NG * GS);
-    double* gsum = ssum + (threadIdx.x / L) * GS;  // this group's slice
+    double* gsum = ssum + (L == 1 ? threadIdx.x : (threadIdx.x / L) * GS);  // this group's slice, at GIX(e)
     for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0.0;
     double cen[KACC][DPL];
     #pragma unroll
@@ -167,7 +178,7 @@ extern "C" __global__ void BOUNDS fused_small(
         #pragma unroll
         for (int j = 0; j < DPL; ++j) {
             const int col = lane + j * L;
-            cen[k][j] = col < D ? C[(long long)k * D + col] : 0.0;
+            cen[k][j] = col < D ? C[(long long)k * D + col] : 0.0;  // L = 1: uniform registers
         }
     }
 #else
@@ -296,10 +307,13 @@ extern "C" __global__ void BOUNDS fused_small(
 #else
 #if CREG
             {
-                double* o = gsum + bk * DP + lane;  // this group's slice: no other writer
+                double* o = gsum + GIX(bk * DP + lane);  // this group's slice: no other writer
                 #pragma unroll
-                for (int j = 0; j < DPL; ++j) o[j * L] = fma(wr, xv[j], o[j * L]);
-                if (lane == 0) { gsum[KACC * DP + bk] += wr; gsum[KACC * (DP + 1) + bk] += 1.0; }
+                for (int j = 0; j < DPL; ++j) o[GIX(j * L)] = fma(wr, xv[j], o[GIX(j * L)]);
+                if (lane == 0) {
+                    if (w) gsum[GIX(KACC * DP + bk)] += wr;
+                    gsum[GIX(KACC * (DP + 1) + bk)] += 1.0;
+                }
             }
 #elif KACC > 0
             #pragma unroll
@@ -356,6 +370,17 @@ extern "C" __global__ void BOUNDS fused_small(
         const int KD = K * D;
         double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
 #if CREG
+#if L == 1
+        // Element e of the NG interleaved slices: one warp adds groups lane, lane + 32, ... in
+        // order, then a fixed butterfly (deterministic), into group 0's place.
+        for (int e = threadIdx.x >> 5; e < GE; e += NT / 32) {
+            double t = 0.0;
+            for (int g = threadIdx.x & 31; g < NG; g += 32) t += ssum[e * NG + g];
+            t = warp_sum(t);
+            if ((threadIdx.x & 31) == 0) ssum[e * NG] = t;
+        }
+        __syncthreads();
+#else
         // The groups' slices summed by a fixed pairwise tree (NG is a power of 2; one slice per
         // thread walking all NG slices took ~4 us for L = 1).
         for (int st = 1; st < NG; st <<= 1) {
@@ -365,9 +390,12 @@ extern "C" __global__ void BOUNDS fused_small(
             }
             __syncthreads();
         }
+#endif
         for (int i = threadIdx.x; i < KD + 2 * K; i += NT) {
             const int k = i / D;
-            o[i] = ssum[i < KD ? k * DP + (i - k * D) : KACC * DP + (i - KD)];
+            // Without sample weights the weight of a cluster is its count (slot K further on).
+            const int e = i < KD ? k * DP + (i - k * D) : KACC * DP + (i - KD) + (!w && i < KD + K ? KACC : 0);
+            o[i] = ssum[GIX(e)];
         }
         if (threadIdx.x < 2) o[KD + 2 * K + threadIdx.x] = sst[threadIdx.x];
 #else
