@@ -11,11 +11,13 @@ from daskmeans.backends import cupy as be
 BIG = 1 << 30  # a device that lets a block have any shared memory
 
 
-def test_auto_puts_centroids_in_registers_for_rows_of_several_lanes():
+def test_auto_puts_centroids_in_registers_where_they_fit():
     # S1 (K = 4, D = 100): 16 lanes of 7 values, transposed reduction, centroids in registers.
     assert be._small_config(4, 100, BIG) == (16, 7, 4, True, True)
-    # S2 (K = 8, D = 2): one lane per row, centroids in shared memory (broadcast reads).
-    assert be._small_config(8, 2, BIG) == (1, 2, 8, False, False)
+    # S2 (K = 8, D = 2): one lane per row, centroids in registers, one slice per thread.
+    assert be._small_config(8, 2, BIG) == (1, 2, 8, False, True)
+    # ... unless the block cannot have the 256 slices (K = 8: 64 KiB; the default 48 KiB).
+    assert be._small_config(8, 2, 48 * 1024) == (1, 2, 8, False, False)
 
 
 def test_registers_fall_back_to_shared_where_the_block_cannot_have_the_memory():

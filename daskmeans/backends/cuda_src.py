@@ -134,8 +134,8 @@ SMALL_SRC = _COMMON + r"""
 // sample weights; else the counts are the weights). Groups of L >= 2 lanes: slices one after
 // another, an odd number of doubles apart. One lane per row: the slices interleaved (element e
 // of group g at e x NG + g), so that the 32 lanes' accesses are consecutive words whatever
-// cluster each row went to; contiguous slices met random bank conflicts (S2: no faster than
-// register accumulators).
+// cluster each row went to; contiguous slices met random bank conflicts (S2 kernel, H200:
+// 0.085 ms, no faster than register accumulators; interleaved 0.076).
 #define GE (KACC * (DP + 2))  // elements of a slice
 #if L == 1
 #define GS GE

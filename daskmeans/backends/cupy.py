@@ -79,20 +79,20 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
     per row), their K distances reduced transposed when K <= L (TRED); then, by
     ``daskmeans.gpu-small-centroids``, either the centroids in registers and the sums in
-    per-group shared memory (CREG; "registers", or "auto" for L >= 2, where the block may
-    have the ``shared_max`` bytes this takes), or the centroids in shared memory and the sums
-    in registers ("shared"). Else shared-memory centroids and accumulators, at most 16 values
+    per-group shared memory (CREG; "registers" or "auto", where the block may have the
+    ``shared_max`` bytes this takes), or the centroids in shared memory and the sums in
+    registers ("shared"). Else shared-memory centroids and accumulators, at most 16 values
     per lane."""
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
         if k * dpl <= _REG_ACC and _shared_bytes(k, lanes, dpl, False) <= _SHARED_BYTES:
             choice = config.choice("gpu-small-centroids", ("auto", "registers", "shared"))
-            # Auto: registers where a row has L >= 2 lanes (the two 16-lane groups of a warp
-            # each paid for their own shared-memory centroid reads: S1 0.242 vs 0.290 ms for
-            # the kernel, H200); with one lane per row those reads are warp-wide broadcasts
-            # (S2: 0.085 vs 0.084 ms) and the group slices would cost shared memory per thread.
+            # Auto: registers wherever they fit. Kernel alone, H200: S1 0.246 vs 0.295 ms (the
+            # two 16-lane groups of a warp each paid for their own shared-memory centroid
+            # reads); S2 0.076 vs 0.086 ms (one lane per row: the K x DPL predicated register
+            # updates per row cost more than a read-add-write of the row's slice).
             fits = _shared_bytes(k, lanes, dpl, True) <= shared_max
-            creg = fits and (choice == "registers" or (choice == "auto" and lanes >= 2))
+            creg = fits and choice in ("registers", "auto")
             return lanes, dpl, k, 2 <= k <= lanes, creg
     for lanes in (1, 2, 4, 8, 16, 32):
         dpl = -(-d // lanes)
