@@ -21,8 +21,8 @@ PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 ev, synced = benchmeta.event_ms, benchmeta.synced_ms
 
 
-def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode, creg):
-    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode, creg)
+def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode, creg, dfull):
+    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode, creg, dfull)
     return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
 
 
@@ -51,7 +51,7 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     for lanes, dpl, tred, rows, mb, mode, creg in VARIANTS[name]:
         kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy._small_config
         shared = be._shared_bytes(k, lanes, dpl, creg, mode)
-        kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode, creg)
+        kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode, creg, d == lanes * dpl)
         kern.max_dynamic_shared_size_bytes = shared
         slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
         nb = int(max(1, min(slots, -(-n // (256 // lanes)))))

@@ -117,6 +117,7 @@ __device__ __forceinline__ void stat_out(double* stat, double inert, double move
 
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
+// DFULL (D = L x DPL: no padding columns),
 // KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
 // U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
@@ -130,6 +131,7 @@ SMALL_SRC = _COMMON + r"""
 // wavefronts).
 #define NG (NT / L)
 #define DP (L * DPL)
+#define DX (DFULL ? DP : D)  // the row stride, a compile-time constant where D = DP
 // CREG: a group's slice of shared memory, K x DP sums, K weights, K counts (weights only with
 // sample weights; else the counts are the weights). Groups of L >= 2 lanes: slices one after
 // another, an odd number of doubles apart. One lane per row: the slices interleaved (element e
@@ -212,10 +214,20 @@ extern "C" __global__ void BOUNDS fused_small(
     }
 #endif
     double inert = 0.0, moved = 0.0;
-    // The loop bound is uniform across the warp (rows past n are masked), so the
-    // width-L shuffles below always see every lane. U rows per group per trip: their loads are
-    // all issued before the first use (memory-level parallelism).
-    for (long long base = warp * (32 / L) * U; base < n; base += nwarp * (32 / L) * U) {
+    // U rows per group per trip: their loads are all issued before the first use
+    // (memory-level parallelism). For one lane per row, one loop body in two passes: the warp's
+    // whole trips without row checks, then at most one partial trip whose rows past n are
+    // masked (S2: the checks and 64-bit row addresses were a fifth of the instructions per
+    // row). With L >= 2 lanes per row those costs are shared and the second copy of the body
+    // cost registers (S1: 122 -> 132, one block per SM fewer), so there is only the checked
+    // pass. The loop bounds are uniform across the warp, so the width-L shuffles below always
+    // see every lane.
+    const long long RW = (32 / L) * U;  // rows per warp trip
+    long long base = warp * RW;
+    #pragma unroll
+    for (int pass = L == 1 ? 0 : 1; pass < 2; ++pass) {
+    const bool tail = pass == 1;
+    for (; tail ? base < n : base + RW <= n; base += nwarp * RW) {
         T xr[U][DPL];
         #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -223,13 +235,13 @@ extern "C" __global__ void BOUNDS fused_small(
             #pragma unroll
             for (int j = 0; j < DPL; ++j) {
                 const int col = lane + j * L;
-                xr[u][j] = (r < n && col < D) ? X[r * D + col] : (T)0;
+                xr[u][j] = ((!tail || r < n) && (DFULL || col < D)) ? X[r * DX + col] : (T)0;
             }
         }
         #pragma unroll
         for (int u = 0; u < U; ++u) {
             const long long r = base + u * (32 / L) + gw;
-            const bool valid = r < n;
+            const bool valid = !tail || r < n;
             double xv[DPL];
             #pragma unroll
             for (int j = 0; j < DPL; ++j) xv[j] = (double)xr[u][j];
@@ -304,6 +316,7 @@ extern "C" __global__ void BOUNDS fused_small(
 #if MODE == 1
         }
     }
+    }
 #else
 #if CREG
             {
@@ -332,6 +345,7 @@ extern "C" __global__ void BOUNDS fused_small(
             if (lane == 0) { atomicAdd(sw + bk, wr); atomicAdd(scnt + bk, 1.0); }
 #endif
         }
+    }
     }
 #endif
     // Block reduction in a fixed order: shuffle across the groups of a warp, then warps one
@@ -1117,11 +1131,12 @@ def _ctype(dtype: Any) -> str:
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
                  rows: int | None = None, min_blocks: int | None = None, mode: int = 0,
-                 creg: bool = False) -> str:
+                 creg: bool = False, dfull: bool = False) -> str:
     """CUDA source of ``fused_small`` (``mode`` 0 fused, 1 labels only) and ``reduce_parts``
     for one configuration (``creg``: centroids in registers, sums in shared memory; needs
-    ``kacc`` > 0); ``rows`` (U) and ``min_blocks`` (MINB) default to the measured choices
-    (profiling scripts vary them)."""
+    ``kacc`` > 0; ``dfull``: D = ``lanes`` x ``dpl`` exactly, the row stride compiled in);
+    ``rows`` (U) and ``min_blocks`` (MINB) default to the measured choices (profiling scripts
+    vary them)."""
     creg = bool(creg and kacc)
     if rows is None:
         # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
@@ -1139,7 +1154,7 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
     return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
             f"#define NT {threads}\n#define U {rows}\n#define TRED {int(bool(tred))}\n"
             f"#define KP {kp}\n#define MINB {min_blocks}\n#define MODE {mode}\n"
-            f"#define CREG {int(creg)}\n" + SMALL_SRC)
+            f"#define CREG {int(creg)}\n#define DFULL {int(bool(dfull))}\n" + SMALL_SRC)
 
 
 def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
@@ -1155,11 +1170,11 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
 
 
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
-                  mode: int = 0, creg: bool = False) -> tuple[Any, Any]:
-    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE, CREG)
-    configuration."""
-    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg))
-    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg),
+                  mode: int = 0, creg: bool = False, dfull: bool = False) -> tuple[Any, Any]:
+    """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE, CREG,
+    DFULL) configuration."""
+    key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg), bool(dfull))
+    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg, dfull=dfull),
                       ("fused_small", "reduce_parts"))
 
 

@@ -335,7 +335,7 @@ def _small_plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     if plan is None:
         k = p.k
         lanes, dpl, kacc, tred, creg = p.small
-        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, _THREADS, mode, creg)
+        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, _THREADS, mode, creg, d == lanes * dpl)
         shared = _shared_bytes(k, lanes, dpl, creg, mode)
         if shared > _SHARED_BYTES:  # past the default 48 KiB: opt in (CREG's group sums)
             kern.max_dynamic_shared_size_bytes = shared
