@@ -56,6 +56,9 @@ for name in args or ["P2"]:
 
         r["gemm_mode"] = p.mode
         r["prep_tiles_ms"] = t(preps)
+        xall = be._prep_buffer(n, d, p.mode)  # as the step does now: every row in one launch
+        r["prep_one_launch_ms"] = t(lambda: be._prep(X, p.mode, 0, xall, None, None, eb, p.err))  # noqa: B023
+        del xall
         r["gemm_tiles_ms"] = t(gemms)
         r["tile_rows"] = rows
         # The select kernel alone on one tile (no GEMM running beside it), scaled to all tiles.
