@@ -224,11 +224,6 @@ def _prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err
                          _ptr(sq), _ptr(rsq), _ptr(eb), *(numpy.float64(e) for e in err)))
 
 
-def _prep_row_bytes(d: int, mode: int) -> int:
-    """Bytes of one row of the GEMM's copy in ``mode`` (0 for mode 0: the data itself)."""
-    return {0: 0, 1: 4 * d, 2: 12 * d, 3: 2 * d}[mode]
-
-
 def _prep_buffer(rows: int, d: int, mode: int) -> Any:
     """The GEMM's copy of ``rows`` rows in ``mode`` (None for mode 0: the data itself)."""
     import cupy
@@ -392,7 +387,6 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
 
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
 _FUSED_BM = _FUSED_BN = 128  # rows and centroids of one fused GEMM block tile (cuda_src)
-_PREP_TILES = 4  # gemm_prep's output per launch: at most this many gpu-tile-bytes
 
 
 def _fused_gemm(X: Any, p: Prepared) -> bool:
@@ -565,12 +559,7 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     gs, ss = _streams(dev)
     nbuf = 1 if ntiles == 1 else 2
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
-    # gemm_prep for several tiles per launch (one GEMM input buffer of up to _PREP_TILES tile
-    # budgets): prepared tile by tile, the launches were short (one wave) and each sat on
-    # the GEMM stream's critical path (P3 tf32: 23 launches, ~0.6 ms a step). The GEMM stream
-    # runs them in order, so the buffer is rewritten only after the GEMMs that read it.
-    group = max(1, (_PREP_TILES * config.get_bytes("gpu-tile-bytes")) // max(1, rows * _prep_row_bytes(d, p.mode)))
-    xall = _prep_buffer(min(n, group * rows), d, p.mode)
+    xbufs = [_prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
     eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
     start = main.record()
     gs.wait_event(start)
@@ -589,10 +578,8 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
         with gs:
             if freed[i] is not None:
                 gs.wait_event(freed[i])
-            if t % group == 0:
-                g0, g1 = s0, min(n, s0 + group * rows)
-                _prep(X[g0:g1], p.mode, 0, None if xall is None else xall[: g1 - g0], None, None, eb[g0:g1], p.err)
-            xt = X[s0:s1] if xall is None else xall[s0 - g0 : s1 - g0]
+            xt = X[s0:s1] if xbufs[i] is None else xbufs[i][:m]
+            _prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], p.err)
             _gemm(p, xt, bufs[i] if rpt else g, ldr if rpt else None)
             ready = gs.record()
         with ss:
