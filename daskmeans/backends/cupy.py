@@ -454,13 +454,20 @@ def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
         off += (cupy.cumsum(counts) - counts)[None, :]
         scatter_k((nblk,), (512,), args + (off, perm, slab), shared_mem=4 * k)
     else:
-        counts = cupy.bincount(labels, minlength=k)
-        cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
+        # Global counters. Not cupy.bincount: it synchronises with the host twice (the labels'
+        # minimum and maximum), stalling the launches queued behind it.
+        counts = cupy.zeros(k, cupy.uint64)  # atomicAdd has no signed 64-bit form
+        cupy.add.at(counts, labels, numpy.uint64(1))
+        cursor = cupy.cumsum(counts) - counts
         kernels[1]((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
     sums = cupy.zeros((k, d), cupy.float64)
     nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
     kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
-    weights = counts.astype(cupy.float64) if w is None else cupy.bincount(labels, weights=w, minlength=k)
+    if w is None:
+        weights = counts.astype(cupy.float64)
+    else:  # without cupy.bincount's host synchronisations, as above
+        weights = cupy.zeros(k, cupy.float64)
+        cupy.add.at(weights, labels, w)
     return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64, copy=False)}
 
 
