@@ -69,6 +69,8 @@ def test_shared_accumulator_regime_has_no_register_placement():
 def test_labels_only_pass_needs_no_group_slices():
     assert be._shared_bytes(4, 16, 7, True, mode=1) == 8 * (2 * 4 + 2)
     assert be._shared_bytes(4, 16, 7, False) == 8 * (2 * 4 * 112 + 2 * 4 + 2)
+    # Shared centroids: the labels-only pass has no K x DP sums either.
+    assert be._shared_bytes(4, 16, 7, False, mode=1) == 8 * (4 * 112 + 2 * 4 + 2)
 
 
 def test_group_slices_are_odd_only_for_multi_lane_rows():

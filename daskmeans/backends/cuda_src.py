@@ -185,12 +185,12 @@ extern "C" __global__ void BOUNDS fused_small(
     }
 #else
     double* cs = sh;                 // K x DP centroids, zero padded past D
-    double* ssum = cs + K * DP;      // K x DP block sums
-    double* sw = ssum + K * DP;      // K block weights
+    double* ssum = cs + K * DP;      // K x DP block sums (none in MODE 1)
+    double* sw = ssum + (MODE == 1 ? 0 : K * DP);  // K block weights
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
         cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
-        ssum[i] = 0.0;
+        if (MODE != 1) ssum[i] = 0.0;
     }
 #endif
     double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)

@@ -105,14 +105,14 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
 
 def _shared_bytes(k: int, lanes: int, dpl: int, creg: bool, mode: int = 0) -> int:
     """Dynamic shared memory of ``fused_small`` (cuda_src.SMALL_SRC): float64 centroids and
-    sums (K x DP each), or with CREG each group of L lanes' slice (GS: K x (DP + 2) sums,
-    weights and counts, made odd for L >= 2; none in MODE 1); then weights, counts and two
-    scalars."""
+    sums (K x DP each; no sums in MODE 1), or with CREG each group of L lanes' slice (GS:
+    K x (DP + 2) sums, weights and counts, made odd for L >= 2; none in MODE 1); then weights,
+    counts and two scalars."""
     dp = lanes * dpl
     if creg:
         slice_ = k * (dp + 2) if lanes == 1 else (k * (dp + 2)) | 1
         return 8 * ((0 if mode == 1 else (_THREADS // lanes) * slice_) + 2 * k + 2)
-    return 8 * (2 * k * dp + 2 * k + 2)
+    return 8 * ((1 if mode == 1 else 2) * k * dp + 2 * k + 2)
 
 
 @functools.lru_cache(maxsize=None)
