@@ -25,7 +25,8 @@ The kernels (see that module for when each runs):
     bound cannot exclude (found by a second scan of the row).
 ``select_cols``
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
-    rows: the default for fp32 precision with K <= 2048.
+    rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
+    enough for three blocks per SM (``_select_layout``).
 ``gemm_top2`` / ``finish_top2``
     The fused fp32 GEMM regime (off by default, ``daskmeans.gpu-fused-gemm-max-d: 0``: slower
     than cuBLAS + ``select_cols`` on an H200): a 128 x 128 x 8 FFMA tile GEMM whose epilogue
@@ -107,7 +108,7 @@ __device__ __forceinline__ void row_out(long long r, int best, double bd, const 
     inert += wr * bd;
     moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
 }
-// One warp's inertia, moved and re-checked counts into the block-shared totals.
+// One warp's inertia, moved and re-checked counts into the kernel's three global totals.
 __device__ __forceinline__ void stat_out(double* stat, double inert, double moved, double checked) {
     atomicAdd(stat, inert);
     atomicAdd(stat + 1, moved);
@@ -118,7 +119,8 @@ __device__ __forceinline__ void stat_out(double* stat, double inert, double move
 SMALL_SRC = _COMMON + r"""
 // Compile-time: T (data type), L (lanes per row, a power of 2 <= 32), DPL (values per lane),
 // DFULL (D = L x DPL: no padding columns),
-// KACC (K when per-lane register accumulators are used, else 0), NT (threads per block),
+// KACC (K when each lane's K x DPL values fit in registers: the accumulators, or with CREG
+// the centroids; else 0), NT (threads per block),
 // U (rows per group per loop trip), TRED (KACC > 0 only: the K distances are reduced
 // transposed, KP = K rounded up to a power of 2, at most L), MINB (resident blocks per SM
 // the register allocation must allow), MODE (0: the fused pass; 1: labels, distances, inertia
@@ -165,7 +167,7 @@ extern "C" __global__ void BOUNDS fused_small(
         int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
         double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
-        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned) when part is NULL
+        double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned): MODE 1, or MODE 0 without part
     extern __shared__ double sh[];
     const int lane = threadIdx.x % L;
 #if CREG
