@@ -13,6 +13,8 @@ import dask
 import dask.config
 import yaml
 
+from .validation import Options
+
 _FN = os.path.join(os.path.dirname(__file__), "daskmeans.yaml")
 with open(_FN) as _f:
     _DEFAULTS = yaml.safe_load(_f)
@@ -34,6 +36,5 @@ def choice(key: str, options: tuple[str, ...]) -> str:
     """A setting that takes one of ``options`` (e.g. ``choice("gpu-fp32-gemm", ("auto",
     "sgemm", "3xtf32"))``); any other value is a ValueError naming it and the options."""
     value = str(get(key))
-    if value not in options:
-        raise ValueError(f"daskmeans.{key}={value!r} should be one of {', '.join(map(repr, options))}")
+    Options(options).check(f"daskmeans.{key}", value)
     return value

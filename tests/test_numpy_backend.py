@@ -11,7 +11,7 @@ from daskmeans.backends import get_backend
 from daskmeans.backends import numpy as nb
 
 # Tilings of the kernel: default tiles, tiny tiles (K*itemsize > tile-bytes, so 64-row
-# tiles), and tiles of a row count that divides nothing (1000 bytes).
+# tiles), and tiles of a row count that divides nothing (1000 rows of K = 7 float64 distances).
 REGIMES = {
     "default": {},
     "tiny-tiles": {"daskmeans.tile-bytes": 256},

@@ -26,14 +26,15 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from ..validation import Options
+
 # GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy).
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def check_precision(precision: str) -> None:
     """Every backend's ``prepare`` takes a precision of :data:`PRECISIONS` (or raises)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} should be one of {PRECISIONS}")
+    Options(PRECISIONS).check("precision", precision)
 
 _MODULES = {"numpy": "daskmeans.backends.numpy", "cupy": "daskmeans.backends.cupy"}
 # User-facing aliases (CLI --backend) for the backend names.
