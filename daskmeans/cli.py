@@ -106,18 +106,6 @@ def _gpu_chunk_bytes(args) -> str | None:
     return config.get("gpu-chunk-bytes") if args.scheduler is None and local_uses_gpu(args.backend) else None
 
 
-def _check_output(path: str | None, overwrite: bool) -> None:
-    from .errors import DaskmeansError
-
-    if path is None:
-        return
-    if os.path.exists(path) and not overwrite:
-        raise DaskmeansError(f"{path} exists: choose another output or pass --overwrite")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise DaskmeansError(f"cannot write {path}: directory {parent} does not exist")
-
-
 def _progress(quiet: bool):
     if quiet:
         return None
@@ -138,15 +126,12 @@ def _say(msg: str) -> None:
 
 
 def _cmd_fit(args) -> int:
-    from .cluster import connect
+    from .cluster import check_paths_on_workers, connect
     from .estimator import KMeans
     from .io.model_store import write_array
+    from .io.paths import check_output
     from .validation import check_n_clusters
 
-    X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
-    check_n_clusters(int(X.shape[0]), args.k)
-    _check_output(args.output, args.overwrite)
-    _check_output(args.labels, args.overwrite)
     init = args.init
     if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
         from .errors import DaskmeansError
@@ -154,7 +139,14 @@ def _cmd_fit(args) -> int:
         raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
     km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
                 backend=args.backend, metric=args.metric, precision=args.precision)
+    km._validate_params()  # fail fast: before reading data or starting a cluster
+    inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
+    check_output(args.output, args.overwrite, inputs)
+    check_output(args.labels, args.overwrite, inputs + [args.output])
+    X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+    check_n_clusters(int(X.shape[0]), args.k)
     with connect(args.scheduler, args.backend, args.workers) as client:
+        check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
         km.client = client
         t0 = time.perf_counter()
@@ -174,16 +166,17 @@ def _cmd_fit(args) -> int:
 
 def _cmd_predict(args) -> int:
     from . import load
-    from .cluster import connect
+    from .cluster import check_paths_on_workers, connect
     from .io.model_store import write_array
-
-    km = load(args.model)
-    X = _read(args)
-    _check_output(args.output, args.overwrite)
+    from .io.paths import check_output
     from .validation import check_n_features
 
+    check_output(args.output, args.overwrite, [args.model, args.data])
+    km = load(args.model)
+    X = _read(args)
     check_n_features(km.n_features_in_, int(X.shape[1]))
     with connect(args.scheduler, args.backend, args.workers) as client:
+        check_paths_on_workers(client, read=[args.data], write=[args.output])
         km.client = client
         km.backend_ = args.backend
         write_array(km.predict(X), args.output, name="labels")
@@ -214,8 +207,9 @@ def _cmd_info(args) -> int:
 def _cmd_generate(args) -> int:
     from .datasets import make_blobs
     from .io.model_store import write_array
+    from .io.paths import check_output
 
-    _check_output(args.output, args.overwrite)
+    check_output(args.output, args.overwrite)
     X, _ = make_blobs(args.n, args.d, args.centers, cluster_std=args.std, random_state=args.seed, dtype=args.dtype, chunk_rows=args.chunk_rows)
     t0 = time.perf_counter()
     write_array(X, args.output)

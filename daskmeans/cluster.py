@@ -38,6 +38,36 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
     return name
 
 
+def _path_problems(read: list[str], write: list[str]) -> list[str]:
+    """On a worker: what it cannot do with the given absolute paths."""
+    out = [f"read {p} (no such file or directory here)" for p in read if not os.path.exists(p)]
+    out += [f"read {p} (permission denied)" for p in read if os.path.exists(p) and not os.access(p, os.R_OK)]
+    for p in write:
+        parent = os.path.dirname(p.rstrip(os.sep))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            out.append(f"write into {parent} (missing or not writable here)")
+    return out
+
+
+def check_paths_on_workers(client: Client, read: list[str] = (), write: list[str] = ()) -> None:
+    """Raise unless every worker can read ``read`` and write beside ``write`` (absolute paths).
+
+    Workers read the data and write labels themselves: on an external cluster they may not
+    see the client's filesystem, and a store they cannot see must never be read as empty.
+    """
+    read = [os.path.abspath(p) for p in read]
+    write = [os.path.abspath(p) for p in write]
+    if not read and not write:
+        return
+    res = client.run(_path_problems, read, write)
+    for worker, problems in sorted(res.items()):
+        if problems:
+            raise DaskmeansError(
+                f"worker {worker} cannot {problems[0]}: every worker needs the same paths as the "
+                f"client (a shared filesystem)"
+            )
+
+
 def local_uses_gpu(backend: str) -> bool:
     """Whether a local cluster started for ``backend`` ("auto", "cpu", "gpu") is GPU workers."""
     return backend in ("gpu", "cupy") or (backend == "auto" and gpu_available())

@@ -15,7 +15,7 @@ import dask.array as da
 import numpy as np
 
 from .backends import PRECISIONS, get_backend
-from .cluster import resolve_backend
+from .cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DataError, NotFittedError
 from .init import resolve_init
 from .io.model_store import load_model, save_model
@@ -168,6 +168,10 @@ class KMeans:
             raise DataError("init array contains NaN or infinity")
         return check_unit_init(arr) if self.metric == "cosine" else arr
 
+    def _validate_params(self) -> None:
+        """Check every parameter against its constraint (no data, no cluster needed)."""
+        validate_params(self.get_params(), self._parameter_constraints)
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
@@ -192,7 +196,8 @@ class KMeans:
         callback : callable(dict), optional
             Called with each iteration's statistics (see ``history_``).
         """
-        validate_params(self.get_params(), self._parameter_constraints)
+        self._validate_params()
+        path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
         X = read(X)
         n, d = (int(s) for s in X.shape)
         check_n_clusters(n, self.n_clusters)
@@ -207,6 +212,8 @@ class KMeans:
         if self.metric == "cosine":
             X = unit_rows(X)
         client = self._client()
+        if path is not None:
+            check_paths_on_workers(client, read=[path])
         backend = resolve_backend(client, self.backend, get_backend(X).name)
         placement = place(client, X, backend, w)
         try:

@@ -91,9 +91,12 @@ def write_array(x, path: str, name: str | None = None) -> None:
 
     # Zarr chunks are regular: rechunk so no two Dask blocks write into one Zarr chunk.
     x = x.rechunk(tuple(max(c) for c in x.chunks))
+    # Every chunk is written, also one equal to the fill value: the readers refuse a store
+    # with an absent chunk rather than read it as zeros.
+    spec = dict(shape=x.shape, chunks=x.chunksize, dtype=x.dtype, config={"write_empty_chunks": True})
     with atomic_dir(path) as tmp:
         if name is None:
-            arr = zarr.create_array(tmp, shape=x.shape, chunks=x.chunksize, dtype=x.dtype)
+            arr = zarr.create_array(tmp, **spec)
         else:
-            arr = zarr.open_group(tmp, mode="w").create_array(name, shape=x.shape, chunks=x.chunksize, dtype=x.dtype)
+            arr = zarr.open_group(tmp, mode="w").create_array(name, **spec)
         da.store(x, arr, lock=False)

@@ -70,7 +70,9 @@ def read(
     if isinstance(source, da.Array):
         x = source
     elif isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
+        # Absolute on the client: workers resolve a relative path from their own directory,
+        # which on an external cluster is not the user's (it read as an empty store: zeros).
+        path = os.path.abspath(os.fspath(source))
         if not os.path.exists(path):
             raise DataError(f"no such file or directory: {path}")
         lower = path.lower().rstrip("/")
@@ -154,8 +156,62 @@ def _read_zarr(path: str, dataset: str | None, cb: int | None) -> da.Array:
         arr = node
     check_2d_numeric(arr.shape, arr.dtype)
     zrows = int(arr.chunks[0])
-    rows = rows_per_chunk(arr.shape[1], float_dtype(arr.dtype).itemsize, cb, align=zrows)
-    return da.from_zarr(arr, chunks=(rows, arr.shape[1]))
+    n, d = (int(s) for s in arr.shape)
+    rows = rows_per_chunk(d, float_dtype(arr.dtype).itemsize, cb, align=zrows)
+    from dask import delayed
+
+    # One task per block opens the store itself (nothing but the path travels) and refuses a
+    # missing chunk: Zarr reads an absent chunk as the fill value, which would silently turn
+    # rows of a damaged or half-copied store into zeros.
+    blocks = [
+        da.from_delayed(
+            delayed(_zarr_block, pure=True)(path, arr.path, s, min(s + rows, n)),
+            shape=(min(s + rows, n) - s, d), dtype=arr.dtype,
+        )
+        for s in range(0, n, rows)
+    ]
+    return da.concatenate(blocks, axis=0)
+
+
+def _zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of the Zarr array ``array_path`` in the store at ``path``; a
+    DataError if a chunk they lie in is absent from the store."""
+    import zarr
+
+    try:
+        arr = zarr.open_array(store=path, path=array_path or None, mode="r")
+    except Exception as e:  # deleted or unreadable since the client opened it
+        raise DataError(f"cannot open {path} as Zarr on this worker: {e}") from None
+    # Keys name storage objects: whole shards where the array is sharded.
+    grid = getattr(arr, "shards", None) or arr.chunks
+    zrows, zcols = int(grid[0]), int(grid[1])
+    d = int(arr.shape[1])
+    for i in range(start // zrows, -(-stop // zrows)):
+        for j in range(-(-d // zcols)):
+            key = arr.metadata.encode_chunk_key((i, j))
+            if not _store_has(arr, key):
+                full = "/".join(p for p in (array_path, key) if p)
+                raise DataError(
+                    f"Zarr chunk {full} of {path} is missing (rows {i * zrows} to "
+                    f"{min((i + 1) * zrows, int(arr.shape[0])) - 1}): the store is incomplete"
+                )
+    try:
+        return np.asarray(arr[start:stop])
+    except Exception as e:  # a corrupt chunk: a codec error names no row
+        raise DataError(f"cannot read rows {start} to {stop - 1} of {path}: {type(e).__name__}: {e}") from None
+
+
+def _store_has(arr: Any, key: str) -> bool:
+    """Whether the store of ``arr`` holds chunk ``key`` (a file test for local stores)."""
+    import zarr.storage
+
+    sp = arr.store_path
+    full = "/".join(p for p in (sp.path, key) if p)
+    if isinstance(sp.store, zarr.storage.LocalStore):
+        return os.path.exists(os.path.join(str(sp.store.root), *full.split("/")))
+    from zarr.core.sync import sync  # other stores' API is async only
+
+    return bool(sync(sp.store.exists(full)))
 
 
 def _array_paths(group: Any, prefix: str = "") -> list[str]:
