@@ -32,6 +32,11 @@ def get_bytes(key: str) -> int:
     return int(dask.utils.parse_bytes(get(key)))
 
 
+def get_seconds(key: str) -> float:
+    """A duration setting (``"300s"``, ``"1.5s"`` or a number of seconds) in seconds."""
+    return float(dask.utils.parse_timedelta(get(key), default="seconds"))
+
+
 def choice(key: str, options: tuple[str, ...]) -> str:
     """A setting that takes one of ``options`` (e.g. ``choice("gpu-fp32-gemm", ("auto",
     "sgemm", "3xtf32"))``); any other value is a ValueError naming it and the options."""

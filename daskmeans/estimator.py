@@ -14,13 +14,15 @@ import dask
 import dask.array as da
 import numpy as np
 
+from . import config
 from .backends import PRECISIONS, get_backend
 from .cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DataError, NotFittedError
 from .init import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read
-from .lloyd import data_moments, run_lloyd
+from .engine.exact import exponents
+from .engine.loop import data_moments, run_lloyd
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import place, to_backend
 from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, check_n_clusters, check_n_features, validate_params
@@ -219,6 +221,8 @@ class KMeans:
         try:
             moments = data_moments(client, placement)
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
+            exps = exponents(moments["max_abs"], moments["weight"])
+            weight_exp = int(exponents(np.array([1.0]), moments["weight"])[0])
             seeds = np.random.SeedSequence(self.random_state).generate_state(self.n_init)
             best = None
             for run in range(self.n_init):
@@ -229,8 +233,9 @@ class KMeans:
                     if self.metric == "cosine":
                         c0 = unit_centroids(np.asarray(c0, np.float64))
                 res = run_lloyd(
-                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, callback=callback,
-                    precision=self.precision, metric=self.metric,
+                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
+                    weight_exp=weight_exp, callback=callback, precision=self.precision, metric=self.metric,
+                    collective=config.get("collective"), replan=lambda: place(client, X, backend, w),
                 )
                 if best is None or res.inertia < best.inertia:
                     best = res
@@ -244,7 +249,7 @@ class KMeans:
         self.backend_ = backend
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
-        self.labels_ = _labels_array(best.states, X.chunks[0], best.layout)
+        self.labels_ = _labels_array(best.states, best.row_chunks, best.layout)
         return self
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:

@@ -139,7 +139,7 @@ def test_sample_weight_negative_or_nan(client):
 
 def test_cluster_of_zero_weight_points(client):
     """Zero weights are allowed (only < 0 is refused). Regression (fixed): a cluster whose rows all
-    have weight 0 is "non-empty" by count (lloyd._update tests ``counts > 0``) but its
+    have weight 0 is "non-empty" by count (the loop's update tests ``weights > 0``) but its
     centroid is ``sums / weights = 0 / 0``: NaN centroid, NaN shift and NaN inertia in
     ``history_`` (scikit-learn tests ``weight_in_clusters == 0`` instead)."""
     rng = np.random.default_rng(0)
@@ -656,92 +656,3 @@ def test_init_from_npy_path(client, tmp_path):
 def test_bad_data_shapes(client, X, message):
     with pytest.raises(DataError, match=message):
         KMeans(1, client=client).fit(X)
-
-
-@pytest.mark.parametrize("chunk", [250, 3000])  # several shards; one shard (fused step+update task)
-@pytest.mark.parametrize("relocate", [False, True])
-def test_large_model_path_with_speculative_steps_matches_small(client, blobs_2d, relocate, chunk):
-    """Centroids kept on the cluster (the large-model path, which submits step i+1 before
-    step i's stats return and drops it on convergence or relocation) give exactly the result
-    of the small-model path, empty-cluster relocation included, with one shard or several."""
-    X = blobs_2d
-    init = init_rows(X, 4, seed=0)
-    if relocate:
-        init = np.concatenate([init, [[1e3, 1e3]]])
-    k = len(init)
-    fits = []
-    for small_bytes in ("1MiB", 0):
-        with dask.config.set({"daskmeans.small-model-bytes": small_bytes}):
-            fits.append(KMeans(k, init=init, client=client).fit(da.from_array(X, chunks=(chunk, -1))))
-    a, b = fits
-    assert a.n_iter_ == b.n_iter_ > 2
-    np.testing.assert_array_equal(a.labels_.compute(), b.labels_.compute())
-    # Each fit places the chunks afresh: float64 sums may differ in summation order only.
-    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-12)
-    assert [h["reassigned"] for h in a.history_] == [h["reassigned"] for h in b.history_]
-    assert [h["n_empty"] for h in a.history_] == [h["n_empty"] for h in b.history_]
-    assert a.history_[0]["n_empty"] == int(relocate)
-
-
-@pytest.mark.parametrize("relocate", [False, True])
-@pytest.mark.parametrize("small_bytes", ["1MiB", 0])
-def test_local_loop_matches_client_driven_loop(client, blobs_2d, relocate, small_bytes):
-    """One shard: the loop run inside one worker task (``local-loop``) gives exactly the
-    client-driven result (same kernels, same shard, same order), relocation included, and
-    its callback sees every iteration once, in order."""
-    X = da.from_array(blobs_2d, chunks=(3000, -1))  # one chunk: one shard
-    init = init_rows(blobs_2d, 4, seed=0)
-    if relocate:
-        init = np.concatenate([init, [[1e3, 1e3]]])
-    fits, seen = [], []
-    for local in (True, False):
-        seen.append([])
-        with dask.config.set({"daskmeans.local-loop": local, "daskmeans.small-model-bytes": small_bytes}):
-            fits.append(KMeans(len(init), init=init, client=client).fit(X, callback=seen[-1].append))
-    a, b = fits
-    assert a.n_iter_ == b.n_iter_ > 2 and a.converged_ == b.converged_
-    np.testing.assert_array_equal(a.labels_.compute(), b.labels_.compute())
-    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
-    assert a.inertia_ == b.inertia_
-    volatile = {"seconds", "kernel_seconds"}
-    strip = lambda hist: [{k: v for k, v in h.items() if k not in volatile} for h in hist]  # noqa: E731
-    assert strip(a.history_) == strip(b.history_)
-    assert a.history_[0]["n_empty"] == int(relocate)
-    assert seen[0] == a.history_ and seen[1] == b.history_
-    assert [h["iteration"] for h in seen[0]] == list(range(1, a.n_iter_ + 1))
-
-
-def test_local_loop_logs_progress_events_only_for_a_callback(client, blobs_2d):
-    """Without a callback the single-shard loop sends no events (the scheduler would keep
-    every fit's topic); with one, the callback's topic carries one event per iteration."""
-    X = da.from_array(blobs_2d, chunks=(3000, -1))
-    topics = lambda: {t for t in client.get_events() if t.startswith("daskmeans-progress")}  # noqa: E731
-    before = topics()
-    KMeans(4, init=init_rows(blobs_2d, 4, seed=0), client=client).fit(X)
-    assert topics() == before
-    seen = []
-    km = KMeans(4, init=init_rows(blobs_2d, 4, seed=0), client=client).fit(X, callback=seen.append)
-    new = topics() - before
-    assert len(new) == 1 and len(client.get_events(new.pop())) == km.n_iter_ == len(seen)
-
-
-def test_local_loop_stops_when_asked(blobs_2d):
-    """The single-shard loop polls its stop Event (set by an interrupted client) and ends
-    after the iteration in progress, still returning labels under its last centroids."""
-    from distributed import Client, Event
-
-    from daskmeans import lloyd
-    from daskmeans.placement import place
-
-    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as c:
-        placement = place(c, da.from_array(blobs_2d, chunks=(3000, -1)), "numpy")
-        Event("stop-now", client=c).set()
-        old, lloyd._STOP_POLL_S = lloyd._STOP_POLL_S, -1.0
-        try:
-            fut = c.submit(lloyd._lloyd_local, placement.shards[0], init_rows(blobs_2d, 4, seed=0), 50, 0.0,
-                           "euclidean", "fp32", "topic", "stop-now", pure=False)
-            run = fut.result()
-        finally:
-            lloyd._STOP_POLL_S = old
-    assert len(run.history) == 1
-    assert run.state.labels[0].shape == (3000,)

@@ -1,0 +1,138 @@
+"""Multi-GPU data plane: P3 and P4 on 1 and 2 GPUs (more where the host has them) in one run.
+
+For each GPU count a ``LocalCUDACluster`` over the first N GPUs; the data are generated on the
+workers chunk by chunk (the same bits whatever N: each chunk's generator is seeded by its
+index), placed once, and the engine's loop (:func:`daskmeans.engine.loop.run_lloyd`) runs a
+fixed number of iterations (``tol=0``) from the first K rows. Recorded per configuration:
+
+- ``iteration_s``: median wall time of an iteration on rank 0 (assign, collective, update);
+- ``loop_wall_per_iteration_s``: the loop's wall time as the client sees it (segments' round
+  trips included) over its iterations plus one (the final E-step counted as one);
+- ``kernel_s``: median over iterations of the slowest rank's kernel time;
+- ``orchestration_s``: ``iteration_s - kernel_s`` (collective, update, segment overhead);
+- the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU.
+
+    python benchmarks/bench_multigpu.py [--problems P3,P4] [--gpus 1,2] [--iters 5] [--out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+
+import benchmeta
+import numpy as np
+
+PROBLEMS = {"P3": (300_000, 408, 5000), "P4": (4_000_000, 480, 40_000)}
+
+
+def _gen(block_info=None, d=0):
+    import cupy
+
+    (r0, r1), _ = block_info[None]["array-location"]
+    i = block_info[None]["chunk-location"][0]
+    return cupy.random.default_rng(1000 + i).standard_normal((r1 - r0, d), dtype=cupy.float32)
+
+
+def _data(n, d, n_chunks):
+    import cupy
+    import dask.array as da
+
+    rows = -(-n // n_chunks)
+    return da.map_blocks(_gen, d=d, chunks=((rows,) * (n // rows) + ((n % rows,) if n % rows else ()), (d,)),
+                         dtype=np.float32, meta=cupy.empty((0, 0), np.float32))
+
+
+def run_one(n_gpus, problem, precision, iters, collective):
+    import dask
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from daskmeans.engine.exact import exponents
+    from daskmeans.engine.loop import choose_collective, data_moments, run_lloyd
+    from daskmeans.placement import place
+
+    n, d, k = PROBLEMS[problem]
+    devices = ",".join(str(i) for i in range(n_gpus))
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, dashboard_address=":0") as lc, Client(lc) as c:
+        # Chunked as `daskmeans fit` reads a file for a local GPU cluster (daskmeans.gpu-chunk-bytes).
+        from daskmeans import config
+        from daskmeans.io.readers import rows_per_chunk
+
+        X = _data(n, d, -(-n // rows_per_chunk(d, 4, config.get_bytes("gpu-chunk-bytes"))))
+        t0 = time.perf_counter()
+        p = place(c, X, "cupy")
+        t_place = time.perf_counter() - t0
+        init = X[:k].compute().get().astype(np.float64)
+        mom = data_moments(c, p)
+        exps = exponents(mom["max_abs"], mom["weight"])
+        wexp = int(exponents(np.array([1.0]), mom["weight"])[0])
+        kind = choose_collective(c, p, collective)
+        out = {}
+        for rep in ("warm", "timed"):
+            t0 = time.perf_counter()
+            with dask.config.set({"daskmeans.segment-seconds": 1.0}):
+                res = run_lloyd(c, p, init, max_iter=iters if rep == "timed" else 2, tol_abs=0.0, exps=exps,
+                                weight_exp=wexp, precision=precision, collective=collective)
+            wall = time.perf_counter() - t0
+            out[rep] = (res, wall)
+        res, wall = out["timed"]
+        hist = res.history
+        it_s = float(np.median([h["seconds"] for h in hist[1:]]))
+        kern = float(np.median([h["kernel_seconds"] for h in hist[1:]]))
+        return {
+            "gpus": n_gpus, "problem": problem, "n": n, "d": d, "k": k, "precision": precision,
+            "collective": kind, "iterations": len(hist), "placement_s": t_place,
+            "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": it_s - kern,
+            "iteration_wall_s": [h["seconds"] for h in hist], "kernel_wall_s": [h["kernel_seconds"] for h in hist],
+        }, res.centroids
+
+
+def main(argv=None):
+    import cupy
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default="P3,P4")
+    ap.add_argument("--gpus", default="1,2")
+    ap.add_argument("--precisions", default="fp32,tf32")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--dask-collective", action="store_true", help="also time the Dask collective on the most GPUs")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    gpus = [int(g) for g in args.gpus.split(",") if int(g) <= cupy.cuda.runtime.getDeviceCount()]
+    rows = []
+    for problem in args.problems.split(","):
+        for precision in args.precisions.split(","):
+            ref = None
+            base = None
+            configs = [(g, "auto") for g in gpus]
+            if args.dask_collective and max(gpus) > 1:
+                configs.append((max(gpus), "dask"))
+            for g, coll in configs:
+                row, cen = run_one(g, problem, precision, args.iters, coll)
+                if ref is None:
+                    ref, base = cen, row["iteration_s"]
+                row["bitwise_same_as_1_gpu"] = bool(np.array_equal(cen, ref))
+                row["speedup_vs_1_gpu"] = base / row["iteration_s"]
+                rows.append(row)
+                print(f"{problem} {precision} {g} GPU {row['collective']:6s} iteration {row['iteration_s'] * 1e3:9.2f} ms "
+                      f"kernel {row['kernel_s'] * 1e3:9.2f} ms orchestration {row['orchestration_s'] * 1e3:7.2f} ms "
+                      f"speed-up {row['speedup_vs_1_gpu']:.2f} bitwise {row['bitwise_same_as_1_gpu']}", flush=True)
+    res = {
+        "benchmark": "multigpu",
+        "device": f"{len(gpus) and cupy.cuda.runtime.getDeviceCount()} x "
+                  + cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": benchmeta.commit(),
+        "results": rows,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""The engine: how a fit runs on a cluster.
+
+- :mod:`.exact` turns per-chunk float64 partial sums into fixed-point integers whose sum does
+  not depend on the order of addition, so a result is bitwise the same for any number of
+  workers and any chunk-to-worker placement;
+- :mod:`.collective` combines equal-sized integer buffers across the workers of a fit (NCCL
+  between GPU workers, Dask's own comms between any workers, nothing for one worker);
+- :mod:`.loop` is the one Lloyd loop: one long task per worker runs segments of iterations
+  over its local rows, the workers combining their partials through a collective every
+  iteration; the client sees a segment's statistics, shows progress, and re-plans when a
+  worker is lost.
+"""

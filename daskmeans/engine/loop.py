@@ -1,0 +1,599 @@
+"""The one Lloyd loop: one long task per worker, a collective every iteration.
+
+Per segment (a few iterations, about ``daskmeans.segment-seconds`` long)::
+
+    client:   submit run_segment once per worker (rank)  ->  wait, watching for lost workers
+    rank r:   for each iteration of the segment:
+                  for each local chunk: assign + per-cluster partials (backend kernel, pure)
+                      buffer += fixed-point limbs of the chunk's sums (engine.exact)
+                  total = collective.allreduce(buffer)      (identical bits on every rank)
+                  centroids = update(total); stop rule, identically on every rank
+              return the segment's per-iteration statistics (rank 0)
+
+The int64 buffer of one iteration carries everything the ranks combine: the sums' and weights'
+limbs, the counts, each chunk's inertia (as float64 bits in the chunk's own slot, so the total
+is added in chunk order on every rank), each rank's kernel time (its own slot), the reassigned
+and re-checked row counts, and rank 0's "segment time is up" flag. Nothing in the result
+depends on how many workers there are or which chunks each holds.
+
+Centroids stay on the workers between segments; only statistics travel to the client, which
+shows progress after each segment. When a worker is lost the client aborts the segment on the
+others (their collectives raise instead of waiting), re-places the data on the workers left,
+and restarts from the centroids every rank had when the segment began: the result is bitwise
+that of an undisturbed run.
+
+Stopping follows scikit-learn's Lloyd: stop when no label changes or when the summed squared
+centroid shift is at most ``tol_abs``; the final E-step then gives labels and inertia under
+the final centroids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from distributed import Client, get_worker, wait
+
+from .. import config
+from ..backends import get_backend
+from ..errors import DaskmeansError, DataError
+from ..metric import inertia_scale, unit_centroids
+from ..placement import Placement, Shard, submit_per_shard
+from . import collective as coll
+from .exact import LIMBS, from_limbs, to_limbs
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """What every rank needs to run iterations identically (one record per run)."""
+
+    max_iter: int
+    tol_abs: float
+    metric: str
+    precision: str
+    exps: np.ndarray  # (D,) fixed-point exponents of the sums (engine.exact)
+    weight_exp: int  # fixed-point exponent of the per-cluster weights
+    n_chunks: int
+    n_samples: int
+    segment_seconds: float
+
+
+@dataclass
+class Start:
+    """Where a placement's first segment starts: after ``iteration`` completed iterations,
+    from ``centroids``; ``prev`` (the centroids of the iteration before) restores the labels
+    that count reassigned rows, after a re-placement."""
+
+    iteration: int
+    centroids: np.ndarray  # (K, D) float64
+    prev: np.ndarray | None = None
+    history: list | None = None  # the statistics of iterations 1..iteration (a restart point)
+
+
+@dataclass
+class LoopState:
+    """A rank's progress, kept in its shard between segments."""
+
+    fit_id: str
+    iteration: int
+    centroids: Any  # (K, D) float64, backend array
+    prev: Any = None
+    history: list = field(default_factory=list)  # every iteration's statistics (this rank's timings)
+    segment_start: Start | None = None  # host copy, for the client to restart from
+    running: bool = False  # a segment is under way (or was aborted)
+    done: bool = False
+
+
+@dataclass
+class FinalLabels:
+    """A rank's labels under the final centroids, one int32 array per local chunk."""
+
+    labels: list = field(default_factory=list)
+
+
+class _Layout:
+    """Offsets of the fields in one iteration's int64 buffer."""
+
+    def __init__(self, k: int, d: int, n_chunks: int, n_ranks: int):
+        self.k, self.d = k, d
+        o = 0
+        self.sums = slice(o, o + LIMBS * k * d)
+        o = self.sums.stop
+        self.weights = slice(o, o + LIMBS * k)
+        o = self.weights.stop
+        self.counts = slice(o, o + k)
+        self.small = o = self.counts.stop  # from here on the scalars travel to the host
+        self.inertia = o  # n_chunks float64 slots
+        self.kernel = o + n_chunks  # n_ranks float64 slots
+        self.reassigned = self.kernel + n_ranks
+        self.rechecked = self.reassigned + 1
+        self.flag = self.rechecked + 1
+        self.n = self.flag + 1
+
+
+# ---------------------------------------------------------------- on the workers
+
+
+def _slot(shard: Shard, iteration: int) -> list | None:
+    """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
+    labels = shard.labels.get(iteration % 2)
+    return labels if labels is not None and len(labels) == len(shard.blocks) else None
+
+
+def _labels_under(shard: Shard, centroids: Any, precision: str, be: Any) -> tuple[list, list]:
+    """Labels and per-chunk inertia (0-d or float) of every local chunk under ``centroids``."""
+    prep = be.prepare(centroids, shard.blocks[0].dtype, precision)
+    labels, inertia = [], []
+    for _, _, block, w in shard.items():
+        out = be.assign(block, prep, w, want_sums=False)
+        labels.append(out["labels"])
+        inertia.append(out["inertia"])
+    return labels, inertia
+
+
+def _far_points(shard: Shard, centroids: Any, n_far: int, iteration: int, be: Any) -> list:
+    """The ``n_far`` local rows farthest from their centroid in step ``iteration``:
+    ``(d2, row, label, x, w)``, farthest first (ties: lower row first)."""
+    xp = be.xp
+    c = xp.asarray(centroids, dtype=xp.float64)
+    out = []
+    for j, (_, off, block, w) in enumerate(shard.items()):
+        lab = shard.labels[iteration % 2][j]
+        d2 = ((block.astype(xp.float64) - c[lab]) ** 2).sum(axis=1)
+        m = min(n_far, d2.shape[0])
+        idx = xp.argpartition(d2, d2.shape[0] - m)[d2.shape[0] - m :] if m < d2.shape[0] else xp.arange(m)
+        d2h, idxh, labh = be.to_numpy(d2[idx]), be.to_numpy(idx), be.to_numpy(lab[idx])
+        xh = be.to_numpy(block[idx]).astype(np.float64)
+        wh = np.ones(m) if w is None else be.to_numpy(w[idx]).astype(np.float64)
+        out += [(float(d2h[i]), off + int(idxh[i]), int(labh[i]), xh[i], float(wh[i])) for i in range(m)]
+    out.sort(key=lambda t: (-t[0], t[1]))
+    return out[:n_far]
+
+
+def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
+    """Every rank's far points (an all-gather through the sum collective), merged."""
+    width = d + 4
+    mine = np.full((comm.size, n_far, width), 0.0)
+    mine[comm.rank, :, 0] = -1.0  # no candidate (real distances are >= 0)
+    for i, (d2, row, lab, x, w) in enumerate(cands):
+        mine[comm.rank, i, :4] = (d2, row, lab, w)
+        mine[comm.rank, i, 4:] = x
+    total = be.to_numpy(comm.allreduce(be.asarray(mine.reshape(-1).view(np.int64)))).view(np.float64)
+    rows = [r for r in total.reshape(-1, width) if r[0] >= 0]
+    merged = [(float(r[0]), int(r[1]), int(r[2]), r[4:], float(r[3])) for r in rows]
+    merged.sort(key=lambda t: (-t[0], t[1]))
+    return merged[:n_far]
+
+
+def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float) -> dict:
+    """One Lloyd iteration on this rank; returns its statistics (identical on every rank)."""
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    t_start = time.perf_counter()
+    k, d = st.centroids.shape
+    lay = _Layout(k, d, fit.n_chunks, comm.size)
+    buf = xp.zeros(lay.n, xp.int64)
+    fv = buf.view(xp.float64)
+    prep = be.prepare(st.centroids, shard.blocks[0].dtype, fit.precision)
+    it = st.iteration
+    prev = _slot(shard, it - 1) if it > 0 else None
+    out_slot = _slot(shard, it)
+    labels = []
+    for j, (cid, _, block, w) in enumerate(shard.items()):
+        out = be.assign(
+            block, prep, w, want_sums=True, prev_labels=None if prev is None else prev[j],
+            out_labels=None if out_slot is None else out_slot[j],
+        )
+        labels.append(out["labels"])
+        # Fixed-point per chunk: the combined sums do not depend on which rank holds the chunk.
+        buf[lay.sums] += to_limbs(out["sums"], fit.exps).reshape(-1)
+        buf[lay.weights] += to_limbs(out["weights"], fit.weight_exp).reshape(-1)
+        buf[lay.counts] += out["counts"]
+        fv[lay.inertia + cid] = out["inertia"]
+        # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
+        buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
+        buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
+    shard.labels[it % 2] = labels
+    int(buf[lay.reassigned])  # waits for this rank's kernels: kernel_seconds covers their work
+    fv[lay.kernel + comm.rank] = time.perf_counter() - t_start
+    if comm.rank == 0 and time.perf_counter() - seg_t0 >= fit.segment_seconds:
+        buf[lay.flag] = 1
+    total = comm.allreduce(buf)
+    small = be.to_numpy(total[lay.small :])
+    smallf = small.view(np.float64)
+    sums = from_limbs(total[lay.sums].reshape(LIMBS, k, d), fit.exps)
+    weights = from_limbs(total[lay.weights].reshape(LIMBS, k), fit.weight_exp)
+    counts = total[lay.counts]
+    nonempty = weights > 0  # empty means no weight (as scikit-learn)
+    n_empty = int((~nonempty).sum())
+    if n_empty:
+        cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
+        sums, weights, counts = _relocate(sums, weights, counts, cands, be)
+        nonempty = weights > 0
+    old = st.centroids
+    new = xp.where(nonempty[:, None], sums / xp.where(nonempty, weights, 1.0)[:, None], old)
+    if fit.metric == "cosine":
+        new = unit_centroids(new, old)
+    shift = float(((new - old) ** 2).sum())
+    st.prev, st.centroids, st.iteration = old, new, it + 1
+    n_chunks = fit.n_chunks
+    return {
+        "iteration": it + 1,
+        "inertia": float(np.sum(smallf[:n_chunks])) * inertia_scale(fit.metric),
+        "shift": shift,
+        "reassigned": int(small[lay.reassigned - lay.small]),
+        "n_empty": n_empty,
+        "rechecked": int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
+        "kernel_seconds": float(smallf[n_chunks : n_chunks + comm.size].max()),
+        "seconds": time.perf_counter() - t_start,
+        "_end_segment": bool(small[lay.flag - lay.small]),
+    }
+
+
+def _relocate(sums: Any, weights: Any, counts: Any, cands: list, be: Any) -> tuple:
+    """Re-seed empty clusters with the points farthest from their centroid (as scikit-learn):
+    each empty cluster, in increasing index, takes the next farthest point, which leaves the
+    cluster it was assigned to."""
+    s, w, c = (be.to_numpy(a).copy() for a in (sums, weights, counts))
+    empty = np.flatnonzero(w <= 0)
+    for j, (_, _, lab, x, wt) in zip(empty, cands):
+        s[lab] -= wt * x
+        w[lab] -= wt
+        c[lab] -= 1
+        s[j] = wt * x
+        w[j] = wt
+        c[j] = 1
+    return be.asarray(s), be.asarray(w), be.asarray(c)
+
+
+def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec, start: Start | None) -> dict:
+    """Iterations on this rank until the stop rule, ``max_iter``, or the segment's time is up.
+
+    Parameters
+    ----------
+    shard : Shard
+        This rank's chunks (the task runs where the shard lives).
+    rank : int
+    spec : CollectiveSpec
+    fit : FitSpec
+    start : Start or None
+        Given for a placement's first segment; later segments go on from the shard's state.
+
+    Returns
+    -------
+    dict
+        ``history`` (rank 0: one statistics dict per iteration; others: empty), ``done``, and
+        when done ``inertia`` (under the final centroids).
+    """
+    worker = get_worker()
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    comm = coll.open_collective(spec, rank, worker)
+    if start is not None:
+        st = LoopState(
+            spec.fit_id, start.iteration, xp.asarray(start.centroids, dtype=xp.float64),
+            history=list(start.history or []),
+        )
+        if start.prev is not None:
+            # After a re-placement: the labels of the iteration before, so that "reassigned"
+            # (and with it the stop rule) is what an undisturbed run sees.
+            st.prev = xp.asarray(start.prev, dtype=xp.float64)
+            shard.labels[(start.iteration - 1) % 2] = _labels_under(shard, st.prev, fit.precision, be)[0]
+        shard.loop = st
+    st = shard.loop
+    st.segment_start = _snapshot(st, be)
+    st.running = True
+    seg_t0 = time.perf_counter()
+    history = []
+    box = coll.mailbox(worker)
+    while not st.done and st.iteration < fit.max_iter:
+        box.check(spec.fit_id, spec.epoch)  # the client gave up (interrupt, lost worker): stop here
+        stats = _iterate(shard, st, fit, comm, seg_t0)
+        end = stats.pop("_end_segment")
+        history.append(stats)
+        st.done = stats["reassigned"] == 0 or stats["shift"] <= fit.tol_abs
+        if end:
+            break
+    st.history += history
+    result: dict = {"history": history if rank == 0 else [], "done": st.done or st.iteration >= fit.max_iter}
+    if result["done"]:
+        labels, inertia = _labels_under(shard, st.centroids, fit.precision, be)
+        shard.final = FinalLabels(labels)
+        buf = xp.zeros(fit.n_chunks, xp.int64)
+        fv = buf.view(xp.float64)
+        for (cid, _, _, _), v in zip(shard.items(), inertia):
+            fv[cid] = v
+        total = be.to_numpy(comm.allreduce(buf)).view(np.float64)
+        result["inertia"] = float(np.sum(total)) * inertia_scale(fit.metric)
+        result["centroids"] = be.to_numpy(st.centroids) if rank == 0 else None
+    st.running = False
+    return result
+
+
+def _snapshot(st: LoopState, be: Any) -> Start:
+    prev = None if st.prev is None else be.to_numpy(st.prev)
+    return Start(st.iteration, be.to_numpy(st.centroids), prev, list(st.history))
+
+
+def _restart_state(shard: Shard) -> Start | None:
+    """Where this rank's last whole segment left the run (None: it never started one)."""
+    st = getattr(shard, "loop", None)
+    if st is None:
+        return None
+    return st.segment_start if st.running else _snapshot(st, get_backend(shard.blocks[0]))
+
+
+def _final_labels(shard: Shard) -> FinalLabels:
+    return shard.final
+
+
+# ---------------------------------------------------------------- moments (one pass, before a fit)
+
+
+def _moments(shard: Shard) -> dict:
+    """Row count, per-feature mean, M2 and largest absolute value (float64), total weight,
+    the first non-finite row if any, and whether any weight is negative (one pass)."""
+    be = get_backend(shard.blocks[0])
+    xp = be.xp
+    n, mean, m2, bad, neg_w, max_abs, wsum = 0, None, None, None, False, None, 0.0
+    for _, off, block, w in shard.items():
+        mb, m2b, bad_row = be.moments(block)
+        if w is not None:
+            neg_w = neg_w or bool((w < 0).any())
+            bad_w = xp.flatnonzero(~xp.isfinite(w))
+            if bad_w.size:
+                bad_row = int(bad_w[0]) if bad_row is None else min(bad_row, int(bad_w[0]))
+            wsum += float(w.astype(xp.float64).sum())
+        else:
+            wsum += block.shape[0]
+        if bad is None and bad_row is not None:
+            bad = off + bad_row
+        mab = be.to_numpy(xp.abs(block).max(axis=0)).astype(np.float64)
+        max_abs = mab if max_abs is None else np.maximum(max_abs, mab)
+        nb = block.shape[0]
+        mb, m2b = be.to_numpy(mb), be.to_numpy(m2b)
+        if mean is None:
+            n, mean, m2 = nb, mb, m2b
+        else:  # Chan et al. pairwise update
+            delta = mb - mean
+            tot = n + nb
+            mean = mean + delta * nb / tot
+            m2 = m2 + m2b + delta**2 * n * nb / tot
+            n = tot
+    return {"n": n, "mean": mean, "m2": m2, "bad": bad, "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum}
+
+
+def _merge_moments(items: list) -> dict:
+    acc = None
+    for it in items:
+        if acc is None:
+            acc = dict(it)
+            continue
+        n, nb = acc["n"], it["n"]
+        delta = it["mean"] - acc["mean"]
+        tot = n + nb
+        acc = {
+            "n": tot,
+            "mean": acc["mean"] + delta * nb / tot,
+            "m2": acc["m2"] + it["m2"] + delta**2 * n * nb / tot,
+            "bad": acc["bad"] if acc["bad"] is not None else it["bad"],
+            "neg_w": acc["neg_w"] or it["neg_w"],
+            "max_abs": np.maximum(acc["max_abs"], it["max_abs"]),
+            "wsum": acc["wsum"] + it["wsum"],
+        }
+    return acc
+
+
+def data_moments(client: Client, placement: Placement) -> dict:
+    """Mean, variance and largest absolute value per feature (float64) and the total weight,
+    in one pass; raises on NaN/inf (in X or the weights) and on negative weights."""
+    futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
+    res = client.submit(_merge_moments, futs, pure=False).result()
+    if res["bad"] is not None:
+        raise DataError(f"X contains NaN or infinity (first at row {res['bad']}); clean or drop those rows")
+    if res["neg_w"]:
+        raise DataError("sample_weight should be >= 0")
+    return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
+            "weight": res["wsum"]}
+
+
+# ---------------------------------------------------------------- the client's side
+
+
+@dataclass
+class LloydResult:
+    centroids: np.ndarray  # (K, D) float64
+    inertia: float
+    n_iter: int
+    history: list
+    states: list  # futures of FinalLabels, one per rank
+    converged: bool
+    layout: list  # global chunk ids of each state's chunks
+    row_chunks: tuple  # rows of each global chunk
+
+
+class _WorkerLost(Exception):
+    pass
+
+
+def choose_collective(client: Client, placement: Placement, requested: str = "auto") -> str:
+    """``single``, ``nccl`` or ``dask`` for a placement and a requested kind (COLLECTIVES)."""
+    if requested not in coll.COLLECTIVES:
+        raise DaskmeansError(f"collective={requested!r} should be one of {', '.join(map(repr, coll.COLLECTIVES))}")
+    if len(placement.workers) == 1:
+        return "single"
+    if requested == "dask":
+        return "dask"
+    gpu = placement.backend == "cupy"
+    nccl_ok = gpu and all(client.run(coll.nccl_available, workers=list(placement.workers)).values())
+    if requested == "nccl" and not nccl_ok:
+        raise DaskmeansError(
+            "collective='nccl' needs GPU workers whose CuPy has NCCL (cupy.cuda.nccl.available); "
+            f"backend is {placement.backend}"
+        )
+    return "nccl" if nccl_ok else "dask"
+
+
+def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: str) -> coll.CollectiveSpec:
+    nccl_id = None
+    if kind == "nccl":
+        nccl_id = client.submit(coll.nccl_unique_id, workers=[placement.workers[0]], pure=False).result()
+    return coll.CollectiveSpec(
+        fit_id, epoch, tuple(placement.workers), kind, nccl_id, float(config.get_seconds("collective-timeout"))
+    )
+
+
+def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
+    """Results of one segment's tasks; :class:`_WorkerLost` (after aborting the others) when
+    a rank's worker leaves the cluster."""
+    ranks = set(placement.workers)
+    while True:
+        try:
+            with client.as_current():  # wait() would use the default client, maybe another one
+                wait(futs, timeout=0.5)
+        except TimeoutError:
+            pass
+        alive = set(client.nthreads())
+        if not ranks <= alive:
+            survivors = sorted(ranks & alive)
+            if survivors:
+                client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=survivors)
+            client.cancel(futs)
+            raise _WorkerLost(sorted(ranks - alive))
+        if all(f.done() for f in futs):
+            errs = [f for f in futs if f.status == "error"]
+            if not errs:
+                return client.gather(futs)
+            if any(isinstance(f.exception(), coll.CollectiveAborted) for f in errs):
+                time.sleep(0.5)  # a peer's loss is what aborted it: let the scheduler see it
+                if not ranks <= set(client.nthreads()):
+                    continue
+            # A user-visible error (bad data...) on one rank: stop the others, re-raise it.
+            client.run(coll.abort, spec.fit_id, workers=sorted(ranks & set(client.nthreads())))
+            raise errs[0].exception()
+
+
+def run_lloyd(
+    client: Client,
+    placement: Placement,
+    centroids: np.ndarray,
+    *,
+    max_iter: int,
+    tol_abs: float,
+    exps: np.ndarray,
+    weight_exp: int,
+    callback: Callable[[dict], None] | None = None,
+    precision: str = "fp32",
+    metric: str = "euclidean",
+    collective: str = "auto",
+    replan: Callable[[], Placement] | None = None,
+) -> LloydResult:
+    """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    placement : Placement of the data (see :func:`daskmeans.placement.place`)
+    centroids : ndarray, shape (K, D)
+    max_iter : int
+    tol_abs : float
+        Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times
+        the mean feature variance).
+    exps : ndarray of int, shape (D,); weight_exp : int
+        Fixed-point exponents of the per-cluster sums and weights (:func:`.exact.exponents`).
+    callback : callable(stats dict), optional
+        Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
+        n_empty, rechecked, kernel_seconds, seconds``), in order, after each segment.
+    precision : {"fp32", "tf32", "bf16"}
+    metric : {"euclidean", "cosine"}
+        With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
+    collective : {"auto", "nccl", "dask"}
+    replan : callable() -> Placement, optional
+        Places the data again on the workers left after one is lost; without it a lost
+        worker is an error.
+    """
+    fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
+    fit = FitSpec(
+        int(max_iter), float(tol_abs), metric, precision, np.asarray(exps, np.int64), int(weight_exp),
+        len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
+    )
+    start = Start(0, np.asarray(centroids, np.float64))
+    history: list[dict] = []
+    epoch = 0
+    workers_seen: set[str] = set()
+    try:
+        while True:
+            new = set(placement.workers) - workers_seen
+            if new:
+                client.run(coll.install_mailbox, workers=sorted(new))
+                workers_seen |= new
+            spec = _spec(client, placement, fit_id, epoch, choose_collective(client, placement, collective))
+            try:
+                results = _segments(client, placement, spec, fit, start, history, callback)
+                break
+            except _WorkerLost as lost:
+                if replan is None:
+                    raise DaskmeansError(f"worker(s) {lost.args[0]} left the cluster during the fit") from None
+                start = _restart_point(client, placement, lost.args[0]) or start
+                if start.history is not None:
+                    # Iterations a segment finished on every rank but never reported.
+                    for stats in start.history[len(history) :]:
+                        history.append(stats)
+                        if callback is not None:
+                            callback(stats)
+                del history[start.iteration :]
+                placement = replan()
+                epoch += 1
+    except BaseException:
+        # Interrupted, or a rank failed: no segment may go on running on the others.
+        with contextlib.suppress(Exception):
+            client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+    res0 = results[0]
+    final = submit_per_shard(client, placement, _final_labels, name="daskmeans-labels")
+    last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
+    return LloydResult(
+        np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
+        last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
+    )
+
+
+def _segments(client, placement, spec, fit, start, history, callback) -> list:
+    """Segments on one placement until the run is done; their statistics go to ``history``."""
+    first = start
+    while True:
+        futs = submit_per_shard(
+            client, placement, run_segment, list(range(len(placement.shards))), [spec] * len(placement.shards),
+            [fit] * len(placement.shards), [first] * len(placement.shards), name="daskmeans-segment",
+        )
+        first = None
+        results = _await(client, futs, placement, spec)
+        for stats in results[0]["history"]:
+            history.append(stats)
+            if callback is not None:
+                callback(stats)
+        if results[0]["done"]:
+            return results
+
+
+def _restart_point(client: Client, placement: Placement, lost: list) -> Start | None:
+    """The state every rank had when the aborted segment began, from a surviving rank (None:
+    no rank got as far as a segment, so the placement's own start stands)."""
+    survivors = [(s, w) for s, w in zip(placement.shards, placement.workers) if w not in lost]
+    if not survivors:
+        raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
+    for shard, w in survivors:
+        try:
+            return client.submit(_restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
+                timeout=60
+            )
+        except Exception:  # that worker went too: try the next
+            continue
+    raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")

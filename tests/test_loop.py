@@ -1,0 +1,239 @@
+"""The one Lloyd loop (engine.loop), its exact combination (engine.exact) and its collectives
+(engine.collective): hand-computed cases, equivalence, and the properties that matter —
+bitwise the same result for any number of workers, and a lost worker changes nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daskmeans import DaskmeansError, KMeans
+from daskmeans.engine import collective as coll
+from daskmeans.engine.exact import exponents, from_limbs, to_limbs
+
+
+# ---------------------------------------------------------------- exact (pure)
+
+
+def test_limbs_by_hand():
+    # E = 4: limb units 2**(4-32) and 2**(4-64); 3.25 = 3.25 * 2**-4 * 2**32 units of the first.
+    limbs = to_limbs(np.array([3.25, -1.5]), np.array([4, 4]))
+    assert limbs.dtype == np.int64 and limbs.shape == (2, 2)
+    assert limbs[:, 0].tolist() == [int(3.25 * 2**28), 0]
+    assert limbs[:, 1].tolist() == [int(-1.5 * 2**28), 0]
+    np.testing.assert_array_equal(from_limbs(limbs, np.array([4, 4])), [3.25, -1.5])
+    # Below the resolution 2**(E - 64) values are dropped, the same way everywhere.
+    assert from_limbs(to_limbs(np.array([2.0**-70]), np.array([4])), np.array([4]))[0] == 0.0
+
+
+def test_exponents_bound_every_sum():
+    e = exponents(np.array([0.0, 1.0, 3.0, 1e-300]), 1000.0)
+    assert e[0] == 0
+    for m, ei in zip([1.0, 3.0, 1e-300], e[1:]):
+        assert 2.0 ** int(ei) > m * 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_limb_sums_do_not_depend_on_order_or_grouping(n_parts, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((300, 3)) * rng.choice([1e-6, 1.0, 1e3], size=3)).astype(np.float32)
+    x = x.astype(np.float64)
+    exps = exponents(np.abs(x).max(axis=0), len(x))
+    cuts = np.sort(rng.choice(np.arange(1, len(x)), size=min(n_parts, len(x) - 1), replace=False))
+    parts = [p.sum(axis=0) for p in np.split(x, cuts)]
+    limbs = [to_limbs(p, exps) for p in parts]
+    a = sum(limbs)
+    order = rng.permutation(len(limbs))
+    groups = np.array_split(order, max(1, len(order) // 3))
+    b = sum(sum(limbs[i] for i in g) for g in groups)
+    np.testing.assert_array_equal(a, b)
+    # ... and the value is the float64 sum to within the resolution of the limbs.
+    np.testing.assert_allclose(from_limbs(a, exps), x.sum(axis=0), rtol=0, atol=np.ldexp(1.0, exps - 60).max())
+
+
+# ---------------------------------------------------------------- collectives on real workers
+
+
+def _cluster(n, **kw):
+    return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                        silence_logs=logging.ERROR, **kw)
+
+
+def _allreduce_task(rank, spec, n):
+    from distributed import get_worker
+
+    c = coll.open_collective(spec, rank, get_worker())
+    buf = np.arange(n, dtype=np.int64) * (rank + 1)
+    return c.allreduce(buf)
+
+
+def test_dask_collective_sums_over_three_workers(client3):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    spec = coll.CollectiveSpec("t-sum", 0, tuple(ws), "dask", timeout=30)
+    futs = [client3.submit(_allreduce_task, r, spec, 5, workers=[w], pure=False) for r, w in enumerate(ws)]
+    for out in client3.gather(futs):
+        np.testing.assert_array_equal(out, np.arange(5) * 6)
+    client3.run(coll.release, "t-sum")
+
+
+def test_collective_wait_ends_on_abort_and_on_timeout(client3):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    # Rank 1 of 2 waits for rank 0, which never runs: the client's abort ends the wait.
+    spec = coll.CollectiveSpec("t-abort", 0, tuple(ws[:2]), "dask", timeout=120)
+    fut = client3.submit(_allreduce_task, 1, spec, 3, workers=[ws[1]], pure=False)
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    client3.run(coll.abort, "t-abort")
+    with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort \(placement 0\) aborted by the client"):
+        fut.result(timeout=30)
+    assert time.perf_counter() - t0 < 5
+    spec = coll.CollectiveSpec("t-timeout", 0, tuple(ws[:2]), "dask", timeout=1.0)
+    fut = client3.submit(_allreduce_task, 1, spec, 3, workers=[ws[1]], pure=False)
+    with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s"):
+        fut.result(timeout=30)
+
+
+# ---------------------------------------------------------------- the loop: invariance
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(3)
+    centers = rng.normal(scale=4, size=(10, 5))
+    x = centers[rng.integers(0, 10, 12_000)] + rng.normal(scale=1.5, size=(12_000, 5))
+    return x.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def client1(client):
+    cluster = _cluster(1)
+    c = Client(cluster, set_as_default=False)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+@pytest.mark.parametrize("init", ["array", "k-means||"])
+def test_bitwise_identical_on_one_two_and_three_workers(client1, client, client3, data, init):
+    spec = data[:10].astype(np.float64) if init == "array" else init
+    X = da.from_array(data, chunks=(700, -1))
+    fits = [KMeans(10, init=spec, random_state=7, tol=0, client=c).fit(X) for c in (client1, client, client3)]
+    one = fits[0]
+    assert one.n_iter_ > 5
+    for other, c in zip(fits[1:], (client, client3)):
+        np.testing.assert_array_equal(other.cluster_centers_, one.cluster_centers_)
+        assert other.inertia_ == one.inertia_ and other.n_iter_ == one.n_iter_
+        assert [h["reassigned"] for h in other.history_] == [h["reassigned"] for h in one.history_]
+        np.testing.assert_array_equal(c.compute(other.labels_).result(), client1.compute(one.labels_).result())
+
+
+def test_both_collectives_give_the_same_bits(client, data):
+    X = da.from_array(data, chunks=(1000, -1))
+    fits = []
+    for kind in ("dask", "auto"):
+        with dask.config.set({"daskmeans.collective": kind}):
+            fits.append(KMeans(10, init=data[:10].astype(np.float64), client=client).fit(X))
+    np.testing.assert_array_equal(fits[0].cluster_centers_, fits[1].cluster_centers_)
+
+
+def test_one_chunk_is_split_so_every_worker_gets_rows(client, data):
+    from daskmeans.placement import place
+
+    p = place(client, da.from_array(data, chunks=(len(data), -1)), "numpy")
+    assert len(p.row_chunks) == 11  # 12000 rows: 11 chunks of at least 1024 rows
+    assert len(set(p.workers)) == 2
+    rows = {w: sum(p.row_chunks[i] for i in ids) for w, ids in zip(p.workers, p.chunk_ids)}
+    assert max(rows.values()) / min(rows.values()) < 1.25
+
+
+def test_segments_deliver_every_iteration_once_in_order(client, data):
+    seen = []
+    with dask.config.set({"daskmeans.segment-seconds": 0}):  # one iteration per segment
+        km = KMeans(10, init=data[:10].astype(np.float64), tol=0, client=client).fit(
+            da.from_array(data, chunks=(1000, -1)), callback=seen.append)
+    assert [s["iteration"] for s in seen] == list(range(1, km.n_iter_ + 1))
+    assert seen == km.history_
+    assert all(s["kernel_seconds"] <= s["seconds"] for s in seen)
+
+
+# ---------------------------------------------------------------- the loop: a worker lost
+
+
+def _kill_one(client, victims):
+    pids = client.run(os.getpid)
+    addr = sorted(pids)[victims]
+    os.kill(pids[addr], signal.SIGKILL)
+    return addr
+
+
+@pytest.mark.parametrize("when", ["between-segments", "mid-segment"])
+def test_killed_worker_is_recovered_bitwise(data, when):
+    X = da.from_array(data, chunks=(500, -1))
+    init = data[:10].astype(np.float64)
+    with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:
+        t0 = time.perf_counter()
+        ref = KMeans(10, init=init, tol=0, client=c).fit(X)
+        t_ref = time.perf_counter() - t0
+        ref_labels = c.compute(ref.labels_).result()  # before a worker holding them is killed
+        killed = []
+
+        def at_iteration(stats):
+            if when == "between-segments" and stats["iteration"] == 3 and not killed:
+                killed.append(_kill_one(c, 1))
+
+        def kill_when_a_segment_runs():
+            # One long segment (the whole loop): kill a worker while it computes.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if any(str(k).startswith("daskmeans-segment") for ks in c.processing().values() for k in ks):
+                    time.sleep(0.05)
+                    killed.append(_kill_one(c, 2))
+                    return
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=kill_when_a_segment_runs, daemon=True)
+        t0 = time.perf_counter()
+        with dask.config.set({"daskmeans.segment-seconds": 0.05 if when == "between-segments" else 60}):
+            if when == "mid-segment":
+                watcher.start()
+            km = KMeans(10, init=init, tol=0, client=c).fit(X, callback=at_iteration)
+        t_km = time.perf_counter() - t0
+        assert killed, "no worker was killed during the fit"
+        np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+        assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
+        assert [h["reassigned"] for h in km.history_] == [h["reassigned"] for h in ref.history_]
+        np.testing.assert_array_equal(c.compute(km.labels_).result(), ref_labels)
+        # The nanny restarts the worker at a new address; the fit did not wait for it forever.
+        assert t_km < 2 * t_ref + 10
+
+
+def test_every_worker_lost_is_a_clear_error(data):
+    X = da.from_array(data, chunks=(500, -1))
+    with _cluster(2) as cluster, Client(cluster, set_as_default=False) as c:
+        def kill_all(stats):
+            if stats["iteration"] == 2:
+                for pid in c.run(os.getpid).values():
+                    os.kill(pid, signal.SIGKILL)
+
+        t0 = time.perf_counter()
+        with dask.config.set({"daskmeans.segment-seconds": 0}):
+            with pytest.raises(DaskmeansError, match="every worker of the fit was lost|left the cluster"):
+                KMeans(10, init=data[:10].astype(np.float64), tol=0, max_iter=10_000, client=c).fit(
+                    X, callback=kill_all)
+        assert time.perf_counter() - t0 < 60
