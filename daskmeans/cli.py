@@ -31,6 +31,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="scheduler address or scheduler JSON file; default: start a local cluster")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
     p.add_argument("--workers", type=int, help="local CPU cluster: number of workers (default: one per core)")
+    p.add_argument("--collective", choices=("auto", "nccl", "dask"), default=None,
+                   help="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
+                        "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--checkpoint", metavar="CKPT.zarr",
+                   help="write the fit's restart point here every --checkpoint-every iterations and on Ctrl-C/SIGTERM")
+    f.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="iterations between checkpoints (default 10)")
+    f.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data and parameters)")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     _add_data_args(f)
@@ -82,6 +89,22 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DATA.zarr")
     b.add_argument("--overwrite", action="store_true")
     return ap
+
+
+def _check_cluster_args(args) -> None:
+    from .errors import DaskmeansError
+
+    if args.scheduler and args.workers is not None:
+        raise DaskmeansError(
+            f"--workers {args.workers} applies to a local cluster only: with --scheduler the cluster's own workers are used"
+        )
+
+
+def _config(args):
+    """The dask.config settings the command's flags stand for (a context manager)."""
+    import dask
+
+    return dask.config.set({"daskmeans.collective": args.collective} if args.collective else {})
 
 
 def _split(s: str | None) -> list[str] | None:
@@ -127,6 +150,7 @@ def _say(msg: str) -> None:
 
 def _cmd_fit(args) -> int:
     from .cluster import check_paths_on_workers, connect
+    from .errors import DaskmeansError
     from .estimator import KMeans
     from .io.model_store import write_array
     from .io.paths import check_output
@@ -134,15 +158,19 @@ def _cmd_fit(args) -> int:
 
     init = args.init
     if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
-        from .errors import DaskmeansError
-
         raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
     km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
-                backend=args.backend, metric=args.metric, precision=args.precision)
+                backend=args.backend, metric=args.metric, precision=args.precision, checkpoint=args.checkpoint,
+                checkpoint_every=args.checkpoint_every)
     km._validate_params()  # fail fast: before reading data or starting a cluster
+    _check_cluster_args(args)
     inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
     check_output(args.output, args.overwrite, inputs)
     check_output(args.labels, args.overwrite, inputs + [args.output])
+    if args.resume and not args.checkpoint:
+        raise DaskmeansError("--resume needs --checkpoint PATH")
+    # A checkpoint is rewritten as the fit goes: it may exist, but never be an input or output.
+    check_output(args.checkpoint, True, inputs + [args.output, args.labels])
     X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
     check_n_clusters(int(X.shape[0]), args.k)
     with connect(args.scheduler, args.backend, args.workers) as client:
@@ -150,7 +178,14 @@ def _cmd_fit(args) -> int:
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
         km.client = client
         t0 = time.perf_counter()
-        km.fit(X, callback=_progress(args.quiet))
+        with _config(args):
+            try:
+                km.fit(X, callback=_progress(args.quiet), resume=args.resume)
+            except KeyboardInterrupt:
+                if getattr(km, "checkpoint_iteration_", None):
+                    _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
+                         f"continue with --resume")
+                raise
         _say(
             f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
             f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
@@ -171,6 +206,7 @@ def _cmd_predict(args) -> int:
     from .io.paths import check_output
     from .validation import check_n_features
 
+    _check_cluster_args(args)
     check_output(args.output, args.overwrite, [args.model, args.data])
     km = load(args.model)
     X = _read(args)
@@ -217,10 +253,23 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interrupt so that the same clean-up runs (exit 143)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from .errors import DaskmeansError
 
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "generate": _cmd_generate}[args.command](args)
     except DaskmeansError as e:
@@ -229,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         _say(f"daskmeans: error: {e}")
         return 1
-    except KeyboardInterrupt:
-        _say("daskmeans: interrupted")
-        return 130
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        _say(f"daskmeans: {'terminated' if term else 'interrupted'}")
+        return 143 if term else 130

@@ -5,6 +5,7 @@ worker per core, so BLAS and the engine do not oversubscribe the cores)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Iterator
 
@@ -107,10 +108,12 @@ def connect(scheduler: str | None = None, backend: str = "auto", n_workers: int 
             ) from None
         if not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
-        cluster = LocalCUDACluster(dashboard_address=":0")
+        # Worker logs stay quiet: errors reach the client as exceptions (one line from the
+        # CLI), and an interrupted fit's aborted tasks are expected, not news.
+        cluster = LocalCUDACluster(dashboard_address=":0", silence_logs=logging.CRITICAL)
     else:
         n = n_workers or os.cpu_count() or 1
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address=":0")
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address=":0", silence_logs=logging.CRITICAL)
     try:
         with Client(cluster) as client:
             yield client

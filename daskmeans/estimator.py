@@ -22,10 +22,10 @@ from .init import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read
 from .engine.exact import exponents
-from .engine.loop import data_moments, run_lloyd
+from .engine.loop import Start, data_moments, run_lloyd
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import place, to_backend
-from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, check_n_clusters, check_n_features, validate_params
+from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, PathLike, check_n_clusters, check_n_features, validate_params
 
 INIT_NAMES = ("k-means||", "k-means++", "random")
 
@@ -60,6 +60,11 @@ class KMeans:
         exactly (their fraction is ``history_[i]["rechecked"]``; a few per mille in fp32,
         a few percent in tf32/bf16). fp32 runs as split TF32 on A100/H100-class GPUs
         (``daskmeans.gpu-fp32-gemm``). CPUs compute in the data dtype whatever the mode.
+    checkpoint : str, optional
+        A Zarr path where the fit's restart point (centroids, iteration, history) is written
+        atomically every ``checkpoint_every`` iterations and when the fit is interrupted;
+        ``fit(X, resume=True)`` continues from it, bitwise as if never stopped.
+    checkpoint_every : int, default 10
     client : distributed.Client, optional
         Defaults to the current client (``distributed.default_client()``).
 
@@ -87,6 +92,8 @@ class KMeans:
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
+        "checkpoint": NoneOr(PathLike()),
+        "checkpoint_every": Interval(1, None, integer=True),
     }
 
     def __init__(
@@ -102,6 +109,8 @@ class KMeans:
         backend: str = "auto",
         metric: str = "euclidean",
         precision: str = "fp32",
+        checkpoint: str | None = None,
+        checkpoint_every: int = 10,
         client: Any = None,
     ):
         self.n_clusters = n_clusters
@@ -114,6 +123,8 @@ class KMeans:
         self.backend = backend
         self.metric = metric
         self.precision = precision
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
         self.client = client
 
     # ------------------------------------------------------------ sklearn plumbing
@@ -173,6 +184,38 @@ class KMeans:
     def _validate_params(self) -> None:
         """Check every parameter against its constraint (no data, no cluster needed)."""
         validate_params(self.get_params(), self._parameter_constraints)
+        if self.checkpoint is not None and self.n_init != 1:
+            raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
+
+    def _read_checkpoint(self) -> dict:
+        from .io.model_store import read_checkpoint
+
+        if self.checkpoint is None:
+            raise DaskmeansError("resume=True needs checkpoint=PATH (--checkpoint)")
+        return read_checkpoint(os.fspath(self.checkpoint))
+
+    def _fingerprint(self, n: int, d: int, dtype: Any, moments: dict, weighted: bool) -> dict:
+        """What a checkpoint of this fit is valid for (all exact, whatever the cluster)."""
+        init = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
+        return {
+            "n_samples": n, "n_features": d, "dtype": str(np.dtype(dtype)), "n_clusters": self.n_clusters,
+            "init": init, "random_state": self.random_state, "tol": self.tol, "metric": self.metric,
+            "precision": self.precision, "weighted": weighted,
+            "max_abs": [float(v) for v in moments["max_abs"]],
+        }
+
+    def _saver(self, fingerprint: dict) -> Callable | None:
+        if self.checkpoint is None:
+            return None
+        from .io.model_store import write_checkpoint
+
+        path = os.fspath(self.checkpoint)
+
+        def save(start: Start) -> None:
+            write_checkpoint(path, start.iteration, start.centroids, start.prev, start.history or [], fingerprint)
+            self.checkpoint_iteration_ = start.iteration
+
+        return save
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
@@ -187,6 +230,7 @@ class KMeans:
         sample_weight: Any = None,
         *,
         callback: Callable[[dict], None] | None = None,
+        resume: bool = False,
     ) -> "KMeans":
         """Compute k-means clustering.
 
@@ -197,8 +241,12 @@ class KMeans:
         sample_weight : array (n_samples,), optional
         callback : callable(dict), optional
             Called with each iteration's statistics (see ``history_``).
+        resume : bool, default False
+            Continue from ``checkpoint`` (written by an earlier fit of the same data and
+            parameters) instead of initialising.
         """
         self._validate_params()
+        ck = self._read_checkpoint() if resume else None
         path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
         X = read(X)
         n, d = (int(s) for s in X.shape)
@@ -224,9 +272,16 @@ class KMeans:
             exps = exponents(moments["max_abs"], moments["weight"])
             weight_exp = int(exponents(np.array([1.0]), moments["weight"])[0])
             seeds = np.random.SeedSequence(self.random_state).generate_state(self.n_init)
+            fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None)
+            start = None
+            if ck is not None:
+                _check_fingerprint(self.checkpoint, ck["fingerprint"], fingerprint)
+                start = Start(ck["iteration"], ck["centroids"], ck["prev"], ck["history"])
             best = None
             for run in range(self.n_init):
-                if init_arr is not None:
+                if start is not None:
+                    c0 = start.centroids
+                elif init_arr is not None:
                     c0 = init_arr
                 else:
                     c0 = resolve_init(client, placement, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor)
@@ -236,6 +291,7 @@ class KMeans:
                     client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
                     weight_exp=weight_exp, callback=callback, precision=self.precision, metric=self.metric,
                     collective=config.get("collective"), replan=lambda: place(client, X, backend, w),
+                    start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )
                 if best is None or res.inertia < best.inertia:
                     best = res
@@ -309,6 +365,8 @@ class KMeans:
         """Write the fitted model as a Zarr group (centroids array + JSON attributes)."""
         self._check_fitted()
         params = {k: v for k, v in self.get_params().items() if k not in ("client", "init")}
+        if params.get("checkpoint") is not None:
+            params["checkpoint"] = os.fspath(params["checkpoint"])
         params["init"] = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
         from . import __version__
 
@@ -391,6 +449,20 @@ def _labels_array(states: list, row_chunks: tuple, layout: list) -> da.Array:
                 dask.delayed(_state_labels, pure=True)(state, j), shape=(row_chunks[cid],), dtype=np.int32
             )
     return da.concatenate([pieces[i] for i in range(len(row_chunks))])
+
+
+def _check_fingerprint(path: Any, saved: dict, now: dict) -> None:
+    """Refuse a checkpoint written for other data or parameters, naming what differs."""
+    from .io.model_store import _jsonable
+
+    saved, now = _jsonable(saved), _jsonable(now)
+    diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if diff:
+        what = "; ".join(
+            f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" if k != "max_abs" else "the data's values differ"
+            for k in diff
+        )
+        raise DataError(f"checkpoint {path} is for another fit ({what}): remove it or fit without resume")
 
 
 def _same(a: Any, b: Any) -> bool:

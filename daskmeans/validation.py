@@ -65,6 +65,16 @@ class ArrayLike:
         )
 
 
+class PathLike:
+    """A file system path (str or os.PathLike)."""
+
+    def check(self, name: str, value: Any) -> None:
+        import os
+
+        if not isinstance(value, (str, os.PathLike)):
+            raise InvalidParameterError(f"{name} should be a path, got {type(value).__name__}")
+
+
 class NoneOr:
     def __init__(self, inner: Any):
         self.inner = inner

@@ -169,7 +169,9 @@ def test_segments_deliver_every_iteration_once_in_order(client, data):
             da.from_array(data, chunks=(1000, -1)), callback=seen.append)
     assert [s["iteration"] for s in seen] == list(range(1, km.n_iter_ + 1))
     assert seen == km.history_
-    assert all(s["kernel_seconds"] <= s["seconds"] for s in seen)
+    # kernel_seconds is the slowest rank's; seconds is rank 0's wall time (ranks start a
+    # segment at different moments, so neither bounds the other).
+    assert all(s["kernel_seconds"] > 0 and s["seconds"] > 0 for s in seen)
 
 
 # ---------------------------------------------------------------- the loop: a worker lost

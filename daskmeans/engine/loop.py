@@ -491,6 +491,9 @@ def run_lloyd(
     metric: str = "euclidean",
     collective: str = "auto",
     replan: Callable[[], Placement] | None = None,
+    start: Start | None = None,
+    checkpoint: Callable[[Start], None] | None = None,
+    checkpoint_every: int = 0,
 ) -> LloydResult:
     """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
 
@@ -515,14 +518,20 @@ def run_lloyd(
     replan : callable() -> Placement, optional
         Places the data again on the workers left after one is lost; without it a lost
         worker is an error.
+    start : Start, optional
+        Resume after ``start.iteration`` iterations (a checkpoint) instead of from ``centroids``.
+    checkpoint : callable(Start), optional
+        Called with the run's restart point at the end of a segment once ``checkpoint_every``
+        iterations have passed since the last call, and when the run is interrupted.
     """
     fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
     fit = FitSpec(
         int(max_iter), float(tol_abs), metric, precision, np.asarray(exps, np.int64), int(weight_exp),
         len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
     )
-    start = Start(0, np.asarray(centroids, np.float64))
-    history: list[dict] = []
+    history: list[dict] = list(start.history or []) if start is not None else []
+    start = start if start is not None else Start(0, np.asarray(centroids, np.float64))
+    saver = _Checkpointer(client, checkpoint, checkpoint_every, len(history))
     epoch = 0
     workers_seen: set[str] = set()
     try:
@@ -533,7 +542,7 @@ def run_lloyd(
                 workers_seen |= new
             spec = _spec(client, placement, fit_id, epoch, choose_collective(client, placement, collective))
             try:
-                results = _segments(client, placement, spec, fit, start, history, callback)
+                results = _segments(client, placement, spec, fit, start, history, callback, saver)
                 break
             except _WorkerLost as lost:
                 if replan is None:
@@ -552,6 +561,9 @@ def run_lloyd(
         # Interrupted, or a rank failed: no segment may go on running on the others.
         with contextlib.suppress(Exception):
             client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+        if saver.wanted:
+            with contextlib.suppress(Exception):  # never mask the interrupt
+                saver.save(_restart_point(client, placement, []))
         raise
     finally:
         with contextlib.suppress(Exception):
@@ -565,7 +577,25 @@ def run_lloyd(
     )
 
 
-def _segments(client, placement, spec, fit, start, history, callback) -> list:
+class _Checkpointer:
+    """Calls the checkpoint hook every ``every`` iterations (at segment ends) and on demand."""
+
+    def __init__(self, client: Client, hook: Callable[[Start], None] | None, every: int, done: int):
+        self.client, self.hook, self.every, self.last = client, hook, max(1, int(every or 1)), done
+        self.wanted = hook is not None
+        self.saved: Start | None = None
+
+    def maybe(self, placement: Placement, iteration: int) -> None:
+        if self.wanted and iteration - self.last >= self.every:
+            self.save(_restart_point(self.client, placement, []))
+
+    def save(self, start: Start | None) -> None:
+        if start is not None and start.iteration > 0:
+            self.hook(start)
+            self.last, self.saved = start.iteration, start
+
+
+def _segments(client, placement, spec, fit, start, history, callback, saver=None) -> list:
     """Segments on one placement until the run is done; their statistics go to ``history``."""
     first = start
     while True:
@@ -581,6 +611,8 @@ def _segments(client, placement, spec, fit, start, history, callback) -> list:
                 callback(stats)
         if results[0]["done"]:
             return results
+        if saver is not None:
+            saver.maybe(placement, len(history))
 
 
 def _restart_point(client: Client, placement: Placement, lost: list) -> Start | None:

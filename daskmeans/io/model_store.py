@@ -100,3 +100,57 @@ def write_array(x, path: str, name: str | None = None) -> None:
         else:
             arr = zarr.open_group(tmp, mode="w").create_array(name, **spec)
         da.store(x, arr, lock=False)
+
+
+CHECKPOINT_FORMAT = "daskmeans-checkpoint"
+
+
+def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.ndarray | None,
+                     history: list, fingerprint: dict) -> None:
+    """Write a fit's restart point atomically (a Zarr group: arrays + JSON attributes).
+
+    Parameters
+    ----------
+    path : str
+    iteration : int
+        Completed iterations.
+    centroids : ndarray (K, D) float64
+        Centroids after ``iteration`` iterations.
+    prev : ndarray (K, D) float64 or None
+        Centroids one iteration before (they restore the labels that count reassigned rows).
+    history : list of dict
+        Statistics of iterations 1..iteration.
+    fingerprint : dict
+        What the checkpoint is valid for (data shape and range, parameters); a resume with
+        anything different is refused.
+    """
+    import zarr
+
+    with atomic_dir(path) as tmp:
+        g = zarr.open_group(tmp, mode="w")
+        g.create_array("centroids", data=np.asarray(centroids, np.float64))
+        if prev is not None:
+            g.create_array("prev", data=np.asarray(prev, np.float64))
+        g.attrs.update(_jsonable({
+            "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "iteration": int(iteration),
+            "history": history, "fingerprint": fingerprint,
+        }))
+
+
+def read_checkpoint(path: str) -> dict:
+    """``{"iteration", "centroids", "prev", "history", "fingerprint"}`` of a checkpoint."""
+    import zarr
+
+    if not os.path.exists(path):
+        raise DataError(f"no checkpoint at {path}: run without --resume to start one")
+    try:
+        g = zarr.open_group(path, mode="r")
+        attrs = dict(g.attrs)
+        centroids = np.asarray(g["centroids"][...])
+        prev = np.asarray(g["prev"][...]) if "prev" in g else None
+    except Exception as e:
+        raise DataError(f"{path} is not a daskmeans checkpoint: {e}") from None
+    if attrs.get("format") != CHECKPOINT_FORMAT:
+        raise DataError(f"{path} is not a daskmeans checkpoint (format={attrs.get('format')!r})")
+    return {"iteration": int(attrs["iteration"]), "centroids": centroids, "prev": prev,
+            "history": list(attrs.get("history", [])), "fingerprint": dict(attrs["fingerprint"])}

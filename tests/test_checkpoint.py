@@ -1,0 +1,109 @@
+"""Checkpoint and resume through the command line, as a user meets them: a real `daskmeans
+fit` subprocess interrupted with SIGINT or killed with SIGKILL, then resumed, gives bitwise
+the centroids of an uninterrupted fit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+ENV = dict(os.environ, DASK_DASKMEANS__SEGMENT_SECONDS="0", PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((20_000, 8)).astype(np.float32)  # no structure: many iterations
+    zarr.create_array(str(d / "x.zarr"), data=x, chunks=(2500, 8))
+    np.save(d / "init.npy", x[:30].astype(np.float64))
+    return d
+
+
+def _argv(d, out, *extra):
+    return [sys.executable, "-m", "daskmeans", "fit", str(d / "x.zarr"), "--k", "30", "--init", str(d / "init.npy"),
+            "--tol", "0", "--max-iter", "60", "--workers", "2", "-o", str(d / out), *extra]
+
+
+def _run(argv):
+    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stderr
+
+
+def _centers(path):
+    return zarr.open_group(str(path), mode="r")["cluster_centers"][:]
+
+
+def _interrupt_at(argv, iteration, sig):
+    """Start ``argv``, send ``sig`` once it reports ``iteration``; (rc, stderr)."""
+    p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    lines = []
+    sent = threading.Event()
+
+    def read():
+        for line in p.stderr:
+            lines.append(line)
+            if not sent.is_set() and line.startswith(f"iter {iteration:4d}"):
+                sent.set()
+                p.send_signal(sig)
+
+    t = threading.Thread(target=read)
+    t.start()
+    rc = p.wait(timeout=300)
+    t.join()
+    assert sent.is_set(), "".join(lines)
+    return rc, "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def reference(problem):
+    rc, err = _run(_argv(problem, "ref.zarr"))
+    assert rc == 0, err
+    return _centers(problem / "ref.zarr")
+
+
+@pytest.mark.parametrize("sig, rc_expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)])
+def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_fit(problem, reference, sig, rc_expected):
+    ck, out = f"ck-{sig.name}.zarr", f"m-{sig.name}.zarr"
+    rc, err = _interrupt_at(_argv(problem, out, "--checkpoint", str(problem / ck), "--checkpoint-every", "2"), 5, sig)
+    assert rc == rc_expected, err
+    assert not (problem / out).exists()
+    assert (problem / ck).exists()
+    if sig != signal.SIGKILL:
+        assert "Traceback" not in err, err
+        assert f"in {problem / ck}; continue with --resume" in err, err
+    saved = zarr.open_group(str(problem / ck), mode="r").attrs["iteration"]
+    assert 2 <= saved <= 60
+    rc, err = _run(_argv(problem, out, "--checkpoint", str(problem / ck), "--resume"))
+    assert rc == 0, err
+    np.testing.assert_array_equal(_centers(problem / out), reference)
+    hist = zarr.open_group(str(problem / out), mode="r").attrs["history"]
+    assert [h["iteration"] for h in hist] == list(range(1, len(hist) + 1))
+
+
+def test_checkpoint_of_another_fit_is_refused(problem):
+    ck = problem / "ck-other.zarr"
+    rc, err = _interrupt_at(_argv(problem, "m-o.zarr", "--checkpoint", str(ck), "--checkpoint-every", "1"), 3,
+                            signal.SIGINT)
+    assert rc == 130, err
+    argv = _argv(problem, "m-o.zarr", "--checkpoint", str(ck), "--resume")
+    argv[argv.index("--tol") + 1] = "0.001"
+    rc, err = _run(argv)
+    assert rc == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("daskmeans: error: checkpoint ") and "tol: checkpoint 0.0, now 0.001" in last, err
+
+
+def test_resume_without_a_checkpoint_is_one_line(problem):
+    rc, err = _run(_argv(problem, "m-n.zarr", "--resume"))
+    assert rc == 1 and err.strip() == "daskmeans: error: --resume needs --checkpoint PATH"
+    rc, err = _run(_argv(problem, "m-n.zarr", "--checkpoint", str(problem / "none.zarr"), "--resume"))
+    assert rc == 1 and "no checkpoint at" in err and "Traceback" not in err
