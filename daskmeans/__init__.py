@@ -1,15 +1,41 @@
-"""daskmeans: distributed, out-of-core k-means clustering on Dask, fast on GPUs."""
+"""daskmeans: distributed, out-of-core k-means clustering on Dask, fast on GPUs.
 
-from . import config  # noqa: F401  (registers the dask.config defaults)
+The public names are imported on first use (PEP 562), so that ``daskmeans --help`` and
+``import daskmeans`` do not pay for Dask and distributed until a fit needs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .errors import DaskmeansError, DataError, InvalidParameterError, NotFittedError
-from .estimator import KMeans
-from .io.readers import read
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .estimator import KMeans
+    from .io.readers import read
 
-def load(path: str) -> KMeans:
+_LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        from . import config  # noqa: F401  (registers the dask.config defaults first)
+
+        mod, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{mod}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'daskmeans' has no attribute {name!r}")
+
+
+def load(path: str) -> "KMeans":
     """Load a model written by :meth:`KMeans.save` (a Zarr group)."""
+    from .estimator import KMeans
+
     return KMeans.load(path)
 
 

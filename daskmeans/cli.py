@@ -15,8 +15,7 @@ import time
 from typing import Sequence
 
 from . import __version__
-from .backends import PRECISIONS
-from .metric import METRICS
+from .options import METRICS, PRECISIONS
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import dask.array as da
+
 import numpy as np
 
 from .backends import get_backend
 from .errors import DataError
 
-METRICS = ("euclidean", "cosine")
+from .options import METRICS  # noqa: F401  (re-exported)
 
 
 def inertia_scale(metric: str) -> float:
@@ -37,7 +37,7 @@ def _unit_rows(block: Any, block_info: Any = None) -> Any:
     return (block / _nonzero_norms(block, "rows", offset)[:, None]).astype(block.dtype)
 
 
-def unit_rows(X: da.Array) -> da.Array:
+def unit_rows(X: "da.Array") -> "da.Array":
     """Rows of ``X`` (n, d) scaled to unit Euclidean norm (lazy; zero rows raise DataError)."""
     return X.map_blocks(_unit_rows, dtype=X.dtype, meta=X._meta)
 

@@ -9,8 +9,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import numpy as np
-
 from .errors import DataError, InvalidParameterError
 
 
@@ -112,6 +110,8 @@ def check_n_clusters(n_samples: int, n_clusters: int) -> None:
 
 def check_2d_numeric(shape: Iterable[int], dtype: Any, name: str = "X") -> None:
     """Data must be 2-D and numeric (bool and complex are refused)."""
+    import numpy as np
+
     shape = tuple(shape)
     if len(shape) != 2:
         raise DataError(f"{name} should be 2-D (n_samples, n_features), got shape {shape}")

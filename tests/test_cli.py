@@ -130,3 +130,17 @@ def test_fit_cosine_and_zero_row_error(blobs, tmp_path, capsys):
     msg = _one_line_error(*run(capsys, "fit", bad, "--k", "2", "--metric", "cosine", "-o", out_model, "--workers", "1"))
     assert "row 42 is all zeros" in msg
     assert not os.path.exists(out_model)
+
+
+def test_help_imports_neither_dask_nor_numpy():
+    """`daskmeans --help` must answer at once: the command's module loads no heavy library
+    until a command needs one (the speed target itself lives in the benchmarks)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, daskmeans.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('dask', 'distributed', 'numpy', 'zarr', 'cupy') if m in sys.modules)\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "usage: daskmeans" in out.stdout and "HEAVY []" in out.stdout, out.stdout + out.stderr

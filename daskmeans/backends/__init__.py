@@ -28,8 +28,7 @@ from typing import Any
 
 from ..validation import Options
 
-# GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy).
-PRECISIONS = ("fp32", "tf32", "bf16")
+from ..options import PRECISIONS  # noqa: F401  (re-exported)
 
 
 def check_precision(precision: str) -> None:

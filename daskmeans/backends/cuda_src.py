@@ -1190,7 +1190,7 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
     buffers in 128 registers without spilling on sm_90, float32) and its ``chains``
     independent top-3 states per lane (measured on an H200, select alone on P3 tf32 tiles:
     1 state 3.40 ms, 2 states 2.68, 4 states 2.73; P3 fp32 2.87 / 2.54 / 2.37; P2 tf32
-    1.51 / 1.49 / 1.59; see benchmarks/NOTES.md for the variants dropped); ``rows_per_thread`` (1, 2
+    1.51 / 1.49 / 1.59; see docs/performance.md for the variants dropped); ``rows_per_thread`` (1, 2
     or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
     ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
     (profiling scripts vary them)."""
