@@ -9,6 +9,8 @@ median iteration wall time (iterations 2..N: the first one compiles nothing new 
 workers) and its ratio to the kernel step.
 
     python benchmarks/bench_gpu_e2e.py [--n 300000 --d 408 --k 5000] [--precision fp32] [--out r.json]
+
+Committed result: ``results/gpu_end_to_end_<device>.json``.
 """
 
 from __future__ import annotations

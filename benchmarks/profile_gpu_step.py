@@ -56,7 +56,7 @@ for name in args or ["P2"]:
 
         r["gemm_mode"] = p.mode
         r["prep_tiles_ms"] = t(preps)
-        # Every row in one launch (not what the step does: see NOTES, session 8).
+        # Every row in one launch (not what the step does; see docs/performance.md).
         xall = be._prep_buffer(n, d, p.mode)
         r["prep_one_launch_ms"] = t(lambda: be._prep(X, p.mode, 0, xall, None, None, eb, p.err))  # noqa: B023
         del xall
