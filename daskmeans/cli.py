@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--tier", choices=("auto", "device", "host", "storage"), default="auto",
+                   help="where workers keep the rows: GPU memory, host memory, or re-read from the file each pass "
+                        "(default auto: the first that fits the budgets)")
+    f.add_argument("--memory-limit", metavar="SIZE", help="host memory per worker for resident data (e.g. 8GiB; default auto)")
+    f.add_argument("--device-memory-limit", metavar="SIZE", help="GPU memory per worker (e.g. 40GiB; default auto)")
     f.add_argument("--checkpoint", metavar="CKPT.zarr",
                    help="write the fit's restart point here every --checkpoint-every iterations and on Ctrl-C/SIGTERM")
     f.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="iterations between checkpoints (default 10)")
@@ -160,7 +165,8 @@ def _cmd_fit(args) -> int:
         raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
     km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
                 backend=args.backend, metric=args.metric, precision=args.precision, checkpoint=args.checkpoint,
-                checkpoint_every=args.checkpoint_every)
+                checkpoint_every=args.checkpoint_every, tier=args.tier, memory_limit=args.memory_limit,
+                device_memory_limit=args.device_memory_limit)
     km._validate_params()  # fail fast: before reading data or starting a cluster
     _check_cluster_args(args)
     inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
@@ -185,6 +191,7 @@ def _cmd_fit(args) -> int:
                     _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
                          f"continue with --resume")
                 raise
+        _say(f"daskmeans: {km.tier_plan_}")
         _say(
             f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
             f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"

@@ -23,9 +23,10 @@ from .io.model_store import load_model, save_model
 from .io.readers import read
 from .engine.exact import exponents
 from .engine.loop import Start, data_moments, run_lloyd
+from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
-from .placement import place, to_backend
-from .validation import AnyOf, ArrayLike, Interval, NoneOr, Options, PathLike, check_n_clusters, check_n_features, validate_params
+from .placement import TIERS, place, to_backend
+from .validation import AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, check_n_clusters, check_n_features, validate_params
 
 INIT_NAMES = ("k-means||", "k-means++", "random")
 
@@ -60,6 +61,13 @@ class KMeans:
         exactly (their fraction is ``history_[i]["rechecked"]``; a few per mille in fp32,
         a few percent in tf32/bf16). fp32 runs as split TF32 on A100/H100-class GPUs
         (``daskmeans.gpu-fp32-gemm``). CPUs compute in the data dtype whatever the mode.
+    tier : {"auto", "device", "host", "storage"}, default "auto"
+        Where each worker keeps its rows: GPU memory, host memory (pinned, copied to the GPU
+        chunk by chunk), or the source file (re-read every pass); ``auto`` takes the first
+        that fits the budgets. The result is the same in every tier.
+    memory_limit, device_memory_limit : int or str, optional
+        Per-worker budgets for resident data in host and GPU memory (``"4GiB"``); default
+        ``daskmeans.memory-limit`` / ``daskmeans.device-memory-limit`` (auto).
     checkpoint : str, optional
         A Zarr path where the fit's restart point (centroids, iteration, history) is written
         atomically every ``checkpoint_every`` iterations and when the fit is interrupted;
@@ -92,6 +100,9 @@ class KMeans:
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
+        "tier": Options(TIERS),
+        "memory_limit": NoneOr(ByteSize()),
+        "device_memory_limit": NoneOr(ByteSize()),
         "checkpoint": NoneOr(PathLike()),
         "checkpoint_every": Interval(1, None, integer=True),
     }
@@ -109,6 +120,9 @@ class KMeans:
         backend: str = "auto",
         metric: str = "euclidean",
         precision: str = "fp32",
+        tier: str = "auto",
+        memory_limit: int | str | None = None,
+        device_memory_limit: int | str | None = None,
         checkpoint: str | None = None,
         checkpoint_every: int = 10,
         client: Any = None,
@@ -123,6 +137,9 @@ class KMeans:
         self.backend = backend
         self.metric = metric
         self.precision = precision
+        self.tier = tier
+        self.memory_limit = memory_limit
+        self.device_memory_limit = device_memory_limit
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.client = client
@@ -265,7 +282,8 @@ class KMeans:
         if path is not None:
             check_paths_on_workers(client, read=[path])
         backend = resolve_backend(client, self.backend, get_backend(X).name)
-        placement = place(client, X, backend, w)
+        tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
+        placement = place(client, X, backend, w, tiers.tier)
         try:
             moments = data_moments(client, placement)
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
@@ -290,7 +308,7 @@ class KMeans:
                 res = run_lloyd(
                     client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
                     weight_exp=weight_exp, callback=callback, precision=self.precision, metric=self.metric,
-                    collective=config.get("collective"), replan=lambda: place(client, X, backend, w),
+                    collective=config.get("collective"), replan=lambda: place(client, X, backend, w, tiers.tier),
                     start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )
                 if best is None or res.inertia < best.inertia:
@@ -303,6 +321,8 @@ class KMeans:
         self.history_ = best.history
         self.n_features_in_ = d
         self.backend_ = backend
+        self.tier_ = tiers.tier
+        self.tier_plan_ = tiers.describe()
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
         self.labels_ = _labels_array(best.states, best.row_chunks, best.layout)
@@ -380,6 +400,7 @@ class KMeans:
                 "n_features_in": self.n_features_in_,
                 "dtype": str(self.cluster_centers_.dtype),
                 "backend": getattr(self, "backend_", None),
+                "tier": getattr(self, "tier_", None),
                 "history": getattr(self, "history_", []),
                 "daskmeans_version": __version__,
             },

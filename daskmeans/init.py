@@ -90,7 +90,7 @@ def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int) -> Any
 
 def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Host copies of the global ``rows`` (sorted) that fall in this shard."""
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     idx, data = [], []
     for _, off, block, _ in shard.items():
         sel = rows[(rows >= off) & (rows < off + block.shape[0])]
@@ -98,7 +98,7 @@ def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             idx.append(sel)
             data.append(be.to_numpy(block[be.xp.asarray(sel - off)]))
     if not idx:
-        return np.empty(0, np.int64), np.empty((0, shard.blocks[0].shape[1]))
+        return np.empty(0, np.int64), np.empty((0, shard.n_features))
     return np.concatenate(idx), np.concatenate(data).astype(np.float64)
 
 
@@ -123,10 +123,10 @@ class _ParState:
 
 
 def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray) -> _ParState:
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     xp = be.xp
     d2s, phi = [], 0.0
-    prep = be.prepare(new, shard.blocks[0].dtype) if new.shape[0] else None
+    prep = be.prepare(new, shard.dtype) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
         d2 = state.d2[j] if state is not None else xp.full(block.shape[0], xp.inf)
         if prep is not None:
@@ -138,7 +138,7 @@ def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray) -> _ParS
 
 def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
     """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``."""
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     xp = be.xp
     idx, out = [], []
     for j, (cid, off, block, w) in enumerate(shard.items()):
@@ -151,7 +151,7 @@ def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: in
             idx.append(off + pick)
             out.append(be.to_numpy(block[xp.asarray(pick)]).astype(np.float64))
     if not out:
-        return np.empty(0, np.int64), np.empty((0, shard.blocks[0].shape[1]))
+        return np.empty(0, np.int64), np.empty((0, shard.n_features))
     return np.concatenate(idx), np.concatenate(out)
 
 
@@ -171,8 +171,8 @@ def _phi_total(states: list) -> float:
 
 
 def _cand_weights(shard: Shard, cands: np.ndarray) -> np.ndarray:
-    be = get_backend(shard.blocks[0])
-    prep = be.prepare(cands, shard.blocks[0].dtype)
+    be = shard.be
+    prep = be.prepare(cands, shard.dtype)
     total = np.zeros(cands.shape[0])
     for _, _, block, w in shard.items():
         lab = be.to_numpy(be.min_sqdist(block, prep)[0])

@@ -13,9 +13,12 @@ came as one large chunk.
 
 from __future__ import annotations
 
+import collections
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.sizeof import sizeof
@@ -25,54 +28,124 @@ from . import config
 from .backends import get_backend
 
 
+TIERS = ("auto", "device", "host", "storage")
+
+
+class ChunkReader:
+    """Reads one row chunk from its source on the worker (the storage tier): the chunk's
+    culled task graph, run in the calling thread. Only the path and offsets travel."""
+
+    def __init__(self, block: da.Array):
+        (block,) = dask.optimize(block)
+        self.graph = dict(block.__dask_graph__())
+        self.key = block.__dask_keys__()[0][0]
+        if sizeof(self.graph) > 2**20:  # a file reader's graph is a few hundred bytes
+            from .errors import DataError
+
+            raise DataError(
+                "the storage tier re-reads each chunk from its source, but this array is held in the "
+                "client's memory: read the data from a file (Zarr, .npy, CSV) or give the workers more memory"
+            )
+
+    def read(self) -> np.ndarray:
+        from dask.local import get_sync
+
+        return np.asarray(get_sync(self.graph, self.key))
+
+
+def _read_ahead(readers: list, depth: int) -> Iterator[np.ndarray]:
+    """The readers' chunks in order, up to ``depth`` read ahead by a thread while the caller
+    computes (storage tier: reading and decompressing overlap the kernels)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-read-ahead") as ex:
+        pending = collections.deque(ex.submit(r.read) for r in readers[:depth])
+        nxt = len(pending)
+        while pending:
+            block = pending.popleft().result()
+            if nxt < len(readers):
+                pending.append(ex.submit(readers[nxt].read))
+                nxt += 1
+            yield block
+
+
 @dataclass
 class Shard:
-    """A worker-local run of row chunks, in global chunk order.
+    """A worker's run of row chunks, in global chunk order, in one memory tier.
 
     Attributes
     ----------
     chunk_ids : tuple of int
-        Global index of each block along the row axis.
-    offsets : tuple of int
-        Global row offset of each block.
-    blocks : list of arrays, each shape (n_i, d)
-        The data, as the backend's arrays (NumPy or CuPy).
-    weights : list of arrays, each shape (n_i,), or None
-        Sample weights aligned with ``blocks``.
+        Global index of each chunk along the row axis.
+    offsets, rows : tuple of int
+        Global row offset and row count of each chunk.
+    n_features : int
+    dtype : numpy dtype
+    backend : "numpy" or "cupy"
+        Where the kernels run (``items()`` yields the backend's arrays).
+    tier : "device", "host" or "storage"
+        ``device``: chunks resident as backend arrays (for NumPy, host memory); ``host``:
+        resident in pinned host memory, copied to the GPU chunk by chunk each pass;
+        ``storage``: re-read from the source each pass, read ahead by a thread.
+    blocks : list of arrays, or None
+        The resident chunks (device and host tiers).
+    readers : list of ChunkReader, or None
+        The storage tier's chunk readers.
+    weights : list of arrays (n_i,), or None
+        Sample weights (small: always resident, as backend arrays).
     """
 
     chunk_ids: tuple[int, ...]
     offsets: tuple[int, ...]
-    blocks: list
+    rows: tuple[int, ...]
+    n_features: int
+    dtype: Any
+    backend: str
+    tier: str
+    blocks: list | None = None
+    readers: list | None = None
     weights: list | None = None
-    # Workspace: the labels of Lloyd step i in ``labels[i % 2]`` (a list per block). Kept
-    # here rather than in a task result so that only the small partial sums travel to the
-    # reduction (a result carrying labels would be serialized whole). Two slots, because the
-    # engine may run step i+1 speculatively while step i's outcome is still being decided:
-    # a re-run of step i+1 then still finds step i's labels. Lost if the shard is recomputed
-    # or spilled; the engine then counts every row of the shard as reassigned.
+    # Workspace of the loop: the labels of Lloyd step i in ``labels[i % 2]`` (a list per
+    # chunk), so that reassigned rows can be counted; the loop's state and final labels are
+    # set as attributes by engine.loop.
     labels: dict = field(default_factory=dict)
 
     @property
-    def n(self) -> int:
-        return int(sum(b.shape[0] for b in self.blocks))
+    def be(self) -> Any:
+        return get_backend(self.backend)
 
-    def items(self):
-        """Yield ``(chunk_id, row_offset, block, weights_or_None)`` in order."""
-        ws = self.weights or [None] * len(self.blocks)
-        yield from zip(self.chunk_ids, self.offsets, self.blocks, ws)
+    @property
+    def n(self) -> int:
+        return int(sum(self.rows))
+
+    def items(self) -> Iterator[tuple]:
+        """Yield ``(chunk_id, row_offset, block, weights_or_None)`` in order, ``block`` on the
+        backend (copied or read here for the host and storage tiers)."""
+        be = self.be
+        ws = self.weights or [None] * len(self.chunk_ids)
+        if self.tier == "storage":
+            source = _read_ahead(self.readers, int(config.get("read-ahead")))
+        else:
+            source = iter(self.blocks)
+        for cid, off, block, w in zip(self.chunk_ids, self.offsets, source, ws):
+            yield cid, off, (block if self.tier == "device" else be.asarray(block)), w
 
 
 @sizeof.register(Shard)
 def _sizeof_shard(s: Shard) -> int:
-    return int(sum(sizeof(b) for b in s.blocks) + sum(sizeof(w) for w in (s.weights or [])))
+    return int(sum(sizeof(b) for b in (s.blocks or [])) + sum(sizeof(w) for w in (s.weights or [])))
 
 
-def _make_shard(chunk_ids, offsets, n_blocks, *arrays) -> Shard:
-    # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
-    blocks = [get_backend(a).asarray(a) for a in arrays[:n_blocks]]
-    weights = [get_backend(a).asarray(a) for a in arrays[n_blocks:]] or None
-    return Shard(tuple(chunk_ids), tuple(offsets), blocks, weights)
+def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, *arrays) -> Shard:
+    be = get_backend(backend)
+    if tier == "device":
+        # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
+        blocks = [be.asarray(a) for a in arrays[:n_blocks]]
+    elif tier == "host":
+        blocks = [be.pinned(a) for a in arrays[:n_blocks]]
+    else:
+        blocks = None
+    weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
+    return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
+                 blocks, readers, weights)
 
 
 @dataclass
@@ -86,6 +159,7 @@ class Placement:
     n_features: int
     dtype: np.dtype
     backend: str
+    tier: str = "device"
 
     @property
     def n_samples(self) -> int:
@@ -109,8 +183,10 @@ def place(
     X: da.Array,
     backend: str,
     sample_weight: da.Array | None = None,
+    tier: str = "device",
 ) -> Placement:
-    """Persist ``X`` (and weights) on the cluster and group chunks into per-thread shards.
+    """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
+    worker.
 
     Parameters
     ----------
@@ -118,30 +194,38 @@ def place(
     X : dask array, shape (n, d), one chunk along columns
     backend : "numpy" or "cupy"
     sample_weight : dask array, shape (n,), chunked like X's rows, optional
+    tier : "device", "host" or "storage" (see :class:`Shard`; :func:`daskmeans.budget.plan`
+        chooses)
     """
-    X = to_backend(balance_chunks(X.rechunk({1: -1}), len(client.nthreads())), backend)
-    arrays = [X] if sample_weight is None else [X, to_backend(sample_weight.rechunk((X.chunks[0],)), backend)]
-    persisted = client.persist(arrays)
-    xfuts = futures_of(persisted[0])
-    wfuts = futures_of(persisted[1]) if sample_weight is not None else None
+    X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
+    resident = X if tier == "storage" else to_backend(X, backend if tier == "device" else "numpy")
+    arrays = [] if tier == "storage" else [resident]
+    if sample_weight is not None:
+        arrays.append(to_backend(sample_weight.rechunk((X.chunks[0],)), backend))
+    persisted = client.persist(arrays) if arrays else []
+    xfuts = futures_of(persisted[0]) if tier != "storage" else []
+    wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
     with client.as_current():  # wait() would use the default client, maybe another one
         wait(xfuts + (wfuts or []))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
-    xkeys = list(_row_keys(persisted[0]))
-    wkeys = list(_row_keys(persisted[1])) if wfuts is not None else None
+    xkeys = list(_row_keys(persisted[0])) if tier != "storage" else [None] * X.numblocks[0]
+    wkeys = list(_row_keys(persisted[-1])) if wfuts is not None else None
     wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
-    who = client.who_has(list(by_key.values()))
+    who = client.who_has(list(by_key.values())) if by_key else {}
     nthreads = client.nthreads()
 
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
-    holders = [sorted(who[key])[0] if who.get(key) else None for key in xkeys]
+    holders = [sorted(who[key])[0] if key is not None and who.get(key) else None for key in xkeys]
     owner = _balance(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
-    xf = [by_key[k] for k in xkeys]
+    xf = [by_key[k] for k in xkeys] if tier != "storage" else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
+    if tier == "storage":
+        holders = [None] * len(holders)
     for i, w in enumerate(owner):
         if w != holders[i]:  # move the chunk: one transfer, once per fit
-            xf[i] = client.submit(_identity, xf[i], workers=[w], allow_other_workers=False, pure=False)
+            if xf[i] is not None:
+                xf[i] = client.submit(_identity, xf[i], workers=[w], allow_other_workers=False, pure=False)
             if wf is not None:
                 wf[i] = client.submit(_identity, wf[i], workers=[w], allow_other_workers=False, pure=False)
     per_worker: dict[str, list[int]] = {}
@@ -152,8 +236,10 @@ def place(
     groups = sorted(per_worker.items(), key=lambda g: g[1][0])
 
     shards = []
+    rows = [int(c) for c in X.chunks[0]]
     for w, ids in groups:
-        args = [xf[i] for i in ids]
+        readers = [ChunkReader(X.blocks[i]) for i in ids] if tier == "storage" else None
+        args = [xf[i] for i in ids] if tier != "storage" else []
         if wf is not None:
             args += [wf[i] for i in ids]
         shards.append(
@@ -161,7 +247,13 @@ def place(
                 _make_shard,
                 ids,
                 [offsets[i] for i in ids],
-                len(ids),
+                [rows[i] for i in ids],
+                int(X.shape[1]),
+                str(X.dtype),
+                get_backend(backend).name,
+                tier,
+                len(args) - (len(ids) if wf is not None else 0),
+                readers,
                 *args,
                 workers=[w],
                 allow_other_workers=False,
@@ -179,6 +271,7 @@ def place(
         n_features=int(X.shape[1]),
         dtype=np.dtype(X.dtype),
         backend=get_backend(backend).name,
+        tier=tier,
     )
 
 

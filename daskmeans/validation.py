@@ -73,6 +73,25 @@ class PathLike:
             raise InvalidParameterError(f"{name} should be a path, got {type(value).__name__}")
 
 
+class ByteSize:
+    """A positive number of bytes, a size string ("4GiB"), or "auto"."""
+
+    def check(self, name: str, value: Any) -> None:
+        if isinstance(value, str):
+            if value.strip().lower() == "auto":
+                return
+            from dask.utils import parse_bytes
+
+            try:
+                ok = parse_bytes(value) > 0
+            except ValueError:
+                ok = False
+        else:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0
+        if not ok:
+            raise InvalidParameterError(f"{name}={value!r} should be a size such as '4GiB' or a number of bytes > 0")
+
+
 class NoneOr:
     def __init__(self, inner: Any):
         self.inner = inner

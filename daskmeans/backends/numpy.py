@@ -29,6 +29,11 @@ def asarray(block: Any, dtype: Any = None) -> numpy.ndarray:
     return numpy.require(block, dtype=dtype, requirements=["C", "A"])
 
 
+def pinned(block: Any) -> numpy.ndarray:
+    """A host copy for the ``host`` tier; on the CPU the resident block itself."""
+    return asarray(block)
+
+
 def to_numpy(a: Any) -> numpy.ndarray:
     return numpy.asarray(a)
 

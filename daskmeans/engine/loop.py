@@ -121,12 +121,12 @@ class _Layout:
 def _slot(shard: Shard, iteration: int) -> list | None:
     """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
     labels = shard.labels.get(iteration % 2)
-    return labels if labels is not None and len(labels) == len(shard.blocks) else None
+    return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
 
 
 def _labels_under(shard: Shard, centroids: Any, precision: str, be: Any) -> tuple[list, list]:
     """Labels and per-chunk inertia (0-d or float) of every local chunk under ``centroids``."""
-    prep = be.prepare(centroids, shard.blocks[0].dtype, precision)
+    prep = be.prepare(centroids, shard.dtype, precision)
     labels, inertia = [], []
     for _, _, block, w in shard.items():
         out = be.assign(block, prep, w, want_sums=False)
@@ -171,14 +171,14 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
 
 def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float) -> dict:
     """One Lloyd iteration on this rank; returns its statistics (identical on every rank)."""
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     xp = be.xp
     t_start = time.perf_counter()
     k, d = st.centroids.shape
     lay = _Layout(k, d, fit.n_chunks, comm.size)
     buf = xp.zeros(lay.n, xp.int64)
     fv = buf.view(xp.float64)
-    prep = be.prepare(st.centroids, shard.blocks[0].dtype, fit.precision)
+    prep = be.prepare(st.centroids, shard.dtype, fit.precision)
     it = st.iteration
     prev = _slot(shard, it - 1) if it > 0 else None
     out_slot = _slot(shard, it)
@@ -270,7 +270,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         when done ``inertia`` (under the final centroids).
     """
     worker = get_worker()
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     xp = be.xp
     comm = coll.open_collective(spec, rank, worker)
     if start is not None:
@@ -324,7 +324,7 @@ def _restart_state(shard: Shard) -> Start | None:
     st = getattr(shard, "loop", None)
     if st is None:
         return None
-    return st.segment_start if st.running else _snapshot(st, get_backend(shard.blocks[0]))
+    return st.segment_start if st.running else _snapshot(st, shard.be)
 
 
 def _final_labels(shard: Shard) -> FinalLabels:
@@ -337,7 +337,7 @@ def _final_labels(shard: Shard) -> FinalLabels:
 def _moments(shard: Shard) -> dict:
     """Row count, per-feature mean, M2 and largest absolute value (float64), total weight,
     the first non-finite row if any, and whether any weight is negative (one pass)."""
-    be = get_backend(shard.blocks[0])
+    be = shard.be
     xp = be.xp
     n, mean, m2, bad, neg_w, max_abs, wsum = 0, None, None, None, False, None, 0.0
     for _, off, block, w in shard.items():

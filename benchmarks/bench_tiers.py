@@ -1,0 +1,123 @@
+"""Out-of-core tiers on one GPU: throughput of the ``host`` and ``storage`` tiers against
+their floors, measured in the same run.
+
+- floor of the host tier: a pinned host-to-device copy (CuPy, 1 GiB, median of 5);
+- floor of the storage tier: the Zarr store's read speed (every chunk read and decompressed
+  by one thread, as the tier's read-ahead does, page cache as the run finds it);
+- the fit: data-bound K=16, D=64 with the data 3x the device budget (``device_memory_limit``),
+  ``tol=0``, a few iterations; effective throughput = data bytes / median iteration time.
+- optionally P4 (4e6 x 480, K=40000) in the device and host tiers (``--p4``).
+
+    python benchmarks/bench_tiers.py [--gib 3] [--iters 4] [--p4] [--out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+import benchmeta
+import numpy as np
+
+
+def h2d_pinned_gbs(nbytes: int = 2**30) -> float:
+    import cupy
+    import cupyx
+
+    host = cupyx.empty_pinned((nbytes // 4,), np.float32)
+    host[...] = 1.0
+    dev = cupy.empty_like(host, shape=host.shape)
+    ts = []
+    for _ in range(6):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        dev.set(host)
+        cupy.cuda.Device().synchronize()
+        ts.append(time.perf_counter() - t0)
+    return nbytes / float(np.median(ts[1:])) / 1e9
+
+
+def store_read_gbs(path: str) -> float:
+    import zarr
+
+    a = zarr.open_array(path, mode="r")
+    rows = a.chunks[0]
+    t0 = time.perf_counter()
+    total = 0
+    for s in range(0, a.shape[0], rows):
+        total += np.asarray(a[s : s + rows]).nbytes
+    return total / (time.perf_counter() - t0) / 1e9
+
+
+def fit(path_or_x, k, init, iters, **kw):
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from daskmeans import KMeans
+
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as c:
+        km = KMeans(k, init=init, tol=0, max_iter=iters, client=c, **kw).fit(path_or_x)
+    secs = [h["seconds"] for h in km.history_]
+    return km, float(np.median(secs[1:])), secs
+
+
+def main(argv=None):
+    import cupy
+    import zarr
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=3.0, help="data size; the device budget is a third of it")
+    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--p4", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    d, k = 64, 16
+    n = int(args.gib * 2**30 / (d * 4))
+    tmp = tempfile.mkdtemp(prefix="daskmeans-tiers-")
+    path = os.path.join(tmp, "x.zarr")
+    z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
+    rng = cupy.random.default_rng(0)
+    for s in range(0, n, 2**20):
+        z[s : s + 2**20] = rng.standard_normal((min(2**20, n - s), d), dtype=cupy.float32).get()
+    init = z[:k].astype(np.float64)
+    nbytes = n * d * 4
+    budget = int(nbytes / 3)
+    res = {"benchmark": "tiers", "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": benchmeta.commit(), "n": n, "d": d, "k": k, "data_bytes": nbytes, "device_budget": budget}
+    res["h2d_pinned_GBps"] = h2d_pinned_gbs()
+    res["store_read_GBps"] = store_read_gbs(path)
+    km, it, secs = fit(path, k, init, args.iters, device_memory_limit=budget)
+    res["host"] = {"tier": km.tier_, "iteration_s": it, "GBps": nbytes / it / 1e9, "iterations_s": secs,
+                   "ratio_to_h2d_floor": nbytes / it / 1e9 / res["h2d_pinned_GBps"]}
+    centers = km.cluster_centers_
+    km, it, secs = fit(path, k, init, args.iters, device_memory_limit=budget, memory_limit=budget // 4)
+    res["storage"] = {"tier": km.tier_, "iteration_s": it, "GBps": nbytes / it / 1e9, "iterations_s": secs,
+                      "ratio_to_store_floor": nbytes / it / 1e9 / res["store_read_GBps"],
+                      "bitwise_same_as_host_tier": bool(np.array_equal(km.cluster_centers_, centers))}
+    print(json.dumps({k: v for k, v in res.items() if k not in ("host", "storage")}), flush=True)
+    for t in ("host", "storage"):
+        print(t, {k: v for k, v in res[t].items() if k != "iterations_s"}, flush=True)
+    if args.p4:
+        n4, d4, k4 = 4_000_000, 480, 40_000
+        x4 = np.random.default_rng(1).standard_normal((n4, d4), dtype=np.float32)
+        init4 = x4[:k4].astype(np.float64)
+        p4 = {}
+        for tier in ("device", "host"):
+            km, it, secs = fit(x4, k4, init4, 3, tier=tier)
+            p4[tier] = {"tier": km.tier_, "iteration_s": it, "iterations_s": secs}
+        p4["host_over_device"] = p4["host"]["iteration_s"] / p4["device"]["iteration_s"]
+        res["p4"] = p4
+        print("p4", p4, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

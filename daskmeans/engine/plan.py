@@ -1,0 +1,169 @@
+"""Memory budgets, the memory tier of a fit, and the preflight check, before any data moves.
+
+Each worker has a host budget (``memory_limit``: default half the Dask worker's memory limit,
+or of the memory available) and, on a GPU worker, a device budget (``device_memory_limit``:
+default the GPU's free memory, within CuPy's pool limit if one is set). The loop needs a
+working set besides the data (centroids, the iteration buffers, the kernels' tiles); the
+data's share per worker then decides the tier:
+
+- ``device`` (GPU): the rows are resident on the GPU;
+- ``host``: resident in host memory (pinned, on a GPU worker: copied to the GPU chunk by
+  chunk each pass);
+- ``storage``: re-read from the source each pass, a thread reading ahead.
+
+The result is bitwise the same in every tier (the same chunks meet the same kernels). A
+working set that fits no budget is refused here, in one line with the numbers and the flag
+that would change them, rather than as an out-of-memory error in the middle of a fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+from dask.utils import format_bytes, parse_bytes
+from distributed import Client
+
+from .. import config
+from ..errors import DaskmeansError
+from ..placement import TIERS
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """The chosen tier and the figures behind it (bytes per worker)."""
+
+    tier: str
+    share: int  # the largest data share of one worker
+    working: int  # what the loop needs besides the data
+    host_budget: int
+    device_budget: int | None
+
+    def describe(self) -> str:
+        dev = "" if self.device_budget is None else f", device budget {format_bytes(self.device_budget)}"
+        return (f"tier {self.tier}: {format_bytes(self.share)} of data per worker, host budget "
+                f"{format_bytes(self.host_budget)}{dev}")
+
+
+def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None, dask_worker: Any = None) -> dict:
+    """On a worker: its host budget and, where CuPy sees a GPU, its device budget (bytes)."""
+    host = memory_limit
+    if host is None:
+        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        if not limit:
+            import psutil
+
+            limit = psutil.virtual_memory().available
+        host = int(limit * 0.5)  # the other half: Dask, Python, labels, read-ahead, spikes
+    device = None
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            free, _ = cupy.cuda.runtime.memGetInfo()
+            pool = cupy.get_default_memory_pool()
+            if pool.get_limit():  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
+                free = min(free + pool.free_bytes(), pool.get_limit() - pool.used_bytes())
+            device = int(free) if device_memory_limit is None else int(device_memory_limit)
+    except Exception:  # no CuPy or no device: a CPU worker
+        device = None
+    return {"host": int(host), "device": device}
+
+
+def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str) -> int:
+    """What one worker's loop needs besides its data: K x D float64 centroids (current,
+    previous, new), the iteration buffers (two int64 limbs per value, sent and received, and
+    their float64 decoding), the kernels' tiles, one chunk in flight and the labels."""
+    model = k * d * 8 * (3 + 2 * 2 * 2 + 2) + n_chunks * 8
+    tiles = 2 * config.get_bytes("gpu-tile-bytes") if backend == "cupy" else config.get_bytes("tile-bytes")
+    return int(model + tiles + chunk_bytes + rows_per_worker * 4 * 3)
+
+
+def plan(
+    client: Client,
+    X: da.Array,
+    backend: str,
+    k: int,
+    tier: str = "auto",
+    memory_limit: int | str | None = None,
+    device_memory_limit: int | str | None = None,
+) -> TierPlan:
+    """Choose the tier of ``X`` on the workers of ``client`` and check the budgets.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    X : dask array (n, d)
+    backend : "numpy" or "cupy"
+    k : int
+        Number of clusters (the working set grows with K x D).
+    tier : {"auto", "device", "host", "storage"}
+    memory_limit, device_memory_limit : int or str (``"4GiB"``), optional
+        Per-worker budgets; default ``daskmeans.memory-limit`` / ``daskmeans.device-memory-limit``
+        (``auto``: see the module docstring).
+
+    Raises
+    ------
+    DaskmeansError
+        When the working set fits no budget, or a forced tier cannot hold the data.
+    """
+    if tier not in TIERS:
+        raise DaskmeansError(f"tier={tier!r} should be one of {', '.join(map(repr, TIERS))}")
+    gpu = backend == "cupy"
+    if tier == "device" and not gpu:
+        raise DaskmeansError("tier='device' needs GPU workers; CPU workers hold data in the 'host' tier")
+    mem = _bytes(memory_limit, "memory-limit")
+    dev = _bytes(device_memory_limit, "device-memory-limit")
+    budgets = client.run(_budget_on_worker, mem, dev)
+    n_workers = max(1, len(budgets))
+    host_budget = min(b["host"] for b in budgets.values())
+    device_budget = min((b["device"] for b in budgets.values() if b["device"] is not None), default=None)
+    if gpu and device_budget is None:
+        raise DaskmeansError("the GPU backend was chosen but no worker reports a GPU")
+    from ..placement import balance_chunks
+
+    X = balance_chunks(X, n_workers)  # as place() will split it
+    n, d = (int(s) for s in X.shape)
+    item = X.dtype.itemsize
+    chunk_rows = max(X.chunks[0])
+    rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
+    share = min(n, rows) * d * item
+    working = working_bytes(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend)
+    limit, flag = (device_budget, "--device-memory-limit") if gpu else (host_budget, "--memory-limit")
+    if working > limit:
+        raise DaskmeansError(
+            f"K x D = {k} x {d}: the centroids, partial sums and kernel tiles need {format_bytes(working)} per "
+            f"worker, more than its {'device' if gpu else 'host'} memory budget {format_bytes(limit)} ({flag}); "
+            f"use fewer clusters or features, or a larger budget"
+        )
+    fits_device = gpu and share + working <= device_budget
+    fits_host = share <= host_budget
+    if tier == "auto":
+        tier = "device" if fits_device else "host" if fits_host else "storage"
+    elif tier == "device" and not fits_device:
+        raise DaskmeansError(
+            f"tier='device' needs {format_bytes(share + working)} per GPU worker, more than its device memory budget "
+            f"{format_bytes(device_budget)} (--device-memory-limit): use tier 'host' or 'storage', or more GPUs"
+        )
+    elif tier == "host" and not fits_host:
+        raise DaskmeansError(
+            f"tier='host' needs {format_bytes(share)} of host memory per worker, more than its budget "
+            f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
+        )
+    return TierPlan(tier, share, working, host_budget, device_budget)
+
+
+def _bytes(value: int | str | None, key: str) -> int | None:
+    """A budget from an argument, else from ``daskmeans.<key>``; None for ``auto``."""
+    if value is None:
+        value = config.get(key)
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        out = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    except ValueError:
+        raise DaskmeansError(f"{key}={value!r} should be a size such as '4GiB', or 'auto'") from None
+    if out <= 0:
+        raise DaskmeansError(f"{key}={value!r} should be > 0")
+    return out

@@ -1,0 +1,108 @@
+"""Memory tiers and budgets (engine.plan, placement): data larger than a worker's memory
+budget is re-read from its file every pass (the storage tier) with the same result, within
+the budget; a working set that fits no budget is refused before any work."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+
+from daskmeans import DaskmeansError, DataError, KMeans
+from daskmeans.cli import main
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiers")
+    rng = np.random.default_rng(9)
+    centers = rng.normal(scale=5, size=(12, 16))
+    x = (centers[rng.integers(0, 12, 400_000)] + rng.normal(size=(400_000, 16))).astype(np.float32)  # 25.6 MB
+    zarr.create_array(str(d / "x.zarr"), data=x, chunks=(25_000, 16))
+    np.save(d / "init.npy", x[:12].astype(np.float64))
+    return d, x
+
+
+def _rss_sampler(stop_after: float = 600.0, dask_worker=None):
+    """On a worker: sample its resident memory every 5 ms in a thread; keep the peak."""
+    import psutil
+
+    proc = psutil.Process()
+    dask_worker._daskmeans_rss = [proc.memory_info().rss, proc.memory_info().rss]
+    dask_worker._daskmeans_rss_stop = False
+
+    def run():
+        t_end = time.monotonic() + stop_after
+        while not dask_worker._daskmeans_rss_stop and time.monotonic() < t_end:
+            rss = proc.memory_info().rss
+            dask_worker._daskmeans_rss[1] = max(dask_worker._daskmeans_rss[1], rss)
+            time.sleep(0.005)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _rss_peak(dask_worker=None):
+    dask_worker._daskmeans_rss_stop = True
+    return dask_worker._daskmeans_rss
+
+
+def test_storage_tier_gives_the_resident_result_within_the_budget(store):
+    d, x = store
+    init = np.load(d / "init.npy")
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0", processes=True) as lc, \
+            Client(lc, set_as_default=False) as c:
+        ref = KMeans(12, init=init, tol=0, max_iter=12, client=c).fit(str(d / "x.zarr"))
+        assert ref.tier_ == "host"
+        budget = 12 * 2**20  # per worker: its share of the data (12.8 MB + a chunk) does not fit
+        c.run(_rss_sampler)
+        km = KMeans(12, init=init, tol=0, max_iter=12, memory_limit=budget, client=c).fit(str(d / "x.zarr"))
+        peaks = c.run(_rss_peak)
+    assert km.tier_ == "storage" and "tier storage" in km.tier_plan_
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
+    # Margin: the read-ahead (2 chunks of 1.6 MB) and the chunk in use, the labels of the
+    # worker's rows (3 x 0.8 MB), and the allocator's slack.
+    margin = 4 * 1.6e6 + 3 * 0.8e6 + 16 * 2**20
+    for worker, (before, peak) in peaks.items():
+        assert peak - before < budget + margin, (worker, (peak - before) / 2**20)
+
+
+def test_storage_tier_refuses_data_held_in_the_client(client, store):
+    _, x = store
+    with pytest.raises(DataError, match="the storage tier re-reads each chunk from its source"):
+        KMeans(12, tier="storage", max_iter=2, client=client).fit(x[:50_000])
+
+
+def test_forced_host_tier_too_small_is_refused(client, store):
+    d, _ = store
+    with pytest.raises(DaskmeansError, match=r"tier='host' needs 1\d\.\d+ MiB of host memory per worker, more than "
+                                             r"its budget 12\.00 MiB \(--memory-limit\): use tier 'storage'"):
+        KMeans(12, tier="host", memory_limit="12MiB", client=client).fit(str(d / "x.zarr"))
+
+
+def test_preflight_names_the_numbers_and_the_flag(store, capsys):
+    d, _ = store
+    rc = main(["fit", str(d / "x.zarr"), "--k", "60000", "--memory-limit", "64MiB", "--workers", "1",
+               "-o", str(d / "never.zarr")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("daskmeans: error: K x D = 60000 x 16: the centroids, partial sums and kernel tiles need ")
+    assert "more than its host memory budget 64.00 MiB (--memory-limit)" in last and "Traceback" not in err
+    assert not os.path.exists(d / "never.zarr")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("lots", r"memory_limit='lots' should be a size such as '4GiB'"),
+    (0, r"memory_limit=0 should be a size such as '4GiB'"),
+])
+def test_budget_values_are_validated(client, value, message):
+    from daskmeans import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match=message):
+        KMeans(3, memory_limit=value, client=client).fit(np.ones((10, 2)))
