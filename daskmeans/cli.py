@@ -127,10 +127,18 @@ def _read(args):
 def _gpu_chunk_bytes(args) -> str | None:
     """Larger chunks when the local cluster will be GPU workers: fewer, larger kernel calls
     (the GEMM tiles fill up) and fewer tasks; None keeps the general default."""
+    from dask.utils import parse_bytes
+
     from . import config
     from .cluster import local_uses_gpu
 
-    return config.get("gpu-chunk-bytes") if args.scheduler is None and local_uses_gpu(args.backend) else None
+    if args.scheduler is not None or not local_uses_gpu(args.backend):
+        return None
+    size = config.get_bytes("gpu-chunk-bytes")
+    limit = getattr(args, "device_memory_limit", None)
+    if limit:  # a small device budget holds two chunks in flight among its working set
+        size = min(size, max(2**20, int(parse_bytes(limit)) // 8))
+    return size
 
 
 def _progress(quiet: bool):

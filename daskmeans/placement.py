@@ -118,15 +118,17 @@ class Shard:
 
     def items(self) -> Iterator[tuple]:
         """Yield ``(chunk_id, row_offset, block, weights_or_None)`` in order, ``block`` on the
-        backend (copied or read here for the host and storage tiers)."""
+        backend (copied or read here for the host and storage tiers: valid until the next
+        chunk is requested)."""
         be = self.be
         ws = self.weights or [None] * len(self.chunk_ids)
         if self.tier == "storage":
-            source = _read_ahead(self.readers, int(config.get("read-ahead")))
+            source = (be.asarray(b) for b in _read_ahead(self.readers, int(config.get("read-ahead"))))
+        elif self.tier == "host":
+            source = be.staged(self.blocks)  # on a GPU: copies overlap the previous chunk's kernels
         else:
             source = iter(self.blocks)
-        for cid, off, block, w in zip(self.chunk_ids, self.offsets, source, ws):
-            yield cid, off, (block if self.tier == "device" else be.asarray(block)), w
+        yield from zip(self.chunk_ids, self.offsets, source, ws)
 
 
 @sizeof.register(Shard)

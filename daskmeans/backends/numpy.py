@@ -29,6 +29,11 @@ def asarray(block: Any, dtype: Any = None) -> numpy.ndarray:
     return numpy.require(block, dtype=dtype, requirements=["C", "A"])
 
 
+def staged(blocks: list) -> Any:
+    """The host tier's chunks as the kernels take them (on the CPU: as they are)."""
+    return (asarray(b) for b in blocks)
+
+
 def pinned(block: Any) -> numpy.ndarray:
     """A host copy for the ``host`` tier; on the CPU the resident block itself."""
     return asarray(block)

@@ -56,28 +56,37 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
 
             limit = psutil.virtual_memory().available
         host = int(limit * 0.5)  # the other half: Dask, Python, labels, read-ahead, spikes
-    device = None
     try:
         import cupy
 
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            free, _ = cupy.cuda.runtime.memGetInfo()
-            pool = cupy.get_default_memory_pool()
-            if pool.get_limit():  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
-                free = min(free + pool.free_bytes(), pool.get_limit() - pool.used_bytes())
-            device = int(free) if device_memory_limit is None else int(device_memory_limit)
-    except Exception:  # no CuPy or no device: a CPU worker
-        device = None
+        has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver or no device: a CPU worker
+        has_gpu = False
+    device = None
+    if has_gpu:
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        pool = cupy.get_default_memory_pool()
+        limit = pool.get_limit()
+        if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
+            free = min(free + pool.free_bytes(), limit - pool.used_bytes())
+        device = int(free) if device_memory_limit is None else int(device_memory_limit)
     return {"host": int(host), "device": device}
 
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str) -> int:
     """What one worker's loop needs besides its data: K x D float64 centroids (current,
     previous, new), the iteration buffers (two int64 limbs per value, sent and received, and
-    their float64 decoding), the kernels' tiles, one chunk in flight and the labels."""
+    their float64 decoding), the kernels' tiles, two chunks in flight and the labels."""
     model = k * d * 8 * (3 + 2 * 2 * 2 + 2) + n_chunks * 8
-    tiles = 2 * config.get_bytes("gpu-tile-bytes") if backend == "cupy" else config.get_bytes("tile-bytes")
-    return int(model + tiles + chunk_bytes + rows_per_worker * 4 * 3)
+    # Distance tiles (rows x K float32/64), at most a chunk's rows: two on a GPU (one GEMM
+    # overlaps the previous tile's selection), one on a CPU.
+    chunk_rows = max(1, chunk_bytes // max(1, d * 4))
+    if backend == "cupy":
+        tiles = min(2 * config.get_bytes("gpu-tile-bytes"), 2 * chunk_rows * k * 4)
+    else:
+        tiles = min(config.get_bytes("tile-bytes"), chunk_rows * k * 8)
+    # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
+    return int(model + tiles + 2 * chunk_bytes + rows_per_worker * 4 * 3)
 
 
 def plan(
