@@ -37,19 +37,29 @@ def client():
         cluster.close()
 
 
-@pytest.fixture(scope="module")
-def client3(client):
-    """A second, 3-worker cluster for worker-count invariance (never the default client).
-
-    Depends on ``client`` so that the session cluster (and the default client) exists first.
-    """
-    cluster = _cluster(3)
+def _other_client(n_workers: int):
+    cluster = _cluster(n_workers)
     c = Client(cluster, set_as_default=False)
     try:
         yield c
     finally:
         c.close()
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def client3(client):
+    """A second, 3-worker cluster for worker-count invariance (never the default client).
+
+    Depends on ``client`` so that the session cluster (and the default client) exists first.
+    """
+    yield from _other_client(3)
+
+
+@pytest.fixture(scope="module")
+def client1(client):
+    """A 1-worker cluster (never the default client), for worker-count invariance."""
+    yield from _other_client(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -118,17 +118,6 @@ def data():
     return x.astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def client1(client):
-    cluster = _cluster(1)
-    c = Client(cluster, set_as_default=False)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
-
-
 @pytest.mark.parametrize("init", ["array", "k-means||"])
 def test_bitwise_identical_on_one_two_and_three_workers(client1, client, client3, data, init):
     spec = data[:10].astype(np.float64) if init == "array" else init

@@ -59,20 +59,29 @@ def save_model(path: str, centroids: np.ndarray, attrs: dict) -> None:
         g.attrs.update(_jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs}))
 
 
-def load_model(path: str) -> tuple[np.ndarray, dict]:
-    """Read a model written by :func:`save_model`: ``(centroids, attrs)``."""
+def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
+    """``(group, attrs)`` of a daskmeans Zarr group of format ``fmt``, else a DataError."""
     import zarr
 
     if not os.path.exists(path):
-        raise DataError(f"no such model: {path}")
+        raise DataError(missing)
     try:
         g = zarr.open_group(path, mode="r")
         attrs = dict(g.attrs)
+    except Exception as e:  # not a Zarr group
+        raise DataError(f"{path} is not a daskmeans {what}: {e}") from None
+    if attrs.get("format") != fmt:
+        raise DataError(f"{path} is not a daskmeans {what} (format={attrs.get('format')!r})")
+    return g, attrs
+
+
+def load_model(path: str) -> tuple[np.ndarray, dict]:
+    """Read a model written by :func:`save_model`: ``(centroids, attrs)``."""
+    g, attrs = _open(path, FORMAT, "model", f"no such model: {path}")
+    try:
         centers = np.asarray(g["cluster_centers"][...])
-    except Exception as e:  # not a group, or no centroids array
+    except Exception as e:  # no centroids array
         raise DataError(f"{path} is not a daskmeans model: {e}") from None
-    if attrs.get("format") != FORMAT:
-        raise DataError(f"{path} is not a daskmeans model (format={attrs.get('format')!r})")
     if int(attrs.get("format_version", 0)) > FORMAT_VERSION:
         raise DataError(
             f"{path} has format_version={attrs['format_version']}; this daskmeans reads <= {FORMAT_VERSION}"
@@ -139,18 +148,11 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
 
 def read_checkpoint(path: str) -> dict:
     """``{"iteration", "centroids", "prev", "history", "fingerprint"}`` of a checkpoint."""
-    import zarr
-
-    if not os.path.exists(path):
-        raise DataError(f"no checkpoint at {path}: run without --resume to start one")
+    g, attrs = _open(path, CHECKPOINT_FORMAT, "checkpoint", f"no checkpoint at {path}: run without --resume to start one")
     try:
-        g = zarr.open_group(path, mode="r")
-        attrs = dict(g.attrs)
         centroids = np.asarray(g["centroids"][...])
         prev = np.asarray(g["prev"][...]) if "prev" in g else None
     except Exception as e:
         raise DataError(f"{path} is not a daskmeans checkpoint: {e}") from None
-    if attrs.get("format") != CHECKPOINT_FORMAT:
-        raise DataError(f"{path} is not a daskmeans checkpoint (format={attrs.get('format')!r})")
     return {"iteration": int(attrs["iteration"]), "centroids": centroids, "prev": prev,
             "history": list(attrs.get("history", [])), "fingerprint": dict(attrs["fingerprint"])}
