@@ -232,14 +232,33 @@ class DaskCollective:
         from distributed.protocol import to_serialize
         from distributed.utils import sync
 
+        fit_id, epoch, timeout = self.spec.fit_id, self.spec.epoch, self.spec.timeout
+
         async def send_all() -> None:
-            await asyncio.gather(*(
-                self.worker.rpc(self.spec.ranks[d]).daskmeans_collective(tag=tag, payload=to_serialize(payload))
+            sends = [
+                asyncio.ensure_future(
+                    self.worker.rpc(self.spec.ranks[d]).daskmeans_collective(tag=tag, payload=to_serialize(payload))
+                )
                 for d in dests
-            ))
+            ]
+            deadline = time.monotonic() + timeout
+            while True:
+                done, pending = await asyncio.wait(sends, timeout=0.2)
+                for t in done:
+                    t.result()  # a peer's error (its address is gone: a killed worker) ends the send
+                if not pending:
+                    return
+                # Connecting to a dead peer can take Dask's whole connect timeout: give up as
+                # soon as the client aborts the fit (it watches the workers) or time is out.
+                if self.box.is_aborted(fit_id, epoch) or time.monotonic() > deadline:
+                    for t in pending:
+                        t.cancel()
+                    raise CollectiveAborted(f"rank {self.rank} of fit {fit_id}: send aborted (a peer may be lost)")
 
         try:
-            sync(self.worker.loop, send_all, callback_timeout=self.spec.timeout)
+            sync(self.worker.loop, send_all)
+        except CollectiveAborted:
+            raise
         except Exception as e:  # the peer's address is gone (killed worker) or unreachable
             raise CollectiveAborted(f"rank {self.rank} could not reach its peers: {type(e).__name__}: {e}") from None
 
