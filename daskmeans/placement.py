@@ -222,8 +222,6 @@ def place(
     owner = _balance(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
     xf = [by_key[k] for k in xkeys] if tier != "storage" else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
-    if tier == "storage":
-        holders = [None] * len(holders)
     for i, w in enumerate(owner):
         if w != holders[i]:  # move the chunk: one transfer, once per fit
             if xf[i] is not None:

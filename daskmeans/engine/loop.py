@@ -83,7 +83,9 @@ class LoopState:
     centroids: Any  # (K, D) float64, backend array
     prev: Any = None
     history: list = field(default_factory=list)  # every iteration's statistics (this rank's timings)
-    segment_start: Start | None = None  # host copy, for the client to restart from
+    # Where the current segment began: (iteration, centroids, prev, len(history)). References
+    # only (each iteration makes new centroid arrays): copied to the host only when asked for.
+    segment_start: tuple | None = None
     running: bool = False  # a segment is under way (or was aborted)
     done: bool = False
 
@@ -285,7 +287,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
             shard.labels[(start.iteration - 1) % 2] = _labels_under(shard, st.prev, fit.precision, be)[0]
         shard.loop = st
     st = shard.loop
-    st.segment_start = _snapshot(st, be)
+    st.segment_start = (st.iteration, st.centroids, st.prev, len(st.history))
     st.running = True
     seg_t0 = time.perf_counter()
     history = []
@@ -314,17 +316,15 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     return result
 
 
-def _snapshot(st: LoopState, be: Any) -> Start:
-    prev = None if st.prev is None else be.to_numpy(st.prev)
-    return Start(st.iteration, be.to_numpy(st.centroids), prev, list(st.history))
-
-
 def _restart_state(shard: Shard) -> Start | None:
-    """Where this rank's last whole segment left the run (None: it never started one)."""
+    """Where this rank's last whole segment left the run, on the host (None: it never started
+    one)."""
     st = getattr(shard, "loop", None)
     if st is None:
         return None
-    return st.segment_start if st.running else _snapshot(st, shard.be)
+    it, cen, prev, n_hist = st.segment_start if st.running else (st.iteration, st.centroids, st.prev, len(st.history))
+    be = shard.be
+    return Start(it, be.to_numpy(cen), None if prev is None else be.to_numpy(prev), st.history[:n_hist])
 
 
 def _final_labels(shard: Shard) -> FinalLabels:
@@ -457,6 +457,8 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
                 wait(futs, timeout=0.5)
         except TimeoutError:
             pass
+        if all(f.status == "finished" for f in futs):  # the common case: no scheduler query
+            return client.gather(futs)
         alive = set(client.nthreads())
         if not ranks <= alive:
             survivors = sorted(ranks & alive)
@@ -466,8 +468,8 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
             raise _WorkerLost(sorted(ranks - alive))
         if all(f.done() for f in futs):
             errs = [f for f in futs if f.status == "error"]
-            if not errs:
-                return client.gather(futs)
+            if not errs:  # cancelled from elsewhere (another client, the scheduler)
+                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled")
             if any(isinstance(f.exception(), coll.CollectiveAborted) for f in errs):
                 time.sleep(0.5)  # a peer's loss is what aborted it: let the scheduler see it
                 if not ranks <= set(client.nthreads()):
