@@ -26,6 +26,7 @@ from distributed import Client, futures_of, wait
 
 from . import config
 from .backends import get_backend
+from .io.readers import split_rows
 
 
 TIERS = ("auto", "device", "host", "storage")
@@ -289,7 +290,7 @@ def balance_chunks(X: da.Array, n_workers: int) -> da.Array:
     target = min(max(n_workers, int(config.get("min-chunks"))), max(1, n // max(1, int(config.get("min-chunk-rows")))))
     if X.numblocks[0] >= target:
         return X
-    return X.rechunk({0: -(-n // target)})
+    return split_rows(X, -(-n // target))
 
 
 def _identity(x: Any) -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -307,7 +308,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         shard.final = FinalLabels(labels)
         buf = xp.zeros(fit.n_chunks, xp.int64)
         fv = buf.view(xp.float64)
-        for (cid, _, _, _), v in zip(shard.items(), inertia):
+        for cid, v in zip(shard.chunk_ids, inertia):
             fv[cid] = v
         total = be.to_numpy(comm.allreduce(buf)).view(np.float64)
         result["inertia"] = float(np.sum(total)) * inertia_scale(fit.metric)
@@ -467,9 +468,11 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
             client.cancel(futs)
             raise _WorkerLost(sorted(ranks - alive))
         if all(f.done() for f in futs):
+            if all(f.status == "finished" for f in futs):  # they finished since the first look
+                return client.gather(futs)
             errs = [f for f in futs if f.status == "error"]
-            if not errs:  # cancelled from elsewhere (another client, the scheduler)
-                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled")
+            if not errs:  # cancelled from elsewhere (another client, the scheduler, a lost connection)
+                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled: {_cancel_reason(futs)}")
             if any(isinstance(f.exception(), coll.CollectiveAborted) for f in errs):
                 time.sleep(0.5)  # a peer's loss is what aborted it: let the scheduler see it
                 if not ranks <= set(client.nthreads()):
@@ -477,6 +480,18 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
             # A user-visible error (bad data...) on one rank: stop the others, re-raise it.
             client.run(coll.abort, spec.fit_id, workers=sorted(ranks & set(client.nthreads())))
             raise errs[0].exception()
+
+
+def _cancel_reason(futs: list) -> str:
+    for f in futs:
+        if f.status == "cancelled":
+            try:
+                f.result(timeout=5)
+            except CancelledError as e:
+                return " ".join(str(e).split())
+            except Exception:
+                pass
+    return "reason unknown"
 
 
 def run_lloyd(

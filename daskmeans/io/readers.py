@@ -7,14 +7,16 @@ NumPy/CuPy arrays and Dask arrays are accepted too.
 
 from __future__ import annotations
 
+import collections
 import os
+import warnings
 from typing import Any, Sequence
 
 import dask.array as da
 import numpy as np
 
 from .. import config
-from ..errors import DataError
+from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -90,7 +92,49 @@ def read(
         x = _from_memory(source, cb)
     else:
         raise DataError(f"X should be an array or a path, got {type(source).__name__}")
-    return _finish(x, cb)
+    src = _SOURCES.get(x.name)
+    x = _finish(x, cb)
+    if src is not None:
+        _remember(x.name, (*src[:-1], x.dtype))
+    return x
+
+
+# Arrays as read() returned them from a file, by Dask name: how to read them again in other
+# row chunks. Splitting a chunk with rechunk would read the whole chunk once per part (the
+# storage tier re-reads every part every pass); read again, each part reads only its rows.
+_SOURCES: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+_MAX_SOURCES = 64
+
+
+def _row_blocks(fn: Any, args: tuple, n: int, d: int, dtype: Any, rows: int, align: int) -> da.Array:
+    """A Dask array of ``fn(*args, start, stop)`` blocks of ``rows`` rows (the last shorter)."""
+    from dask import delayed
+
+    blocks = [
+        da.from_delayed(delayed(fn, pure=True)(*args, s, min(s + rows, n)), shape=(min(s + rows, n) - s, d), dtype=dtype)
+        for s in range(0, n, rows)
+    ]
+    x = da.concatenate(blocks, axis=0)
+    _remember(x.name, (fn, args, n, d, np.dtype(dtype), align, np.dtype(dtype)))
+    return x
+
+
+def _remember(name: str, src: tuple) -> None:
+    _SOURCES[name] = src
+    while len(_SOURCES) > _MAX_SOURCES:
+        _SOURCES.popitem(last=False)
+
+
+def split_rows(x: da.Array, rows: int) -> da.Array:
+    """``x`` in chunks of about ``rows`` rows: read again from its file in those chunks when
+    ``x`` is what :func:`read` returned for a file (rows rounded to the file's own chunks),
+    else rechunked."""
+    src = _SOURCES.get(x.name)
+    if src is None:
+        return x.rechunk({0: rows})
+    fn, args, n, d, dtype, align, out_dtype = src
+    y = _row_blocks(fn, args, n, d, dtype, max(align, rows // align * align), align)
+    return y.astype(out_dtype) if y.dtype != out_dtype else y
 
 
 def _finish(x: da.Array, cb: int | None) -> da.Array:
@@ -123,13 +167,7 @@ def _read_npy(path: str, cb: int | None) -> da.Array:
     n, d = mm.shape
     rows = rows_per_chunk(d, float_dtype(mm.dtype).itemsize, cb)  # sized as the float data it becomes
     # One task per block opens the memory map itself: the array never travels in the graph.
-    from dask import delayed
-
-    blocks = [
-        da.from_delayed(delayed(_npy_block, pure=True)(path, s, min(s + rows, n)), shape=(min(s + rows, n) - s, d), dtype=mm.dtype)
-        for s in range(0, n, rows)
-    ]
-    return da.concatenate(blocks, axis=0)
+    return _row_blocks(_npy_block, (path,), n, d, mm.dtype, rows, align=1)
 
 
 def _read_zarr(path: str, dataset: str | None, cb: int | None) -> da.Array:
@@ -157,20 +195,19 @@ def _read_zarr(path: str, dataset: str | None, cb: int | None) -> da.Array:
     check_2d_numeric(arr.shape, arr.dtype)
     zrows = int(arr.chunks[0])
     n, d = (int(s) for s in arr.shape)
-    rows = rows_per_chunk(d, float_dtype(arr.dtype).itemsize, cb, align=zrows)
-    from dask import delayed
-
+    itemsize = float_dtype(arr.dtype).itemsize
+    rows = rows_per_chunk(d, itemsize, cb, align=zrows)
+    if cb is not None and cb < zrows * d * itemsize:
+        # A task reads whole Zarr chunks: smaller row chunks would decompress each one repeatedly.
+        warnings.warn(
+            f"chunk_bytes={cb} (--chunk-bytes) is smaller than a chunk of {path} ({zrows} rows x {d} x {itemsize} bytes = "
+            f"{zrows * d * itemsize} bytes): its own chunks ({zrows} rows) are used",
+            DaskmeansWarning, stacklevel=3,
+        )
     # One task per block opens the store itself (nothing but the path travels) and refuses a
     # missing chunk: Zarr reads an absent chunk as the fill value, which would silently turn
     # rows of a damaged or half-copied store into zeros.
-    blocks = [
-        da.from_delayed(
-            delayed(_zarr_block, pure=True)(path, arr.path, s, min(s + rows, n)),
-            shape=(min(s + rows, n) - s, d), dtype=arr.dtype,
-        )
-        for s in range(0, n, rows)
-    ]
-    return da.concatenate(blocks, axis=0)
+    return _row_blocks(_zarr_block, (path, arr.path), n, d, arr.dtype, rows, align=zrows)
 
 
 def _zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray:
