@@ -19,3 +19,8 @@ class DataError(DaskmeansError, ValueError):
 
 class NotFittedError(DaskmeansError, AttributeError):
     """A fitted attribute or method was used before ``fit``."""
+
+
+class DaskmeansWarning(UserWarning):
+    """Something was done differently from what was asked, and the user should know (the CLI
+    prints it as one ``daskmeans: warning: ...`` line)."""

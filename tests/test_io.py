@@ -457,3 +457,31 @@ def test_write_array_2d_readable_and_failure_leaves_nothing(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="worker died"):
         model_store.write_array(da.from_array(data, chunks=(300, 5)), str(tmp_path / "y.zarr"))
     assert listing(tmp_path) == ["x.zarr"]
+
+
+@pytest.mark.parametrize("kind", ["zarr", "npy"])
+def test_split_for_more_workers_reads_only_each_parts_rows(tmp_path, kind):
+    """Data read in fewer chunks than workers is read again in smaller chunks, so that each
+    part reads its own rows only (the storage tier reads every part every pass), bit for bit
+    what a rechunk gives; with its first Zarr chunk gone, every other part still reads."""
+    from daskmeans.placement import balance_chunks
+
+    x = np.arange(8000 * 3, dtype=np.float32).reshape(8000, 3)
+    if kind == "zarr":
+        path = str(tmp_path / "x.zarr")
+        zarr.create_array(path, data=x, chunks=(250, 3))
+    else:
+        path = str(tmp_path / "x.npy")
+        np.save(path, x)
+    X = read(path)  # the default chunk size holds all 8000 rows: one chunk
+    assert X.numblocks[0] == 1
+    parts = balance_chunks(X, 4)
+    assert parts.numblocks[0] >= 4 and parts.chunks == X.rechunk({0: parts.chunks[0][0]}).chunks
+    assert not any("rechunk" in str(k) for k in dict(parts.__dask_graph__()))
+    np.testing.assert_array_equal(parts.compute(scheduler="sync"), x)
+    if kind == "zarr":
+        os.remove(tmp_path / "x.zarr" / "c" / "0" / "0")  # rows 0 to 249
+        off = parts.chunks[0][0]
+        np.testing.assert_array_equal(parts[off:].compute(scheduler="sync"), x[off:])
+        with pytest.raises(DataError, match=r"c/0/0 .*is missing"):
+            parts.blocks[0].compute(scheduler="sync")
