@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from typing import Sequence
 
 from . import __version__
@@ -27,7 +28,13 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduler", metavar="ADDRESS", help="scheduler address or scheduler JSON file; default: start a local cluster")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="scheduler address (tcp://HOST:PORT, tls://HOST:PORT); default: DASK_SCHEDULER_ADDRESS if set, "
+                        "else start a local cluster")
+    p.add_argument("--scheduler-file", metavar="FILE", help="the JSON file of a running scheduler (dask scheduler --scheduler-file)")
+    p.add_argument("--tls-ca-file", metavar="PEM", help="TLS: the certificate authority (with --tls-cert and --tls-key)")
+    p.add_argument("--tls-cert", metavar="PEM", help="TLS: the client's certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="TLS: the client's private key")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
     p.add_argument("--workers", type=int, help="local CPU cluster: number of workers (default: one per core)")
     p.add_argument("--collective", choices=("auto", "nccl", "dask"), default=None,
@@ -96,12 +103,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_cluster_args(args) -> None:
+    from .cluster import scheduler_address
     from .errors import DaskmeansError
 
-    if args.scheduler and args.workers is not None:
+    address, source = scheduler_address(args.scheduler, args.scheduler_file)
+    if address and args.workers is not None:
         raise DaskmeansError(
-            f"--workers {args.workers} applies to a local cluster only: with --scheduler the cluster's own workers are used"
+            f"--workers {args.workers} applies to a local cluster only: with a scheduler ({source}) the cluster's "
+            f"own workers are used"
         )
+
+
+def _connect(args):
+    from .cluster import connect
+
+    return connect(args.scheduler, args.backend, args.workers, scheduler_file=args.scheduler_file,
+                   tls=(args.tls_ca_file, args.tls_cert, args.tls_key))
+
+
+def _external(args) -> bool:
+    from .cluster import scheduler_address
+
+    return scheduler_address(args.scheduler, args.scheduler_file)[0] is not None
 
 
 def _config(args):
@@ -132,7 +155,7 @@ def _gpu_chunk_bytes(args) -> str | None:
     from . import config
     from .cluster import local_uses_gpu
 
-    if args.scheduler is not None or not local_uses_gpu(args.backend):
+    if _external(args) or not local_uses_gpu(args.backend):
         return None
     size = config.get_bytes("gpu-chunk-bytes")
     limit = getattr(args, "device_memory_limit", None)
@@ -161,7 +184,7 @@ def _say(msg: str) -> None:
 
 
 def _cmd_fit(args) -> int:
-    from .cluster import check_paths_on_workers, connect
+    from .cluster import check_paths_on_workers, describe
     from .errors import DaskmeansError
     from .estimator import KMeans
     from .io.model_store import write_array
@@ -186,7 +209,8 @@ def _cmd_fit(args) -> int:
     check_output(args.checkpoint, True, inputs + [args.output, args.labels])
     X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
     check_n_clusters(int(X.shape[0]), args.k)
-    with connect(args.scheduler, args.backend, args.workers) as client:
+    with _connect(args) as client:
+        _say(f"daskmeans: {describe(client)}")
         check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
         km.client = client
@@ -215,7 +239,7 @@ def _cmd_fit(args) -> int:
 
 def _cmd_predict(args) -> int:
     from . import load
-    from .cluster import check_paths_on_workers, connect
+    from .cluster import check_paths_on_workers
     from .io.model_store import write_array
     from .io.paths import check_output
     from .validation import check_n_features
@@ -225,7 +249,7 @@ def _cmd_predict(args) -> int:
     km = load(args.model)
     X = _read(args)
     check_n_features(km.n_features_in_, int(X.shape[1]))
-    with connect(args.scheduler, args.backend, args.workers) as client:
+    with _connect(args) as client:
         check_paths_on_workers(client, read=[args.data], write=[args.output])
         km.client = client
         km.backend_ = args.backend
@@ -267,6 +291,15 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from .errors import DaskmeansWarning
+
+    if issubclass(category, DaskmeansWarning):
+        _say(f"daskmeans: warning: {message}")
+    else:
+        (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an interrupt so that the same clean-up runs (exit 143)."""
 
@@ -285,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "generate": _cmd_generate}[args.command](args)
+        with warnings.catch_warnings():  # restores the default display when main() returns
+            warnings.showwarning = _show_warning
+            return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "generate": _cmd_generate}[args.command](args)
     except DaskmeansError as e:
         _say(f"daskmeans: error: {e}")
         return 1

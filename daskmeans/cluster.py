@@ -5,6 +5,7 @@ worker per core, so BLAS and the engine do not oversubscribe the cores)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from typing import Iterator
@@ -15,27 +16,47 @@ from .backends import ALIASES, gpu_available
 from .errors import DaskmeansError
 
 
+def worker_kinds(client: Client) -> tuple[list[str], list[str]]:
+    """The addresses of ``client``'s workers that see a CUDA device through CuPy, and the others."""
+    res = client.run(gpu_available)
+    gpus = sorted(w for w, ok in res.items() if ok)
+    return gpus, sorted(w for w, ok in res.items() if not ok)
+
+
 def workers_have_gpus(client: Client) -> bool:
     """True when every worker of ``client`` sees a CUDA device through CuPy."""
-    res = client.run(gpu_available)
-    return bool(res) and all(res.values())
+    gpus, cpus = worker_kinds(client)
+    return bool(gpus) and not cpus
 
 
 def resolve_backend(client: Client, requested: str = "auto", data_backend: str | None = None) -> str:
     """``"numpy"`` or ``"cupy"`` for ``requested`` in auto/cpu/gpu/numpy/cupy.
 
     ``auto`` follows the data when its blocks are already CuPy, else uses the GPUs when every
-    worker has one.
+    worker has one; a cluster of GPU and CPU workers is refused (the loop runs on every worker
+    with one backend): the user says which.
     """
-    if requested == "auto":
-        if data_backend == "cupy":
-            return "cupy"
-        return "cupy" if workers_have_gpus(client) else "numpy"
-    name = ALIASES.get(requested)
+    name = ALIASES.get(requested) if requested != "auto" else "auto"
     if name is None:
         raise DaskmeansError(f"backend={requested!r} should be one of 'auto', 'cpu', 'gpu'")
-    if name == "cupy" and not workers_have_gpus(client):
-        raise DaskmeansError("backend='gpu' but the cluster's workers have no usable GPU (CuPy + CUDA device)")
+    if name == "numpy":
+        return name
+    if name == "auto" and data_backend == "cupy":
+        name = "cupy"
+    gpus, cpus = worker_kinds(client)
+    if name == "auto":
+        if gpus and cpus:
+            raise DaskmeansError(
+                f"the cluster mixes {len(gpus)} GPU worker(s) and {len(cpus)} CPU worker(s) (e.g. {cpus[0]}): "
+                f"choose backend='cpu' (--backend cpu) to use every worker with NumPy, or start the cluster "
+                f"with GPU workers only"
+            )
+        return "cupy" if gpus else "numpy"
+    if cpus:
+        raise DaskmeansError(
+            f"backend='gpu' but {len(cpus)} of the cluster's {len(gpus) + len(cpus)} workers have no usable GPU "
+            f"(CuPy + CUDA device), e.g. {cpus[0]}"
+        )
     return name
 
 
@@ -74,26 +95,94 @@ def local_uses_gpu(backend: str) -> bool:
     return backend in ("gpu", "cupy") or (backend == "auto" and gpu_available())
 
 
+def security(ca_file: str | None = None, cert: str | None = None, key: str | None = None):
+    """``distributed.Security`` for a TLS client: from the three files (the dask CLI's
+    ``--tls-ca-file``, ``--tls-cert``, ``--tls-key``), else from the ``distributed.comm.tls``
+    configuration (``None`` when neither gives a certificate)."""
+    from distributed.security import Security
+
+    given = {"--tls-ca-file": ca_file, "--tls-cert": cert, "--tls-key": key}
+    if any(given.values()):
+        missing = [flag for flag, v in given.items() if not v]
+        if missing:
+            raise DaskmeansError(f"TLS needs --tls-ca-file, --tls-cert and --tls-key together; missing {', '.join(missing)}")
+        for flag, v in given.items():
+            if not os.path.isfile(v):
+                raise DaskmeansError(f"{flag} {v}: no such file")
+        return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+    sec = Security()  # reads distributed.comm.tls.*
+    return sec if sec.tls_client_cert or sec.tls_ca_file else None
+
+
+def scheduler_address(scheduler: str | None = None, scheduler_file: str | None = None) -> tuple[str | None, str]:
+    """The scheduler to connect to, and where it came from: ``scheduler`` (an address, or a
+    scheduler JSON file for compatibility), ``scheduler_file``, or Dask's ``scheduler-address``
+    setting (``DASK_SCHEDULER_ADDRESS``); ``(None, "")`` for a local cluster."""
+    import dask
+
+    if scheduler and scheduler_file:
+        raise DaskmeansError("give --scheduler or --scheduler-file, not both")
+    if scheduler and scheduler.endswith(".json"):
+        scheduler, scheduler_file = None, scheduler
+    if scheduler_file:
+        try:
+            with open(scheduler_file) as f:
+                info = json.load(f)
+            return str(info["address"]), f"scheduler file {scheduler_file}"
+        except FileNotFoundError:
+            raise DaskmeansError(f"scheduler file {scheduler_file} does not exist (is the scheduler running?)") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DaskmeansError(f"scheduler file {scheduler_file} is not a Dask scheduler file: {e}") from None
+    if scheduler:
+        return scheduler, "--scheduler"
+    env = dask.config.get("scheduler-address", None)
+    if env:
+        return str(env), "DASK_SCHEDULER_ADDRESS"
+    return None, ""
+
+
 @contextlib.contextmanager
-def connect(scheduler: str | None = None, backend: str = "auto", n_workers: int | None = None) -> Iterator[Client]:
-    """A client on ``scheduler``, or on a local cluster started (and closed) here.
+def connect(
+    scheduler: str | None = None,
+    backend: str = "auto",
+    n_workers: int | None = None,
+    *,
+    scheduler_file: str | None = None,
+    tls: tuple[str | None, str | None, str | None] = (None, None, None),
+) -> Iterator[Client]:
+    """A client on an existing scheduler, or on a local cluster started (and closed) here.
 
     Parameters
     ----------
     scheduler : str, optional
-        Address (``tcp://host:8786``) or a scheduler JSON file; if omitted a local cluster
-        is started.
+        Address (``tcp://host:8786``, ``tls://host:8786``) or a scheduler JSON file.
     backend : "auto", "cpu" or "gpu"
         For a local cluster: ``auto`` starts ``LocalCUDACluster`` when a GPU is visible.
     n_workers : int, optional
         Local CPU cluster size (default: one per core).
+    scheduler_file : str, optional
+        The JSON file a scheduler wrote (``dask scheduler --scheduler-file``).
+    tls : (ca_file, cert, key), optional
+        TLS certificates of the client; default: the ``distributed.comm.tls`` configuration.
+
+    Without ``scheduler`` or ``scheduler_file``, Dask's ``scheduler-address`` setting
+    (``DASK_SCHEDULER_ADDRESS``) is used when set, else a local cluster is started.
     """
-    if scheduler:
-        kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
+    address, source = scheduler_address(scheduler, scheduler_file)
+    if address:
+        sec = security(*tls)
+        if address.startswith("tls://") and (sec is None or not sec.tls_client_cert):
+            raise DaskmeansError(
+                f"scheduler {address} (from {source}) uses TLS: give the client's certificates with --tls-ca-file, "
+                f"--tls-cert and --tls-key (or distributed.comm.tls.ca-file, .client.cert and .client.key)"
+            )
+        if sec is not None and not address.startswith("tls://") and "://" in address:
+            raise DaskmeansError(f"TLS certificates were given but scheduler {address} is not a tls:// address")
         try:
-            client = Client(timeout="30s", **kwargs)
-        except (OSError, TimeoutError) as e:
-            raise DaskmeansError(f"cannot connect to scheduler {scheduler}: {e}") from None
+            client = Client(address, timeout="30s", security=sec)
+        except (OSError, TimeoutError, ValueError) as e:
+            msg = " ".join(str(e).split()) or type(e).__name__
+            raise DaskmeansError(f"cannot connect to scheduler {address} (from {source}): {msg}") from None
         try:
             yield client
         finally:
@@ -119,3 +208,10 @@ def connect(scheduler: str | None = None, backend: str = "auto", n_workers: int 
             yield client
     finally:
         cluster.close()
+
+
+def describe(client: Client) -> str:
+    """One line: the scheduler, its workers, and whether they are GPU or CPU workers."""
+    gpus, cpus = worker_kinds(client)
+    kinds = ", ".join(p for p in (f"{len(gpus)} GPU" if gpus else "", f"{len(cpus)} CPU" if cpus else "") if p)
+    return f"scheduler {client.scheduler.address}: {len(gpus) + len(cpus)} worker(s) ({kinds or 'none'})"
