@@ -25,8 +25,11 @@ from .engine.exact import exponents
 from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
-from .placement import TIERS, place, to_backend
+from .placement import TIERS, Placement, WorkerLost, place, to_backend
 from .validation import AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, check_n_clusters, check_n_features, validate_params
+
+# Worker losses a fit outlives before its placement or init gives up (the loop has its own).
+_MAX_REPLANS = 8
 
 INIT_NAMES = ("k-means||", "k-means++", "random")
 
@@ -284,8 +287,24 @@ class KMeans:
         backend = resolve_backend(client, self.backend, get_backend(X).name)
         tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
         placement = place(client, X, backend, w, tiers.tier)
+
+        def replan() -> Placement:
+            return place(client, X, backend, w, tiers.tier)
+
+        def survive(step: Callable[[Placement], Any]) -> Any:
+            """``step(placement)``, placing the data again on the workers left when one is
+            lost meanwhile (the loop does the same within itself)."""
+            nonlocal placement
+            for _ in range(_MAX_REPLANS):
+                try:
+                    return step(placement)
+                except WorkerLost as lost:
+                    last = lost.args[0]
+                    placement = replan()
+            raise DaskmeansError(f"workers kept leaving the cluster ({_MAX_REPLANS} times; last {last})")
+
         try:
-            moments = data_moments(client, placement)
+            moments = survive(lambda p: data_moments(client, p))
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
             exps = exponents(moments["max_abs"], moments["weight"])
             weight_exp = int(exponents(np.array([1.0]), moments["weight"])[0])
@@ -302,13 +321,14 @@ class KMeans:
                 elif init_arr is not None:
                     c0 = init_arr
                 else:
-                    c0 = resolve_init(client, placement, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor)
+                    c0 = survive(lambda p: resolve_init(
+                        client, p, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor))
                     if self.metric == "cosine":
                         c0 = unit_centroids(np.asarray(c0, np.float64))
                 res = run_lloyd(
                     client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
                     weight_exp=weight_exp, callback=callback, precision=self.precision, metric=self.metric,
-                    collective=config.get("collective"), replan=lambda: place(client, X, backend, w, tiers.tier),
+                    collective=config.get("collective"), replan=replan,
                     start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )
                 if best is None or res.inertia < best.inertia:

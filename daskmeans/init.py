@@ -113,7 +113,7 @@ def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndar
     """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
     uniq = np.unique(rows)
     parts = submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
-    return client.submit(_gather_rows, parts, rows, pure=False).result()
+    return _result(client, placement, client.submit(_gather_rows, parts, rows, pure=False))
 
 
 @dataclass
@@ -197,6 +197,14 @@ def _recluster(cands: np.ndarray, weights: np.ndarray, k: int, seed: int, n_iter
 # ---------------------------------------------------------------- drivers
 
 
+def _result(client: Client, placement: Placement, fut: Any) -> Any:
+    """``fut``'s result; :class:`~daskmeans.engine.loop.WorkerLost` if a shard's worker goes
+    meanwhile (the caller places the data again and starts the init over)."""
+    from .placement import gather
+
+    return gather(client, [fut], placement)[0]
+
+
 def init_random(client: Client, placement: Placement, k: int, seed: int) -> np.ndarray:
     """``k`` distinct rows drawn uniformly."""
     rng = np.random.default_rng(seed)
@@ -217,7 +225,7 @@ def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int
         lambda s: be.to_numpy(kmeans_plusplus(be.asarray(s), k, s2)), sample, pure=False,
         key=f"daskmeans-kmeans++-{uuid.uuid4().hex}",
     )
-    return fut.result()
+    return _result(client, placement, fut)
 
 
 def init_kmeans_parallel(
@@ -244,7 +252,7 @@ def init_kmeans_parallel(
     states = [None] * nshard
     for r in range(1, rounds + 1):
         states = submit_per_shard(client, placement, _par_update, states, [new] * nshard, name="daskmeans-kpar-update")
-        phi = client.submit(_phi_total, states, pure=False).result()
+        phi = _result(client, placement, client.submit(_phi_total, states, pure=False))
         if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
             break
         samples = submit_per_shard(
@@ -258,7 +266,7 @@ def init_kmeans_parallel(
         client, submit_per_shard(client, placement, _cand_weights, [cands] * nshard, name="daskmeans-kpar-weights"),
         _sum_arrays, name="daskmeans-kpar-wsum",
     )
-    n_cand = int((client.submit(lambda w: int((w > 0).sum()), weights, pure=False)).result())
+    n_cand = int(_result(client, placement, client.submit(lambda w: int((w > 0).sum()), weights, pure=False)))
     if n_cand < k:
         # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
         return init_kmeans_plusplus(client, placement, k, seed)
@@ -266,7 +274,7 @@ def init_kmeans_parallel(
         _recluster, cands, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
         pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
     )
-    return fut.result()
+    return _result(client, placement, fut)
 
 
 def resolve_init(

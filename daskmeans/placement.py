@@ -14,7 +14,7 @@ came as one large chunk.
 from __future__ import annotations
 
 import collections
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -26,6 +26,7 @@ from distributed import Client, futures_of, wait
 
 from . import config
 from .backends import get_backend
+from .errors import DaskmeansError
 from .io.readers import split_rows
 
 
@@ -262,8 +263,8 @@ def place(
                 key=f"daskmeans-shard-{_token()}",
             )
         )
-    with client.as_current():
-        wait(shards)
+    # Pinned tasks: a lost worker would stall them forever. The shards stay where they are.
+    _watch(client, shards, [w for w, _ in groups], fetch=False)
     return Placement(
         shards=shards,
         workers=[w for w, _ in groups],
@@ -331,6 +332,54 @@ def _token() -> str:
     import uuid
 
     return uuid.uuid4().hex
+
+
+class WorkerLost(Exception):
+    """A worker holding a shard of the placement left the cluster (``args[0]``: addresses).
+
+    A shard's tasks are pinned to its worker, and a restarted worker comes back at a new
+    address: without this, they would wait for it forever."""
+
+
+def gather(client: Client, futs: list, placement: "Placement") -> list:
+    """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
+    :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone."""
+    return _watch(client, futs, placement.workers)
+
+
+def _watch(client: Client, futs: list, workers: Sequence[str], fetch: bool = True) -> list | None:
+    """Wait for ``futs`` while watching ``workers``; their results (``fetch``) or None."""
+    ranks = set(workers)
+    while True:
+        try:
+            with client.as_current():  # wait() would use the default client, maybe another one
+                wait(futs, timeout=0.5)
+        except TimeoutError:
+            pass
+        failed = [f for f in futs if f.status == "error"]
+        if failed:
+            failed[0].result()  # raises the task's error, with its traceback
+        if all(f.status == "finished" for f in futs):
+            return client.gather(futs) if fetch else None
+        lost = ranks - set(client.nthreads())
+        if lost:
+            client.cancel(futs)
+            raise WorkerLost(sorted(lost))
+        if all(f.done() for f in futs):
+            raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
+
+
+def cancel_reason(futs: list) -> str:
+    """Why a cancelled future among ``futs`` was cancelled, as one line."""
+    for f in futs:
+        if f.status == "cancelled":
+            try:
+                f.result(timeout=5)
+            except CancelledError as e:
+                return " ".join(str(e).split())
+            except Exception:
+                pass
+    return "reason unknown"
 
 
 def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: Sequence, name: str, **kwargs) -> list:

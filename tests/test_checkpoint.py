@@ -12,6 +12,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import zarr
 
@@ -43,15 +44,18 @@ def _centers(path):
 
 
 def _interrupt_at(argv, iteration, sig):
-    """Start ``argv``, send ``sig`` once it reports ``iteration``; (rc, stderr)."""
+    """Start ``argv``, send ``sig`` once it reports ``iteration``; (rc, stderr). The command's
+    processes (its local cluster's workers) must all end with it, whatever the signal."""
     p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines = []
     sent = threading.Event()
+    children: list[psutil.Process] = []
 
     def read():
         for line in p.stderr:
             lines.append(line)
             if not sent.is_set() and line.startswith(f"iter {iteration:4d}"):
+                children.extend(psutil.Process(p.pid).children(recursive=True))
                 sent.set()
                 p.send_signal(sig)
 
@@ -60,6 +64,9 @@ def _interrupt_at(argv, iteration, sig):
     rc = p.wait(timeout=300)
     t.join()
     assert sent.is_set(), "".join(lines)
+    assert len(children) >= 2, children  # the workers of the command's local cluster
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE], ("orphans", sig, alive)
     return rc, "".join(lines)
 
 

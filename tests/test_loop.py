@@ -214,6 +214,37 @@ def test_killed_worker_is_recovered_bitwise(data, when):
         assert t_km < 2 * t_ref + 10
 
 
+@pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
+def test_worker_killed_during_init_is_recovered_bitwise(data, init, monkeypatch):
+    """The init's tasks run on the shards, pinned to their workers: a worker killed while
+    they run is seen, the data placed again on the workers left, and the init started over
+    with the same seed, giving the undisturbed run's model bit for bit."""
+    import daskmeans.init as init_module
+
+    X = da.from_array(data, chunks=(500, -1))
+    with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:
+        t0 = time.perf_counter()
+        ref = KMeans(10, init=init, random_state=7, client=c).fit(X)
+        t_ref = time.perf_counter() - t0
+        killed = []
+        submit = init_module.submit_per_shard
+
+        def submit_then_kill(client, placement, fn, *args, name, **kw):
+            futs = submit(client, placement, fn, *args, name=name, **kw)
+            if not killed:  # the init's first tasks on the shards are under way
+                killed.append(_kill_one(client, 1))
+            return futs
+
+        monkeypatch.setattr(init_module, "submit_per_shard", submit_then_kill)
+        t0 = time.perf_counter()
+        km = KMeans(10, init=init, random_state=7, client=c).fit(X)
+        t_km = time.perf_counter() - t0
+    assert killed
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
+    assert t_km < 2 * t_ref + 10
+
+
 def test_every_worker_lost_is_a_clear_error(data):
     X = da.from_array(data, chunks=(500, -1))
     with _cluster(2) as cluster, Client(cluster, set_as_default=False) as c:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -43,7 +42,7 @@ from .. import config
 from ..backends import get_backend
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
-from ..placement import Placement, Shard, submit_per_shard
+from ..placement import Placement, Shard, WorkerLost, cancel_reason, gather, submit_per_shard
 from . import collective as coll
 from .exact import LIMBS, from_limbs, to_limbs
 
@@ -393,7 +392,7 @@ def data_moments(client: Client, placement: Placement) -> dict:
     """Mean, variance and largest absolute value per feature (float64) and the total weight,
     in one pass; raises on NaN/inf (in X or the weights) and on negative weights."""
     futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
-    res = client.submit(_merge_moments, futs, pure=False).result()
+    (res,) = gather(client, [client.submit(_merge_moments, futs, pure=False)], placement)
     if res["bad"] is not None:
         raise DataError(f"X contains NaN or infinity (first at row {res['bad']}); clean or drop those rows")
     if res["neg_w"]:
@@ -415,10 +414,6 @@ class LloydResult:
     converged: bool
     layout: list  # global chunk ids of each state's chunks
     row_chunks: tuple  # rows of each global chunk
-
-
-class _WorkerLost(Exception):
-    pass
 
 
 def choose_collective(client: Client, placement: Placement, requested: str = "auto") -> str:
@@ -449,7 +444,7 @@ def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: s
 
 
 def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
-    """Results of one segment's tasks; :class:`_WorkerLost` (after aborting the others) when
+    """Results of one segment's tasks; :class:`WorkerLost` (after aborting the others) when
     a rank's worker leaves the cluster."""
     ranks = set(placement.workers)
     while True:
@@ -466,13 +461,13 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
             if survivors:
                 client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=survivors)
             client.cancel(futs)
-            raise _WorkerLost(sorted(ranks - alive))
+            raise WorkerLost(sorted(ranks - alive))
         if all(f.done() for f in futs):
             if all(f.status == "finished" for f in futs):  # they finished since the first look
                 return client.gather(futs)
             errs = [f for f in futs if f.status == "error"]
             if not errs:  # cancelled from elsewhere (another client, the scheduler, a lost connection)
-                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled: {_cancel_reason(futs)}")
+                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled: {cancel_reason(futs)}")
             if any(isinstance(f.exception(), coll.CollectiveAborted) for f in errs):
                 time.sleep(0.5)  # a peer's loss is what aborted it: let the scheduler see it
                 if not ranks <= set(client.nthreads()):
@@ -480,18 +475,6 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
             # A user-visible error (bad data...) on one rank: stop the others, re-raise it.
             client.run(coll.abort, spec.fit_id, workers=sorted(ranks & set(client.nthreads())))
             raise errs[0].exception()
-
-
-def _cancel_reason(futs: list) -> str:
-    for f in futs:
-        if f.status == "cancelled":
-            try:
-                f.result(timeout=5)
-            except CancelledError as e:
-                return " ".join(str(e).split())
-            except Exception:
-                pass
-    return "reason unknown"
 
 
 def run_lloyd(
@@ -561,7 +544,7 @@ def run_lloyd(
             try:
                 results = _segments(client, placement, spec, fit, start, history, callback, saver)
                 break
-            except _WorkerLost as lost:
+            except WorkerLost as lost:
                 if replan is None:
                     raise DaskmeansError(f"worker(s) {lost.args[0]} left the cluster during the fit") from None
                 start = _restart_point(client, placement, lost.args[0]) or start
