@@ -125,6 +125,27 @@ def test_local_recipe_fits_predicts_and_describes_bitwise_like_the_local_cluster
     assert p.returncode == 0 and "clusters     6  features 5" in p.stdout, p.stdout
 
 
+def test_two_concurrent_fits_on_one_scheduler_match_their_solo_runs(recipe, data, tmp_path):
+    runs = {"a": ["--k", "6", "--init", "init.npy"], "b": ["--k", "9", "--seed", "3", "--init", "k-means||"]}
+
+    def argv(name, out):
+        return [sys.executable, "-m", "daskmeans", "fit", "x.zarr", *runs[name], "--scheduler-file", str(recipe.file),
+                "-q", "-o", str(out)]
+
+    for name in runs:
+        p = sh(*argv(name, tmp_path / f"solo-{name}.zarr"), cwd=data)
+        assert p.returncode == 0, p.stderr
+    procs = {name: subprocess.Popen(argv(name, tmp_path / f"both-{name}.zarr"), cwd=data, env=ENV,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in runs}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    for name in runs:
+        (c1, a1), (c2, a2) = _model(tmp_path / f"solo-{name}.zarr"), _model(tmp_path / f"both-{name}.zarr")
+        np.testing.assert_array_equal(c2, c1)
+        assert a2["inertia"] == a1["inertia"] and a2["n_iter"] == a1["n_iter"]
+
+
 def test_scheduler_address_from_the_environment(recipe, data, tmp_path):
     env = {**ENV, "DASK_SCHEDULER_ADDRESS": recipe.address}
     p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "-q", "-o", tmp_path / "m.zarr", cwd=data, env=env)
