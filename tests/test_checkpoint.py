@@ -114,3 +114,52 @@ def test_resume_without_a_checkpoint_is_one_line(problem):
     assert rc == 1 and err.strip() == "daskmeans: error: --resume needs --checkpoint PATH"
     rc, err = _run(_argv(problem, "m-n.zarr", "--checkpoint", str(problem / "none.zarr"), "--resume"))
     assert rc == 1 and "no checkpoint at" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------- an interrupted label write
+
+
+def _tree(path):
+    """Every file under ``path`` with its bytes (the previous output must stay as it was)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("labels")
+    rng = np.random.default_rng(8)
+    zarr.create_array(str(d / "x.zarr"), data=rng.standard_normal((3_000_000, 4)).astype(np.float32),
+                      chunks=(50_000, 4))
+    np.save(d / "init.npy", rng.standard_normal((16, 4)))
+    rc, err = _run([sys.executable, "-m", "daskmeans", "fit", str(d / "x.zarr"), "--k", "16", "--init",
+                    str(d / "init.npy"), "--max-iter", "2", "--workers", "2", "-q", "-o", str(d / "m.zarr")])
+    assert rc == 0, err
+    return d
+
+
+@pytest.mark.parametrize("sig, rc_expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_label_write_leaves_the_previous_output_and_no_temporary_directory(labelled, sig, rc_expected):
+    d = labelled
+    out = d / "labels.zarr"
+    argv = [sys.executable, "-m", "daskmeans", "predict", str(d / "m.zarr"), str(d / "x.zarr"), "-o", str(out),
+            "--overwrite", "--workers", "2"]
+    if not out.exists():
+        rc, err = _run(argv)
+        assert rc == 0, err
+    before = _tree(out)
+    p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        tmp = [t for t in d.iterdir() if t.name.startswith(".labels.zarr.tmp-")]
+        if tmp and any(tmp[0].rglob("c/*")):  # chunks are being written
+            p.send_signal(sig)
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"the label write was never seen under way (rc {p.poll()})")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == rc_expected, err
+    assert "Traceback" not in err, err
+    time.sleep(1.0)  # a worker write still in flight would land by now
+    assert [t.name for t in d.iterdir() if ".tmp-" in t.name] == []
+    assert _tree(out) == before

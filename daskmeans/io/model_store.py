@@ -95,7 +95,7 @@ def write_array(x, path: str, name: str | None = None) -> None:
     With ``name`` the array goes into a new group under that name; without, ``path`` is the
     array itself. Nothing larger than one chunk is held in memory.
     """
-    import dask.array as da
+    import dask
     import zarr
 
     # Zarr chunks are regular: rechunk so no two Dask blocks write into one Zarr chunk.
@@ -103,12 +103,59 @@ def write_array(x, path: str, name: str | None = None) -> None:
     # Every chunk is written, also one equal to the fill value: the readers refuse a store
     # with an absent chunk rather than read it as zeros.
     spec = dict(shape=x.shape, chunks=x.chunksize, dtype=x.dtype, config={"write_empty_chunks": True})
+    starts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int).tolist() for c in x.chunks]
     with atomic_dir(path) as tmp:
         if name is None:
-            arr = zarr.create_array(tmp, **spec)
+            zarr.create_array(tmp, **spec)
         else:
-            arr = zarr.open_group(tmp, mode="w").create_array(name, **spec)
-        da.store(x, arr, lock=False)
+            zarr.open_group(tmp, mode="w").create_array(name, **spec)
+        blocks = x.to_delayed()
+        writes = [
+            dask.delayed(_write_block, pure=False)(
+                blocks[idx], tmp, name, tuple(starts[a][i] for a, i in enumerate(idx)),
+            )
+            for idx in np.ndindex(*x.numblocks)
+        ]
+        _run_writes(writes)
+
+
+def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[int, ...]) -> None:
+    """On a worker: write one block into the array at ``root`` (``name`` in its group).
+
+    A write that lands after the client removed the temporary directory (an interrupted or
+    failed write: the client cannot stop a write already running) recreates the directories
+    it needs; seeing the metadata gone, it removes what it made, so nothing is left behind.
+    """
+    import zarr
+
+    arr = zarr.open_array(root, path=name or "", mode="r+").with_config({"write_empty_chunks": True})
+    arr[tuple(slice(s, s + n) for s, n in zip(start, np.shape(block)))] = np.asarray(block)
+    if not os.path.exists(os.path.join(root, "zarr.json")):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_writes(writes: list) -> None:
+    """Run the block writes: on the distributed client when there is one (cancelled if the
+    wait is interrupted), else on Dask's default scheduler."""
+    import dask
+
+    try:
+        from distributed import get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        dask.compute(*writes)
+        return
+    fut = client.compute(dask.delayed(_done, pure=False)(*writes))
+    try:
+        fut.result()
+    except BaseException:
+        client.cancel(fut, force=True)  # the writes not yet started are dropped with it
+        raise
+
+
+def _done(*_: Any) -> None:
+    return None
 
 
 CHECKPOINT_FORMAT = "daskmeans-checkpoint"
