@@ -117,6 +117,8 @@ def _check_cluster_args(args) -> None:
 def _connect(args):
     from .cluster import connect
 
+    # Importing distributed routes warnings to logging (logging.captureWarnings): ours stay lines.
+    warnings.showwarning = _show_warning
     return connect(args.scheduler, args.backend, args.workers, scheduler_file=args.scheduler_file,
                    tls=(args.tls_ca_file, args.tls_cert, args.tls_key))
 
@@ -209,6 +211,7 @@ def _cmd_fit(args) -> int:
     check_output(args.checkpoint, True, inputs + [args.output, args.labels])
     X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
     check_n_clusters(int(X.shape[0]), args.k)
+    km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
     with _connect(args) as client:
         _say(f"daskmeans: {describe(client)}")
         check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from typing import Any, Callable
 
 import dask
@@ -17,7 +18,7 @@ import numpy as np
 from . import config
 from .backends import PRECISIONS, get_backend
 from .cluster import check_paths_on_workers, resolve_backend
-from .errors import DaskmeansError, DataError, NotFittedError
+from .errors import DaskmeansError, DaskmeansWarning, DataError, NotFittedError
 from .init import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read
@@ -346,6 +347,13 @@ class KMeans:
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
         self.labels_ = _labels_array(best.states, best.row_chunks, best.layout)
+        n_empty = int((best.sizes == 0).sum())
+        if n_empty:
+            warnings.warn(
+                f"{n_empty} of n_clusters={self.n_clusters} clusters are empty at the end of the fit: the data has "
+                f"fewer distinct points than clusters (or they are too close together to split)",
+                DaskmeansWarning, stacklevel=2,
+            )
         return self
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:

@@ -129,12 +129,20 @@ def test_sample_weight_wrong_length_dask(client):
 
 def test_sample_weight_negative_or_nan(client):
     X = np.random.default_rng(0).standard_normal((100, 2))
-    with pytest.raises(DataError, match="sample_weight should be >= 0"):
-        KMeans(3, client=client).fit(X, sample_weight=-np.ones(100))
     w = np.ones(100)
-    w[5] = np.nan
-    with pytest.raises(DataError, match="NaN"):
+    w[40] = -1
+    with pytest.raises(DataError, match="sample_weight has negative values: weights should be >= 0"):
         KMeans(3, client=client).fit(X, sample_weight=w)
+    w = np.ones(100)
+    w[5] = w[70] = np.nan
+    with pytest.raises(DataError, match=r"sample_weight contains 2 NaN or infinite value\(s\), the first at row 5"):
+        KMeans(3, client=client).fit(X, sample_weight=w)
+    with pytest.raises(DataError, match="sample_weight sums to 0: at least one weight should be > 0"):
+        KMeans(3, client=client).fit(X, sample_weight=np.zeros(100))
+    X[[3, 9], 1] = np.nan
+    X[9, 0] = -np.inf
+    with pytest.raises(DataError, match=r"X contains 3 NaN or infinite value\(s\), the first in row 3"):
+        KMeans(3, client=client).fit(X)
 
 
 def test_cluster_of_zero_weight_points(client):

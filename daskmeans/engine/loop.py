@@ -305,12 +305,18 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     if result["done"]:
         labels, inertia = _labels_under(shard, st.centroids, fit.precision, be)
         shard.final = FinalLabels(labels)
-        buf = xp.zeros(fit.n_chunks, xp.int64)
-        fv = buf.view(xp.float64)
+        # Per-chunk inertia (float64 bits, summed on the client in chunk order) and the
+        # cluster sizes (int64), in one collective.
+        k = int(st.centroids.shape[0])
+        buf = xp.zeros(fit.n_chunks + k, xp.int64)
+        fv = buf[: fit.n_chunks].view(xp.float64)
         for cid, v in zip(shard.chunk_ids, inertia):
             fv[cid] = v
-        total = be.to_numpy(comm.allreduce(buf)).view(np.float64)
-        result["inertia"] = float(np.sum(total)) * inertia_scale(fit.metric)
+        for lab in labels:
+            buf[fit.n_chunks :] += xp.bincount(lab, minlength=k).astype(xp.int64)
+        total = be.to_numpy(comm.allreduce(buf))
+        result["inertia"] = float(np.sum(total[: fit.n_chunks].view(np.float64))) * inertia_scale(fit.metric)
+        result["sizes"] = total[fit.n_chunks :] if rank == 0 else None
         result["centroids"] = be.to_numpy(st.centroids) if rank == 0 else None
     st.running = False
     return result
@@ -339,19 +345,22 @@ def _moments(shard: Shard) -> dict:
     the first non-finite row if any, and whether any weight is negative (one pass)."""
     be = shard.be
     xp = be.xp
-    n, mean, m2, bad, neg_w, max_abs, wsum = 0, None, None, None, False, None, 0.0
+    n, mean, m2, max_abs, wsum = 0, None, None, None, 0.0
+    bad, n_bad, bad_w, n_bad_w, neg_w = None, 0, None, 0, False
     for _, off, block, w in shard.items():
         mb, m2b, bad_row = be.moments(block)
+        if bad_row is not None:  # rare: count them for the message
+            n_bad += int((~xp.isfinite(block)).sum())
+            bad = off + bad_row if bad is None else bad
         if w is not None:
             neg_w = neg_w or bool((w < 0).any())
-            bad_w = xp.flatnonzero(~xp.isfinite(w))
-            if bad_w.size:
-                bad_row = int(bad_w[0]) if bad_row is None else min(bad_row, int(bad_w[0]))
+            nonfinite = xp.flatnonzero(~xp.isfinite(w))
+            if nonfinite.size:
+                n_bad_w += int(nonfinite.size)
+                bad_w = off + int(nonfinite[0]) if bad_w is None else bad_w
             wsum += float(w.astype(xp.float64).sum())
         else:
             wsum += block.shape[0]
-        if bad is None and bad_row is not None:
-            bad = off + bad_row
         mab = be.to_numpy(xp.abs(block).max(axis=0)).astype(np.float64)
         max_abs = mab if max_abs is None else np.maximum(max_abs, mab)
         nb = block.shape[0]
@@ -364,7 +373,12 @@ def _moments(shard: Shard) -> dict:
             mean = mean + delta * nb / tot
             m2 = m2 + m2b + delta**2 * n * nb / tot
             n = tot
-    return {"n": n, "mean": mean, "m2": m2, "bad": bad, "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum}
+    return {"n": n, "mean": mean, "m2": m2, "bad": bad, "n_bad": n_bad, "bad_w": bad_w, "n_bad_w": n_bad_w,
+            "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum}
+
+
+def _first(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _merge_moments(items: list) -> dict:
@@ -380,7 +394,10 @@ def _merge_moments(items: list) -> dict:
             "n": tot,
             "mean": acc["mean"] + delta * nb / tot,
             "m2": acc["m2"] + it["m2"] + delta**2 * n * nb / tot,
-            "bad": acc["bad"] if acc["bad"] is not None else it["bad"],
+            "bad": _first(acc["bad"], it["bad"]),
+            "n_bad": acc["n_bad"] + it["n_bad"],
+            "bad_w": _first(acc["bad_w"], it["bad_w"]),
+            "n_bad_w": acc["n_bad_w"] + it["n_bad_w"],
             "neg_w": acc["neg_w"] or it["neg_w"],
             "max_abs": np.maximum(acc["max_abs"], it["max_abs"]),
             "wsum": acc["wsum"] + it["wsum"],
@@ -394,9 +411,17 @@ def data_moments(client: Client, placement: Placement) -> dict:
     futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
     (res,) = gather(client, [client.submit(_merge_moments, futs, pure=False)], placement)
     if res["bad"] is not None:
-        raise DataError(f"X contains NaN or infinity (first at row {res['bad']}); clean or drop those rows")
+        raise DataError(
+            f"X contains {res['n_bad']} NaN or infinite value(s), the first in row {res['bad']}: clean or drop "
+            f"those rows (in a CSV file, an empty or missing field reads as NaN)"
+        )
+    if res["bad_w"] is not None:
+        raise DataError(f"sample_weight contains {res['n_bad_w']} NaN or infinite value(s), the first at row "
+                        f"{res['bad_w']}: weights should be finite and >= 0")
     if res["neg_w"]:
-        raise DataError("sample_weight should be >= 0")
+        raise DataError("sample_weight has negative values: weights should be >= 0")
+    if res["wsum"] <= 0:
+        raise DataError("sample_weight sums to 0: at least one weight should be > 0")
     return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
             "weight": res["wsum"]}
 
@@ -414,6 +439,7 @@ class LloydResult:
     converged: bool
     layout: list  # global chunk ids of each state's chunks
     row_chunks: tuple  # rows of each global chunk
+    sizes: np.ndarray  # (K,) int64: rows per cluster under the final centroids
 
 
 def choose_collective(client: Client, placement: Placement, requested: str = "auto") -> str:
@@ -574,6 +600,7 @@ def run_lloyd(
     return LloydResult(
         np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
         last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
+        np.asarray(res0["sizes"], np.int64),
     )
 
 

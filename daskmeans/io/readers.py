@@ -141,6 +141,7 @@ def _finish(x: da.Array, cb: int | None) -> da.Array:
     check_2d_numeric(x.shape, x.dtype)
     dt = float_dtype(x.dtype)
     if x.dtype != dt:
+        warnings.warn(f"X is {x.dtype}: converted to {dt} for clustering", DaskmeansWarning, stacklevel=3)
         x = x.astype(dt)
     if x.numblocks[1] != 1:
         x = x.rechunk({1: -1})
@@ -159,9 +160,11 @@ def _npy_block(path: str, start: int, stop: int) -> np.ndarray:
 
 
 def _read_npy(path: str, cb: int | None) -> da.Array:
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{path} is empty")
     try:
         mm = np.load(path, mmap_mode="r")
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EOFError) as e:
         raise DataError(f"cannot read {path} as .npy: {e}") from None
     check_2d_numeric(mm.shape, mm.dtype)
     n, d = mm.shape
@@ -315,15 +318,41 @@ def _read_csv(path, columns, drop_columns, cb, delimiter) -> da.Array:
     bad = [(c, str(t)) for c, t in df.dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
     if bad:
         c, t = bad[0]
+        where = _first_non_numeric(path, c, header, kwargs["sep"])
         raise DataError(
-            f"column {c!r} of {path} is not numeric (dtype {t}); select features with "
+            f"column {c!r} of {path} is not numeric ({where or f'dtype {t}'}); select features with "
             f"--columns or --drop-columns"
         )
     try:
         x = df.to_dask_array(lengths=True)
-    except ValueError as e:  # a value that pandas could not parse as a number
-        raise DataError(f"{path} has a non-numeric value: {e}") from None
+    except ValueError as e:  # a value that pandas could not parse as a number, past the sample
+        for c in df.columns:
+            where = _first_non_numeric(path, c, header, kwargs["sep"], rows=1_000_000)
+            if where:
+                raise DataError(f"column {c!r} of {path} is not numeric ({where}); select features with "
+                                f"--columns or --drop-columns") from None
+        raise DataError(f"{path} has a non-numeric value: {str(e).strip().splitlines()[0]}") from None
     return x
+
+
+def _first_non_numeric(path: str, column: str, header: bool, sep: str, rows: int = 100_000) -> str | None:
+    """``line N has 'x'`` for the first cell of ``column`` in the first ``rows`` rows that is
+    neither a number nor empty (None if there is none there)."""
+    import pandas as pd
+
+    try:
+        head = pd.read_csv(path, sep=sep, header=0 if header else None, nrows=rows, dtype=str,
+                           keep_default_na=False)
+    except Exception:
+        return None
+    head.columns = [str(c) for c in head.columns]
+    if column not in head.columns:
+        return None
+    cells = head[column].str.strip()
+    bad = cells[(cells != "") & pd.to_numeric(cells, errors="coerce").isna()]
+    if bad.empty:
+        return None
+    return f"line {int(bad.index[0]) + (2 if header else 1)} has {bad.iloc[0]!r}"
 
 
 def _select(names: list[str], columns, drop_columns, path: str) -> list[str]:
