@@ -347,11 +347,15 @@ class KMeans:
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
         self.labels_ = _labels_array(best.states, best.row_chunks, best.layout)
+        # Fewer distinct points than clusters: some clusters end empty, or (ties between equal
+        # centroids split on a GPU) as copies of others. Either way the user should know.
         n_empty = int((best.sizes == 0).sum())
-        if n_empty:
+        n_copies = self.n_clusters - len(np.unique(best.centroids, axis=0))
+        if n_empty or n_copies:
             warnings.warn(
-                f"{n_empty} of n_clusters={self.n_clusters} clusters are empty at the end of the fit: the data has "
-                f"fewer distinct points than clusters (or they are too close together to split)",
+                f"at the end of the fit {n_empty} of n_clusters={self.n_clusters} clusters are empty and "
+                f"{n_copies} centroids are copies of others: the data has fewer distinct points than clusters "
+                f"(or they are too close together to split)",
                 DaskmeansWarning, stacklevel=2,
             )
         return self

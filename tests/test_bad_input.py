@@ -134,5 +134,5 @@ def test_fewer_distinct_points_than_clusters_is_a_warning(d, capsys):
     rc = main(["fit", str(d / "dups.npy"), "--k", "4", "--workers", "1", "-q", "-o", str(d / "dups.zarr")])
     err = capsys.readouterr().err
     assert rc == 0, err
-    assert ("daskmeans: warning: 3 of n_clusters=4 clusters are empty at the end of the fit: the data has fewer "
-            "distinct points than clusters") in err
+    assert ("daskmeans: warning: at the end of the fit 3 of n_clusters=4 clusters are empty and 3 centroids are "
+            "copies of others: the data has fewer distinct points than clusters") in err
