@@ -141,18 +141,31 @@ def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: in
     be = shard.be
     xp = be.xp
     idx, out = [], []
-    for j, (cid, off, block, w) in enumerate(shard.items()):
-        rng = np.random.default_rng([seed, rnd, cid])
+    for j, (_, off, block, w) in enumerate(shard.items()):
         p = be.to_numpy(state.d2[j]) * (ell / phi)
         if w is not None:
             p = p * be.to_numpy(w)
-        pick = np.flatnonzero(rng.random(p.shape[0]) < p)
+        pick = np.flatnonzero(row_uniforms(seed, rnd, off, p.shape[0]) < p)
         if len(pick):
             idx.append(off + pick)
             out.append(be.to_numpy(block[xp.asarray(pick)]).astype(np.float64))
     if not out:
         return np.empty(0, np.int64), np.empty((0, shard.n_features))
     return np.concatenate(idx), np.concatenate(out)
+
+
+def row_uniforms(seed: int, stream: int, start: int, n: int) -> np.ndarray:
+    """Uniform draws in [0, 1) for the global rows ``start .. start + n - 1`` of a stream.
+
+    A row's draw depends on the row alone, not on the chunk or worker holding it, so a seed
+    samples the same rows for any chunking and worker count: a counter-based generator
+    (Philox) jumped to the row. (``phi``, a float sum whose rounding depends on the chunking,
+    can only change a row whose draw lies within an ulp of its probability.)
+    """
+    bg = np.random.Philox(key=np.array([seed, stream], dtype=np.uint64))
+    q, r = divmod(int(start), 4)  # a Philox counter step gives 4 draws
+    bg.advance(q)
+    return np.random.Generator(bg).random(n + r)[r:]
 
 
 def _concat_by_row(parts: list) -> np.ndarray:

@@ -183,6 +183,39 @@ def test_chunking_invariance(client, mixed_20k, init):
     assert fifty.labels_.chunks == ((len(X) // 50,) * 50,)
 
 
+def test_row_uniforms_do_not_depend_on_the_split():
+    from daskmeans.init import row_uniforms
+
+    whole = row_uniforms(11, 2, 0, 1000)
+    cuts = [0, 1, 3, 4, 9, 250, 251, 999, 1000]
+    parts = np.concatenate([row_uniforms(11, 2, a, b - a) for a, b in zip(cuts, cuts[1:])])
+    np.testing.assert_array_equal(parts, whole)
+    assert not np.array_equal(row_uniforms(11, 3, 0, 1000), whole)  # another stream
+    assert 0 <= whole.min() and whole.max() < 1 and abs(whole.mean() - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
+def test_seeded_init_is_bitwise_the_same_for_any_chunking_and_worker_count(client1, client, client3, mixed_20k, init):
+    """The same seed gives the same model bit for bit for 3 chunkings x 1, 2 and 3 workers:
+    the init draws by global row (k-means||: a counter-based generator jumped to the row).
+    float32 data: the CPU kernels' per-chunk float64 sums of float64 data can still round
+    differently for different chunkings (in the last bits)."""
+    X = mixed_20k.astype(np.float32)
+    fits = []
+    for c in (client1, client, client3):
+        for rows in (len(X), 3001, 700):
+            km = KMeans(8, init=init, random_state=21, client=c).fit(da.from_array(X, chunks=(rows, -1)))
+            fits.append(km)
+    for km in fits[1:]:
+        np.testing.assert_array_equal(km.cluster_centers_, fits[0].cluster_centers_)
+        assert km.n_iter_ == fits[0].n_iter_
+        # The reported inertia adds per-chunk float64 sums (in chunk order): its last bits
+        # follow the chunking; for a given chunking it is the same on any worker count.
+        assert km.inertia_ == pytest.approx(fits[0].inertia_, rel=1e-12)
+    for i in (1, 2):  # (one chunk is split for 2 and 3 workers: another chunking)
+        assert fits[i].inertia_ == fits[3 + i].inertia_ == fits[6 + i].inertia_
+
+
 # ---------------------------------------------------------------- (c) worker-count invariance
 
 
