@@ -144,3 +144,33 @@ def test_help_imports_neither_dask_nor_numpy():
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "usage: daskmeans" in out.stdout and "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_every_flag_is_in_the_readme_cli_reference_and_back():
+    """The README's CLI reference names every command and flag of the parser, and nothing else."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from daskmeans.cli import _parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
+
+    def walk(p: argparse.ArgumentParser, path: tuple):
+        for a in p._actions:  # argparse has no public listing of a parser's options
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield from walk(sub, path + (name,))
+            else:
+                yield path, [s for s in a.option_strings if s not in ("-h", "--help")]
+
+    flags, commands = set(), set()
+    for path, opts in walk(_parser(), ()):
+        commands.add(" ".join(path))
+        flags.update(opts)
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-z])(?![\w-])", section))
+    assert not flags - named, f"flags missing from the README's CLI reference: {sorted(flags - named)}"
+    assert not named - flags, f"the README names flags the parser lacks: {sorted(named - flags)}"
+    for c in commands - {""}:
+        assert f"daskmeans {c}" in section, c
