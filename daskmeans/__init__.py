@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import DaskmeansError, DataError, InvalidParameterError, NotFittedError
+from .errors import DaskmeansError, DaskmeansWarning, DataError, InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 
@@ -39,4 +39,5 @@ def load(path: str) -> "KMeans":
     return KMeans.load(path)
 
 
-__all__ = ["KMeans", "read", "load", "DaskmeansError", "DataError", "InvalidParameterError", "NotFittedError"]
+__all__ = ["KMeans", "read", "load", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
+           "NotFittedError"]

@@ -27,7 +27,8 @@ from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import TIERS, Placement, WorkerLost, place, to_backend
-from .validation import AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, check_n_clusters, check_n_features, validate_params
+from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
+                         check_n_features, seed_of, validate_params)
 
 # Worker losses a fit outlives before its placement or init gives up (the loop has its own).
 _MAX_REPLANS = 8
@@ -50,7 +51,7 @@ class KMeans:
     tol : float, default 1e-4
         As scikit-learn: stop when the summed squared centroid shift is at most
         ``tol * mean(var(X, axis=0))``. Also stops when no label changes.
-    random_state : int or None
+    random_state : int, numpy.random.Generator, RandomState or None
         Seed of every random draw; the same seed gives the same result on any cluster layout.
     oversampling_factor : float, default 2.0
         k-means|| draws ``oversampling_factor * n_clusters`` points per round.
@@ -99,7 +100,7 @@ class KMeans:
         "n_init": Interval(1, None, integer=True),
         "max_iter": Interval(1, None, integer=True),
         "tol": Interval(0, None),
-        "random_state": NoneOr(Interval(0, 2**32 - 1, integer=True)),
+        "random_state": NoneOr(RandomStateLike()),
         "oversampling_factor": Interval(0, None, closed="neither"),
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
         "metric": Options(METRICS),
@@ -220,7 +221,8 @@ class KMeans:
         init = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
         return {
             "n_samples": n, "n_features": d, "dtype": str(np.dtype(dtype)), "n_clusters": self.n_clusters,
-            "init": init, "random_state": self.random_state, "tol": self.tol, "metric": self.metric,
+            "init": init, "random_state": self.random_state if isinstance(self.random_state, int) else None,
+            "tol": self.tol, "metric": self.metric,
             "precision": self.precision, "weighted": weighted,
             "max_abs": [float(v) for v in moments["max_abs"]],
         }
@@ -309,7 +311,8 @@ class KMeans:
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
             exps = exponents(moments["max_abs"], moments["weight"])
             weight_exp = int(exponents(np.array([1.0]), moments["weight"])[0])
-            seeds = np.random.SeedSequence(self.random_state).generate_state(self.n_init)
+            seed = seed_of(self.random_state)
+            seeds = np.random.SeedSequence(seed).generate_state(self.n_init)
             fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None)
             start = None
             if ck is not None:

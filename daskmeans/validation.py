@@ -92,6 +92,29 @@ class ByteSize:
             raise InvalidParameterError(f"{name}={value!r} should be a size such as '4GiB' or a number of bytes > 0")
 
 
+class RandomStateLike:
+    """An integer seed in [0, 2**32 - 1], a ``numpy.random.Generator`` or a ``RandomState``."""
+
+    def check(self, name: str, value: Any) -> None:
+        import numpy as np
+
+        if isinstance(value, (np.random.Generator, np.random.RandomState)):
+            return
+        Interval(0, 2**32 - 1, integer=True).check(name, value)
+
+
+def seed_of(random_state: Any) -> int | None:
+    """An integer seed for ``random_state`` (a Generator or RandomState gives its next draw,
+    as scikit-learn consumes them)."""
+    import numpy as np
+
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**32))
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**32, dtype=np.uint64))
+    return random_state
+
+
 class NoneOr:
     def __init__(self, inner: Any):
         self.inner = inner

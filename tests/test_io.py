@@ -294,8 +294,9 @@ def test_missing_and_unknown_paths(tmp_path):
     other.write_bytes(b"x")
     with pytest.raises(DataError, match="cannot tell the format"):
         read(str(other))
-    with pytest.raises(DataError, match="X should be an array or a path"):
-        read([[1.0, 2.0]])
+    with pytest.raises(DataError, match="X should be an array, a DataFrame or a path, got set"):
+        read({1.0, 2.0})
+    assert read([[1.0, 2.0], [3.0, 4.0]]).shape == (2, 2)  # a list is an array
 
 
 def test_fit_from_paths_equals_fit_from_array(client, tmp_path, data):

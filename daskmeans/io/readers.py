@@ -88,10 +88,19 @@ def read(
             x = _read_zarr(path, dataset, cb)
         else:
             raise DataError(f"cannot tell the format of {path}: expected a .zarr store, a .npy or a .csv file")
+    elif _is_dataframe(source):
+        x = _from_dataframe(source, cb)
+    elif _is_sparse(source):
+        x = _from_sparse(source, cb)
     elif hasattr(source, "shape") and hasattr(source, "dtype"):
         x = _from_memory(source, cb)
+    elif isinstance(source, (list, tuple)):
+        x = _from_memory(np.asarray(source), cb)
     else:
-        raise DataError(f"X should be an array or a path, got {type(source).__name__}")
+        raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
+    if any(np.isnan(c) for c in x.chunks[0]):
+        warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=2)
+        x = x.compute_chunk_sizes()
     src = _SOURCES.get(x.name)
     x = _finish(x, cb)
     if src is not None:
@@ -146,6 +155,43 @@ def _finish(x: da.Array, cb: int | None) -> da.Array:
     if x.numblocks[1] != 1:
         x = x.rechunk({1: -1})
     return x
+
+
+def _is_dataframe(a: Any) -> bool:
+    return type(a).__name__ == "DataFrame" and hasattr(a, "dtypes") and hasattr(a, "columns")
+
+
+def _from_dataframe(df: Any, cb: int | None) -> da.Array:
+    """A pandas or Dask DataFrame of numeric columns (any other column is refused by name)."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    bad = [(c, str(t)) for c, t in df.dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
+    if bad:
+        raise DataError(f"column {bad[0][0]!r} of the DataFrame is not numeric (dtype {bad[0][1]}): pass its numeric "
+                        f"columns, e.g. df.select_dtypes('number')")
+    if isinstance(df, __import__("pandas").DataFrame):
+        return _from_memory(df.to_numpy(), cb)
+    return df.to_dask_array(lengths=True)  # a Dask DataFrame: its partitions' lengths, one pass
+
+
+def _is_sparse(a: Any) -> bool:
+    return type(a).__module__.startswith("scipy.sparse") and hasattr(a, "toarray")
+
+
+def _densify(block: Any) -> np.ndarray:
+    return np.asarray(block.toarray())
+
+
+def _from_sparse(a: Any, cb: int | None) -> da.Array:
+    """A SciPy sparse matrix, densified chunk by chunk (each chunk of about ``chunk-bytes``
+    dense bytes)."""
+    a = a.tocsr()
+    check_2d_numeric(a.shape, a.dtype)
+    n, d = a.shape
+    rows = rows_per_chunk(d, float_dtype(a.dtype).itemsize, cb)
+    blocks = [da.from_delayed(__import__("dask").delayed(_densify)(a[s : s + rows]), shape=(min(rows, n - s), d),
+                              dtype=a.dtype) for s in range(0, n, rows)]
+    return da.concatenate(blocks, axis=0)
 
 
 def _from_memory(a: Any, cb: int | None) -> da.Array:
