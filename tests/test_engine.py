@@ -230,8 +230,9 @@ def test_seeded_init_is_bitwise_the_same_for_any_chunking_and_worker_count(clien
 
 @pytest.mark.parametrize("init", ["array", "k-means||", "k-means++", "random"])
 def test_two_vs_three_workers(client, client3, mixed_20k, init):
-    assert len(client.scheduler_info()["workers"]) == 2
-    assert len(client3.scheduler_info()["workers"]) == 3
+    client.wait_for_workers(2, timeout=60)
+    client3.wait_for_workers(3, timeout=60)
+    assert len(client.nthreads()) == 2 and len(client3.nthreads()) == 3
     X = mixed_20k
     Xd = da.from_array(X, chunks=(400, -1))
     spec = init_rows(X, 8, seed=4) if init == "array" else init
