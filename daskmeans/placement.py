@@ -14,6 +14,7 @@ came as one large chunk.
 from __future__ import annotations
 
 import collections
+import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -341,6 +342,16 @@ class WorkerLost(Exception):
     address: without this, they would wait for it forever."""
 
 
+def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
+    """Wait up to ``seconds`` for ``futs`` on ``client`` (``wait()`` alone would use the
+    default client, maybe another one)."""
+    try:
+        with client.as_current():
+            wait(futs, timeout=seconds)
+    except TimeoutError:
+        pass
+
+
 def gather(client: Client, futs: list, placement: "Placement") -> list:
     """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
     :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone."""
@@ -351,21 +362,20 @@ def _watch(client: Client, futs: list, workers: Sequence[str], fetch: bool = Tru
     """Wait for ``futs`` while watching ``workers``; their results (``fetch``) or None."""
     ranks = set(workers)
     while True:
-        try:
-            with client.as_current():  # wait() would use the default client, maybe another one
-                wait(futs, timeout=0.5)
-        except TimeoutError:
-            pass
-        failed = [f for f in futs if f.status == "error"]
-        if failed:
-            failed[0].result()  # raises the task's error, with its traceback
-        if all(f.status == "finished" for f in futs):
+        wait_a_little(client, futs)
+        status = [f.status for f in futs]  # one look: they change as we go
+        if "error" in status:
+            futs[status.index("error")].result()  # raises the task's error, with its traceback
+        if all(s == "finished" for s in status):
             return client.gather(futs) if fetch else None
         lost = ranks - set(client.nthreads())
         if lost:
             client.cancel(futs)
             raise WorkerLost(sorted(lost))
-        if all(f.done() for f in futs):
+        if "cancelled" in status:
+            time.sleep(0.5)  # a worker's loss can reach the tasks before the worker list
+            if ranks - set(client.nthreads()):
+                continue
             raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
 
 

@@ -36,13 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from distributed import Client, get_worker, wait
+from distributed import Client, get_worker
 
 from .. import config
-from ..backends import get_backend
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
-from ..placement import Placement, Shard, WorkerLost, cancel_reason, gather, submit_per_shard
+from ..placement import Placement, Shard, WorkerLost, cancel_reason, gather, submit_per_shard, wait_a_little
 from . import collective as coll
 from .exact import LIMBS, from_limbs, to_limbs
 
@@ -474,11 +473,7 @@ def _await(client: Client, futs: list, placement: Placement, spec: coll.Collecti
     a rank's worker leaves the cluster."""
     ranks = set(placement.workers)
     while True:
-        try:
-            with client.as_current():  # wait() would use the default client, maybe another one
-                wait(futs, timeout=0.5)
-        except TimeoutError:
-            pass
+        wait_a_little(client, futs)
         if all(f.status == "finished" for f in futs):  # the common case: no scheduler query
             return client.gather(futs)
         alive = set(client.nthreads())
