@@ -136,3 +136,26 @@ def test_fewer_distinct_points_than_clusters_is_a_warning(d, capsys):
     assert rc == 0, err
     assert ("daskmeans: warning: at the end of the fit 3 of n_clusters=4 clusters are empty and 3 centroids are "
             "copies of others: the data has fewer distinct points than clusters") in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--k", "0"], "n_clusters=0 should be >= 1"),
+    (["--k", "3", "--tol", "-1"], "tol=-1.0 should be >= 0"),
+    (["--k", "3", "--max-iter", "0"], "max_iter=0 should be >= 1"),
+    (["--k", "3", "--n-init", "0"], "n_init=0 should be >= 1"),
+    (["--k", "3", "--memory-limit", "lots"], "memory_limit='lots' should be a size such as '4GiB'"),
+    (["--k", "3", "--device-memory-limit", "0"], "device_memory_limit='0' should be a size such as '4GiB'"),
+    (["--k", "3", "--resume"], "--resume needs --checkpoint PATH"),
+    (["--k", "3", "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"], "--workers 2 applies to a local cluster only"),
+])
+def test_invalid_parameters_fail_before_any_cluster_is_started_or_contacted(d, capsys, monkeypatch, flags, message):
+    import daskmeans.cli
+
+    def no_cluster(args):
+        raise AssertionError("a cluster was started or contacted")
+
+    monkeypatch.setattr(daskmeans.cli, "_connect", no_cluster)
+    rc = main(["fit", str(d / "ok.npy"), *flags, "-o", str(d / "never.zarr")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert err.strip().splitlines()[-1].startswith("daskmeans: error: ") and message in err, err
