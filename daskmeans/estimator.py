@@ -240,6 +240,21 @@ class KMeans:
 
         return save
 
+    @property
+    def labels_(self) -> da.Array:
+        """The training labels (n_samples,) int32: a lazy Dask array over the labels the
+        workers keep from the fit (compute it while that cluster's client is open)."""
+        if "_labels" not in self.__dict__:
+            raise NotFittedError("labels_ exists after fit() (a loaded model has none: use predict(X))")
+        labels, client = self.__dict__["_labels"]
+        if client.status in ("closing", "closed"):
+            raise DaskmeansError(
+                "labels_ is held by the workers of the fit's cluster, whose client is closed: compute it "
+                "(client.compute(km.labels_) or km.labels_.compute()) before closing the client, or use "
+                "km.predict(X)"
+            )
+        return labels
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
             raise NotFittedError("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
@@ -349,7 +364,7 @@ class KMeans:
         self.tier_plan_ = tiers.describe()
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
-        self.labels_ = _labels_array(best.states, best.row_chunks, best.layout)
+        self._labels = (_labels_array(best.states, best.row_chunks, best.layout), client)
         # Fewer distinct points than clusters: some clusters end empty, or (ties between equal
         # centroids split on a GPU) as copies of others. Either way the user should know.
         n_empty = int((best.sizes == 0).sum())

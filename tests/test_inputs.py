@@ -79,3 +79,23 @@ def test_random_state_generators_are_consumed_as_scikit_learn_does(client, X, ma
     np.testing.assert_array_equal(by_gen.cluster_centers_, by_seed.cluster_centers_)
     again = KMeans(5, random_state=rs, client=client).fit(X)  # the generator moved on
     assert again.get_params()["random_state"] is rs
+
+
+def test_labels_after_the_client_closes_say_what_to_do(X):
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from daskmeans import DaskmeansError, NotFittedError
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as lc, Client(lc, set_as_default=False) as c:
+        km = KMeans(3, init=X[:3], client=c).fit(X)
+        labels = c.compute(km.labels_).result()
+        assert labels.shape == (len(X),)
+    with pytest.raises(DaskmeansError, match=r"labels_ is held by the workers of the fit's cluster, whose client "
+                                             r"is closed: compute it .* before closing the client, or use "
+                                             r"km.predict\(X\)"):
+        km.labels_
+    with pytest.raises(NotFittedError, match=r"labels_ exists after fit\(\)"):
+        KMeans(3).labels_
