@@ -325,3 +325,30 @@ def test_moments_overflow_is_a_data_error():
     X = np.full((4, 2), 1e308)
     with pytest.raises(DataError, match="too large to average in float64"):
         nb.moments(X)
+
+
+def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
+    """Nothing is written into the installed package at run time: Numba's cache goes to the
+    user's cache folder."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import daskmeans
+
+    pkg = Path(daskmeans.__file__).parent
+
+    def cached():
+        return sorted(str(p) for p in pkg.rglob("*") if p.suffix in (".nbi", ".nbc"))
+
+    before = cached()
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    code = ("import numpy as np; from daskmeans.backends import numpy as be; "
+            "x = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32); "
+            "print(be.moments(x)[2])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert cached() == before
+    assert list((tmp_path / "daskmeans" / "numba").rglob("*.nbi")), "the kernels were cached in the user's cache"

@@ -17,13 +17,27 @@ Conventions shared with the NumPy backend:
 ``fastmath`` allows only re-association and contraction (vectorised float64 reductions and
 FMA): no assumption about NaN or infinity, which the engine rejects before a fit anyway.
 Compiled code is cached on disk (``cache=True``), so a new worker process loads it in
-milliseconds instead of compiling.
+milliseconds instead of compiling. The cache goes to the user's cache folder
+(``$XDG_CACHE_HOME/daskmeans/numba``, or ``NUMBA_CACHE_DIR`` when set), never into the
+installed package: reinstalling, or switching to an editable install, always works.
 """
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
+
+
+def cache_dir() -> str:
+    """Where compiled CPU kernels are cached: ``NUMBA_CACHE_DIR``, else the user's cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return numba.config.CACHE_DIR or os.path.join(base, "daskmeans", "numba")
+
+
+# Numba reads NUMBA_CACHE_DIR when it is imported (maybe before us): set its setting itself.
+numba.config.CACHE_DIR = cache_dir()
 
 _FAST = {"reassoc", "contract"}
 _JIT = dict(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")
