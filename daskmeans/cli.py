@@ -278,6 +278,14 @@ def _cmd_info(args) -> int:
     if hist:
         print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
     print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
+    if hist:
+        print()
+        print(f"{'iter':>5} {'inertia':>14} {'shift':>10} {'reassigned':>11} {'empty':>6} {'imbalance':>9} "
+              f"{'seconds':>9} {'GB/s':>8}")
+        for h in hist:
+            print(f"{h['iteration']:5d} {h['inertia']:14.6e} {h['shift']:10.3e} {h['reassigned']:11d} "
+                  f"{h['n_empty']:6d} {h.get('imbalance', float('nan')):9.2f} {h['seconds']:9.4f} "
+                  f"{h.get('gb_per_s', float('nan')):8.2f}")
     return 0
 
 

@@ -174,3 +174,19 @@ def test_every_flag_is_in_the_readme_cli_reference_and_back():
     assert not named - flags, f"the README names flags the parser lacks: {sorted(named - flags)}"
     for c in commands - {""}:
         assert f"daskmeans {c}" in section, c
+
+
+def test_info_prints_the_history_table(blobs, capsys, tmp_path):
+    from daskmeans.cli import main
+
+    rc = main(["fit", blobs[1], "--k", "3", "--workers", "1", "-q", "--max-iter", "4", "--tol", "0",
+               "-o", str(tmp_path / "m.zarr")])
+    assert rc == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "m.zarr")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(out) if line.split()[:2] == ["iter", "inertia"])
+    assert out[head].split() == ["iter", "inertia", "shift", "reassigned", "empty", "imbalance", "seconds", "GB/s"]
+    rows = [line.split() for line in out[head + 1:]]
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)) and 1 <= len(rows) <= 4
+    assert all(float(r[5]) >= 1.0 and float(r[7]) > 0 for r in rows)

@@ -259,3 +259,16 @@ def test_every_worker_lost_is_a_clear_error(data):
                 KMeans(10, init=data[:10].astype(np.float64), tol=0, max_iter=10_000, client=c).fit(
                     X, callback=kill_all)
         assert time.perf_counter() - t0 < 60
+
+
+def test_telemetry_per_iteration(client, data):
+    """Each iteration records the largest cluster over the mean (from that step's counts) and
+    the data throughput; ``daskmeans info`` prints them as a table."""
+    X = da.from_array(data, chunks=(500, -1))
+    km = KMeans(10, init=data[:10].astype(np.float64), tol=0, client=client).fit(X)
+    assert km.history_[-1]["reassigned"] == 0  # converged: the last step's counts are the final sizes
+    sizes = np.bincount(client.compute(km.labels_).result(), minlength=10)
+    assert km.history_[-1]["imbalance"] == pytest.approx(sizes.max() / sizes.mean(), rel=1e-12)
+    for h in km.history_:
+        assert h["imbalance"] >= 1.0
+        assert h["gb_per_s"] == pytest.approx(data.nbytes / h["seconds"] / 1e9, rel=1e-9)

@@ -209,6 +209,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     sums = from_limbs(total[lay.sums].reshape(LIMBS, k, d), fit.exps)
     weights = from_limbs(total[lay.weights].reshape(LIMBS, k), fit.weight_exp)
     counts = total[lay.counts]
+    imbalance = float(counts.max()) * k / max(1, fit.n_samples)  # the largest cluster over the mean
     nonempty = weights > 0  # empty means no weight (as scikit-learn)
     n_empty = int((~nonempty).sum())
     if n_empty:
@@ -222,6 +223,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     shift = float(((new - old) ** 2).sum())
     st.prev, st.centroids, st.iteration = old, new, it + 1
     n_chunks = fit.n_chunks
+    seconds = time.perf_counter() - t_start
     return {
         "iteration": it + 1,
         "inertia": float(np.sum(smallf[:n_chunks])) * inertia_scale(fit.metric),
@@ -229,8 +231,10 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         "reassigned": int(small[lay.reassigned - lay.small]),
         "n_empty": n_empty,
         "rechecked": int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
+        "imbalance": imbalance,
         "kernel_seconds": float(smallf[n_chunks : n_chunks + comm.size].max()),
-        "seconds": time.perf_counter() - t_start,
+        "seconds": seconds,
+        "gb_per_s": fit.n_samples * d * np.dtype(shard.dtype).itemsize / max(seconds, 1e-12) / 1e9,
         "_end_segment": bool(small[lay.flag - lay.small]),
     }
 
@@ -531,7 +535,8 @@ def run_lloyd(
         Fixed-point exponents of the per-cluster sums and weights (:func:`.exact.exponents`).
     callback : callable(stats dict), optional
         Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
-        n_empty, rechecked, kernel_seconds, seconds``), in order, after each segment.
+        n_empty, rechecked, imbalance`` (largest cluster over the mean), ``kernel_seconds,
+        seconds, gb_per_s`` (data bytes over seconds)), in order, after each segment.
     precision : {"fp32", "tf32", "bf16"}
     metric : {"euclidean", "cosine"}
         With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
