@@ -23,12 +23,6 @@ def worker_kinds(client: Client) -> tuple[list[str], list[str]]:
     return gpus, sorted(w for w, ok in res.items() if not ok)
 
 
-def workers_have_gpus(client: Client) -> bool:
-    """True when every worker of ``client`` sees a CUDA device through CuPy."""
-    gpus, cpus = worker_kinds(client)
-    return bool(gpus) and not cpus
-
-
 def resolve_backend(client: Client, requested: str = "auto", data_backend: str | None = None) -> str:
     """``"numpy"`` or ``"cupy"`` for ``requested`` in auto/cpu/gpu/numpy/cupy.
 

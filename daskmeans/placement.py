@@ -17,7 +17,7 @@ import collections
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import dask
 import dask.array as da
@@ -265,7 +265,7 @@ def place(
             )
         )
     # Pinned tasks: a lost worker would stall them forever. The shards stay where they are.
-    _watch(client, shards, [w for w, _ in groups], fetch=False)
+    watch(client, shards, [w for w, _ in groups], fetch=False)
     return Placement(
         shards=shards,
         workers=[w for w, _ in groups],
@@ -355,28 +355,50 @@ def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
 def gather(client: Client, futs: list, placement: "Placement") -> list:
     """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
     :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone."""
-    return _watch(client, futs, placement.workers)
+    return watch(client, futs, placement.workers)
 
 
-def _watch(client: Client, futs: list, workers: Sequence[str], fetch: bool = True) -> list | None:
-    """Wait for ``futs`` while watching ``workers``; their results (``fetch``) or None."""
+def watch(
+    client: Client,
+    futs: list,
+    workers: Sequence[str],
+    *,
+    fetch: bool = True,
+    stop: Callable[[list], None] | None = None,
+    peer_loss: tuple = (),
+) -> list | None:
+    """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
+    those workers; their results (``fetch``), or None.
+
+    A worker gone: ``stop(survivors)``, the tasks cancelled, :class:`WorkerLost`. A task's
+    error: ``stop(workers left)`` (tasks that wait for their peers must not wait for it),
+    then the error; an error of a ``peer_loss`` type (a task that gave up on a lost peer), or
+    a cancellation, first gives a worker's loss time to reach the worker list.
+    """
     ranks = set(workers)
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]  # one look: they change as we go
-        if "error" in status:
-            futs[status.index("error")].result()  # raises the task's error, with its traceback
-        if all(s == "finished" for s in status):
+        if all(s == "finished" for s in status):  # the common case: no scheduler query
             return client.gather(futs) if fetch else None
-        lost = ranks - set(client.nthreads())
-        if lost:
+        alive = set(client.nthreads())
+        if not ranks <= alive:
+            if stop is not None and ranks & alive:
+                stop(sorted(ranks & alive))
             client.cancel(futs)
-            raise WorkerLost(sorted(lost))
-        if "cancelled" in status:
-            time.sleep(0.5)  # a worker's loss can reach the tasks before the worker list
-            if ranks - set(client.nthreads()):
+            raise WorkerLost(sorted(ranks - alive))
+        if "error" not in status and "cancelled" not in status:
+            continue
+        failed = futs[status.index("error")] if "error" in status else None
+        if failed is None or isinstance(failed.exception(), peer_loss):
+            time.sleep(0.5)
+            if not ranks <= set(client.nthreads()):
                 continue
+        if stop is not None:
+            stop(sorted(ranks & set(client.nthreads())))
+        if failed is None:  # cancelled from elsewhere (another client, the scheduler, a lost connection)
             raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
+        failed.result()  # raises the task's error, with its traceback
 
 
 def cancel_reason(futs: list) -> str:

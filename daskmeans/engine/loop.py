@@ -41,7 +41,7 @@ from distributed import Client, get_worker
 from .. import config
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
-from ..placement import Placement, Shard, WorkerLost, cancel_reason, gather, submit_per_shard, wait_a_little
+from ..placement import Placement, Shard, WorkerLost, gather, submit_per_shard, watch
 from . import collective as coll
 from .exact import LIMBS, from_limbs, to_limbs
 
@@ -209,9 +209,10 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     sums = from_limbs(total[lay.sums].reshape(LIMBS, k, d), fit.exps)
     weights = from_limbs(total[lay.weights].reshape(LIMBS, k), fit.weight_exp)
     counts = total[lay.counts]
-    imbalance = float(counts.max()) * k / max(1, fit.n_samples)  # the largest cluster over the mean
     nonempty = weights > 0  # empty means no weight (as scikit-learn)
-    n_empty = int((~nonempty).sum())
+    # One device-to-host copy for both: the empty clusters, and the largest cluster's rows.
+    n_empty, largest = (int(v) for v in be.to_numpy(xp.stack([(~nonempty).sum(), counts.max()])))
+    imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
     if n_empty:
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
         sums, weights, counts = _relocate(sums, weights, counts, cands, be)
@@ -473,33 +474,13 @@ def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: s
 
 
 def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
-    """Results of one segment's tasks; :class:`WorkerLost` (after aborting the others) when
-    a rank's worker leaves the cluster."""
-    ranks = set(placement.workers)
-    while True:
-        wait_a_little(client, futs)
-        if all(f.status == "finished" for f in futs):  # the common case: no scheduler query
-            return client.gather(futs)
-        alive = set(client.nthreads())
-        if not ranks <= alive:
-            survivors = sorted(ranks & alive)
-            if survivors:
-                client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=survivors)
-            client.cancel(futs)
-            raise WorkerLost(sorted(ranks - alive))
-        if all(f.done() for f in futs):
-            if all(f.status == "finished" for f in futs):  # they finished since the first look
-                return client.gather(futs)
-            errs = [f for f in futs if f.status == "error"]
-            if not errs:  # cancelled from elsewhere (another client, the scheduler, a lost connection)
-                raise DaskmeansError(f"a segment of fit {spec.fit_id} was cancelled: {cancel_reason(futs)}")
-            if any(isinstance(f.exception(), coll.CollectiveAborted) for f in errs):
-                time.sleep(0.5)  # a peer's loss is what aborted it: let the scheduler see it
-                if not ranks <= set(client.nthreads()):
-                    continue
-            # A user-visible error (bad data...) on one rank: stop the others, re-raise it.
-            client.run(coll.abort, spec.fit_id, workers=sorted(ranks & set(client.nthreads())))
-            raise errs[0].exception()
+    """Results of one segment's tasks; :class:`WorkerLost` when a rank's worker leaves the
+    cluster, or a rank's error: either way the other ranks' collectives are aborted first."""
+
+    def stop(ranks: list) -> None:
+        client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
+
+    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,))
 
 
 def run_lloyd(

@@ -163,9 +163,7 @@ def _is_dataframe(a: Any) -> bool:
 
 def _from_dataframe(df: Any, cb: int | None) -> da.Array:
     """A pandas or Dask DataFrame of numeric columns (any other column is refused by name)."""
-    from pandas.api.types import is_bool_dtype, is_numeric_dtype
-
-    bad = [(c, str(t)) for c, t in df.dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
+    bad = _non_numeric(df.dtypes)
     if bad:
         raise DataError(f"column {bad[0][0]!r} of the DataFrame is not numeric (dtype {bad[0][1]}): pass its numeric "
                         f"columns, e.g. df.select_dtypes('number')")
@@ -359,26 +357,30 @@ def _read_csv(path, columns, drop_columns, cb, delimiter) -> da.Array:
         df.columns = [str(c) for c in names]
         names = list(df.columns)
     df = df[_select(names, columns, drop_columns, path)]
-    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+    def not_numeric(column: str, what: str) -> DataError:
+        return DataError(f"column {column!r} of {path} is not numeric ({what}); select features with "
+                         f"--columns or --drop-columns")
 
-    bad = [(c, str(t)) for c, t in df.dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
+    bad = _non_numeric(df.dtypes)
     if bad:
         c, t = bad[0]
-        where = _first_non_numeric(path, c, header, kwargs["sep"])
-        raise DataError(
-            f"column {c!r} of {path} is not numeric ({where or f'dtype {t}'}); select features with "
-            f"--columns or --drop-columns"
-        )
+        raise not_numeric(c, _first_non_numeric(path, c, header, kwargs["sep"]) or f"dtype {t}")
     try:
         x = df.to_dask_array(lengths=True)
     except ValueError as e:  # a value that pandas could not parse as a number, past the sample
         for c in df.columns:
             where = _first_non_numeric(path, c, header, kwargs["sep"], rows=1_000_000)
             if where:
-                raise DataError(f"column {c!r} of {path} is not numeric ({where}); select features with "
-                                f"--columns or --drop-columns") from None
+                raise not_numeric(c, where) from None
         raise DataError(f"{path} has a non-numeric value: {str(e).strip().splitlines()[0]}") from None
     return x
+
+
+def _non_numeric(dtypes: Any) -> list[tuple[str, str]]:
+    """``(column, dtype)`` of the columns that are not numbers (booleans are not)."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    return [(c, str(t)) for c, t in dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
 
 
 def _first_non_numeric(path: str, column: str, header: bool, sep: str, rows: int = 100_000) -> str | None:
