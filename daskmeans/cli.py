@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from typing import Sequence
@@ -167,10 +169,10 @@ def _gpu_chunk_bytes(args) -> str | None:
 
 
 def _progress(quiet: bool):
-    if quiet:
-        return None
-
     def show(s: dict) -> None:
+        _check_interrupt()
+        if quiet:
+            return
         print(
             f"iter {s['iteration']:4d}  inertia {s['inertia']:.6e}  shift {s['shift']:.3e}  "
             f"reassigned {s['reassigned']:>10d}  empty {s['n_empty']}  {s['seconds']:.3f} s"
@@ -226,6 +228,7 @@ def _cmd_fit(args) -> int:
                     _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
                          f"continue with --resume")
                 raise
+            _check_interrupt()
         _say(f"daskmeans: {km.tier_plan_}")
         _say(
             f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
@@ -256,7 +259,9 @@ def _cmd_predict(args) -> int:
         check_paths_on_workers(client, read=[args.data], write=[args.output])
         km.client = client
         km.backend_ = args.backend
-        write_array(km.predict(X), args.output, name="labels")
+        labels = km.predict(X)
+        _check_interrupt()
+        write_array(labels, args.output, name="labels")
     _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
     return 0
 
@@ -315,19 +320,32 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an interrupt so that the same clean-up runs (exit 143)."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+_pending: type[KeyboardInterrupt] | None = None
+
+
+def _on_signal(signum, frame):
+    global _pending
+    _pending = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    raise _pending()
+
+
+def _check_interrupt() -> None:
+    """Raise again a signal whose exception Python dropped: one raised while a finaliser runs
+    (a Dask future's ``__del__``, say) is printed as 'Exception ignored' and lost, and the fit
+    would go on to write its output with exit 0. Called every iteration and before any output."""
+    if _pending is not None:
+        raise _pending()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from .errors import DaskmeansError
 
-    import signal
-    import threading
-
+    global _pending
+    _pending = None
+    handlers = {}
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with warnings.catch_warnings():  # restores the default display when main() returns
             warnings.showwarning = _show_warning
@@ -342,3 +360,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         term = isinstance(e, Terminated)
         _say(f"daskmeans: {'terminated' if term else 'interrupted'}")
         return 143 if term else 130
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -23,7 +23,13 @@ dask.config.update_defaults(_DEFAULTS)
 
 
 def get(key: str, default: Any = None) -> Any:
-    """Value of ``daskmeans.<key>`` from dask.config (e.g. ``get("split-every")``)."""
+    """Value of ``daskmeans.<key>`` from dask.config (e.g. ``get("split-every")``); the YAML
+    default where dask.config has none (a ``dask.config.set({"daskmeans.x": ...})`` entered
+    before this module was imported removes the whole namespace when it exits)."""
+    if default is None:
+        default = _DEFAULTS["daskmeans"]
+        for part in key.split("."):
+            default = default.get(part) if isinstance(default, dict) else None
     return dask.config.get(f"daskmeans.{key}", default=default)
 
 

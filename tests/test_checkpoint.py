@@ -116,6 +116,41 @@ def test_resume_without_a_checkpoint_is_one_line(problem):
     assert rc == 1 and "no checkpoint at" in err and "Traceback" not in err
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped exception, expected
+def test_an_interrupt_python_drops_in_a_finaliser_still_stops_the_fit(problem, monkeypatch, capsys):
+    """Python prints and drops an exception raised while a finaliser runs (a Dask future's
+    ``__del__``): a Ctrl-C landing there must still stop the fit, save the checkpoint and write
+    no model, not go on to exit 0."""
+    import dask
+
+    from daskmeans import cli
+
+    class Finaliser:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler's exception is raised here, and dropped
+
+    show = cli._progress(True)
+
+    def progress(quiet):
+        def each(stats):
+            if stats["iteration"] == 3:
+                Finaliser()
+            show(stats)
+
+        return each
+
+    monkeypatch.setattr(cli, "_progress", progress)
+    ck, out = problem / "ck-finaliser.zarr", problem / "m-finaliser.zarr"
+    with dask.config.set({"daskmeans.segment-seconds": 0}):
+        rc = cli.main(_argv(problem, out.name, "--checkpoint", str(ck), "--checkpoint-every", "2")[3:])
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == "daskmeans: interrupted", err
+    assert not out.exists()
+    assert zarr.open_group(str(ck), mode="r").attrs["iteration"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # main() put the handler back
+
+
 # ------------------------------------------------------- an interrupted label write
 
 
