@@ -4,6 +4,9 @@ The CLI turns any :class:`DaskmeansError` into one line on stderr and a non-zero
 anything else is a bug and keeps its traceback.
 """
 
+import functools
+import sys
+
 
 class DaskmeansError(Exception):
     """Base class of the errors a user can cause and fix."""
@@ -17,8 +20,27 @@ class DataError(DaskmeansError, ValueError):
     """The data cannot be clustered as given (NaN, wrong shape, non-numeric columns...)."""
 
 
+class DataTypeError(DataError, TypeError):
+    """A value of the data is not a number at all (a dict in an object array, say)."""
+
+
 class NotFittedError(DaskmeansError, AttributeError):
     """A fitted attribute or method was used before ``fit``."""
+
+
+def not_fitted(message: str) -> NotFittedError:
+    """A :class:`NotFittedError` that is also scikit-learn's when scikit-learn is in use, so
+    that its checks and ``except sklearn.exceptions.NotFittedError`` catch it. scikit-learn is
+    never imported for this: whoever catches its class has imported it already."""
+    sk = sys.modules.get("sklearn.exceptions")
+    if sk is None:
+        return NotFittedError(message)
+    return _with_base(sk.NotFittedError)(message)
+
+
+@functools.cache
+def _with_base(base: type) -> type:
+    return type("NotFittedError", (NotFittedError, base), {"__module__": __name__, "__doc__": NotFittedError.__doc__})
 
 
 class DaskmeansWarning(UserWarning):

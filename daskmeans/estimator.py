@@ -6,6 +6,7 @@ data, before any distributed work is submitted.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import warnings
@@ -18,10 +19,10 @@ import numpy as np
 from . import config
 from .backends import PRECISIONS, get_backend
 from .cluster import check_paths_on_workers, resolve_backend
-from .errors import DaskmeansError, DaskmeansWarning, DataError, NotFittedError
+from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .init import resolve_init
 from .io.model_store import load_model, save_model
-from .io.readers import read
+from .io.readers import read, read_weights
 from .engine.exact import exponents
 from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
@@ -165,6 +166,30 @@ class KMeans:
             setattr(self, k, v)
         return self
 
+    def __sklearn_tags__(self):
+        """scikit-learn's estimator tags (scikit-learn is needed only by whoever asks for them:
+        its checks, ``Pipeline``, ``clone``)."""
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags(sparse=True))
+
+    def __sklearn_clone__(self) -> "KMeans":
+        """An unfitted copy with the same parameters (``sklearn.base.clone``): copies of them,
+        but the same client, a handle to the cluster that cannot be copied."""
+        params = self.get_params()
+        client = params.pop("client")
+        return type(self)(**copy.deepcopy(params), client=client)
+
+    def __getstate__(self) -> dict:
+        """Pickled (by joblib, or to travel to a Dask worker) without what lives only in this
+        process: the client, and ``labels_``, which its cluster's workers hold."""
+        state = dict(self.__dict__)
+        state.pop("_labels", None)
+        state["client"] = None
+        return state
+
     def __repr__(self) -> str:
         changed = {k: v for k, v in self.get_params().items() if not _same(v, inspect.signature(type(self).__init__).parameters[k].default)}
         return f"KMeans({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
@@ -245,7 +270,7 @@ class KMeans:
         """The training labels (n_samples,) int32: a lazy Dask array over the labels the
         workers keep from the fit (compute it while that cluster's client is open)."""
         if "_labels" not in self.__dict__:
-            raise NotFittedError("labels_ exists after fit() (a loaded model has none: use predict(X))")
+            raise not_fitted("labels_ exists after fit() (a loaded model has none: use predict(X))")
         labels, client = self.__dict__["_labels"]
         if client.status in ("closing", "closed"):
             raise DaskmeansError(
@@ -257,7 +282,7 @@ class KMeans:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
+            raise not_fitted("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
 
     # ------------------------------------------------------------ fit
 
@@ -290,13 +315,7 @@ class KMeans:
         n, d = (int(s) for s in X.shape)
         check_n_clusters(n, self.n_clusters)
         init_arr = self._init_array(d)
-        w = None
-        if sample_weight is not None:
-            shape = tuple(int(s) for s in getattr(sample_weight, "shape", np.shape(sample_weight)))
-            if shape != (n,):
-                raise DataError(f"sample_weight has shape {shape}, should be (n_samples,) = ({n},)")
-            w = sample_weight if isinstance(sample_weight, da.Array) else da.from_array(sample_weight, chunks=(X.chunks[0],), asarray=False)
-            w = w.astype(X.dtype)
+        w = None if sample_weight is None else read_weights(sample_weight, X)
         if self.metric == "cosine":
             X = unit_rows(X)
         client = self._client()
@@ -413,12 +432,17 @@ class KMeans:
         return self._out(X, lab)
 
     def transform(self, X: Any) -> Any:
-        """Distances to every centroid, float64 (n_samples, n_clusters): Euclidean, or
-        ``1 - cos`` for ``metric="cosine"``."""
+        """Distances to every centroid (n_samples, n_clusters), in X's float dtype: Euclidean,
+        or ``1 - cos`` for ``metric="cosine"``; lazy unless ``X`` is a NumPy array."""
         x = self._blocks(X)
         k = self.n_clusters
-        out = x.map_blocks(_transform_block, self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)), dtype=np.float64, meta=np.empty((0, 0)))
+        out = x.map_blocks(_transform_block, self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)),
+                           dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
         return self._out(X, out)
+
+    def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        """Fit, then :meth:`transform` ``X``."""
+        return self.fit(X, sample_weight=sample_weight).transform(X)
 
     def score(self, X: Any, y: Any = None) -> float:
         """Opposite of the inertia of ``X`` under the fitted centroids."""
@@ -499,7 +523,8 @@ def _predict_block(block, centers, precision):
 def _transform_block(block, centers, metric):
     be, p = _prep(block, centers)
     d2 = be.to_numpy(be.sqdistances(block, p))
-    return d2 * inertia_scale(metric) if metric == "cosine" else np.sqrt(d2)
+    out = d2 * inertia_scale(metric) if metric == "cosine" else np.sqrt(d2)
+    return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
 
 
 def _inertia_block(block, centers, precision):

@@ -156,16 +156,19 @@ def check_2d_numeric(shape: Iterable[int], dtype: Any, name: str = "X") -> None:
 
     shape = tuple(shape)
     if len(shape) != 2:
-        raise DataError(f"{name} should be 2-D (n_samples, n_features), got shape {shape}")
+        raise DataError(f"{name} should be 2-D (n_samples, n_features), got shape {shape}. Reshape your data: "
+                        f"x.reshape(-1, 1) for one feature, x.reshape(1, -1) for one sample")
     kind = np.dtype(dtype).kind
+    if kind == "c":
+        raise DataError(f"Complex data not supported: {name} has dtype {np.dtype(dtype)}, should be real")
     if kind not in "iuf":
         raise DataError(f"{name} should be numeric, got dtype {np.dtype(dtype)}")
     if shape[1] < 1:
-        raise DataError(f"{name} should have at least 1 feature, got shape {shape}")
+        raise DataError(f"{name} has 0 feature(s) (shape={shape}) while a minimum of 1 is required.")
     if shape[0] < 1:
-        raise DataError(f"{name} should have at least 1 sample, got shape {shape}")
+        raise DataError(f"{name} has 0 sample(s) (shape={shape}) while a minimum of 1 is required.")
 
 
 def check_n_features(expected: int, got: int, name: str = "X") -> None:
     if expected != got:
-        raise DataError(f"{name} has {got} features, but the model was fitted with {expected}")
+        raise DataError(f"{name} has {got} features, but KMeans is expecting {expected} features as input")

@@ -425,7 +425,7 @@ def data_moments(client: Client, placement: Placement) -> dict:
     if res["neg_w"]:
         raise DataError("sample_weight has negative values: weights should be >= 0")
     if res["wsum"] <= 0:
-        raise DataError("sample_weight sums to 0: at least one weight should be > 0")
+        raise DataError("sample_weight sums to zero: at least one weight should be > 0")
     return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
             "weight": res["wsum"]}
 

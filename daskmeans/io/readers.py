@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from .. import config
-from ..errors import DaskmeansWarning, DataError
+from ..errors import DaskmeansWarning, DataError, DataTypeError
 from ..validation import check_2d_numeric
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -94,7 +94,7 @@ def read(
         x = _from_sparse(source, cb)
     elif hasattr(source, "shape") and hasattr(source, "dtype"):
         x = _from_memory(source, cb)
-    elif isinstance(source, (list, tuple)):
+    elif isinstance(source, (list, tuple)) or hasattr(source, "__array__"):
         x = _from_memory(np.asarray(source), cb)
     else:
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
@@ -193,10 +193,47 @@ def _from_sparse(a: Any, cb: int | None) -> da.Array:
 
 
 def _from_memory(a: Any, cb: int | None) -> da.Array:
+    if a.dtype == object:
+        a = _object_to_float(a)
     check_2d_numeric(getattr(a, "shape", ()), a.dtype)
     rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
     # asarray=False keeps CuPy blocks as CuPy (da.from_array would otherwise call np.asarray)
     return da.from_array(a, chunks=(rows, a.shape[1]), asarray=False)
+
+
+def _object_to_float(a: np.ndarray) -> np.ndarray:
+    """An object array of numbers as float64 (as NumPy and scikit-learn take it)."""
+    try:
+        out = np.asarray(a, dtype=np.float64)
+    except TypeError as e:  # a value that is no number at all (a dict)
+        raise DataTypeError(f"X has dtype object and a value that is not a number: {e}") from None
+    except ValueError as e:  # a string that is not a number
+        raise DataError(f"X has dtype object and a value that is not a number: {e}") from None
+    warnings.warn("X is object: converted to float64 for clustering", DaskmeansWarning, stacklevel=4)
+    return out
+
+
+def read_weights(sample_weight: Any, x: da.Array) -> da.Array:
+    """``sample_weight`` (n_samples,) as a Dask array in ``x``'s row chunks and dtype.
+
+    NumPy, CuPy and Dask arrays, lists, and pandas or Dask Series are accepted.
+    """
+    n = int(x.shape[0])
+    w = sample_weight
+    if hasattr(w, "to_dask_array"):  # a Dask Series
+        w = w.to_dask_array(lengths=True)
+    elif not isinstance(w, da.Array) and not hasattr(w, "__cuda_array_interface__"):
+        w = np.asarray(w)  # lists, pandas Series, objects with __array__
+    shape = tuple(int(s) for s in w.shape)
+    if shape != (n,):
+        raise DataError(f"sample_weight has shape {shape}, should be (n_samples,) = ({n},)")
+    if np.dtype(w.dtype).kind not in "iuf":
+        raise DataError(f"sample_weight should be numeric, got dtype {np.dtype(w.dtype)}")
+    if isinstance(w, da.Array):
+        w = w.rechunk((x.chunks[0],))
+    else:
+        w = da.from_array(w, chunks=(x.chunks[0],), asarray=False)
+    return w.astype(x.dtype)
 
 
 def _npy_block(path: str, start: int, stop: int) -> np.ndarray:
