@@ -29,6 +29,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
                                          "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
 
 
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} should be >= 1")
+    return v
+
+
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="scheduler address (tcp://HOST:PORT, tls://HOST:PORT); default: DASK_SCHEDULER_ADDRESS if set, "
@@ -88,6 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a fitted MODEL")
     i.add_argument("model")
     i.add_argument("--json", action="store_true", help="print the model's attributes as JSON")
+
+    pl = sub.add_parser("plot", help="draw a fitted MODEL: convergence, cluster sizes and, with DATA, a 2-D projection")
+    pl.add_argument("model")
+    pl.add_argument("data", nargs="?", help="also draw a PCA projection of a sample of these rows, coloured by cluster")
+    pl.add_argument("-o", "--output", required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
+    pl.add_argument("--sample", type=_positive_int, default=None, metavar="N",
+                    help="rows of DATA drawn (default 20000)")
+    pl.add_argument("--overwrite", action="store_true")
+    _add_data_args(pl)
 
     g = sub.add_parser("generate", help="write synthetic data")
     gs = g.add_subparsers(dest="kind", required=True)
@@ -266,10 +285,26 @@ def _cmd_predict(args) -> int:
     return 0
 
 
+def _cmd_plot(args) -> int:
+    from . import load
+    from .io.paths import check_output
+    from .io.readers import read
+
+    check_output(args.output, args.overwrite, [args.model, args.data])
+    km = load(args.model)
+    X = None
+    if args.data is not None:
+        X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
+                 drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+    km.plot(X, path=args.output, sample=args.sample)
+    _say(f"daskmeans: report written to {args.output}")
+    return 0
+
+
 def _cmd_info(args) -> int:
     from .io.model_store import load_model
 
-    centers, attrs = load_model(args.model)
+    centers, attrs, _ = load_model(args.model)
     if args.json:
         print(json.dumps(attrs, indent=2))
         return 0
@@ -349,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():  # restores the default display when main() returns
             warnings.showwarning = _show_warning
-            return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "generate": _cmd_generate}[args.command](args)
+            return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
+                    "generate": _cmd_generate}[args.command](args)
     except DaskmeansError as e:
         _say(f"daskmeans: error: {e}")
         return 1

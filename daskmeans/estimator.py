@@ -90,6 +90,8 @@ class KMeans:
         (``client.compute(km.labels_)`` when it is not the default client).
     inertia_ : float
     n_iter_ : int
+    cluster_sizes_ : ndarray (n_clusters,) int64
+        Rows per cluster under the final centroids.
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
         n_empty, rechecked (fraction of rows), seconds, kernel_seconds)
     n_features_in_ : int
@@ -377,6 +379,7 @@ class KMeans:
         self.inertia_ = best.inertia
         self.n_iter_ = best.n_iter
         self.history_ = best.history
+        self.cluster_sizes_ = best.sizes
         self.n_features_in_ = d
         self.backend_ = backend
         self.tier_ = tiers.tier
@@ -453,6 +456,39 @@ class KMeans:
         )
         return -float(parts.sum().compute()) * inertia_scale(self.metric)
 
+    def plot(self, X: Any = None, path: str | None = None, sample: int | None = None):
+        """A report of the fit: convergence (inertia and shift per iteration), cluster sizes
+        and, with ``X``, a PCA projection of a sample of ``X`` coloured by cluster with the
+        centroids. Needs matplotlib.
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features) or a path, optional
+        path : str, optional
+            Also write the figure there (.png, .svg, .pdf).
+        sample : int, optional
+            Rows of ``X`` drawn (default ``daskmeans.report.SAMPLE_ROWS``).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+        """
+        from . import report
+
+        self._check_fitted()
+        rows = labels = None
+        if X is not None:
+            x = read(X)
+            check_n_features(self.n_features_in_, int(x.shape[1]))
+            rows = report.sample_rows(x, sample or report.SAMPLE_ROWS)
+            labels = self.predict(rows)
+        fig = report.figure(getattr(self, "history_", []), getattr(self, "cluster_sizes_", None),
+                            self.cluster_centers_, rows, labels,
+                            title=f"KMeans(n_clusters={self.n_clusters}), inertia {self.inertia_:.4e}")
+        if path is not None:
+            report.write(fig, os.fspath(path))
+        return fig
+
     # ------------------------------------------------------------ persistence
 
     def save(self, path: str) -> None:
@@ -478,12 +514,13 @@ class KMeans:
                 "history": getattr(self, "history_", []),
                 "daskmeans_version": __version__,
             },
+            sizes=getattr(self, "cluster_sizes_", None),
         )
 
     @classmethod
     def load(cls, path: str) -> "KMeans":
         """A fitted estimator from :meth:`save`'s output (``labels_`` is not stored)."""
-        centers, attrs = load_model(path)
+        centers, attrs, sizes = load_model(path)
         params = dict(attrs.get("params", {}))
         if params.get("init") == "array":
             params["init"] = centers
@@ -494,6 +531,8 @@ class KMeans:
         km.n_features_in_ = int(attrs["n_features_in"])
         km.history_ = list(attrs.get("history", []))
         km.backend_ = attrs.get("backend") or "auto"
+        if sizes is not None:
+            km.cluster_sizes_ = sizes
         return km
 
 

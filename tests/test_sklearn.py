@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -67,6 +68,8 @@ def test_pipeline_clone_and_nested_params(client):
     assert twin.get_params() == pipe["km"].get_params() and not hasattr(twin, "cluster_centers_")
     assert twin.client is client  # shared: a handle to the cluster, not copied
     assert pipe.transform(X).shape == (600, 3)
+    search = GridSearchCV(KMeans(random_state=0, client=client), {"n_clusters": [2, 3]}, cv=2).fit(X)
+    assert search.best_params_ == {"n_clusters": 3}  # score is -inertia: more clusters, higher
 
 
 def test_pickled_model_predicts_the_same_and_has_no_labels(client):

@@ -49,13 +49,16 @@ def atomic_dir(path: str):
     return cm()
 
 
-def save_model(path: str, centroids: np.ndarray, attrs: dict) -> None:
-    """Write ``centroids`` (K, D) and JSON ``attrs`` as a Zarr group at ``path``."""
+def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray | None = None) -> None:
+    """Write ``centroids`` (K, D), the rows per cluster ``sizes`` (K,) if known, and JSON
+    ``attrs`` as a Zarr group at ``path``."""
     import zarr
 
     with atomic_dir(path) as tmp:
         g = zarr.open_group(tmp, mode="w")
         g.create_array("cluster_centers", data=np.asarray(centroids))
+        if sizes is not None:
+            g.create_array("cluster_sizes", data=np.asarray(sizes, np.int64))
         g.attrs.update(_jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs}))
 
 
@@ -75,8 +78,8 @@ def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
     return g, attrs
 
 
-def load_model(path: str) -> tuple[np.ndarray, dict]:
-    """Read a model written by :func:`save_model`: ``(centroids, attrs)``."""
+def load_model(path: str) -> tuple[np.ndarray, dict, np.ndarray | None]:
+    """Read a model written by :func:`save_model`: ``(centroids, attrs, sizes or None)``."""
     g, attrs = _open(path, FORMAT, "model", f"no such model: {path}")
     try:
         centers = np.asarray(g["cluster_centers"][...])
@@ -86,7 +89,8 @@ def load_model(path: str) -> tuple[np.ndarray, dict]:
         raise DataError(
             f"{path} has format_version={attrs['format_version']}; this daskmeans reads <= {FORMAT_VERSION}"
         )
-    return centers, attrs
+    sizes = np.asarray(g["cluster_sizes"][...]) if "cluster_sizes" in g else None
+    return centers, attrs, sizes
 
 
 def write_array(x, path: str, name: str | None = None) -> None:
