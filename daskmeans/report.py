@@ -1,7 +1,8 @@
 """Pictures of a fitted model: convergence, cluster sizes and, given data, a 2-D projection.
 
-Matplotlib is optional (``pip install 'daskmeans[plot]'``) and imported only here. The figure
-is drawn with the Agg backend, so it works without a display (servers, batch jobs).
+Matplotlib is optional (``pip install 'daskmeans[plot]'``) and imported only here. Figures are
+made without pyplot: no backend is chosen or changed (a notebook's inline display stays), none
+is kept in pyplot's registry, and writing works without a display (servers, batch jobs).
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ from .errors import DaskmeansError
 SAMPLE_ROWS = 20_000
 
 
-def _pyplot():
+def _matplotlib():
     try:
         import matplotlib
+        import matplotlib.figure
     except ImportError:
         raise DaskmeansError("plotting needs matplotlib: pip install 'daskmeans[plot]'") from None
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
+    return matplotlib
 
 
 def sample_rows(x: Any, n: int, seed: int = 0) -> np.ndarray:
@@ -65,10 +64,10 @@ def figure(history: list[dict], sizes: np.ndarray | None, centers: np.ndarray,
     sample, labels : ndarray (n, n_features) and (n,), optional
         Rows and their clusters for the 2-D projection panel.
     """
-    plt = _pyplot()
+    mpl = _matplotlib()
     panels = ["convergence"] + (["sizes"] if sizes is not None else []) + (["projection"] if sample is not None else [])
-    fig, axs = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), dpi=100, squeeze=False)
-    axs = dict(zip(panels, axs[0]))
+    fig = mpl.figure.Figure(figsize=(5.2 * len(panels), 4.4), dpi=100)
+    axs = dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0]))
     k = int(centers.shape[0])
 
     ax = axs["convergence"]
@@ -101,7 +100,7 @@ def figure(history: list[dict], sizes: np.ndarray | None, centers: np.ndarray,
     if "projection" in axs:
         ax = axs["projection"]
         p, c, explained = projection(sample, centers)
-        cmap = plt.get_cmap("tab20" if k <= 20 else "hsv")
+        cmap = mpl.colormaps["tab20" if k <= 20 else "hsv"]
         ax.scatter(p[:, 0], p[:, 1], c=np.asarray(labels) % cmap.N if k <= 20 else np.asarray(labels) / max(k - 1, 1),
                    cmap=cmap, s=2, alpha=0.5, linewidths=0, rasterized=True)
         ax.scatter(c[:, 0], c[:, 1], marker="x", c="k", s=40 if k <= 200 else 4, linewidths=1.2, label="centroids")
