@@ -305,7 +305,8 @@ class KMeans:
         y : ignored
         sample_weight : array (n_samples,), optional
         callback : callable(dict), optional
-            Called with each iteration's statistics (see ``history_``).
+            Called with each iteration's statistics (see ``history_``), and ``run``: which
+            of the ``n_init`` runs (from 1).
         resume : bool, default False
             Continue from ``checkpoint`` (written by an earlier fit of the same data and
             parameters) instead of initialising.
@@ -367,7 +368,7 @@ class KMeans:
                         c0 = unit_centroids(np.asarray(c0, np.float64))
                 res = run_lloyd(
                     client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
-                    weight_exp=weight_exp, callback=callback, precision=self.precision, metric=self.metric,
+                    weight_exp=weight_exp, callback=_numbered(callback, run + 1), precision=self.precision, metric=self.metric,
                     collective=config.get("collective"), replan=replan,
                     start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )
@@ -537,6 +538,13 @@ class KMeans:
 
 
 # ---------------------------------------------------------------- block functions
+
+
+def _numbered(callback: Callable[[dict], None] | None, run: int) -> Callable[[dict], None] | None:
+    """``callback`` seeing each iteration's statistics with the ``run`` (of ``n_init``) added."""
+    if callback is None:
+        return None
+    return lambda stats: callback({**stats, "run": run})
 
 
 def _finite_rows(block, block_info=None):

@@ -129,17 +129,13 @@ def test_an_interrupt_python_drops_in_a_finaliser_still_stops_the_fit(problem, m
         def __del__(self):
             signal.raise_signal(signal.SIGINT)  # the handler's exception is raised here, and dropped
 
-    show = cli._progress(True)
-
-    def progress(quiet):
-        def each(stats):
+    class Progress(cli._Progress):
+        def __call__(self, stats):
             if stats["iteration"] == 3:
                 Finaliser()
-            show(stats)
+            super().__call__(stats)
 
-        return each
-
-    monkeypatch.setattr(cli, "_progress", progress)
+    monkeypatch.setattr(cli, "_Progress", Progress)
     ck, out = problem / "ck-finaliser.zarr", problem / "m-finaliser.zarr"
     with dask.config.set({"daskmeans.segment-seconds": 0}):
         rc = cli.main(_argv(problem, out.name, "--checkpoint", str(ck), "--checkpoint-every", "2")[3:])

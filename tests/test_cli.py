@@ -190,3 +190,53 @@ def test_info_prints_the_history_table(blobs, capsys, tmp_path):
     rows = [line.split() for line in out[head + 1:]]
     assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)) and 1 <= len(rows) <= 4
     assert all(float(r[5]) >= 1.0 and float(r[7]) > 0 for r in rows)
+
+
+def _on_a_terminal(argv: list[str]) -> str:
+    """Run ``argv`` with stdout and stderr on a pseudo-terminal; everything it wrote."""
+    import pty
+    import subprocess
+
+    main_fd, child_fd = pty.openpty()
+    p = subprocess.Popen(argv, stdout=child_fd, stderr=child_fd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    os.close(child_fd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert p.wait(timeout=300) == 0, out
+    os.close(main_fd)
+    return out.decode()
+
+
+def test_progress_is_a_bar_on_a_terminal(blobs):
+    import re
+    import sys
+
+    d, data = blobs
+    out = _on_a_terminal([sys.executable, "-m", "daskmeans", "fit", data, "--k", "4", "--seed", "0", "--n-init", "2",
+                          "--workers", "2", "-o", str(d / "bar.zarr")])
+    assert "iter    1" not in out  # no log lines: the bar
+    for run in (1, 2):
+        final = re.findall(rf"run {run}/2: 100%\|[^|]+\| (\d+)/(\d+) \[inertia \S+ shift \S+ [\d.]+s/it\]", out)
+        assert len(final) == 1 and final[0][0] == final[0][1], out  # ends at its last iteration
+    assert "model written to" in out
+
+
+def test_verbose_lines_and_numbered_runs(blobs, capsys):
+    d, data = blobs
+    rc, _, err = run(capsys, "fit", data, "--k", "4", "--seed", "0", "--n-init", "2", "-v", "--max-iter", "3",
+                     "--tol", "0", "--workers", "2", "-o", str(d / "v.zarr"))
+    assert rc == 0, err
+    lines = [x for x in err.splitlines() if " iter " in x]
+    heads = [x.split()[:4] for x in lines]
+    for r in (1, 2):  # each run numbered, its iterations from 1 (a run may stop early: no label changed)
+        its = [int(h[3]) for h in heads if h[:3] == ["run", f"{r}/2", "iter"]]
+        assert its == list(range(1, len(its) + 1)) and its, heads
+    assert len(heads) == sum(h[0] == "run" for h in heads)
+    assert all(" imbalance " in x and x.endswith(" GB/s") for x in lines), lines
