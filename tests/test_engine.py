@@ -458,6 +458,7 @@ def test_max_iter_respected(client, randn_small):
 def test_history_and_callback(client, randn_small):
     seen = []
     km = KMeans(5, init="k-means++", random_state=0, client=client).fit(randn_small, callback=seen.append)
+    assert [s.pop("run") for s in seen] == [1] * km.n_iter_
     assert seen == km.history_
     keys = {"iteration", "inertia", "shift", "reassigned", "n_empty", "seconds", "kernel_seconds"}
     for h in km.history_:

@@ -157,6 +157,7 @@ def test_segments_deliver_every_iteration_once_in_order(client, data):
         km = KMeans(10, init=data[:10].astype(np.float64), tol=0, client=client).fit(
             da.from_array(data, chunks=(1000, -1)), callback=seen.append)
     assert [s["iteration"] for s in seen] == list(range(1, km.n_iter_ + 1))
+    assert all(s.pop("run") == 1 for s in seen)  # the callback's own key: which of n_init runs
     assert seen == km.history_
     # kernel_seconds is the slowest rank's; seconds is rank 0's wall time (ranks start a
     # segment at different moments, so neither bounds the other).
