@@ -2,6 +2,9 @@
 kernel's configuration for K x D, its shared-memory size, and the compile-time choices written
 into the kernel source. The kernels themselves are tested in test_gpu.py."""
 
+import re
+from pathlib import Path
+
 import dask
 import pytest
 
@@ -102,3 +105,20 @@ def test_kernel_source_carries_the_placement_and_rows_per_trip():
 def test_select_source_defaults_to_two_insert_chains():
     assert _defines(cuda_src.select_source("float32", "float32"))["CH"] == "2"
     assert _defines(cuda_src.select_source("float32", "float32", chains=1))["CH"] == "1"
+
+
+def test_cuda_sources_are_files_of_the_package_not_python_strings():
+    import daskmeans
+
+    pkg = Path(daskmeans.__file__).parent
+    assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
+    files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
+    assert files == ["common.cuh", "fused_gemm.cu", "select.cu", "small.cu"]
+    # Each module is the common device code and its kernels, behind the #define header.
+    src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
+    assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
+    assert (pkg / "backends" / "cuda" / "common.cuh").read_text() in src
+    kernels = {m.group(1) for s in (cuda_src.SMALL_SRC, cuda_src.SELECT_SRC, cuda_src.FUSED_GEMM_SRC)
+               for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) |BOUNDS )?(\w+)", s)}
+    assert {"fused_small", "reduce_parts", "select_rows", "select_cols", "sorted_sums", "label_hist",
+            "label_scatter", "scatter_by_label", "gemm_top2", "finish_top2"} <= kernels, kernels

@@ -1,0 +1,70 @@
+
+#define FULL 0xffffffffu
+__device__ __forceinline__ double warp_sum(double v) {
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
+    return v;
+}
+// Exact squared distance of two D-vectors (float64), lanes striding over D, warp-reduced.
+template <typename V>
+__device__ __forceinline__ double exact_d2(const V* __restrict__ x, const V* __restrict__ c, int D, int lane) {
+    double s = 0.0;
+    for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
+    return warp_sum(s);
+}
+// A row's running top-2 (value, index) pairs and third value, lowest index first on equal
+// values. Insert (v, k), k larger than every index this thread has seen.
+template <typename V>
+__device__ __forceinline__ void ins3(V v, int k, V& b1, int& i1, V& b2, int& i2, V& b3) {
+    if (v < b1) { b3 = b2; b2 = b1; i2 = i1; b1 = v; i1 = k; }
+    else if (v < b2) { b3 = b2; b2 = v; i2 = k; }
+    else if (v < b3) { b3 = v; }
+}
+// The same insertion without branches (selects only): in the streaming scans a warp's lanes
+// insert at different values, and the divergent ins3 made select_rows issue-bound (ncu, P2
+// tf32: 0.66 issued per scheduler-cycle, 19.5 active threads per warp).
+template <typename V>
+__device__ __forceinline__ void ins3_sel(V v, int k, V& b1, int& i1, V& b2, int& i2, V& b3) {
+    const bool c1 = v < b1, c2 = v < b2, c3 = v < b3;  // c1 => c2 => c3
+    b3 = c2 ? b2 : (c3 ? v : b3);
+    b2 = c1 ? b1 : (c2 ? v : b2);
+    i2 = c1 ? i1 : (c2 ? k : i2);
+    b1 = c1 ? v : b1;
+    i1 = c1 ? k : i1;
+}
+// Merge another sorted state (c1, j1, c2, j2, c3): the three smallest values of the union and
+// the indices of the first two, in (value, index) order: associative and commutative.
+template <typename V>
+__device__ __forceinline__ void merge3(V& b1, int& i1, V& b2, int& i2, V& b3, V c1, int j1, V c2, int j2, V c3) {
+    if (c1 < b1 || (c1 == b1 && j1 < i1)) {
+        V t = b1; b1 = c1; c1 = t; int u = i1; i1 = j1; j1 = u;
+        t = b2; b2 = c2; c2 = t; u = i2; i2 = j2; j2 = u;
+        t = b3; b3 = c3; c3 = t;
+    }
+    if (c1 < b2 || (c1 == b2 && j1 < i2)) { b3 = b2 < c2 ? b2 : c2; b2 = c1; i2 = j1; }
+    else { b3 = b3 < c1 ? b3 : c1; }
+}
+template <typename V>
+__device__ __forceinline__ void shfl_merge3(V& b1, int& i1, V& b2, int& i2, V& b3, int off) {
+    const V c1 = __shfl_xor_sync(FULL, b1, off), c2 = __shfl_xor_sync(FULL, b2, off);
+    const V c3 = __shfl_xor_sync(FULL, b3, off);
+    const int j1 = __shfl_xor_sync(FULL, i1, off), j2 = __shfl_xor_sync(FULL, i2, off);
+    merge3(b1, i1, b2, i2, b3, c1, j1, c2, j2, c3);
+}
+// Row r's label and distance (one lane per row), and the running inertia and moved count.
+__device__ __forceinline__ void row_out(long long r, int best, double bd, const double* __restrict__ w,
+                                        const int* prev, int* labels, double* __restrict__ d2,
+                                        double& inert, double& moved) {
+    const double wr = w ? w[r] : 1.0;
+    const int old = prev ? prev[r] : -1;  // read before the write: labels may alias prev
+    if (labels) labels[r] = best;
+    if (d2) d2[r] = bd;
+    inert += wr * bd;
+    moved += (prev == nullptr || old != best) ? 1.0 : 0.0;
+}
+// One warp's inertia, moved and re-checked counts into the kernel's three global totals.
+__device__ __forceinline__ void stat_out(double* stat, double inert, double moved, double checked) {
+    atomicAdd(stat, inert);
+    atomicAdd(stat + 1, moved);
+    atomicAdd(stat + 2, checked);
+}
