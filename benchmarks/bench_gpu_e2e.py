@@ -3,7 +3,7 @@ GPU after loading) against the kernel step alone, same data, same run.
 
 Writes P3-shaped data (randn 3e5 x 408 float32, fresh) to Zarr and an init .npy (K = 5000 rows
 of the data), runs the CLI in-process with ``--max-iter N --tol 0``, and reads the per-
-iteration wall times from the model's history. The kernel step (``backends.cupy.assign`` on
+iteration wall times from the model's history. The kernel step (``backends.cupy_backend.assign`` on
 the whole array, already on the GPU) is timed in the same process beforehand. Reports the
 median iteration wall time (iterations 2..N: the first one compiles nothing new but warms the
 workers) and its ratio to the kernel step.

@@ -1,7 +1,7 @@
 """GPU kernel-step benchmark (issue: GPU engine at the cuBLAS floor).
 
 On one GPU, data resident, per iteration: median time (CUDA events, after warm-up, fresh
-random data per problem) of daskmeans' CuPy kernel step (``backends.cupy.assign``) and, in
+random data per problem) of daskmeans' CuPy kernel step (``backends.cupy_backend.assign``) and, in
 the same run, the floors: cuBLAS fp32 and tf32 GEMM of N x D x K (row-tiled like the kernel
 where N x K would not fit), one HBM read of X (a device copy's time / 2), and the naive PyTorch
 step (cdist, argmin, index_add). Each is timed twice: between device synchronisations (wall

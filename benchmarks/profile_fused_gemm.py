@@ -1,4 +1,4 @@
-"""Where the fused GEMM path (``backends.cupy._run_fused_gemm``) spends its time: the
+"""Where the fused GEMM path (``backends.cupy_backend._run_fused_gemm``) spends its time: the
 ``gemm_top2`` kernel, ``finish_top2`` and the label sums, each timed alone with CUDA events
 (median of repeats), and how many rows needed each re-check (certified / two candidates /
 every centroid). For planning kernel work.
@@ -13,7 +13,7 @@ import cupy
 import numpy as np
 
 from daskmeans.backends import cuda_src
-from daskmeans.backends import cupy as be
+from daskmeans.backends import cupy_backend as be
 
 PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "P4s": (500_000, 480, 40000)}
 

@@ -1,6 +1,6 @@
 """The fused small-K kernel (``fused_small``) alone, timed with CUDA events (median of
 repeats), for compile-time variants of its configuration, next to the whole step
-(``backends.cupy.assign``, between device synchronisations) and one HBM read of X.
+(``backends.cupy_backend.assign``, between device synchronisations) and one HBM read of X.
 For planning kernel work on S1/S2.
 
     python benchmarks/profile_fused_small.py S1 S2
@@ -13,7 +13,7 @@ import cupy
 import dask
 
 from daskmeans.backends import cuda_src
-from daskmeans.backends import cupy as be
+from daskmeans.backends import cupy_backend as be
 
 PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 
@@ -49,7 +49,7 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
             res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p))  # noqa: B023
     labels = cupy.empty(n, cupy.int32)
     for lanes, dpl, tred, rows, mb, mode, creg in VARIANTS[name]:
-        kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy._small_config
+        kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy_backend._small_config
         shared = be._shared_bytes(k, lanes, dpl, creg, mode)
         kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode, creg, d == lanes * dpl)
         kern.max_dynamic_shared_size_bytes = shared

@@ -12,7 +12,7 @@ import cupy
 import dask
 import numpy as np
 
-from daskmeans.backends import cupy as be
+from daskmeans.backends import cupy_backend as be
 
 PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 

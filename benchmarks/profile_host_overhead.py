@@ -12,7 +12,7 @@ import time
 import benchmeta
 import cupy
 
-from daskmeans.backends import cupy as be
+from daskmeans.backends import cupy_backend as be
 
 PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 

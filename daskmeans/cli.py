@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_cluster_args(args) -> None:
-    from .cluster import scheduler_address
+    from .dask_cluster import scheduler_address
     from .errors import DaskmeansError
 
     address, source = scheduler_address(args.scheduler, args.scheduler_file)
@@ -140,7 +140,7 @@ def _check_cluster_args(args) -> None:
 
 
 def _connect(args):
-    from .cluster import connect
+    from .dask_cluster import connect
 
     # Importing distributed routes warnings to logging (logging.captureWarnings): ours stay lines.
     warnings.showwarning = _show_warning
@@ -149,7 +149,7 @@ def _connect(args):
 
 
 def _external(args) -> bool:
-    from .cluster import scheduler_address
+    from .dask_cluster import scheduler_address
 
     return scheduler_address(args.scheduler, args.scheduler_file)[0] is not None
 
@@ -180,7 +180,7 @@ def _gpu_chunk_bytes(args) -> str | None:
     from dask.utils import parse_bytes
 
     from . import config
-    from .cluster import local_uses_gpu
+    from .dask_cluster import local_uses_gpu
 
     if _external(args) or not local_uses_gpu(args.backend):
         return None
@@ -255,7 +255,7 @@ def _say(msg: str) -> None:
 
 
 def _cmd_fit(args) -> int:
-    from .cluster import check_paths_on_workers, describe
+    from .dask_cluster import check_paths_on_workers, describe
     from .errors import DaskmeansError
     from .estimator import KMeans
     from .io.model_store import write_array
@@ -313,7 +313,7 @@ def _cmd_fit(args) -> int:
 
 def _cmd_predict(args) -> int:
     from . import load
-    from .cluster import check_paths_on_workers
+    from .dask_cluster import check_paths_on_workers
     from .io.model_store import write_array
     from .io.paths import check_output
     from .validation import check_n_features

@@ -18,9 +18,9 @@ import numpy as np
 
 from . import config
 from .backends import PRECISIONS, get_backend
-from .cluster import check_paths_on_workers, resolve_backend
+from .dask_cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
-from .init import resolve_init
+from .seeding import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
 from .engine.exact import exponents

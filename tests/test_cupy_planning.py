@@ -9,7 +9,7 @@ import dask
 import pytest
 
 from daskmeans.backends import cuda_src
-from daskmeans.backends import cupy as be
+from daskmeans.backends import cupy_backend as be
 
 BIG = 1 << 30  # a device that lets a block have any shared memory
 

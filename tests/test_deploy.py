@@ -177,7 +177,7 @@ def test_chunk_bytes_smaller_than_the_store_is_a_warning(recipe, data, tmp_path)
 
 
 class _Cluster:
-    """The one call :func:`daskmeans.cluster.worker_kinds` makes, on a cluster of GPU and CPU
+    """The one call :func:`daskmeans.dask_cluster.worker_kinds` makes, on a cluster of GPU and CPU
     workers (a CPU-only host cannot start GPU workers)."""
 
     def __init__(self, kinds: dict[str, bool]):
@@ -189,7 +189,7 @@ class _Cluster:
 
 def test_a_cluster_of_gpu_and_cpu_workers_needs_a_backend():
     from daskmeans import DaskmeansError
-    from daskmeans.cluster import resolve_backend
+    from daskmeans.dask_cluster import resolve_backend
 
     mixed = _Cluster({"tcp://10.0.0.1:1": True, "tcp://10.0.0.2:1": False, "tcp://10.0.0.3:1": True})
     with pytest.raises(DaskmeansError, match=r"the cluster mixes 2 GPU worker\(s\) and 1 CPU worker\(s\) "

@@ -4,7 +4,6 @@ inference methods and parameter errors."""
 
 from __future__ import annotations
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from sklearn.datasets import make_blobs
 import daskmeans
 import daskmeans.estimator
 from daskmeans import DataError, InvalidParameterError, KMeans, NotFittedError
-from daskmeans.init import resolve_init
+from daskmeans.seeding import resolve_init
 from daskmeans.io.readers import read
 from daskmeans.placement import place
 
@@ -184,7 +183,7 @@ def test_chunking_invariance(client, mixed_20k, init):
 
 
 def test_row_uniforms_do_not_depend_on_the_split():
-    from daskmeans.init import row_uniforms
+    from daskmeans.seeding import row_uniforms
 
     whole = row_uniforms(11, 2, 0, 1000)
     cuts = [0, 1, 3, 4, 9, 250, 251, 999, 1000]
@@ -219,7 +218,7 @@ def test_seeded_init_is_bitwise_the_same_for_any_chunking_and_worker_count(clien
 # ---------------------------------------------------------------- (c) worker-count invariance
 
 
-# Regression (k-means|| once depended on the chunk placement): init.py concatenates the sampled
+# Regression (k-means|| once depended on the chunk placement): seeding.py concatenates the sampled
 # candidates in shard order, and a shard holds one worker's chunks (e.g. chunks 0,2,3,7 on one
 # worker, 1,4,5,6 on the other, and a different split on every place()); the k-means++ recluster
 # then sees the same candidates in a different order and, with the same seed, picks different

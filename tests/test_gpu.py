@@ -69,7 +69,7 @@ REG_SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (3001, 7
 def test_fused_small_centroid_placements_match_reference(n, d, k, weighted, dtype, centroids, poisoned_pool):
     import dask
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
         assert be._small_config(k, d, 1 << 30)[4] == (centroids == "registers")
@@ -271,7 +271,7 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, po
     import cupy
     import dask
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     X, C, rng = _data(n + offset, d, k, np.float32, seed=3)
     w = rng.random(n) + 0.5
@@ -301,7 +301,7 @@ def test_label_sums_counting_sorts_agree(hist_max_k, monkeypatch):
     (taken when K is too large for shared memory): the same sums, counts and inertia."""
     import cupy
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     monkeypatch.setattr(be, "_HIST_MAX_K", hist_max_k)
     X, C, rng = _data(6000, 21, 600, np.float32, seed=7)
@@ -325,7 +325,7 @@ def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, path):
     import cupy
     import dask
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     rng = np.random.default_rng(copies)
     base = rng.integers(-20, 20, (50, 40)).astype(np.float64)
@@ -359,7 +359,7 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     the residual norms are exact and the split parts sum back to x."""
     import cupy
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     rng = np.random.default_rng(mode + 10 * cen)
     d = 37
@@ -404,7 +404,7 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
     import cupy
     import dask
 
-    from daskmeans.backends import cupy as be
+    from daskmeans.backends import cupy_backend as be
 
     rng = np.random.default_rng(int(offset) + len(precision))
     n, d, k = 3000, 77, 300

@@ -4,7 +4,6 @@ host the two workers share the GPU (Dask's comms only: NCCL needs a GPU per rank
 
 from __future__ import annotations
 
-import os
 
 import dask
 import dask.array as da

@@ -1,4 +1,4 @@
-"""The NumPy kernels of :mod:`daskmeans.backends.numpy` against hand-computed values and a
+"""The NumPy kernels of :mod:`daskmeans.backends.numpy_backend` against hand-computed values and a
 plain float64 NumPy reference."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from daskmeans.backends import get_backend
-from daskmeans.backends import numpy as nb
+from daskmeans.backends import numpy_backend as nb
 
 # Tilings of the kernel: default tiles, tiny tiles (K*itemsize > tile-bytes, so 64-row
 # tiles), and tiles of a row count that divides nothing (1000 rows of K = 7 float64 distances).
@@ -255,7 +255,7 @@ def test_get_backend_dispatch():
 def test_cupy_assign_matches_numpy():
     import cupy
 
-    from daskmeans.backends import cupy as cb
+    from daskmeans.backends import cupy_backend as cb
 
     rng = np.random.default_rng(5)
     X = rng.standard_normal((3000, 7))
@@ -345,7 +345,7 @@ def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
     before = cached()
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    code = ("import numpy as np; from daskmeans.backends import numpy as be; "
+    code = ("import numpy as np; from daskmeans.backends import numpy_backend as be; "
             "x = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32); "
             "print(be.moments(x)[2])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -107,7 +107,7 @@ def test_relative_path_on_external_cluster_gives_the_local_model(external, data_
 def test_path_the_workers_cannot_see_is_one_clear_line(external, data_dir, capsys):
     from distributed import Client
 
-    from daskmeans.cluster import check_paths_on_workers
+    from daskmeans.dask_cluster import check_paths_on_workers
     from daskmeans.errors import DaskmeansError
 
     with Client(external, timeout="30s") as c:

@@ -35,7 +35,7 @@ def check_precision(precision: str) -> None:
     """Every backend's ``prepare`` takes a precision of :data:`PRECISIONS` (or raises)."""
     Options(PRECISIONS).check("precision", precision)
 
-_MODULES = {"numpy": "daskmeans.backends.numpy", "cupy": "daskmeans.backends.cupy"}
+_MODULES = {"numpy": "daskmeans.backends.numpy_backend", "cupy": "daskmeans.backends.cupy_backend"}
 # User-facing aliases (CLI --backend) for the backend names.
 ALIASES = {"cpu": "numpy", "gpu": "cupy", "numpy": "numpy", "cupy": "cupy"}
 

@@ -3,7 +3,7 @@
 The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``,
 ``fused_gemm.cu``); here they get their compile-time ``#define`` header. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
-too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy`.
+too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy_backend`.
 
 The kernels (see that module for when each runs):
 

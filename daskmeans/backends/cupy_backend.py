@@ -1,4 +1,4 @@
-"""CuPy kernels: the same contract as :mod:`daskmeans.backends.numpy`, on the GPU.
+"""CuPy kernels: the same contract as :mod:`daskmeans.backends.numpy_backend`, on the GPU.
 
 Two regimes, chosen in :func:`prepare` from K and D alone:
 
