@@ -243,30 +243,26 @@ def test_gpu_fit_variants_agree_with_cpu(metric, precision):
 
 # GEMM-regime shapes: D odd / not a multiple of 4 / tiny, K not a multiple of the 128-wide
 # centroid tile, K spanning many tiles, N not a multiple of the 128-row block.
-FUSED_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 200), (2777, 5, 1000)]
+GEMM_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 200), (2777, 5, 1000)]
 
 
 def _path_config(path):
-    """dask config forcing a GEMM-regime path: the fused GEMM + top-2 kernel, or cuBLAS tiles
-    with the row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection;
-    "+sgemm": fp32 precision through cuBLAS's fp32 GEMM instead of split TF32."""
-    if path == "fused":
-        return {"daskmeans.gpu-fused-gemm-max-d": 100000}
+    """dask config forcing a GEMM-regime path: cuBLAS tiles with the row-major (warp per row)
+    or column-major (1, 2 or 4 rows per thread) selection; "+sgemm": fp32 precision through
+    cuBLAS's fp32 GEMM instead of split TF32."""
     layout, _, gemm = path.partition("+")
-    return {"daskmeans.gpu-fused-gemm-max-d": 0, "daskmeans.gpu-select-layout": layout,
-            "daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}
+    return {"daskmeans.gpu-select-layout": layout, "daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}
 
 
-GEMM_PATHS = ["fused", "rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm"]
+GEMM_PATHS = ["rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm"]
 
 
-@pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
+@pytest.mark.parametrize("n,d,k", GEMM_SHAPES)
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 @pytest.mark.parametrize("path", GEMM_PATHS)
 @pytest.mark.parametrize("offset", [0, 1])
 def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, poisoned_pool):
-    """Every GEMM-regime path (fused GEMM + top-2 kernel; cuBLAS tiles + row- or
-    column-major selection) gives the exact labels, sums and distances, also on a block that
+    """Every GEMM-regime path (cuBLAS tiles + row- or column-major selection) gives the exact labels, sums and distances, also on a block that
     starts one row into its buffer (not 16-byte aligned when D is odd) and with weights."""
     import cupy
     import dask
@@ -280,7 +276,6 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, po
     with dask.config.set(_path_config(path)):
         p = be.prepare(C, np.float32, precision)
         assert p.small is None  # the GEMM regime
-        assert be._fused_gemm(Xg, p) is (path == "fused" and precision == "fp32")  # fp32 only
         prev = cupy.full(n, -7, cupy.int32)
         out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
         lab_only, d2 = be.min_sqdist(Xg, p)

@@ -1,7 +1,6 @@
 """CUDA C++ sources of the CuPy backend's kernels, and their compile cache.
 
-The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``,
-``fused_gemm.cu``); here they get their compile-time ``#define`` header. Pure source text and
+The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``); here they get their compile-time ``#define`` header. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
 too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy_backend`.
 
@@ -29,13 +28,6 @@ The kernels (see that module for when each runs):
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
     rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
     enough for three blocks per SM (``_select_layout``).
-``gemm_top2`` / ``finish_top2``
-    The fused fp32 GEMM regime (off by default, ``daskmeans.gpu-fused-gemm-max-d: 0``: slower
-    than cuBLAS + ``select_cols`` on an H200): a 128 x 128 x 8 FFMA tile GEMM whose epilogue
-    keeps, per row, the two best (value, index) pairs and the third value of
-    ``||c||^2 - 2 x.c`` across all centroid tiles (the N x K distances never leave the chip); then one warp per row certifies
-    the winner with the error bound, or re-ranks {i1, i2}, or (three or more candidates)
-    every centroid by exact float64 distances.
 ``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
@@ -58,7 +50,6 @@ def _source(name: str) -> str:
 _COMMON = _source("common.cuh")
 SMALL_SRC = _COMMON + _source("small.cu")
 SELECT_SRC = _COMMON + _source("select.cu")
-FUSED_GEMM_SRC = _COMMON + _source("fused_gemm.cu")
 
 
 _CACHE: dict = {}
@@ -169,9 +160,3 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
     return _functions(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread), ("select_cols",))[0]
-
-
-def fused_gemm_kernels() -> tuple[Any, Any]:
-    """``(gemm_top2, finish_top2)``: the fused fp32 GEMM + top-2 kernel for float32 data and
-    its certification pass."""
-    return _functions(("fused",), FUSED_GEMM_SRC, ("gemm_top2", "finish_top2"))

@@ -7,10 +7,7 @@ fused (small K x D: the centroids fit in shared memory)
     sums in registers or shared memory, one partial per block reduced in a fixed order. No
     GEMM, no N x K tile, no global atomics.
 GEMM (moderate and large K)
-    fp32 precision, float32 data, D <= ``gpu-fused-gemm-max-d``: ``gemm_top2`` computes
-    ``||c||^2 - 2 x.c`` tile by tile on chip and keeps each row's two best (value, index) pairs
-    and third value; ``finish_top2`` certifies the winner or re-ranks the candidates exactly.
-    Otherwise, per row tile, ``gemm_prep`` writes the rows as the GEMM reads them and each
+    per row tile, ``gemm_prep`` writes the rows as the GEMM reads them and each
     row's error bound, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
     preallocated tiles, then a selection kernel takes the top-2 (and third value) of
     ``G + ||c||^2`` per row, certifies the winner against the row's bound and re-ranks
@@ -268,8 +265,8 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
         a = ab
         smax = float(cupy.sqrt(rsq.max()))
     sq = (c64 * c64).sum(axis=1)
-    # Padded to whole centroid tiles of the fused GEMM kernels (+inf: never selected).
-    csq = cupy.full(-(-k // _FUSED_BN) * _FUSED_BN, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
+    # Padded with +inf (never selected): select_rows reads it in 16-byte vectors past K.
+    csq = cupy.full(-(-k // _CSQ_PAD) * _CSQ_PAD, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, _error_bound(cmax, smax, d, mode, gemm64), mode)
@@ -397,41 +394,7 @@ def _run_small(X, p, w, prev, labels, d2, want_sums):
 # ------------------------------------------------------------------ the GEMM regime
 
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
-_FUSED_BM = _FUSED_BN = 128  # rows and centroids of one fused GEMM block tile (cuda_src)
-
-
-def _fused_gemm(X: Any, p: Prepared) -> bool:
-    """Whether the fused GEMM + top-2 kernel takes this block (float32 data, fp32 precision,
-    D up to ``gpu-fused-gemm-max-d``); else cuBLAS tiles and ``select_rows``."""
-    return (X.dtype == numpy.float32 and p.precision == "fp32"
-            and X.shape[1] <= int(config.get("gpu-fused-gemm-max-d")))
-
-
-def _run_fused_gemm(X, p, w, prev, labels, d2, want_sums):
-    """GEMM and selection in one kernel (``gemm_top2``: the N x K distances stay on chip; per
-    row the best two (value, index) pairs and the third value), then ``finish_top2``
-    certifies each winner or re-ranks its candidates by exact distances."""
-    import cupy
-
-    n, d = X.shape
-    k = p.k
-    c = p.centroids
-    gemm, finish = cuda_src.fused_gemm_kernels()
-    # The bound (A, B) of p.mode: for split TF32 (mode 2) larger than this kernel's exact fp32
-    # inputs need, hence still certified; R multiplies a residual of 0 here.
-    i1, i2 = cupy.empty(n, cupy.int32), cupy.empty(n, cupy.int32)
-    b = cupy.empty((3, n), cupy.float32)
-    n64, d32, k32 = cupy.int64(n), cupy.int32(d), cupy.int32(k)
-    gemm((-(-n // _FUSED_BM),), (256,), (X, n64, d32, c, k32, p.csq, i1, i2, b[0], b[1], b[2]))
-    stat = cupy.zeros(3, cupy.float64)
-    blocks = int(max(1, min(8 * _sm_count(cupy.cuda.Device().id), -(-n // 8))))
-    finish((blocks,), (256,),
-           (X, d32, n64, c, k32, i1, i2, b[0], b[1], b[2], numpy.float64(p.err[0]), numpy.float64(p.err[2]),
-            _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), stat))
-    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}
-    if want_sums:
-        out.update(_label_sums(X, labels, w, k))
-    return out
+_CSQ_PAD = 128  # the centroids' squared norms are padded to a multiple of this
 
 
 _HIST_MAX_K = _SHARED_BYTES // 4  # block-local label counters (uint32) in shared memory
@@ -636,10 +599,7 @@ def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums):
     if X.dtype != p.centroids.dtype:
         raise TypeError(f"X.dtype={X.dtype} should equal the prepared centroids' dtype {p.centroids.dtype}")
     w = None if sample_weight is None else cupy.ascontiguousarray(sample_weight, dtype=cupy.float64)
-    if p.small is not None:
-        run = _run_small
-    else:
-        run = _run_fused_gemm if _fused_gemm(X, p) else _run_gemm
+    run = _run_small if p.small is not None else _run_gemm
     return run(X, p, w, prev_labels, labels, d2, want_sums)
 
 
