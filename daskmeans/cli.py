@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Sequence
 
 from . import __version__
 from .options import METRICS, PRECISIONS
+from .progress import Progress
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -191,63 +191,13 @@ def _gpu_chunk_bytes(args) -> str | None:
     return size
 
 
-class _Progress:
-    """The fit's progress on stderr: a live bar on a terminal (iteration, speed, time left to
-    ``max_iter`` (an upper bound), inertia, shift), one line per iteration otherwise or with
-    ``-v``, nothing with ``-q``. Runs of ``--n-init`` are numbered. Also where a signal whose
+class _Progress(Progress):
+    """The fit's progress (:class:`daskmeans.progress.Progress`), and where a signal whose
     exception Python dropped is raised again (:func:`_check_interrupt`)."""
-
-    def __init__(self, quiet: bool, verbose: bool, max_iter: int, n_init: int, stream=None):
-        self.stream = stream or sys.stderr
-        self.quiet, self.verbose, self.max_iter, self.n_init = quiet, verbose, max_iter, n_init
-        self.live = not quiet and not verbose and self.stream.isatty()
-        self.bar = None
-        self.run = None
 
     def __call__(self, s: dict) -> None:
         _check_interrupt()
-        if self.quiet:
-            return
-        run = s.get("run", 1)
-        tag = f"run {run}/{self.n_init} " if self.n_init > 1 else ""
-        if not self.live:
-            print(
-                f"{tag}iter {s['iteration']:4d}  inertia {s['inertia']:.6e}  shift {s['shift']:.3e}  "
-                f"reassigned {s['reassigned']:>10d}  empty {s['n_empty']}  {s['seconds']:.3f} s"
-                + (f"  rechecked {100 * s['rechecked']:.2f}%" if s.get("rechecked") else "")
-                + (f"  imbalance {s['imbalance']:.2f}  {s['gb_per_s']:.2f} GB/s" if self.verbose and "gb_per_s" in s else ""),
-                file=self.stream, flush=True,
-            )
-            return
-        if self.bar is None or run != self.run:
-            self.close()
-            from tqdm import tqdm
-
-            size = shutil.get_terminal_size()  # 80 x 24 where the terminal says 0 x 0 (tqdm then draws nothing)
-            self.run, self.seconds = run, 0.0
-            # Speed and time left from the iterations' own seconds: statistics arrive in bursts
-            # (one per segment), so a rate from their arrival times would be wrong.
-            self.bar = tqdm(total=self.max_iter, initial=s["iteration"] - 1, desc=(tag or "fit ").strip(),
-                            bar_format=self._format(""), file=self.stream, leave=True, ncols=size.columns,
-                            nrows=size.lines)
-        self.seconds += s["seconds"]
-        per = self.seconds / max(1, s["iteration"] - self.bar.initial)
-        left = self.bar.format_interval((self.max_iter - s["iteration"]) * per)
-        self.last = f"inertia {s['inertia']:.4e} shift {s['shift']:.1e} {per:.3f}s/it"
-        self.bar.bar_format = self._format(f"{self.last} ETA<{left}")
-        self.bar.update(s["iteration"] - self.bar.n)
-
-    @staticmethod
-    def _format(text: str) -> str:
-        return "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}" + (f" [{text}]" if text else "")
-
-    def close(self) -> None:
-        """End the bar: a converged fit's bar ends at its last iteration."""
-        if self.bar is not None:
-            self.bar.total = self.bar.n
-            self.bar.bar_format = self._format(self.last)
-            self.bar.close()
-            self.bar = None
+        super().__call__(s)
 
 
 def _say(msg: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import TIERS, Placement, WorkerLost, place, to_backend
+from .progress import Progress
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
                          check_n_features, seed_of, validate_params)
 
@@ -79,6 +81,10 @@ class KMeans:
         atomically every ``checkpoint_every`` iterations and when the fit is interrupted;
         ``fit(X, resume=True)`` continues from it, bitwise as if never stopped.
     checkpoint_every : int, default 10
+    verbose : int, default 0
+        1: print one line per iteration on stdout (run, iteration, inertia, shift, reassigned,
+        empty clusters, seconds), as the command line does; 2: also the cluster-size imbalance
+        and the throughput.
     client : distributed.Client, optional
         Defaults to the current client (``distributed.default_client()``).
 
@@ -113,6 +119,7 @@ class KMeans:
         "device_memory_limit": NoneOr(ByteSize()),
         "checkpoint": NoneOr(PathLike()),
         "checkpoint_every": Interval(1, None, integer=True),
+        "verbose": Interval(0, None, integer=True),
     }
 
     def __init__(
@@ -133,6 +140,7 @@ class KMeans:
         device_memory_limit: int | str | None = None,
         checkpoint: str | None = None,
         checkpoint_every: int = 10,
+        verbose: int = 0,
         client: Any = None,
     ):
         self.n_clusters = n_clusters
@@ -150,6 +158,7 @@ class KMeans:
         self.device_memory_limit = device_memory_limit
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.verbose = verbose
         self.client = client
 
     # ------------------------------------------------------------ sklearn plumbing
@@ -312,6 +321,9 @@ class KMeans:
             parameters) instead of initialising.
         """
         self._validate_params()
+        if self.verbose:
+            show = Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
+            callback = show if callback is None else _both(show, callback)
         ck = self._read_checkpoint() if resume else None
         path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
         X = read(X)
@@ -538,6 +550,14 @@ class KMeans:
 
 
 # ---------------------------------------------------------------- block functions
+
+
+def _both(first: Callable[[dict], None], then: Callable[[dict], None]) -> Callable[[dict], None]:
+    def each(stats: dict) -> None:
+        first(stats)
+        then(stats)
+
+    return each
 
 
 def _numbered(callback: Callable[[dict], None] | None, run: int) -> Callable[[dict], None] | None:

@@ -45,7 +45,7 @@ def test_notebook():
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert re.search(r"^iteration   1  inertia ", text, re.M) and "converged: True" in text, text
+    assert re.search(r"^iter    1  inertia \S+  shift ", text, re.M) and "converged: True" in text, text
     sizes = [int(s) for s in re.search(r"cluster sizes \[(.*)\]", text).group(1).split(",")]
     assert len(sizes) == 10 and sum(sizes) == 300_000
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1  # the report, shown inline
