@@ -38,7 +38,10 @@ def _default_client(client):
 @pytest.mark.filterwarnings("ignore:Estimator KMeans does not inherit from")  # by design, see the module docstring
 @parametrize_with_checks([KMeans(n_clusters=3, random_state=0, max_iter=20)],
                          expected_failed_checks=lambda est: EXPECTED_FAILED)
-def test_scikit_learn_estimator_checks(estimator, check):
+def test_scikit_learn_estimator_checks(estimator, check, monkeypatch):
+    # The array API check runs (NumPy namespace only, as for any estimator without array API
+    # support) where SciPy's array API mode is on; otherwise scikit-learn skips it.
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
     check(estimator)
 
 
