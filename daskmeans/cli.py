@@ -31,16 +31,6 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
                                          "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} should be >= 1")
-    return v
-
-
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="scheduler address (tcp://HOST:PORT, tls://HOST:PORT); default: DASK_SCHEDULER_ADDRESS if set, "
@@ -107,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("model")
     pl.add_argument("data", nargs="?", help="also draw a PCA projection of a sample of these rows, coloured by cluster")
     pl.add_argument("-o", "--output", required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
-    pl.add_argument("--sample", type=_positive_int, default=None, metavar="N",
+    pl.add_argument("--sample", type=int, default=None, metavar="N",
                     help="rows of DATA drawn (default 20000)")
     pl.add_argument("--overwrite", action="store_true")
     _add_data_args(pl)

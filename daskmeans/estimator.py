@@ -321,9 +321,9 @@ class KMeans:
             parameters) instead of initialising.
         """
         self._validate_params()
-        if self.verbose:
-            show = Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
-            callback = show if callback is None else _both(show, callback)
+        callbacks = [c for c in (
+            Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
+            if self.verbose else None, callback) if c is not None]
         ck = self._read_checkpoint() if resume else None
         path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
         X = read(X)
@@ -380,7 +380,7 @@ class KMeans:
                         c0 = unit_centroids(np.asarray(c0, np.float64))
                 res = run_lloyd(
                     client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
-                    weight_exp=weight_exp, callback=_numbered(callback, run + 1), precision=self.precision, metric=self.metric,
+                    weight_exp=weight_exp, callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
                     collective=config.get("collective"), replan=replan,
                     start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )
@@ -489,6 +489,8 @@ class KMeans:
         from . import report
 
         self._check_fitted()
+        if sample is not None:
+            Interval(1, None, integer=True).check("sample", sample)
         rows = labels = None
         if X is not None:
             x = read(X)
@@ -552,19 +554,18 @@ class KMeans:
 # ---------------------------------------------------------------- block functions
 
 
-def _both(first: Callable[[dict], None], then: Callable[[dict], None]) -> Callable[[dict], None]:
+def _numbered(callbacks: list[Callable[[dict], None]], run: int) -> Callable[[dict], None] | None:
+    """One callback calling each of ``callbacks`` with the iteration's statistics and the
+    ``run`` (of ``n_init``) added; None where there is none."""
+    if not callbacks:
+        return None
+
     def each(stats: dict) -> None:
-        first(stats)
-        then(stats)
+        numbered = {**stats, "run": run}
+        for c in callbacks:
+            c(numbered)
 
     return each
-
-
-def _numbered(callback: Callable[[dict], None] | None, run: int) -> Callable[[dict], None] | None:
-    """``callback`` seeing each iteration's statistics with the ``run`` (of ``n_init``) added."""
-    if callback is None:
-        return None
-    return lambda stats: callback({**stats, "run": run})
 
 
 def _finite_rows(block, block_info=None):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends import get_backend
 from .errors import DaskmeansError
 
 # Points drawn in the projection: enough to show each cluster's shape, few enough to read.
@@ -32,7 +33,7 @@ def sample_rows(x: Any, n: int, seed: int = 0) -> np.ndarray:
     rows = int(x.shape[0])
     idx = np.arange(rows) if rows <= n else np.sort(np.random.default_rng(seed).choice(rows, n, replace=False))
     out = x[idx].compute(scheduler="threads")
-    return np.asarray(getattr(out, "get", lambda: out)())  # CuPy blocks come back as NumPy
+    return get_backend(out).to_numpy(out)
 
 
 def projection(sample: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
