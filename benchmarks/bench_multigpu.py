@@ -51,7 +51,7 @@ def run_one(n_gpus, problem, precision, iters, collective):
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    from daskmeans.engine.exact import exponents
+    from daskmeans.backends.grid import Grid
     from daskmeans.engine.loop import choose_collective, data_moments, run_lloyd
     from daskmeans.placement import place
 
@@ -68,15 +68,14 @@ def run_one(n_gpus, problem, precision, iters, collective):
         t_place = time.perf_counter() - t0
         init = X[:k].compute().get().astype(np.float64)
         mom = data_moments(c, p)
-        exps = exponents(mom["max_abs"], mom["weight"])
-        wexp = int(exponents(np.array([1.0]), mom["weight"])[0])
+        grid = Grid(mom["max_abs"], mom["weight"])
         kind = choose_collective(c, p, collective)
         out = {}
         for rep in ("warm", "timed"):
             t0 = time.perf_counter()
             with dask.config.set({"daskmeans.segment-seconds": 1.0}):
-                res = run_lloyd(c, p, init, max_iter=iters if rep == "timed" else 2, tol_abs=0.0, exps=exps,
-                                weight_exp=wexp, precision=precision, collective=collective)
+                res = run_lloyd(c, p, init, max_iter=iters if rep == "timed" else 2, tol_abs=0.0, grid=grid,
+                                precision=precision, collective=collective)
             wall = time.perf_counter() - t0
             out[rep] = (res, wall)
         res, wall = out["timed"]

@@ -24,7 +24,7 @@ from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .seeding import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
-from .engine.exact import exponents
+from .backends.grid import Grid
 from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
@@ -358,8 +358,7 @@ class KMeans:
         try:
             moments = survive(lambda p: data_moments(client, p))
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
-            exps = exponents(moments["max_abs"], moments["weight"])
-            weight_exp = int(exponents(np.array([1.0]), moments["weight"])[0])
+            grid = Grid(moments["max_abs"], moments["weight"])
             seed = seed_of(self.random_state)
             seeds = np.random.SeedSequence(seed).generate_state(self.n_init)
             fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None)
@@ -379,8 +378,8 @@ class KMeans:
                     if self.metric == "cosine":
                         c0 = unit_centroids(np.asarray(c0, np.float64))
                 res = run_lloyd(
-                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, exps=exps,
-                    weight_exp=weight_exp, callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
+                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, grid=grid,
+                    callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
                     collective=config.get("collective"), replan=replan,
                     start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
                 )

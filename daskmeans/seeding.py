@@ -17,6 +17,7 @@ from distributed import Client
 
 from . import config
 from .backends import get_backend
+from .backends.grid import Grid, float_sums
 from .placement import Placement, Shard, submit_per_shard
 from .reduction import tree_reduce
 
@@ -75,10 +76,12 @@ def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int) -> Any
     be = get_backend(X)
     xp = be.xp
     c = xp.asarray(centers, dtype=xp.float64)
+    grid = Grid.for_block(X, sample_weight)
     for _ in range(n_iter):
-        out = be.assign(X, be.prepare(c, X.dtype), sample_weight)
+        out = be.assign(X, be.prepare(c, X.dtype), sample_weight, grid=grid)
+        sums, weights = float_sums(out)
         nonempty = out["counts"] > 0
-        new = xp.where(nonempty[:, None], out["sums"] / xp.where(nonempty, out["weights"], 1.0)[:, None], c)
+        new = xp.where(nonempty[:, None], sums / xp.where(nonempty, weights, 1.0)[:, None], c)
         if bool((new == c).all()):
             break
         c = new

@@ -196,23 +196,21 @@ def test_row_uniforms_do_not_depend_on_the_split():
 @pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
 def test_seeded_init_is_bitwise_the_same_for_any_chunking_and_worker_count(client1, client, client3, mixed_20k, init):
     """The same seed gives the same model bit for bit for 3 chunkings x 1, 2 and 3 workers:
-    the init draws by global row (k-means||: a counter-based generator jumped to the row).
-    float32 data: the CPU kernels' per-chunk float64 sums of float64 data can still round
-    differently for different chunkings (in the last bits)."""
-    X = mixed_20k.astype(np.float32)
+    the init draws by global row (k-means||: a counter-based generator jumped to the row), and
+    the sums are exact integers (backends.grid), for float32 and float64 data alike."""
     fits = []
-    for c in (client1, client, client3):
-        for rows in (len(X), 3001, 700):
-            km = KMeans(8, init=init, random_state=21, client=c).fit(da.from_array(X, chunks=(rows, -1)))
-            fits.append(km)
-    for km in fits[1:]:
-        np.testing.assert_array_equal(km.cluster_centers_, fits[0].cluster_centers_)
-        assert km.n_iter_ == fits[0].n_iter_
-        # The reported inertia adds per-chunk float64 sums (in chunk order): its last bits
-        # follow the chunking; for a given chunking it is the same on any worker count.
-        assert km.inertia_ == pytest.approx(fits[0].inertia_, rel=1e-12)
-    for i in (1, 2):  # (one chunk is split for 2 and 3 workers: another chunking)
-        assert fits[i].inertia_ == fits[3 + i].inertia_ == fits[6 + i].inertia_
+    for X in (mixed_20k.astype(np.float32), mixed_20k):
+        for c in (client1, client, client3):
+            for rows in (len(X), 3001, 700):
+                km = KMeans(8, init=init, random_state=21, client=c).fit(da.from_array(X, chunks=(rows, -1)))
+                fits.append(km)
+    for group in (fits[:9], fits[9:]):
+        for km in group[1:]:
+            np.testing.assert_array_equal(km.cluster_centers_, group[0].cluster_centers_)
+            assert km.n_iter_ == group[0].n_iter_
+            # The reported inertia adds per-chunk float64 sums (in chunk order): its last
+            # bits follow the chunking.
+            assert km.inertia_ == pytest.approx(group[0].inertia_, rel=1e-12)
 
 
 # ---------------------------------------------------------------- (c) worker-count invariance

@@ -9,6 +9,7 @@ import pytest
 
 from daskmeans.backends import get_backend
 from daskmeans.backends import numpy_backend as nb
+from daskmeans.backends.grid import Grid, float_sums
 
 # Tilings of the kernel: default tiles, tiny tiles (K*itemsize > tile-bytes, so 64-row
 # tiles), and tiles of a row count that divides nothing (1000 rows of K = 7 float64 distances).
@@ -53,12 +54,12 @@ def test_toy_1d_exact(dtype, regime):
         out = nb.assign(X, nb.prepare(C, dtype))
     assert out["labels"].dtype == np.int32
     np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
-    assert out["sums"].dtype == np.float64
-    np.testing.assert_array_equal(out["sums"], [[1.0], [21.0]])
+    assert out["sums"].dtype == np.int64  # on the grid (backends.grid)
+    np.testing.assert_array_equal(float_sums(out)[0], [[1.0], [21.0]])
     assert out["counts"].dtype == np.int64
     np.testing.assert_array_equal(out["counts"], [2, 2])
-    assert out["weights"].dtype == np.float64
-    np.testing.assert_array_equal(out["weights"], [2.0, 2.0])
+    assert out["weights"].dtype == np.int64
+    np.testing.assert_array_equal(float_sums(out)[1], [2.0, 2.0])
     # every point is 0.5 away from its centroid: 4 * 0.25 (all exact in binary floating point)
     assert out["inertia"] == 1.0
 
@@ -69,8 +70,8 @@ def test_toy_1d_weighted_exact():
     w = np.array([1.0, 3.0, 0.5, 2.0])
     out = nb.assign(X, nb.prepare(C, X.dtype), w)
     np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
-    np.testing.assert_array_equal(out["sums"], [[3.0], [27.0]])
-    np.testing.assert_array_equal(out["weights"], [4.0, 2.5])
+    np.testing.assert_array_equal(float_sums(out)[0], [[3.0], [27.0]])
+    np.testing.assert_array_equal(float_sums(out)[1], [4.0, 2.5])
     np.testing.assert_array_equal(out["counts"], [2, 2])  # counts stay unweighted
     assert out["inertia"] == 0.25 * (1.0 + 3.0 + 0.5 + 2.0)
 
@@ -169,8 +170,8 @@ def test_assign_matches_float64_reference(n, d, k, regime):
     np.testing.assert_array_equal(out["labels"], ref["labels"])
     np.testing.assert_array_equal(lab, ref["labels"])
     np.testing.assert_array_equal(out["counts"], ref["counts"])
-    np.testing.assert_array_equal(out["weights"], ref["counts"].astype(np.float64))
-    np.testing.assert_allclose(out["sums"], ref["sums"], rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(float_sums(out)[1], ref["counts"].astype(np.float64))
+    np.testing.assert_allclose(float_sums(out)[0], ref["sums"], rtol=1e-12, atol=1e-9)
     assert out["inertia"] == pytest.approx(ref["inertia"], rel=1e-10, abs=1e-9)
     np.testing.assert_allclose(d2, ref["sqdist"], rtol=1e-9, atol=1e-9)
     assert full.shape == (n, k)
@@ -191,8 +192,8 @@ def test_assign_weighted_matches_reference(n, d, k, regime):
         out = nb.assign(X, nb.prepare(C, X.dtype), w)
     np.testing.assert_array_equal(out["labels"], ref["labels"])
     np.testing.assert_array_equal(out["counts"], ref["counts"])
-    np.testing.assert_allclose(out["weights"], ref["weights"], rtol=1e-12)
-    np.testing.assert_allclose(out["sums"], ref["sums"], rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(float_sums(out)[1], ref["weights"], rtol=1e-12)
+    np.testing.assert_allclose(float_sums(out)[0], ref["sums"], rtol=1e-12, atol=1e-9)
     assert out["inertia"] == pytest.approx(ref["inertia"], rel=1e-10)
 
 
@@ -207,14 +208,14 @@ def test_float32_close_to_reference(regime):
     ref = reference(X.astype(np.float64), C.astype(np.float32).astype(np.float64))
     with dask.config.set(REGIMES[regime]):
         out = nb.assign(X, nb.prepare(C, np.float32))
-    assert out["sums"].dtype == np.float64
+    assert out["sums"].dtype == np.int64  # on the grid (backends.grid)
     chosen = ref["d2"][np.arange(len(X)), out["labels"]]
     np.testing.assert_allclose(chosen, ref["sqdist"], rtol=1e-4, atol=1e-4)
     assert (out["labels"] == ref["labels"]).mean() > 0.99
     # sums are of the kernel's own labels: recompute the reference with those
     sums = np.zeros((20, 5))
     np.add.at(sums, out["labels"], X.astype(np.float64))
-    np.testing.assert_allclose(out["sums"], sums, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(float_sums(out)[0], sums, rtol=1e-5, atol=1e-3)
     np.testing.assert_array_equal(out["counts"], np.bincount(out["labels"], minlength=20))
     assert out["inertia"] == pytest.approx(float(chosen.sum()), rel=1e-4)
 
@@ -261,10 +262,13 @@ def test_cupy_assign_matches_numpy():
     X = rng.standard_normal((3000, 7))
     C = X[:25]
     w = rng.uniform(0, 2, size=3000)
-    ref = nb.assign(X, nb.prepare(C, X.dtype), w)
-    out = cb.assign(cupy.asarray(X), cb.prepare(C, X.dtype), cupy.asarray(w))
+    grid = Grid(np.abs(X).max(axis=0), w.sum())
+    ref = nb.assign(X, nb.prepare(C, X.dtype), w, grid=grid)
+    out = cb.assign(cupy.asarray(X), cb.prepare(C, X.dtype), cupy.asarray(w), grid=grid)
     np.testing.assert_array_equal(cb.to_numpy(out["labels"]), ref["labels"])
-    np.testing.assert_allclose(cb.to_numpy(out["sums"]), ref["sums"], rtol=1e-10)
+    # The same integers: the backends round each w x alike.
+    np.testing.assert_array_equal(cb.to_numpy(out["sums"]), ref["sums"])
+    np.testing.assert_array_equal(cb.to_numpy(out["weights"]), ref["weights"])
     np.testing.assert_array_equal(cb.to_numpy(out["counts"]), ref["counts"])
     assert float(out["inertia"]) == pytest.approx(ref["inertia"], rel=1e-10)
 

@@ -1,11 +1,12 @@
 """Pure units, by hand: the parameter constraints (validation.py), the balancing of chunks over
-workers (placement._balance) and the tree reduction of futures (reduction.tree_reduce)."""
+workers (placement._balance, balance_chunks) and the tree reduction of futures (reduction.tree_reduce)."""
 
+import dask.array as da
 import numpy as np
 import pytest
 
 from daskmeans.errors import InvalidParameterError
-from daskmeans.placement import _balance
+from daskmeans.placement import _balance, balance_chunks
 from daskmeans.reduction import tree_reduce
 from daskmeans.validation import AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, RandomStateLike, seed_of
 
@@ -76,6 +77,20 @@ def test_seed_of_draws_from_generators_as_scikit_learn_does():
 ])
 def test_balance_by_hand(holders, rows, nthreads, owners):
     assert _balance(holders, rows, nthreads) == owners
+
+
+@pytest.mark.parametrize("chunks, n_workers, expected", [
+    ((12000,), 1, (12000,)),  # one worker: nothing to share
+    ((12000,), 2, (6000, 6000)),  # one chunk: one per worker
+    ((100_000,) * 15, 2, (93_750,) * 16),  # 8 + 7 chunks is 7% over an equal share: 16 chunks
+    ((1000,) * 16, 2, (1000,) * 16),  # 8 + 8: kept
+    ((1000,) * 101, 2, (1000,) * 101),  # 51 + 50: within 2%, kept (a kernel call has a fixed cost)
+    ((1000, 9000), 2, (5000, 5000)),  # unequal chunks: equal ones
+    ((1500,), 2, (1500,)),  # too few rows for two chunks of min-chunk-rows (1024)
+])
+def test_balance_chunks_by_hand(chunks, n_workers, expected):
+    X = da.zeros((sum(chunks), 3), chunks=(chunks, 3))
+    assert balance_chunks(X, n_workers).chunks[0] == expected
 
 
 # ------------------------------------------------------------------ tree reduction

@@ -10,9 +10,11 @@ A backend is a module of pure kernels on one in-memory block (no Dask, no I/O):
     Move a block onto the backend's device / back to host NumPy.
 ``prepare(centroids, dtype)``
     Centroid-side precomputation shared by every block of one iteration.
-``assign(X, prepared, sample_weight=None, want_sums=True)``
-    Nearest-centroid labels, min squared distances' sum (inertia), and per-cluster
-    float64 sums / weights / int64 counts for one block.
+``assign(X, prepared, sample_weight=None, want_sums=True, grid=None)``
+    Nearest-centroid labels, min squared distances' sum (inertia), and per-cluster sums and
+    weights as int64 multiples of a :class:`~daskmeans.backends.grid.Grid`'s steps (each value
+    rounded once, then added exactly: the same integers for any chunking) and int64 counts
+    for one block.
 ``min_sqdist(X, prepared)``
     Labels and squared distance to the nearest centroid, per row.
 

@@ -11,8 +11,10 @@ Conventions shared with the NumPy backend:
 - distances are ``g[i, j] = ||c_j||^2 - 2 x_i.c_j`` in the data dtype; the label is the argmin
   of that row (taken by NumPy, lowest index on ties), the squared distance is
   ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped at 0;
-- sums, weights and inertia accumulate in float64, row by row in row order (so a block's
-  partial is the same whatever the tile size).
+- each weighted value ``w x`` is rounded once to the sums' fixed-point grid (``w x * scale``
+  to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added as int64, so
+  the sums are the GPU's integers for any tiling or chunking (:mod:`.grid`); the inertia
+  accumulates in float64, row by row in row order.
 
 ``fastmath`` allows only re-association and contraction (vectorised float64 reductions and
 FMA): no assumption about NaN or infinity, which the engine rejects before a fit anyway.
@@ -56,7 +58,7 @@ def _sqdist(gib, x):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia):  # pragma: no cover - compiled
+def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia):  # pragma: no cover - compiled
     """Per-row distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -64,11 +66,12 @@ def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia)
     g : (n, K) float32/float64, ``||c||^2 - 2 x.c`` (read only)
     lab : (n,) intp, argmin of each row of ``g``
     xt : (n, D) the tile's rows
-    w : (n,) sample weights in the data dtype, or None (all 1)
+    w : (n,) float64 sample weights, or None (all 1)
     prev : (n,) int32 previous labels, or None (every row counts as reassigned)
     out : (n,) int32, receives the labels (may be ``prev``: each row is compared first)
-    sums : (K, D) float64, wsum : (K,) float64, counts : (K,) int64 -- accumulated in place
-        when ``want_sums``
+    scales : (D,) float64, ``2**-exps`` of the sums' grid; wscale : float, the weights'
+    sums : (K, D) int64, wsum : (K,) int64 (untouched without ``w``), counts : (K,) int64 --
+        accumulated in place when ``want_sums``
     want_sums : bool
     inertia : float, the running inertia of the block's previous tiles (so that the sum
         runs in row order whatever the tiling)
@@ -95,13 +98,10 @@ def tile_stats(g, lab, xt, w, prev, out, sums, wsum, counts, want_sums, inertia)
         out[i] = b
         if want_sums:
             acc = sums[b]
-            if w is None:
-                for t in range(d):
-                    acc[t] += np.float64(x[t])
-            else:
-                for t in range(d):
-                    acc[t] += wi * np.float64(x[t])
-            wsum[b] += wi
+            for t in range(d):
+                acc[t] += np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
+            if w is not None:
+                wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1
     return inertia, reassigned
 

@@ -3,9 +3,9 @@
 Two regimes, chosen in :func:`prepare` from K and D alone:
 
 fused (small K x D: the centroids fit in shared memory)
-    one ``fused_small`` pass over X: float64 distances, argmin, labels, block-private float64
-    sums in registers or shared memory, one partial per block reduced in a fixed order. No
-    GEMM, no N x K tile, no global atomics.
+    one ``fused_small`` pass over X: float64 distances, argmin, labels, block-private sums in
+    registers or shared memory, one partial per block reduced in a fixed order. No GEMM, no
+    N x K tile, no global atomics.
 GEMM (moderate and large K)
     per row tile, ``gemm_prep`` writes the rows as the GEMM reads them and each
     row's error bound, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
@@ -17,6 +17,10 @@ GEMM (moderate and large K)
     selects on a high-priority one. In both, sums and (when the selection did not compute
     exact distances) the inertia follow from a counting sort by label and run-length
     accumulation (``sorted_sums``).
+
+Sums and weights are int64 multiples of the grid's steps (:mod:`.grid`): each ``w x`` is
+rounded once, as the NumPy backend rounds it, and added exactly, so atomics in any order, any
+chunking and either backend give the same integers.
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
 (the default: split TF32, three TF32 products in one tensor-core GEMM of depth 3D, or
@@ -38,6 +42,7 @@ import numpy
 from .. import config
 from . import check_precision
 from . import cuda_src
+from .grid import Grid
 
 def __getattr__(attr: str) -> Any:
     if attr == "xp":
@@ -359,34 +364,37 @@ def _small_plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     return plan
 
 
-def _run_small(X, p, w, prev, labels, d2, want_sums):
+def _run_small(X, p, w, prev, labels, d2, want_sums, grid=None):
     import cupy
 
     k, d = p.k, X.shape[1]
     # Without sums, the labels-only variant (MODE 1: no accumulators, more rows in flight;
     # S1 0.21 vs 0.29 ms on an H200).
     kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = _small_plan(X, p, 0 if want_sums else 1)
-    part = cupy.empty((nb, width), cupy.float64) if want_sums else None
+    part = cupy.empty((nb, width), cupy.int64) if want_sums else None
     pstat = None if want_sums else cupy.empty((nb, 2), cupy.float64)
+    scales, ws = (grid.scales(cupy), grid.wscale) if want_sums else (None, 0.0)
     kern(
         (nb,), (_THREADS,),
-        (X, n64, d32, k32, p.c64, _ptr(w), _ptr(prev), _ptr(labels), _ptr(d2), _ptr(part), _ptr(pstat)),
+        (X, n64, d32, k32, p.c64, _ptr(w), _ptr(scales), cupy.float64(ws), _ptr(prev), _ptr(labels), _ptr(d2),
+         _ptr(part), _ptr(pstat)),
         shared_mem=shared,
     )
     if not want_sums:
         st = pstat.sum(axis=0)
         return {"inertia": st[0], "reassigned": st[1], "rechecked": 0}
     kd = k * d
-    tot = cupy.empty(width, cupy.float64)
-    counts = cupy.empty(k, cupy.int64)
+    tot = cupy.empty(kd + 2 * k, cupy.int64)
+    stat = cupy.empty(2, cupy.float64)
     # One warp per column.
-    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, counts))
+    reduce((-(-width * 32 // 256),), (256,), (part, nb32, width32, k32, kd32, tot, stat))
+    counts = tot[kd + k :]
     return {
         "sums": tot[:kd].reshape(k, d),
-        "weights": tot[kd : kd + k],
+        "weights": tot[kd : kd + k] if w is not None else grid.unit_weights(counts),
         "counts": counts,
-        "inertia": tot[kd + 2 * k],
-        "reassigned": tot[kd + 2 * k + 1],
+        "inertia": stat[0],
+        "reassigned": stat[1],
         "rechecked": 0,
     }
 
@@ -400,10 +408,11 @@ _CSQ_PAD = 128  # the centroids' squared norms are padded to a multiple of this
 _HIST_MAX_K = _SHARED_BYTES // 4  # block-local label counters (uint32) in shared memory
 
 
-def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
-    """Per-cluster float64 sums, weights and int64 counts of a labelled block: rows in label
-    order (a counting sort), then run-length sums (no per-element atomics). With ``C`` and
-    ``stat``, the same pass adds the block's inertia (exact float64 distances) to ``stat[0]``."""
+def _label_sums(X, labels, w, k, grid, C=None, stat=None) -> dict:
+    """Per-cluster sums and weights (int64 on ``grid``) and int64 counts of a labelled block:
+    rows in label order (a counting sort), then run-length sums (no per-element atomics). With
+    ``C`` and ``stat``, the same pass adds the block's inertia (exact float64 distances) to
+    ``stat[0]``."""
     import cupy
 
     n, d = X.shape
@@ -434,15 +443,18 @@ def _label_sums(X, labels, w, k, C=None, stat=None) -> dict:
         cupy.add.at(counts, labels, numpy.uint64(1))
         cursor = cupy.cumsum(counts) - counts
         kernels[1]((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
-    sums = cupy.zeros((k, d), cupy.float64)
+    sums = cupy.zeros((k, d), cupy.int64)
     nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
-    kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), sums, _ptr(stat)))
+    kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, _ptr(w), _ptr(C), grid.scales(cupy), sums,
+                                _ptr(stat)))
+    counts = counts.astype(cupy.int64, copy=False)
     if w is None:
-        weights = counts.astype(cupy.float64)
-    else:  # without cupy.bincount's host synchronisations, as above
-        weights = cupy.zeros(k, cupy.float64)
-        cupy.add.at(weights, labels, w)
-    return {"sums": sums, "weights": weights, "counts": counts.astype(cupy.int64, copy=False)}
+        weights = grid.unit_weights(counts)
+    else:  # on the grid (integer atomics: any order, the same bits); weights are never negative
+        weights = cupy.zeros(k, cupy.uint64)
+        cupy.add.at(weights, labels, cupy.rint(w * grid.wscale).astype(cupy.uint64))
+        weights = weights.view(cupy.int64)
+    return {"sums": sums, "weights": weights, "counts": counts}
 
 
 def _tile_rows(p: Prepared, n: int) -> int:
@@ -518,7 +530,7 @@ def _select_layout(rows: int, kpad: int, gdt: Any, device_id: int, precision: st
     return 0
 
 
-def _run_gemm(X, p, w, prev, labels, d2, want_sums):
+def _run_gemm(X, p, w, prev, labels, d2, want_sums, grid=None):
     import cupy
 
     n, d = X.shape
@@ -586,21 +598,26 @@ def _run_gemm(X, p, w, prev, labels, d2, want_sums):
     main.wait_event(ss.record())
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
     if want_sums:
-        out.update(_label_sums(X, labels, w, k, None if exact else p.centroids, None if exact else stat))
+        out.update(_label_sums(X, labels, w, k, grid, None if exact else p.centroids, None if exact else stat))
     return out
 
 
 # ------------------------------------------------------------------ the backend contract
 
 
-def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums):
+def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums, grid=None):
     import cupy
 
     if X.dtype != p.centroids.dtype:
         raise TypeError(f"X.dtype={X.dtype} should equal the prepared centroids' dtype {p.centroids.dtype}")
     w = None if sample_weight is None else cupy.ascontiguousarray(sample_weight, dtype=cupy.float64)
+    if want_sums and grid is None:
+        grid = Grid.for_block(X, w)
     run = _run_small if p.small is not None else _run_gemm
-    return run(X, p, w, prev_labels, labels, d2, want_sums)
+    out = run(X, p, w, prev_labels, labels, d2, want_sums, grid)
+    if want_sums:
+        out["grid"] = grid
+    return out
 
 
 def assign(
@@ -610,6 +627,7 @@ def assign(
     want_sums: bool = True,
     prev_labels: Any = None,
     out_labels: Any = None,
+    grid: Grid | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -625,19 +643,46 @@ def assign(
         (all rows when not given).
     out_labels : cupy.ndarray of int32, shape (n,), optional
         Where to write the labels (may be ``prev_labels``: each row is read, then written).
+    grid : Grid, optional
+        The fixed-point grid of the sums (a fit's, the same for every block); by default the
+        block's own.
 
     Returns
     -------
     dict with ``labels`` (n,) int32, ``inertia``, ``reassigned`` and ``rechecked`` (rows
     re-ranked by exact distances; 0-d device arrays, no synchronisation), and when
-    ``want_sums``: ``sums`` (K, d) float64, ``weights`` (K,) float64, ``counts`` (K,) int64.
+    ``want_sums``: ``sums`` (K, d) and ``weights`` (K,) int64 multiples of the ``grid``'s
+    steps (returned too), ``counts`` (K,) int64.
     """
     import cupy
 
     labels = out_labels if out_labels is not None else cupy.empty(X.shape[0], cupy.int32)
-    out = _run(X, p, sample_weight, prev_labels, labels, None, want_sums)
+    out = _run(X, p, sample_weight, prev_labels, labels, None, want_sums, grid)
     out["labels"] = labels
     return out
+
+
+@functools.cache
+def _update_kernels() -> tuple:
+    import cupy
+
+    update = cupy.ElementwiseKernel(
+        "int64 s, int32 e, int64 w, int32 we, float64 old", "float64 c",
+        "c = w > 0 ? ldexp((double)s, e) / ldexp((double)w, we) : old", "daskmeans_update")
+    sqdiff = cupy.ReductionKernel(
+        "float64 x, float64 y", "float64 z", "(x - y) * (x - y)", "a + b", "z = a", "0", "daskmeans_sqdiff")
+    return update, sqdiff
+
+
+def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
+    """The Lloyd update from a fit's combined sums: ``(new, shift)`` as in the NumPy backend
+    (the same bits), in one fused pass over K x d and one reduction (``shift`` a 0-d device
+    array: no synchronisation)."""
+    import cupy
+
+    update, sqdiff = _update_kernels()
+    new = update(isums, grid.exps_on(cupy), iweights[:, None], numpy.int32(grid.wexp), old)
+    return new, sqdiff(new, old)
 
 
 def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:

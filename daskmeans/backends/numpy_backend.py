@@ -1,10 +1,10 @@
-"""NumPy kernels: exact float32/float64 nearest-centroid assignment and float64 partial sums.
+"""NumPy kernels: exact float32/float64 nearest-centroid assignment and fixed-point partial sums.
 
 Distances are computed as ``||c||^2 - 2 x.c`` by GEMM over row tiles whose ``rows x K``
 distance block is bounded in bytes (``daskmeans.tile-bytes``), so the N x K matrix never
 exists whole; NumPy takes each tile's row argmin (vectorised), then one compiled pass
 (:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
-inertia, the reassigned count and the float64 per-cluster sums.
+inertia, the reassigned count and the per-cluster sums (int64 on a :class:`.grid.Grid`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy
 from .. import config
 from ..errors import DataError
 from . import check_precision, cpu_kernels
+from .grid import Grid
 
 name = "numpy"
 xp = numpy
@@ -133,6 +134,7 @@ def assign(
     want_sums: bool = True,
     prev_labels: numpy.ndarray | None = None,
     out_labels: numpy.ndarray | None = None,
+    grid: Grid | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -149,35 +151,54 @@ def assign(
     out_labels : ndarray of int32, shape (n,), optional
         Where to write the labels (may be ``prev_labels``: each row is compared before it
         is overwritten).
+    grid : Grid, optional
+        The fixed-point grid of the sums (a fit's, the same for every block); by default the
+        block's own.
 
     Returns
     -------
     dict with ``labels`` (n,) int32, ``inertia`` float (weighted sum of squared distances),
     ``reassigned`` and ``rechecked`` (always 0 here: labels come straight from the GEMM) ints,
-    and when ``want_sums``: ``sums`` (K, d) float64, ``weights`` (K,) float64 and
-    ``counts`` (K,) int64.
+    and when ``want_sums``: ``sums`` (K, d) and ``weights`` (K,) int64 multiples of the
+    ``grid``'s steps (returned too), and ``counts`` (K,) int64.
     """
     X = asarray(X)
     n, d = X.shape
     k = p.k
     labels = out_labels if out_labels is not None else numpy.empty(n, numpy.int32)
-    w = None if sample_weight is None else asarray(sample_weight, X.dtype)
+    # float64 weights, as on the GPU: w * x rounds the same way on both.
+    w = None if sample_weight is None else asarray(sample_weight, numpy.float64)
+    if want_sums and grid is None:
+        grid = Grid.for_block(X, w)
     kk = k if want_sums else 0  # the kernel touches the accumulators only with want_sums
-    sums = numpy.zeros((kk, d), numpy.float64)
-    weights = numpy.zeros(kk, numpy.float64)
+    sums = numpy.zeros((kk, d), numpy.int64)
+    weights = numpy.zeros(kk, numpy.int64)
     counts = numpy.zeros(kk, numpy.int64)
+    scales = grid.scales(numpy) if want_sums else numpy.zeros(d)
+    wscale = grid.wscale if want_sums else 0.0
     inertia = 0.0
     reassigned = 0
     for s, e, g, lab in _tiles(X, p):
         inertia, r_t = cpu_kernels.tile_stats(
             g, lab, X[s:e], None if w is None else w[s:e], None if prev_labels is None else prev_labels[s:e],
-            labels[s:e], sums, weights, counts, want_sums, inertia,
+            labels[s:e], scales, wscale, sums, weights, counts, want_sums, inertia,
         )
         reassigned += r_t
     out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": 0}
     if want_sums:
-        out.update(sums=sums, weights=weights, counts=counts)
+        if w is None:
+            weights = grid.unit_weights(counts)
+        out.update(sums=sums, weights=weights, counts=counts, grid=grid)
     return out
+
+
+def update_centroids(isums: numpy.ndarray, iweights: numpy.ndarray, old: numpy.ndarray, grid: Grid) -> tuple:
+    """The Lloyd update from a fit's combined sums: ``(new, shift)``, the centroids (K, d)
+    float64 (sums over weights; a cluster of no weight keeps its centroid) and the summed
+    squared shift from ``old``. The CuPy backend's fused kernel gives the same bits."""
+    ne = (iweights > 0)[:, None]
+    new = numpy.where(ne, grid.sums(isums) / grid.weights(numpy.maximum(iweights, 1))[:, None], old)
+    return new, float(((new - old) ** 2).sum())
 
 
 def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, int | None]:

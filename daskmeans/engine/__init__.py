@@ -1,8 +1,8 @@
 """The engine: how a fit runs on a cluster.
 
-- :mod:`.exact` turns per-chunk float64 partial sums into fixed-point integers whose sum does
-  not depend on the order of addition, so a result is bitwise the same for any number of
-  workers and any chunk-to-worker placement;
+- the kernels' per-cluster sums are fixed-point integers (:mod:`daskmeans.backends.grid`)
+  whose sum does not depend on the order of addition, so a result is bitwise the same for any
+  chunking, number of workers and chunk-to-worker placement;
 - :mod:`.collective` combines equal-sized integer buffers across the workers of a fit (NCCL
   between GPU workers, Dask's own comms between any workers, nothing for one worker);
 - :mod:`.loop` is the one Lloyd loop: one long task per worker runs segments of iterations

@@ -5,13 +5,13 @@ Per segment (a few iterations, about ``daskmeans.segment-seconds`` long)::
     client:   submit run_segment once per worker (rank)  ->  wait, watching for lost workers
     rank r:   for each iteration of the segment:
                   for each local chunk: assign + per-cluster partials (backend kernel, pure)
-                      buffer += fixed-point limbs of the chunk's sums (engine.exact)
+                      buffer += the chunk's sums, int64 on the fit's grid (backends.grid)
                   total = collective.allreduce(buffer)      (identical bits on every rank)
                   centroids = update(total); stop rule, identically on every rank
               return the segment's per-iteration statistics (rank 0)
 
-The int64 buffer of one iteration carries everything the ranks combine: the sums' and weights'
-limbs, the counts, each chunk's inertia (as float64 bits in the chunk's own slot, so the total
+The int64 buffer of one iteration carries everything the ranks combine: the fixed-point sums
+and weights, the counts, each chunk's inertia (as float64 bits in the chunk's own slot, so the total
 is added in chunk order on every rank), each rank's kernel time (its own slot), the reassigned
 and re-checked row counts, and rank 0's "segment time is up" flag. Nothing in the result
 depends on how many workers there are or which chunks each holds.
@@ -39,11 +39,11 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
+from ..backends.grid import Grid
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
 from ..placement import Placement, Shard, WorkerLost, gather, submit_per_shard, watch
 from . import collective as coll
-from .exact import LIMBS, from_limbs, to_limbs
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ class FitSpec:
     tol_abs: float
     metric: str
     precision: str
-    exps: np.ndarray  # (D,) fixed-point exponents of the sums (engine.exact)
-    weight_exp: int  # fixed-point exponent of the per-cluster weights
+    grid: Grid  # the fixed-point grid of the per-cluster sums and weights
     n_chunks: int
     n_samples: int
     segment_seconds: float
@@ -102,9 +101,9 @@ class _Layout:
     def __init__(self, k: int, d: int, n_chunks: int, n_ranks: int):
         self.k, self.d = k, d
         o = 0
-        self.sums = slice(o, o + LIMBS * k * d)
+        self.sums = slice(o, o + k * d)
         o = self.sums.stop
-        self.weights = slice(o, o + LIMBS * k)
+        self.weights = slice(o, o + k)
         o = self.weights.stop
         self.counts = slice(o, o + k)
         self.small = o = self.counts.stop  # from here on the scalars travel to the host
@@ -187,12 +186,12 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     for j, (cid, _, block, w) in enumerate(shard.items()):
         out = be.assign(
             block, prep, w, want_sums=True, prev_labels=None if prev is None else prev[j],
-            out_labels=None if out_slot is None else out_slot[j],
+            out_labels=None if out_slot is None else out_slot[j], grid=fit.grid,
         )
         labels.append(out["labels"])
-        # Fixed-point per chunk: the combined sums do not depend on which rank holds the chunk.
-        buf[lay.sums] += to_limbs(out["sums"], fit.exps).reshape(-1)
-        buf[lay.weights] += to_limbs(out["weights"], fit.weight_exp).reshape(-1)
+        # Integers on the fit's grid: the total does not depend on chunking or placement.
+        buf[lay.sums] += out["sums"].reshape(-1)
+        buf[lay.weights] += out["weights"]
         buf[lay.counts] += out["counts"]
         fv[lay.inertia + cid] = out["inertia"]
         # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
@@ -206,22 +205,22 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     total = comm.allreduce(buf)
     small = be.to_numpy(total[lay.small :])
     smallf = small.view(np.float64)
-    sums = from_limbs(total[lay.sums].reshape(LIMBS, k, d), fit.exps)
-    weights = from_limbs(total[lay.weights].reshape(LIMBS, k), fit.weight_exp)
+    isums = total[lay.sums].reshape(k, d)
+    iweights = total[lay.weights]
     counts = total[lay.counts]
-    nonempty = weights > 0  # empty means no weight (as scikit-learn)
+    nonempty = iweights > 0  # empty means no weight (as scikit-learn)
     # One device-to-host copy for both: the empty clusters, and the largest cluster's rows.
     n_empty, largest = (int(v) for v in be.to_numpy(xp.stack([(~nonempty).sum(), counts.max()])))
     imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
     if n_empty:
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
-        sums, weights, counts = _relocate(sums, weights, counts, cands, be)
-        nonempty = weights > 0
+        isums, iweights = _relocate(isums, iweights, cands, fit.grid, be)
     old = st.centroids
-    new = xp.where(nonempty[:, None], sums / xp.where(nonempty, weights, 1.0)[:, None], old)
+    new, shift = be.update_centroids(isums, iweights, old, fit.grid)
     if fit.metric == "cosine":
         new = unit_centroids(new, old)
-    shift = float(((new - old) ** 2).sum())
+        shift = ((new - old) ** 2).sum()
+    shift = float(shift)
     st.prev, st.centroids, st.iteration = old, new, it + 1
     n_chunks = fit.n_chunks
     seconds = time.perf_counter() - t_start
@@ -240,20 +239,18 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     }
 
 
-def _relocate(sums: Any, weights: Any, counts: Any, cands: list, be: Any) -> tuple:
+def _relocate(isums: Any, iweights: Any, cands: list, grid: Grid, be: Any) -> tuple:
     """Re-seed empty clusters with the points farthest from their centroid (as scikit-learn):
     each empty cluster, in increasing index, takes the next farthest point, which leaves the
-    cluster it was assigned to."""
-    s, w, c = (be.to_numpy(a).copy() for a in (sums, weights, counts))
+    cluster it was assigned to. On the grid, as the kernels added the point."""
+    s, w = be.to_numpy(isums).copy(), be.to_numpy(iweights).copy()
     empty = np.flatnonzero(w <= 0)
     for j, (_, _, lab, x, wt) in zip(empty, cands):
-        s[lab] -= wt * x
-        w[lab] -= wt
-        c[lab] -= 1
-        s[j] = wt * x
-        w[j] = wt
-        c[j] = 1
-    return be.asarray(s), be.asarray(w), be.asarray(c)
+        v, u = grid.on_grid(x, wt)
+        s[lab] -= v
+        w[lab] -= u
+        s[j], w[j] = v, u
+    return be.asarray(s), be.asarray(w)
 
 
 def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec, start: Start | None) -> dict:
@@ -490,8 +487,7 @@ def run_lloyd(
     *,
     max_iter: int,
     tol_abs: float,
-    exps: np.ndarray,
-    weight_exp: int,
+    grid: Grid,
     callback: Callable[[dict], None] | None = None,
     precision: str = "fp32",
     metric: str = "euclidean",
@@ -512,8 +508,9 @@ def run_lloyd(
     tol_abs : float
         Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times
         the mean feature variance).
-    exps : ndarray of int, shape (D,); weight_exp : int
-        Fixed-point exponents of the per-cluster sums and weights (:func:`.exact.exponents`).
+    grid : Grid
+        The fixed-point grid of the per-cluster sums and weights (from the data's largest
+        absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
     callback : callable(stats dict), optional
         Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
         n_empty, rechecked, imbalance`` (largest cluster over the mean), ``kernel_seconds,
@@ -533,7 +530,7 @@ def run_lloyd(
     """
     fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
     fit = FitSpec(
-        int(max_iter), float(tol_abs), metric, precision, np.asarray(exps, np.int64), int(weight_exp),
+        int(max_iter), float(tol_abs), metric, precision, grid,
         len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
     )
     history: list[dict] = list(start.history or []) if start is not None else []

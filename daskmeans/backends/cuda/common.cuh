@@ -5,6 +5,18 @@ __device__ __forceinline__ double warp_sum(double v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
     return v;
 }
+__device__ __forceinline__ long long warp_sum_ll(long long v) {
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL, v, off);
+    return v;
+}
+// A weighted value w x as an int64 multiple of its grid step (scale = 2^-e): rounded once, to
+// nearest, ties to even (the CPU kernels' np.rint), so sums of these are exact in any order.
+__device__ __forceinline__ long long on_grid(double v, double scale) { return __double2ll_rn(v * scale); }
+// int64 atomic add (two's complement: the unsigned form's bits).
+__device__ __forceinline__ void atomic_add_ll(long long* a, long long v) {
+    atomicAdd((unsigned long long*)a, (unsigned long long)v);
+}
 // Exact squared distance of two D-vectors (float64), lanes striding over D, warp-reduced.
 template <typename V>
 __device__ __forceinline__ double exact_d2(const V* __restrict__ x, const V* __restrict__ c, int D, int lane) {

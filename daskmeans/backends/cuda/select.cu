@@ -400,7 +400,7 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
     }
 }
 
-// Per-cluster float64 sums from rows sorted by label (perm: row ids in label order, slab: the
+// Per-cluster sums, int64 on the fit's grid (S: the D scales 2^-e), from rows sorted by label (perm: row ids in label order, slab: the
 // sorted labels), and, when stat is given, the inertia sum w ||x - c_label||^2 (exact float64).
 // Each warp runs through 32 consecutive sorted rows (their ids, labels and weights one per
 // lane), lanes owning columns, RG rows' values loaded before any is used; sums accumulate in
@@ -413,7 +413,7 @@ extern "C" __global__ void scatter_by_label(const int* __restrict__ lab, long lo
 extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
         const T* __restrict__ X, int D, long long n, const long long* __restrict__ perm,
         const int* __restrict__ slab, const double* __restrict__ w, const T* __restrict__ C,
-        double* __restrict__ sums, double* __restrict__ stat) {
+        const double* __restrict__ S, long long* __restrict__ sums, double* __restrict__ stat) {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -424,12 +424,14 @@ extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
         const int myk = lane < m ? slab[s + lane] : 0;
         const double myw = (w && lane < m) ? w[myr] : 1.0;
         for (int c0 = 0; c0 < D; c0 += 32 * CPL) {
-            double acc[CPL], cv[CPL];
+            long long acc[CPL];
+            double cv[CPL], sc[CPL];
             int cur = __shfl_sync(FULL, myk, 0);
             #pragma unroll
             for (int t = 0; t < CPL; ++t) {
                 const int j = c0 + lane + 32 * t;
-                acc[t] = 0.0;
+                acc[t] = 0;
+                sc[t] = j < D ? S[j] : 0.0;
                 cv[t] = (stat && j < D) ? (double)C[(long long)cur * D + j] : 0.0;
             }
             for (int i0 = 0; i0 < m; i0 += RG) {
@@ -453,17 +455,17 @@ extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
                             for (int t = 0; t < CPL; ++t) {
                                 const int j = c0 + lane + 32 * t;
                                 if (j < D) {
-                                    atomicAdd(sums + (long long)cur * D + j, acc[t]);
+                                    atomic_add_ll(sums + (long long)cur * D + j, acc[t]);
                                     if (stat) cv[t] = (double)C[(long long)k * D + j];
                                 }
-                                acc[t] = 0.0;
+                                acc[t] = 0;
                             }
                             cur = k;
                         }
                         #pragma unroll
                         for (int t = 0; t < CPL; ++t) {
                             const double v = (double)xv[g][t];
-                            acc[t] = fma(wr, v, acc[t]);
+                            acc[t] += on_grid(wr * v, sc[t]);
                             const double u = v - cv[t];  // 0 past D (both 0)
                             inert = fma(wr * u, u, inert);
                         }
@@ -473,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
             #pragma unroll
             for (int t = 0; t < CPL; ++t) {
                 const int j = c0 + lane + 32 * t;
-                if (j < D) atomicAdd(sums + (long long)cur * D + j, acc[t]);
+                if (j < D) atomic_add_ll(sums + (long long)cur * D + j, acc[t]);
             }
         }
     }

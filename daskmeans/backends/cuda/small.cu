@@ -16,8 +16,10 @@
 #define NG (NT / L)
 #define DP (L * DPL)
 #define DX (DFULL ? DP : D)  // the row stride, a compile-time constant where D = DP
+// Sums and weights are int64 multiples of the fit's grid steps (grid.py): each w x rounded once
+// (on_grid), then added exactly, so any order of addition (atomics included) gives the same bits.
 // CREG: a group's slice of shared memory, K x DP sums, K weights, K counts (weights only with
-// sample weights; else the counts are the weights). Groups of L >= 2 lanes: slices one after
+// sample weights; else the host derives them from the counts). Groups of L >= 2 lanes: slices one after
 // another, an odd number of doubles apart. One lane per row: the slices interleaved (element e
 // of group g at e x NG + g), so that the 32 lanes' accesses are consecutive words whatever
 // cluster each row went to; contiguous slices met random bank conflicts (S2 kernel, H200:
@@ -45,19 +47,21 @@ extern "C" __global__ void BOUNDS fused_small(
         const T* __restrict__ X, long long n, int D, int K,
         const double* __restrict__ C,      // K x D centroids (data-dtype values, as float64)
         const double* __restrict__ w,      // n sample weights, or NULL
+        const double* __restrict__ S,      // D grid scales 2^-e (the sums' steps), or NULL without part
+        double ws,                         // the weights' grid scale
         const int* prev,                   // n previous labels, or NULL
         int* labels,                       // n, or NULL; may alias prev (so neither is __restrict__)
         double* __restrict__ d2,           // n squared distances, or NULL
-        double* __restrict__ part,         // gridDim.x x (K*D + 2K + 2) block partials, or NULL
+        long long* __restrict__ part,      // gridDim.x x (K*D + 2K + 2) block partials, or NULL
         double* __restrict__ pstat) {      // gridDim.x x 2 (inertia, reassigned): MODE 1, or MODE 0 without part
     extern __shared__ double sh[];
     const int lane = threadIdx.x % L;
 #if CREG
     // Shared: NG x GS group slices (MODE 0 only), K weights, K counts, 2 scalars.
-    double* ssum = sh;
-    double* sw = ssum + (MODE == 1 ? 0 : NG * GS);
-    double* gsum = ssum + (L == 1 ? threadIdx.x : (threadIdx.x / L) * GS);  // this group's slice, at GIX(e)
-    for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0.0;
+    long long* ssum = (long long*)sh;
+    long long* sw = ssum + (MODE == 1 ? 0 : NG * GS);
+    long long* gsum = ssum + (L == 1 ? threadIdx.x : (threadIdx.x / L) * GS);  // this group's slice, at GIX(e)
+    for (int i = threadIdx.x; i < (MODE == 1 ? 0 : NG * GS); i += NT) ssum[i] = 0;
     double cen[KACC][DPL];
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
@@ -69,32 +73,37 @@ extern "C" __global__ void BOUNDS fused_small(
     }
 #else
     double* cs = sh;                 // K x DP centroids, zero padded past D
-    double* ssum = cs + K * DP;      // K x DP block sums (none in MODE 1)
-    double* sw = ssum + (MODE == 1 ? 0 : K * DP);  // K block weights
+    long long* ssum = (long long*)(cs + K * DP);  // K x DP block sums (none in MODE 1)
+    long long* sw = ssum + (MODE == 1 ? 0 : K * DP);  // K block weights
     for (int i = threadIdx.x; i < K * DP; i += NT) {
         int k = i / DP, j = i - k * DP;
         cs[i] = j < D ? C[(long long)k * D + j] : 0.0;
-        if (MODE != 1) ssum[i] = 0.0;
+        if (MODE != 1) ssum[i] = 0;
     }
 #endif
-    double* scnt = sw + K;           // K block counts (exact in float64 below 2^53)
-    double* sst = scnt + K;          // inertia, reassigned
+    long long* scnt = sw + K;        // K block counts
+    double* sst = (double*)(scnt + K);  // inertia, reassigned
     const bool want = MODE != 1 && part != nullptr;
-    for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0.0;
+    for (int i = threadIdx.x; i < 2 * K + 2; i += NT) sw[i] = 0;  // all-zero bits: 0.0 for sst
+#if MODE != 1
+    double sc[DPL];  // this lane's columns' grid scales
+    #pragma unroll
+    for (int j = 0; j < DPL; ++j) sc[j] = (want && lane + j * L < D) ? S[lane + j * L] : 0.0;
+#endif
     __syncthreads();
 
     const int gw = (threadIdx.x & 31) / L;                       // group within the warp
     const long long warp = ((long long)blockIdx.x * NT + threadIdx.x) >> 5;
     const long long nwarp = ((long long)gridDim.x * NT) >> 5;
 #if RACC
-    double acc[KACC][DPL];
-    double accw[KACC];  // only with sample weights (else the count is the weight)
+    long long acc[KACC][DPL];
+    long long accw[KACC];  // only with sample weights
     int accn[KACC];
     #pragma unroll
     for (int k = 0; k < KACC; ++k) {
-        accw[k] = 0.0; accn[k] = 0;
+        accw[k] = 0; accn[k] = 0;
         #pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[k][j] = 0.0;
+        for (int j = 0; j < DPL; ++j) acc[k][j] = 0;
     }
 #endif
     double inert = 0.0, moved = 0.0;
@@ -206,12 +215,12 @@ extern "C" __global__ void BOUNDS fused_small(
 #else
 #if CREG
             {
-                double* o = gsum + GIX(bk * DP + lane);  // this group's slice: no other writer
+                long long* o = gsum + GIX(bk * DP + lane);  // this group's slice: no other writer
                 #pragma unroll
-                for (int j = 0; j < DPL; ++j) o[GIX(j * L)] = fma(wr, xv[j], o[GIX(j * L)]);
+                for (int j = 0; j < DPL; ++j) o[GIX(j * L)] += on_grid(wr * xv[j], sc[j]);
                 if (lane == 0) {
-                    if (w) gsum[GIX(KACC * DP + bk)] += wr;
-                    gsum[GIX(KACC * (DP + 1) + bk)] += 1.0;
+                    if (w) gsum[GIX(KACC * DP + bk)] += on_grid(wr, ws);
+                    gsum[GIX(KACC * (DP + 1) + bk)] += 1;
                 }
             }
 #elif KACC > 0
@@ -219,16 +228,19 @@ extern "C" __global__ void BOUNDS fused_small(
             for (int k = 0; k < KACC; ++k) {
                 if (k == bk) {
                     #pragma unroll
-                    for (int j = 0; j < DPL; ++j) acc[k][j] = fma(wr, xv[j], acc[k][j]);
-                    if (w) accw[k] += wr;
+                    for (int j = 0; j < DPL; ++j) acc[k][j] += on_grid(wr * xv[j], sc[j]);
+                    if (w) accw[k] += on_grid(wr, ws);
                     accn[k] += 1;
                 }
             }
 #else
-            double* o = ssum + bk * DP + lane;
+            long long* o = ssum + bk * DP + lane;
             #pragma unroll
-            for (int j = 0; j < DPL; ++j) if (lane + j * L < D) atomicAdd(o + j * L, wr * xv[j]);
-            if (lane == 0) { atomicAdd(sw + bk, wr); atomicAdd(scnt + bk, 1.0); }
+            for (int j = 0; j < DPL; ++j) if (lane + j * L < D) atomic_add_ll(o + j * L, on_grid(wr * xv[j], sc[j]));
+            if (lane == 0) {
+                if (w) atomic_add_ll(sw + bk, on_grid(wr, ws));
+                atomic_add_ll(scnt + bk, 1);
+            }
 #endif
         }
     }
@@ -258,7 +270,7 @@ extern "C" __global__ void BOUNDS fused_small(
                 for (int k = 0; k < KACC; ++k) {
                     #pragma unroll
                     for (int j = 0; j < DPL; ++j) ssum[k * DP + lane + j * L] += acc[k][j];
-                    if (lane == 0) { sw[k] += w ? accw[k] : (double)accn[k]; scnt[k] += (double)accn[k]; }
+                    if (lane == 0) { sw[k] += accw[k]; scnt[k] += accn[k]; }
                 }
             }
 #endif
@@ -268,15 +280,15 @@ extern "C" __global__ void BOUNDS fused_small(
     }
     if (want) {
         const int KD = K * D;
-        double* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
+        long long* o = part + (long long)blockIdx.x * (KD + 2 * K + 2);
 #if CREG
 #if L == 1
         // Element e of the NG interleaved slices: one warp adds groups lane, lane + 32, ... in
         // order, then a fixed butterfly (deterministic), into group 0's place.
         for (int e = threadIdx.x >> 5; e < GE; e += NT / 32) {
-            double t = 0.0;
+            long long t = 0;
             for (int g = threadIdx.x & 31; g < NG; g += 32) t += ssum[e * NG + g];
-            t = warp_sum(t);
+            t = warp_sum_ll(t);
             if ((threadIdx.x & 31) == 0) ssum[e * NG] = t;
         }
         __syncthreads();
@@ -293,14 +305,13 @@ extern "C" __global__ void BOUNDS fused_small(
 #endif
         for (int i = threadIdx.x; i < KD + 2 * K; i += NT) {
             const int k = i / D;
-            // Without sample weights the weight of a cluster is its count (slot K further on).
-            const int e = i < KD ? k * DP + (i - k * D) : KACC * DP + (i - KD) + (!w && i < KD + K ? KACC : 0);
+            const int e = i < KD ? k * DP + (i - k * D) : KACC * DP + (i - KD);
             o[i] = ssum[GIX(e)];
         }
-        if (threadIdx.x < 2) o[KD + 2 * K + threadIdx.x] = sst[threadIdx.x];
+        if (threadIdx.x < 2) o[KD + 2 * K + threadIdx.x] = __double_as_longlong(sst[threadIdx.x]);
 #else
         for (int i = threadIdx.x; i < KD; i += NT) { int k = i / D; o[i] = ssum[k * DP + (i - k * D)]; }
-        for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];
+        for (int i = threadIdx.x; i < 2 * K + 2; i += NT) o[KD + i] = sw[i];  // sst as its bits
 #endif
     } else if (threadIdx.x < 2) {
         pstat[2 * blockIdx.x + threadIdx.x] = sst[threadIdx.x];
@@ -308,19 +319,25 @@ extern "C" __global__ void BOUNDS fused_small(
 }
 
 // Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
-// ... in order, then a fixed butterfly (deterministic; a thread per column walking all blocks
-// was latency-bound: ~20 us). The count columns [K*D + K, K*D + 2K) also go to int64.
-extern "C" __global__ void reduce_parts(const double* __restrict__ part, int nb, int width, int K, int KD,
-                                        double* __restrict__ out, long long* __restrict__ cnt) {
+// ... in order, then a fixed butterfly (a thread per column walking all blocks was
+// latency-bound: ~20 us). Sums, weights and counts [0, K*D + 2K) are int64 (out); the last two
+// columns hold float64 bits (inertia, reassigned: stat).
+extern "C" __global__ void reduce_parts(const long long* __restrict__ part, int nb, int width, int K, int KD,
+                                        long long* __restrict__ out, double* __restrict__ stat) {
     const int i = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (i >= width) return;  // uniform across the warp
-    double s = 0.0;
-    #pragma unroll 4
-    for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
-    s = warp_sum(s);
-    if (lane == 0) {
-        out[i] = s;
-        if (i >= KD + K && i < KD + 2 * K) cnt[i - KD - K] = (long long)s;
+    if (i < KD + 2 * K) {
+        long long s = 0;
+        #pragma unroll 4
+        for (int b = lane; b < nb; b += 32) s += part[(long long)b * width + i];
+        s = warp_sum_ll(s);
+        if (lane == 0) out[i] = s;
+    } else {
+        double s = 0.0;
+        #pragma unroll 4
+        for (int b = lane; b < nb; b += 32) s += __longlong_as_double(part[(long long)b * width + i]);
+        s = warp_sum(s);
+        if (lane == 0) stat[i - KD - 2 * K] = s;
     }
 }
