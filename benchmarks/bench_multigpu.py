@@ -10,9 +10,11 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
   trips included) over its iterations plus one (the final E-step counted as one);
 - ``kernel_s``: median over iterations of the slowest rank's kernel time;
 - ``orchestration_s``: ``iteration_s - kernel_s`` (collective, update, segment overhead);
-- the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU.
+- the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU in the
+  generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking).
 
-    python benchmarks/bench_multigpu.py [--problems P3,P4] [--gpus 1,2] [--iters 5] [--out r.json]
+    python benchmarks/bench_multigpu.py [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
+        [--chunkings split,irregular] [--out r.json]
 """
 
 from __future__ import annotations
@@ -46,7 +48,19 @@ def _data(n, d, n_chunks):
                          dtype=np.float32, meta=cupy.empty((0, 0), np.float32))
 
 
-def run_one(n_gpus, problem, precision, iters, collective):
+def _chunked(X, chunking):
+    """The same data (generated in X's chunks) in another chunking: ``default`` as generated,
+    ``split`` twice as many chunks, ``irregular`` three unequal ones."""
+    n = X.shape[0]
+    if chunking == "split":
+        return X.rechunk({0: -(-X.chunks[0][0] // 2)})
+    if chunking == "irregular":
+        a = n // 5 + 12_345
+        return X.rechunk({0: (a, n // 2 - 777, n - a - (n // 2 - 777))})
+    return X
+
+
+def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client
@@ -62,7 +76,7 @@ def run_one(n_gpus, problem, precision, iters, collective):
         from daskmeans import config
         from daskmeans.io.readers import rows_per_chunk
 
-        X = _data(n, d, -(-n // rows_per_chunk(d, 4, config.get_bytes("gpu-chunk-bytes"))))
+        X = _chunked(_data(n, d, -(-n // rows_per_chunk(d, 4, config.get_bytes("gpu-chunk-bytes")))), chunking)
         t0 = time.perf_counter()
         p = place(c, X, "cupy")
         t_place = time.perf_counter() - t0
@@ -84,7 +98,7 @@ def run_one(n_gpus, problem, precision, iters, collective):
         kern = float(np.median([h["kernel_seconds"] for h in hist[1:]]))
         return {
             "gpus": n_gpus, "problem": problem, "n": n, "d": d, "k": k, "precision": precision,
-            "collective": kind, "iterations": len(hist), "placement_s": t_place,
+            "collective": kind, "chunking": chunking, "chunks": len(p.row_chunks), "iterations": len(hist), "placement_s": t_place,
             "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": it_s - kern,
             "iteration_wall_s": [h["seconds"] for h in hist], "kernel_wall_s": [h["kernel_seconds"] for h in hist],
         }, res.centroids
@@ -99,6 +113,7 @@ def main(argv=None):
     ap.add_argument("--precisions", default="fp32,tf32")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--dask-collective", action="store_true", help="also time the Dask collective on the most GPUs")
+    ap.add_argument("--chunkings", default="", help="also run 1 GPU in these chunkings (split, irregular)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     gpus = [int(g) for g in args.gpus.split(",") if int(g) <= cupy.cuda.runtime.getDeviceCount()]
@@ -107,17 +122,18 @@ def main(argv=None):
         for precision in args.precisions.split(","):
             ref = None
             base = None
-            configs = [(g, "auto") for g in gpus]
+            configs = [(g, "auto", "default") for g in gpus]
             if args.dask_collective and max(gpus) > 1:
-                configs.append((max(gpus), "dask"))
-            for g, coll in configs:
-                row, cen = run_one(g, problem, precision, args.iters, coll)
+                configs.append((max(gpus), "dask", "default"))
+            configs += [(1, "auto", c) for c in args.chunkings.split(",") if c]
+            for g, coll, chunking in configs:
+                row, cen = run_one(g, problem, precision, args.iters, coll, chunking)
                 if ref is None:
                     ref, base = cen, row["iteration_s"]
                 row["bitwise_same_as_1_gpu"] = bool(np.array_equal(cen, ref))
                 row["speedup_vs_1_gpu"] = base / row["iteration_s"]
                 rows.append(row)
-                print(f"{problem} {precision} {g} GPU {row['collective']:6s} iteration {row['iteration_s'] * 1e3:9.2f} ms "
+                print(f"{problem} {precision} {g} GPU {row['collective']:6s} {chunking:9s} {row['chunks']:3d} chunks iteration {row['iteration_s'] * 1e3:9.2f} ms "
                       f"kernel {row['kernel_s'] * 1e3:9.2f} ms orchestration {row['orchestration_s'] * 1e3:7.2f} ms "
                       f"speed-up {row['speedup_vs_1_gpu']:.2f} bitwise {row['bitwise_same_as_1_gpu']}", flush=True)
     res = {

@@ -12,6 +12,7 @@ import benchmeta
 import cupy
 import dask
 
+from daskmeans.backends.grid import Grid
 from daskmeans.backends import cuda_src
 from daskmeans.backends import cupy_backend as be
 
@@ -39,14 +40,15 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     n, d, k = PROBLEMS[name]
     X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+    grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32)
     Y = cupy.empty_like(X)
     res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}  # noqa: B023
     for cen in ("shared", "registers"):
         with dask.config.set({"daskmeans.gpu-small-centroids": cen}):
             p = be.prepare(C, cupy.float32)
-            res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p))  # noqa: B023
-            res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p))  # noqa: B023
+            res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p, grid=grid))  # noqa: B023
+            res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p, grid=grid))  # noqa: B023
     labels = cupy.empty(n, cupy.int32)
     for lanes, dpl, tred, rows, mb, mode, creg in VARIANTS[name]:
         kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy_backend._small_config

@@ -12,6 +12,7 @@ import cupy
 import dask
 import numpy as np
 
+from daskmeans.backends.grid import Grid
 from daskmeans.backends import cupy_backend as be
 
 PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
@@ -30,8 +31,9 @@ for name in args or ["P2"]:
     n, d, k = PROBLEMS[name]
     X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+    grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32, precision)
-    r = {"whole_ms": t(lambda: be.assign(X, p)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
+    r = {"whole_ms": t(lambda: be.assign(X, p, grid=grid)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
     if p.small is None:
         rows = be._tile_rows(p, n)
         buf = cupy.empty((rows, p.a.shape[0]), cupy.float32)
@@ -99,7 +101,7 @@ for name in args or ["P2"]:
                 lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
         del bcol
         labels = be.assign(X, p)["labels"]
-        r["sums_ms"] = benchmeta.event_ms(lambda: be._label_sums(X, labels, None, k, p.centroids, stat), reps=10, warm=3)
+        r["sums_ms"] = benchmeta.event_ms(lambda: be._label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums
         # with RG rows' loads in flight per lane.
         ev = benchmeta.event_ms

@@ -13,6 +13,7 @@ import benchmeta
 import cupy
 
 from daskmeans.backends import cupy_backend as be
+from daskmeans.backends.grid import Grid
 
 PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
 
@@ -33,23 +34,25 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     n, d, k = PROBLEMS[name]
     X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
     C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+    grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32)
     labels = cupy.empty(n, cupy.int32)
     kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = be._small_plan(X, p)
-    part = cupy.empty((nb, width), cupy.float64)
-    kargs = (X, n64, d32, k32, p.c64, be._NULL, be._NULL, labels, be._NULL, part, be._NULL)
+    part = cupy.empty((nb, width), cupy.int64)
+    kargs = (X, n64, d32, k32, p.c64, be._NULL, grid.scales(cupy), cupy.float64(grid.wscale), be._NULL, labels, be._NULL,
+             part, be._NULL)
     r = {
-        "host_assign_us": host_us(lambda: be.assign(X, p)),
-        "host_assign_out_labels_us": host_us(lambda: be.assign(X, p, out_labels=labels)),
+        "host_assign_us": host_us(lambda: be.assign(X, p, grid=grid)),
+        "host_assign_out_labels_us": host_us(lambda: be.assign(X, p, out_labels=labels, grid=grid)),
         "host_plan_us": host_us(lambda: be._small_plan(X, p)),
         "host_empty_us": host_us(lambda: cupy.empty((nb, width), cupy.float64)),
         "host_launch_us": host_us(lambda: kern((nb,), (256,), kargs, shared_mem=shared)),
-        "step_events_ms": benchmeta.event_ms(lambda: be.assign(X, p), reps=30, warm=5),
-        "step_synced_ms": benchmeta.synced_ms(lambda: be.assign(X, p), reps=30, warm=5),
+        "step_events_ms": benchmeta.event_ms(lambda: be.assign(X, p, grid=grid), reps=30, warm=5),
+        "step_synced_ms": benchmeta.synced_ms(lambda: be.assign(X, p, grid=grid), reps=30, warm=5),
         "kernel_events_ms": benchmeta.event_ms(lambda: kern((nb,), (256,), kargs, shared_mem=shared), reps=30, warm=5),
     }
-    tot, cnt = cupy.empty(width, cupy.float64), cupy.empty(k, cupy.int64)
-    rargs = (part, nb32, width32, k32, kd32, tot, cnt)
+    tot, stat = cupy.empty(width - 2, cupy.int64), cupy.empty(2, cupy.float64)
+    rargs = (part, nb32, width32, k32, kd32, tot, stat)
     r["reduce_events_ms"] = benchmeta.event_ms(lambda: reduce((-(-width * 32 // 256),), (256,), rargs), reps=30, warm=5)
     Y = cupy.empty_like(X)
     r["hbm_read_events_ms"] = benchmeta.event_ms(lambda: Y.__setitem__(slice(None), X), reps=30, warm=5) / 2

@@ -14,6 +14,7 @@ out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chu
 from __future__ import annotations
 
 import collections
+import heapq
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -288,11 +289,19 @@ def balance_chunks(X: da.Array, n_workers: int) -> da.Array:
     workers become 16. The result does not depend on the chunking (the sums are exact
     integers, :mod:`daskmeans.backends.grid`), so this is free to follow the worker count."""
     n, nb = int(X.shape[0]), X.numblocks[0]
-    per = -(-nb // n_workers)  # the most chunks one worker holds
-    if n == 0 or per * max(X.chunks[0]) <= 1.02 * n / n_workers:
+    if n == 0 or _largest_share(X.chunks[0], n_workers) <= 1.02 * n / n_workers:
         return X
+    per = -(-nb // n_workers)  # the most chunks one worker holds
     target = min(per * n_workers, max(1, n // max(1, int(config.get("min-chunk-rows")))))
     return split_rows(X, -(-n // target))
+
+
+def _largest_share(rows: Sequence[int], n_workers: int) -> int:
+    """The most rows a worker holds when whole chunks go, largest first, to the emptiest."""
+    loads = [0] * n_workers
+    for r in sorted(rows, reverse=True):
+        heapq.heapreplace(loads, loads[0] + r)
+    return max(loads)
 
 
 def _identity(x: Any) -> Any:

@@ -1,5 +1,6 @@
 """The loop on several GPU workers (a LocalCUDACluster): bitwise the same centroids on 1 and
-2 workers, through NCCL (two GPUs) and through Dask's comms, in fp32 and tf32. On a one-GPU
+2 workers, through NCCL (two GPUs) and through Dask's comms, and for three chunkings, in fp32
+and tf32. On a one-GPU
 host the two workers share the GPU (Dask's comms only: NCCL needs a GPU per rank)."""
 
 from __future__ import annotations
@@ -44,20 +45,22 @@ def _fit(devices, X, init, precision, collective):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_one_and_two_gpu_workers_give_the_same_bits(precision):
+def test_one_and_two_gpu_workers_and_any_chunking_give_the_same_bits(precision):
     rng = np.random.default_rng(11)
     X = rng.standard_normal((60_000, 96)).astype(np.float32)
     init = X[:700].astype(np.float64)
     Xd = da.from_array(X, chunks=(60_000 // 16, -1))
     ref, ref_labels = _fit("0", Xd, init, precision, "auto")
     assert ref.n_iter_ == 15
+    runs = [("0", da.from_array(X, chunks=(60_000, -1)), "auto"), ("0", da.from_array(X, chunks=((7, 33_000, 26_993), -1)), "auto")]
     two = [("0,1", "nccl"), ("0,1", "dask")] if _n_gpus() >= 2 else [("0,0", "dask")]
-    for devices, kind in two:
-        km, labels = _fit(devices, Xd, init, precision, kind)
+    runs += [(devices, Xd, kind) for devices, kind in two] + [(two[0][0], runs[0][1], two[0][1])]
+    for devices, Xr, kind in runs:
+        km, labels = _fit(devices, Xr, init, precision, kind)
         np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
         np.testing.assert_array_equal(labels, ref_labels)
         # The GPU kernels add a chunk's inertia with float atomics: its last bits vary from
-        # run to run (the sums behind the centroids do not).
+        # run to run (the sums behind the centroids are exact integers).
         assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
 
 

@@ -87,6 +87,8 @@ def test_balance_by_hand(holders, rows, nthreads, owners):
     ((1000,) * 101, 2, (1000,) * 101),  # 51 + 50: within 2%, kept (a kernel call has a fixed cost)
     ((1000, 9000), 2, (5000, 5000)),  # unequal chunks: equal ones
     ((1500,), 2, (1500,)),  # too few rows for two chunks of min-chunk-rows (1024)
+    ((7, 33_000, 26_993), 1, (7, 33_000, 26_993)),  # one worker holds everything anyway
+    ((3000, 1000, 1000, 1000), 2, (3000, 1000, 1000, 1000)),  # 3000 | 1000 x 3: equal shares
 ])
 def test_balance_chunks_by_hand(chunks, n_workers, expected):
     X = da.zeros((sum(chunks), 3), chunks=(chunks, 3))
