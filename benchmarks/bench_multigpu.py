@@ -9,7 +9,9 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
 - ``loop_wall_per_iteration_s``: the loop's wall time as the client sees it (segments' round
   trips included) over its iterations plus one (the final E-step counted as one);
 - ``kernel_s``: median over iterations of the slowest rank's kernel time;
-- ``orchestration_s``: ``iteration_s - kernel_s`` (collective, update, segment overhead);
+- ``orchestration_s``: ``iteration_s - kernel_s`` (collective, update, segment overhead), and
+  its parts ``collective_s`` (the all-reduce and the statistics' copy to the host) and
+  ``update_s`` (empty clusters, the centroid update, the shift);
 - the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU in the
   generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking).
 
@@ -96,10 +98,13 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
         hist = res.history
         it_s = float(np.median([h["seconds"] for h in hist[1:]]))
         kern = float(np.median([h["kernel_seconds"] for h in hist[1:]]))
+        coll = float(np.median([h["collective_seconds"] for h in hist[1:]]))
+        upd = float(np.median([h["update_seconds"] for h in hist[1:]]))
         return {
             "gpus": n_gpus, "problem": problem, "n": n, "d": d, "k": k, "precision": precision,
             "collective": kind, "chunking": chunking, "chunks": len(p.row_chunks), "iterations": len(hist), "placement_s": t_place,
             "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": it_s - kern,
+            "collective_s": coll, "update_s": upd, "max_empty_clusters": max(h["n_empty"] for h in hist),
             "iteration_wall_s": [h["seconds"] for h in hist], "kernel_wall_s": [h["kernel_seconds"] for h in hist],
         }, res.centroids
 
@@ -135,6 +140,8 @@ def main(argv=None):
                 rows.append(row)
                 print(f"{problem} {precision} {g} GPU {row['collective']:6s} {chunking:9s} {row['chunks']:3d} chunks iteration {row['iteration_s'] * 1e3:9.2f} ms "
                       f"kernel {row['kernel_s'] * 1e3:9.2f} ms orchestration {row['orchestration_s'] * 1e3:7.2f} ms "
+                      f"(collective {row['collective_s'] * 1e3:.2f}, update {row['update_s'] * 1e3:.2f}, "
+                      f"empty {row['max_empty_clusters']}) "
                       f"speed-up {row['speedup_vs_1_gpu']:.2f} bitwise {row['bitwise_same_as_1_gpu']}", flush=True)
     res = {
         "benchmark": "multigpu",

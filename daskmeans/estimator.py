@@ -23,7 +23,7 @@ from .dask_cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .seeding import resolve_init
 from .io.model_store import load_model, save_model
-from .io.readers import read, read_weights
+from .io.readers import read, read_weights, split_rows
 from .backends.grid import Grid
 from .engine.loop import Start, data_moments, run_lloyd
 from .engine.plan import plan
@@ -99,7 +99,8 @@ class KMeans:
     cluster_sizes_ : ndarray (n_clusters,) int64
         Rows per cluster under the final centroids.
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
-        n_empty, rechecked (fraction of rows), seconds, kernel_seconds)
+        n_empty, rechecked (fraction of rows), imbalance, seconds, kernel_seconds,
+        collective_seconds, update_seconds, gb_per_s)
     n_features_in_ : int
     """
 
@@ -338,6 +339,8 @@ class KMeans:
             check_paths_on_workers(client, read=[path])
         backend = resolve_backend(client, self.backend, get_backend(X).name)
         tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
+        if tiers.chunk_rows:
+            X = split_rows(X, tiers.chunk_rows)
         placement = place(client, X, backend, w, tiers.tier)
 
         def replan() -> Placement:

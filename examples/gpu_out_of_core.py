@@ -29,10 +29,12 @@ if __name__ == "__main__":
 
     with LocalCUDACluster(dashboard_address=":0") as cluster, Client(cluster):
         X = daskmeans.read(out / "big.zarr")
+        # Half of a worker's share of the rows (1 GiB over the GPUs): the rows no longer fit.
+        limit = f"{1024 // (2 * len(cluster.workers))}MiB"
         budgets = {
             "device": {},
-            "host": {"device_memory_limit": "256MiB"},  # less than any worker's share of the rows
-            "storage": {"device_memory_limit": "256MiB", "memory_limit": "256MiB"},
+            "host": {"device_memory_limit": limit},
+            "storage": {"device_memory_limit": limit, "memory_limit": "256MiB"},
         }
         fits = {}
         for name, limits in budgets.items():

@@ -56,7 +56,9 @@ def test_storage_tier_gives_the_resident_result_within_the_budget(store):
         peaks = c.run(_trace_peak)
     assert km.tier_ == "storage" and "tier storage" in km.tier_plan_
     np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
-    assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
+    # The budget cuts the chunks smaller than the resident run's: the inertia, a float64 sum
+    # per chunk, may differ in its last bits (the centroids, exact integer sums, do not).
+    assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-9) and km.n_iter_ == ref.n_iter_
     # Within the budget, which holds less than the worker's rows: the heap's peak (the chunks
     # read ahead and in use, their decompression, the labels) counts every NumPy buffer, not
     # the allocator's slack, which depends on timing (resident set sizes did).

@@ -116,6 +116,12 @@ def _small_config(k: int, d: int, shared_max: int = _SHARED_BYTES) -> tuple[int,
     return None
 
 
+def uses_tiles(k: int, d: int) -> bool:
+    """True where K x D takes the GEMM regime (row tiles of K distances in GPU memory); the
+    fused regime needs no tiles. Pure: no GPU needed (the memory plan asks on the client)."""
+    return _small_config(k, d) is None
+
+
 def _shared_bytes(k: int, lanes: int, dpl: int, creg: bool, mode: int = 0) -> int:
     """Dynamic shared memory of ``fused_small`` (cuda_src.SMALL_SRC): float64 centroids and
     sums (K x DP each; no sums in MODE 1), or with CREG each group of L lanes' slice (GS:

@@ -202,8 +202,10 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     fv[lay.kernel + comm.rank] = time.perf_counter() - t_start
     if comm.rank == 0 and time.perf_counter() - seg_t0 >= fit.segment_seconds:
         buf[lay.flag] = 1
+    t_comm = time.perf_counter()
     total = comm.allreduce(buf)
     small = be.to_numpy(total[lay.small :])
+    t_update = time.perf_counter()
     smallf = small.view(np.float64)
     isums = total[lay.sums].reshape(k, d)
     iweights = total[lay.weights]
@@ -233,6 +235,8 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         "rechecked": int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
         "imbalance": imbalance,
         "kernel_seconds": float(smallf[n_chunks : n_chunks + comm.size].max()),
+        "collective_seconds": t_update - t_comm,
+        "update_seconds": time.perf_counter() - t_update,
         "seconds": seconds,
         "gb_per_s": fit.n_samples * d * np.dtype(shard.dtype).itemsize / max(seconds, 1e-12) / 1e9,
         "_end_segment": bool(small[lay.flag - lay.small]),

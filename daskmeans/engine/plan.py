@@ -26,6 +26,7 @@ from dask.utils import format_bytes, parse_bytes
 from distributed import Client
 
 from .. import config
+from ..backends import get_backend
 from ..errors import DaskmeansError
 from ..placement import TIERS
 
@@ -39,6 +40,7 @@ class TierPlan:
     working: int  # what the loop needs besides the data
     host_budget: int
     device_budget: int | None
+    chunk_rows: int | None = None  # rows per chunk to place (chunks cut to fit the budget), or as read
 
     def describe(self) -> str:
         dev = "" if self.device_budget is None else f", device budget {format_bytes(self.device_budget)}"
@@ -75,14 +77,15 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str) -> int:
     """What one worker's loop needs besides its data: K x D float64 centroids (current,
-    previous, new), the iteration buffers (two int64 limbs per value, sent and received, and
-    their float64 decoding), the kernels' tiles, two chunks in flight and the labels."""
-    model = k * d * 8 * (3 + 2 * 2 * 2 + 2) + n_chunks * 8
+    previous, new), the iteration buffer (one int64 per sum, sent and received), a chunk's
+    sums and the update's temporaries, the kernels' tiles, two chunks in flight and the labels."""
+    model = k * d * 8 * (3 + 2 + 2) + n_chunks * 8
     # Distance tiles (rows x K float32/64), at most a chunk's rows: two on a GPU (one GEMM
-    # overlaps the previous tile's selection), one on a CPU.
+    # overlaps the previous tile's selection) where K x D takes the GEMM regime, one on a CPU.
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
     if backend == "cupy":
-        tiles = min(2 * config.get_bytes("gpu-tile-bytes"), 2 * chunk_rows * k * 4)
+        gemm = get_backend("cupy").uses_tiles(k, d)
+        tiles = min(2 * config.get_bytes("gpu-tile-bytes"), 2 * chunk_rows * k * 4) if gemm else 0
     else:
         tiles = min(config.get_bytes("tile-bytes"), chunk_rows * k * 8)
     # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
@@ -130,16 +133,23 @@ def plan(
     device_budget = min((b["device"] for b in budgets.values() if b["device"] is not None), default=None)
     if gpu and device_budget is None:
         raise DaskmeansError("the GPU backend was chosen but no worker reports a GPU")
+    from ..io.readers import split_rows
     from ..placement import balance_chunks
 
     X = balance_chunks(X, n_workers)  # as place() will split it
     n, d = (int(s) for s in X.shape)
     item = X.dtype.itemsize
+    limit, flag = (device_budget, "--device-memory-limit") if gpu else (host_budget, "--memory-limit")
+    # Two chunks are in flight when a tier streams: chunks larger than an eighth of the budget
+    # are cut (the result does not depend on the chunking).
+    cap = max(int(config.get("min-chunk-rows")), limit // 8 // max(1, d * item))
+    cut = cap if max(X.chunks[0]) > cap else None
+    if cut:
+        X = balance_chunks(split_rows(X, cut), n_workers)
     chunk_rows = max(X.chunks[0])
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
     working = working_bytes(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend)
-    limit, flag = (device_budget, "--device-memory-limit") if gpu else (host_budget, "--memory-limit")
     if working > limit:
         raise DaskmeansError(
             f"K x D = {k} x {d}: the centroids, partial sums and kernel tiles need {format_bytes(working)} per "
@@ -160,7 +170,7 @@ def plan(
             f"tier='host' needs {format_bytes(share)} of host memory per worker, more than its budget "
             f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
         )
-    return TierPlan(tier, share, working, host_budget, device_budget)
+    return TierPlan(tier, share, working, host_budget, device_budget, cut)
 
 
 def _bytes(value: int | str | None, key: str) -> int | None:
