@@ -669,26 +669,24 @@ def assign(
 
 
 @functools.cache
-def _update_kernels() -> tuple:
+def _update_kernel() -> Any:
     import cupy
 
-    update = cupy.ElementwiseKernel(
-        "int64 s, int32 e, int64 w, int32 we, float64 old", "float64 c",
-        "c = w > 0 ? ldexp((double)s, e) / ldexp((double)w, we) : old", "daskmeans_update")
-    sqdiff = cupy.ReductionKernel(
-        "float64 x, float64 y", "float64 z", "(x - y) * (x - y)", "a + b", "z = a", "0", "daskmeans_sqdiff")
-    return update, sqdiff
+    return cupy.ElementwiseKernel(
+        "int64 s, int32 e, int64 w, int32 we, float64 old", "float64 c, float64 sq",
+        "c = w > 0 ? ldexp((double)s, e) / ldexp((double)w, we) : old; sq = (c - old) * (c - old)",
+        "daskmeans_update")
 
 
 def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
     """The Lloyd update from a fit's combined sums: ``(new, shift)`` as in the NumPy backend
-    (the same bits), in one fused pass over K x d and one reduction (``shift`` a 0-d device
-    array: no synchronisation)."""
+    (the same centroid bits), in one fused pass over K x d, and the shift summed by CuPy's
+    device-wide reduction (``shift`` a 0-d device array: no synchronisation). A ReductionKernel
+    to one value runs on one block: 17 ms for P4's K x D on an H200, against 0.1 ms."""
     import cupy
 
-    update, sqdiff = _update_kernels()
-    new = update(isums, grid.exps_on(cupy), iweights[:, None], numpy.int32(grid.wexp), old)
-    return new, sqdiff(new, old)
+    new, sq = _update_kernel()(isums, grid.exps_on(cupy), iweights[:, None], numpy.int32(grid.wexp), old)
+    return new, sq.sum()
 
 
 def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
