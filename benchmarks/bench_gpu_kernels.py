@@ -10,7 +10,7 @@ with device, date and commit.
 
     python benchmarks/bench_gpu_kernels.py [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
 
-Committed results: ``results/gpu_kernels_<device>.json`` (P4 alone: ``gpu_kernels_p4_<device>.json``).
+Committed results: ``results/gpu_kernels_<device>.json`` (P4 may run as a second call: each row records its commit).
 
 Per problem it also records, for each low-precision mode, the fraction of rows the kernel had
 to re-rank exactly and whether its labels equal the fp32 mode's.
