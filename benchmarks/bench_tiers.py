@@ -6,9 +6,13 @@ their floors, measured in the same run.
   by one thread, as the tier's read-ahead does, page cache as the run finds it);
 - the fit: data-bound K=16, D=64 with the data 3x the device budget (``device_memory_limit``),
   ``tol=0``, a few iterations; effective throughput = data bytes / median iteration time.
-- optionally P4 (4e6 x 480, K=40000) in the device and host tiers (``--p4``).
+- optionally P4 (4e6 x 480, K=40000) in the device and host tiers (``--p4``);
+- optionally the command under memory limits (``--limits``): ``daskmeans fit`` of a 7.7 GB Zarr
+  (3e7 x 64 float32, K = 16) unlimited, with ``CUPY_GPU_MEMORY_LIMIT=3GiB`` and with
+  ``--device-memory-limit 3GiB``: exit status, the tier printed, centroids bitwise those of the
+  unlimited run.
 
-    python benchmarks/bench_tiers.py [--gib 3] [--iters 4] [--p4] [--out r.json]
+    python benchmarks/bench_tiers.py [--gib 3] [--iters 4] [--p4] [--limits] [--out r.json]
 """
 
 from __future__ import annotations
@@ -66,19 +70,11 @@ def fit(path_or_x, k, init, iters, **kw):
     return km, float(np.median(secs[1:])), secs
 
 
-def main(argv=None):
+def tiers(n: int, d: int, k: int, tmp: str, iters: int) -> dict:
+    """The host and storage tiers of a K=16, D=64 fit whose data is 3x the device budget."""
     import cupy
     import zarr
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--gib", type=float, default=3.0, help="data size; the device budget is a third of it")
-    ap.add_argument("--iters", type=int, default=4)
-    ap.add_argument("--p4", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    d, k = 64, 16
-    n = int(args.gib * 2**30 / (d * 4))
-    tmp = tempfile.mkdtemp(prefix="daskmeans-tiers-")
     path = os.path.join(tmp, "x.zarr")
     z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
     rng = cupy.random.default_rng(0)
@@ -87,22 +83,83 @@ def main(argv=None):
     init = z[:k].astype(np.float64)
     nbytes = n * d * 4
     budget = int(nbytes / 3)
-    res = {"benchmark": "tiers", "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": benchmeta.commit(), "n": n, "d": d, "k": k, "data_bytes": nbytes, "device_budget": budget}
+    res = {"n": n, "d": d, "k": k, "data_bytes": nbytes, "device_budget": budget}
     res["h2d_pinned_GBps"] = h2d_pinned_gbs()
     res["store_read_GBps"] = store_read_gbs(path)
-    km, it, secs = fit(path, k, init, args.iters, device_memory_limit=budget)
+    km, it, secs = fit(path, k, init, iters, device_memory_limit=budget)
     res["host"] = {"tier": km.tier_, "iteration_s": it, "GBps": nbytes / it / 1e9, "iterations_s": secs,
                    "ratio_to_h2d_floor": nbytes / it / 1e9 / res["h2d_pinned_GBps"]}
     centers = km.cluster_centers_
-    km, it, secs = fit(path, k, init, args.iters, device_memory_limit=budget, memory_limit=budget // 4)
+    km, it, secs = fit(path, k, init, iters, device_memory_limit=budget, memory_limit=budget // 4)
     res["storage"] = {"tier": km.tier_, "iteration_s": it, "GBps": nbytes / it / 1e9, "iterations_s": secs,
                       "ratio_to_store_floor": nbytes / it / 1e9 / res["store_read_GBps"],
                       "bitwise_same_as_host_tier": bool(np.array_equal(km.cluster_centers_, centers))}
     print(json.dumps({k: v for k, v in res.items() if k not in ("host", "storage")}), flush=True)
     for t in ("host", "storage"):
         print(t, {k: v for k, v in res[t].items() if k != "iterations_s"}, flush=True)
+    return res
+
+
+def limits(tmp: str) -> dict:
+    """``daskmeans fit`` of 3e7 x 64 float32 (7.7 GB) as Zarr, K = 16, 5 iterations: unlimited,
+    under ``CUPY_GPU_MEMORY_LIMIT=3GiB``, and with ``--device-memory-limit 3GiB``."""
+    import subprocess
+
+    import zarr
+
+    n, d, k = 30_000_000, 64, 16
+    path = os.path.join(tmp, "big.zarr")
+    z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
+    rng = np.random.default_rng(2)
+    for s in range(0, n, 2**20):
+        z[s : s + 2**20] = rng.standard_normal((min(2**20, n - s), d), dtype=np.float32)
+    init = os.path.join(tmp, "big-init.npy")
+    np.save(init, z[:k])
+    out = {"n": n, "d": d, "k": k, "data_bytes": n * d * 4}
+    ref = None
+    for name, env, extra in (("unlimited", {}, []), ("CUPY_GPU_MEMORY_LIMIT=3GiB", {"CUPY_GPU_MEMORY_LIMIT": "3GiB"}, []),
+                             ("--device-memory-limit 3GiB", {}, ["--device-memory-limit", "3GiB"])):
+        model = os.path.join(tmp, f"model-{len(out)}.zarr")
+        argv = ["daskmeans", "fit", path, "--k", str(k), "--init", init, "--max-iter", "5", "--tol", "0", "-q",
+                "-o", model, *extra]
+        t0 = time.perf_counter()
+        p = subprocess.run(argv, env=dict(os.environ, **env), capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        tier = [line for line in p.stderr.splitlines() if line.startswith("daskmeans: tier ")]
+        entry = {"rc": p.returncode, "wall_s": wall, "tier_line": tier[0] if tier else None,
+                 "traceback": "Traceback" in p.stderr, "stderr_tail": p.stderr[-400:] if p.returncode else ""}
+        if p.returncode == 0:
+            c = zarr.open_group(model, mode="r")["cluster_centers"][:]
+            if ref is None:
+                ref = c
+            entry["bitwise_same_as_unlimited"] = bool(np.array_equal(c, ref))
+        out[name] = entry
+    return out
+
+
+def main(argv=None):
+    import cupy
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=3.0, help="data size; the device budget is a third of it")
+    ap.add_argument("--iters", type=int, default=4)
+    ap.add_argument("--p4", action="store_true")
+    ap.add_argument("--limits", action="store_true")
+    ap.add_argument("--skip-tiers", action="store_true", help="only --p4 / --limits")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    d, k = 64, 16
+    n = int(args.gib * 2**30 / (d * 4))
+    tmp = tempfile.mkdtemp(prefix="daskmeans-tiers-")
+    res = {"benchmark": "tiers", "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": benchmeta.commit()}
+    if not args.skip_tiers:
+        res.update(tiers(n, d, k, tmp, args.iters))
+    if args.limits:
+        res["limits"] = limits(tmp)
+        print("limits", json.dumps(res["limits"]), flush=True)
+
     if args.p4:
         n4, d4, k4 = 4_000_000, 480, 40_000
         x4 = np.random.default_rng(1).standard_normal((n4, d4), dtype=np.float32)

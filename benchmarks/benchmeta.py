@@ -59,3 +59,23 @@ def synced_ms(fn, reps: int = 20, warm: int = 3) -> float:
         cupy.cuda.Device().synchronize()
         ts.append((time.perf_counter() - t0) * 1e3)
     return float(np.median(ts))
+
+
+def device_name() -> str:
+    """The GPU's name where CuPy sees one, else the CPU's model."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # no CuPy or no GPU: a CPU run
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -21,6 +21,7 @@ from typing import Sequence
 from . import __version__
 from .options import METRICS, PRECISIONS
 from .progress import Progress
+from .timing import Phases
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -75,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="iterations between checkpoints (default 10)")
     f.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data and parameters)")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    f.add_argument("--timings", metavar="FILE.json",
+                   help="write the command's phases (imports, cluster start, read, place, init, iterations, "
+                        "outputs...) and their wall seconds here")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress")
     f.add_argument("-v", "--verbose", action="store_true",
                    help="one line per iteration, with imbalance and throughput, also on a terminal")
@@ -195,35 +199,42 @@ def _say(msg: str) -> None:
 
 
 def _cmd_fit(args) -> int:
-    from .dask_cluster import check_paths_on_workers, describe
-    from .errors import DaskmeansError
-    from .estimator import KMeans
-    from .io.model_store import write_array
-    from .io.paths import check_output
-    from .validation import check_n_clusters
+    t_main = time.perf_counter()
+    phase = Phases()
+    with phase("imports"):
+        from .dask_cluster import check_paths_on_workers, describe
+        from .errors import DaskmeansError
+        from .estimator import KMeans
+        from .io.model_store import write_array
+        from .io.paths import check_output
+        from .validation import check_n_clusters
 
-    init = args.init
-    if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
-        raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
-    km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
-                backend=args.backend, metric=args.metric, precision=args.precision, checkpoint=args.checkpoint,
-                checkpoint_every=args.checkpoint_every, tier=args.tier, memory_limit=args.memory_limit,
-                device_memory_limit=args.device_memory_limit)
-    km._validate_params()  # fail fast: before reading data or starting a cluster
-    _check_cluster_args(args)
-    inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
-    check_output(args.output, args.overwrite, inputs)
-    check_output(args.labels, args.overwrite, inputs + [args.output])
-    if args.resume and not args.checkpoint:
-        raise DaskmeansError("--resume needs --checkpoint PATH")
-    # A checkpoint is rewritten as the fit goes: it may exist, but never be an input or output.
-    check_output(args.checkpoint, True, inputs + [args.output, args.labels])
-    X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
-    check_n_clusters(int(X.shape[0]), args.k)
-    km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
-    with _connect(args) as client:
-        _say(f"daskmeans: {describe(client)}")
-        check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
+    with phase("read"):
+        init = args.init
+        if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
+            raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
+        km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
+                    random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
+                    checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
+                    memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
+        km._validate_params()  # fail fast: before reading data or starting a cluster
+        _check_cluster_args(args)
+        inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
+        check_output(args.output, args.overwrite, inputs)
+        check_output(args.labels, args.overwrite, inputs + [args.output])
+        check_output(args.timings, args.overwrite, inputs + [args.output, args.labels])
+        if args.resume and not args.checkpoint:
+            raise DaskmeansError("--resume needs --checkpoint PATH")
+        # A checkpoint is rewritten as the fit goes: it may exist, but never be an input or output.
+        check_output(args.checkpoint, True, inputs + [args.output, args.labels, args.timings])
+        X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+        check_n_clusters(int(X.shape[0]), args.k)
+        km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
+    with contextlib.ExitStack() as cluster:
+        with phase("cluster"):
+            client = cluster.enter_context(_connect(args))
+            _say(f"daskmeans: {describe(client)}")
+            check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
         km.client = client
         t0 = time.perf_counter()
@@ -237,18 +248,42 @@ def _cmd_fit(args) -> int:
                          f"continue with --resume")
                 raise
             _check_interrupt()
+        phase.update({f"fit {k}": v for k, v in km.timings_.items()})
         _say(f"daskmeans: {km.tier_plan_}")
         _say(
             f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
             f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
         )
         km.client = None
-        if args.labels:
-            write_array(km.labels_, args.labels, name="labels")
-            _say(f"daskmeans: labels written to {args.labels}")
-        km.save(args.output)
+        with phase("write"):
+            if args.labels:
+                write_array(km.labels_, args.labels, name="labels")
+                _say(f"daskmeans: labels written to {args.labels}")
+            km.save(args.output)
+        t_close = time.perf_counter()
+    phase.update({"close": time.perf_counter() - t_close})
     _say(f"daskmeans: model written to {args.output}")
+    if args.timings:
+        _write_timings(args.timings, phase, time.perf_counter() - t_main, km)
+    if args.verbose:
+        _say(f"daskmeans: {phase.describe()}")
     return 0
+
+
+def _write_timings(path: str, phase: Phases, main_s: float, km) -> None:
+    """The ``--timings`` file: phases in order, the command's seconds from main() on, and the
+    iterations' own seconds (the first one's excess over the median is the kernels' compile or
+    load)."""
+    hist = km.history_
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({
+        "phases": phase.seconds, "main_seconds": main_s, "n_iter": km.n_iter_,
+        "iteration_seconds": [h["seconds"] for h in hist],
+        "kernel_seconds": [h["kernel_seconds"] for h in hist],
+        "backend": km.backend_, "tier": km.tier_,
+    }, f, indent=1)
+    os.replace(tmp, path)
 
 
 def _cmd_predict(args) -> int:

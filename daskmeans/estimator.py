@@ -30,6 +30,7 @@ from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import TIERS, Placement, WorkerLost, place, to_backend
 from .progress import Progress
+from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
                          check_n_features, seed_of, validate_params)
 
@@ -101,6 +102,10 @@ class KMeans:
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
         n_empty, rechecked (fraction of rows), imbalance, seconds, kernel_seconds,
         collective_seconds, update_seconds, gb_per_s)
+    timings_ : dict of str to float
+        Wall seconds of the fit's phases: read (open and check the data), plan (the
+        workers' budgets and the tier), place, moments (the pass that checks the data and
+        sets the tolerance), init, iterations (the Lloyd loop, with its final labels pass).
     n_features_in_ : int
     """
 
@@ -325,23 +330,27 @@ class KMeans:
         callbacks = [c for c in (
             Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
             if self.verbose else None, callback) if c is not None]
-        ck = self._read_checkpoint() if resume else None
-        path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
-        X = read(X)
-        n, d = (int(s) for s in X.shape)
-        check_n_clusters(n, self.n_clusters)
-        init_arr = self._init_array(d)
-        w = None if sample_weight is None else read_weights(sample_weight, X)
-        if self.metric == "cosine":
-            X = unit_rows(X)
-        client = self._client()
-        if path is not None:
-            check_paths_on_workers(client, read=[path])
-        backend = resolve_backend(client, self.backend, get_backend(X).name)
-        tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
-        if tiers.chunk_rows:
-            X = split_rows(X, tiers.chunk_rows)
-        placement = place(client, X, backend, w, tiers.tier)
+        phase = Phases()
+        with phase("read"):
+            ck = self._read_checkpoint() if resume else None
+            path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
+            X = read(X)
+            n, d = (int(s) for s in X.shape)
+            check_n_clusters(n, self.n_clusters)
+            init_arr = self._init_array(d)
+            w = None if sample_weight is None else read_weights(sample_weight, X)
+            if self.metric == "cosine":
+                X = unit_rows(X)
+        with phase("plan"):
+            client = self._client()
+            if path is not None:
+                check_paths_on_workers(client, read=[path])
+            backend = resolve_backend(client, self.backend, get_backend(X).name)
+            tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
+            if tiers.chunk_rows:
+                X = split_rows(X, tiers.chunk_rows)
+        with phase("place"):
+            placement = place(client, X, backend, w, tiers.tier)
 
         def replan() -> Placement:
             return place(client, X, backend, w, tiers.tier)
@@ -359,7 +368,8 @@ class KMeans:
             raise DaskmeansError(f"workers kept leaving the cluster ({_MAX_REPLANS} times; last {last})")
 
         try:
-            moments = survive(lambda p: data_moments(client, p))
+            with phase("moments"):
+                moments = survive(lambda p: data_moments(client, p))
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
             grid = Grid(moments["max_abs"], moments["weight"])
             seed = seed_of(self.random_state)
@@ -376,16 +386,18 @@ class KMeans:
                 elif init_arr is not None:
                     c0 = init_arr
                 else:
-                    c0 = survive(lambda p: resolve_init(
-                        client, p, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor))
+                    with phase("init"):
+                        c0 = survive(lambda p: resolve_init(
+                            client, p, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor))
                     if self.metric == "cosine":
                         c0 = unit_centroids(np.asarray(c0, np.float64))
-                res = run_lloyd(
-                    client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, grid=grid,
-                    callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
-                    collective=config.get("collective"), replan=replan,
-                    start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
-                )
+                with phase("iterations"):
+                    res = run_lloyd(
+                        client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, grid=grid,
+                        callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
+                        collective=config.get("collective"), replan=replan,
+                        start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
+                    )
                 if best is None or res.inertia < best.inertia:
                     best = res
         finally:
@@ -401,6 +413,7 @@ class KMeans:
         self.tier_plan_ = tiers.describe()
         self.tol_abs_ = tol_abs
         self.converged_ = best.converged
+        self.timings_ = phase.seconds
         self._labels = (_labels_array(best.states, best.row_chunks, best.layout), client)
         # Fewer distinct points than clusters: some clusters end empty, or (ties between equal
         # centroids split on a GPU) as copies of others. Either way the user should know.
@@ -529,6 +542,7 @@ class KMeans:
                 "backend": getattr(self, "backend_", None),
                 "tier": getattr(self, "tier_", None),
                 "history": getattr(self, "history_", []),
+                "timings": getattr(self, "timings_", {}),
                 "daskmeans_version": __version__,
             },
             sizes=getattr(self, "cluster_sizes_", None),

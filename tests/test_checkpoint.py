@@ -17,6 +17,9 @@ import pytest
 import zarr
 
 ENV = dict(os.environ, DASK_DASKMEANS__SEGMENT_SECONDS="0", PYTHONUNBUFFERED="1")
+# The command's local cluster: its workers in its own process (the default for a few workers),
+# or a process per worker, which must not outlive the command whatever the signal.
+LOCAL = {"threads": ENV, "processes": dict(ENV, DASK_DASKMEANS__LOCAL_CLUSTER="processes")}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +46,11 @@ def _centers(path):
     return zarr.open_group(str(path), mode="r")["cluster_centers"][:]
 
 
-def _interrupt_at(argv, iteration, sig):
-    """Start ``argv``, send ``sig`` once it reports ``iteration``; (rc, stderr). The command's
-    processes (its local cluster's workers) must all end with it, whatever the signal."""
-    p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+def _interrupt_at(argv, iteration, sig, local="threads"):
+    """Start ``argv`` with its local cluster's workers as ``local`` says, send ``sig`` once it
+    reports ``iteration``; (rc, stderr). Worker processes must all end with the command,
+    whatever the signal; in-process workers leave none."""
+    p = subprocess.Popen(argv, env=LOCAL[local], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines = []
     sent = threading.Event()
     children: list[psutil.Process] = []
@@ -64,7 +68,10 @@ def _interrupt_at(argv, iteration, sig):
     rc = p.wait(timeout=300)
     t.join()
     assert sent.is_set(), "".join(lines)
-    assert len(children) >= 2, children  # the workers of the command's local cluster
+    if local == "processes":
+        assert len(children) >= 2, children  # the workers of the command's local cluster
+    else:
+        assert children == [], children
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE], ("orphans", sig, alive)
     return rc, "".join(lines)
@@ -77,10 +84,14 @@ def reference(problem):
     return _centers(problem / "ref.zarr")
 
 
-@pytest.mark.parametrize("sig, rc_expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)])
-def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_fit(problem, reference, sig, rc_expected):
-    ck, out = f"ck-{sig.name}.zarr", f"m-{sig.name}.zarr"
-    rc, err = _interrupt_at(_argv(problem, out, "--checkpoint", str(problem / ck), "--checkpoint-every", "2"), 5, sig)
+@pytest.mark.parametrize("sig, rc_expected, local", [
+    (signal.SIGINT, 130, "threads"), (signal.SIGTERM, 143, "threads"), (signal.SIGKILL, -9, "threads"),
+    (signal.SIGINT, 130, "processes"), (signal.SIGKILL, -9, "processes"),
+])
+def test_interrupted_then_resumed_is_bitwise_the_uninterrupted_fit(problem, reference, sig, rc_expected, local):
+    ck, out = f"ck-{sig.name}-{local}.zarr", f"m-{sig.name}-{local}.zarr"
+    rc, err = _interrupt_at(_argv(problem, out, "--checkpoint", str(problem / ck), "--checkpoint-every", "2"), 5, sig,
+                            local)
     assert rc == rc_expected, err
     assert not (problem / out).exists()
     assert (problem / ck).exists()

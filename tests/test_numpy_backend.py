@@ -11,8 +11,8 @@ from daskmeans.backends import get_backend
 from daskmeans.backends import numpy_backend as nb
 from daskmeans.backends.grid import Grid, float_sums
 
-# Tilings of the kernel: default tiles, tiny tiles (K*itemsize > tile-bytes, so 64-row
-# tiles), and tiles of a row count that divides nothing (1000 rows of K = 7 float64 distances).
+# Tilings of the kernel: default tiles, tiny tiles ((K + D) * itemsize > tile-bytes, so 64-row
+# tiles), and tiles of a row count that divides nothing (1000 rows of K + D = 7 float64 values).
 REGIMES = {
     "default": {},
     "tiny-tiles": {"daskmeans.tile-bytes": 256},
@@ -297,10 +297,12 @@ def test_result_independent_of_tiling(dtype):
 
 
 def test_toy_moments_exact():
-    X = np.array([[1.0, 10.0], [3.0, 10.0], [5.0, 10.0]], np.float32)
-    mean, m2, bad = nb.moments(X)
-    np.testing.assert_array_equal(mean, [3.0, 10.0])
-    np.testing.assert_array_equal(m2, [8.0, 0.0])
+    X = np.array([[1.0, 10.0], [3.0, -12.0], [-5.0, 10.0]], np.float32)
+    mean, m2, max_abs, bad = nb.moments(X)
+    np.testing.assert_array_equal(mean, [-1 / 3, 8 / 3])
+    # deviations (4/3, 10/3, -14/3) and (22/3, -44/3, 22/3), squared and summed
+    np.testing.assert_allclose(m2, [312 / 9, 2904 / 9], rtol=1e-15)
+    np.testing.assert_array_equal(max_abs, [5.0, 12.0])
     assert bad is None
 
 
@@ -308,10 +310,11 @@ def test_toy_moments_exact():
 def test_moments_match_float64_reference(dtype):
     rng = np.random.default_rng(9)
     X = (rng.standard_normal((5003, 7)) * rng.uniform(0.1, 100, 7) + rng.uniform(-1e4, 1e4, 7)).astype(dtype)
-    mean, m2, bad = nb.moments(X)
+    mean, m2, max_abs, bad = nb.moments(X)
     X64 = X.astype(np.float64)
     np.testing.assert_allclose(mean, X64.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(m2, ((X64 - X64.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
+    np.testing.assert_array_equal(max_abs, np.abs(X64).max(axis=0))
     assert bad is None
 
 
@@ -320,7 +323,7 @@ def test_moments_report_first_non_finite_row(value):
     X = np.ones((100, 3), np.float32)
     X[37, 2] = value
     X[60, 0] = value
-    assert nb.moments(X)[2] == 37
+    assert nb.moments(X)[3] == 37
 
 
 def test_moments_overflow_is_a_data_error():
@@ -351,7 +354,7 @@ def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
     env["XDG_CACHE_HOME"] = str(tmp_path)
     code = ("import numpy as np; from daskmeans.backends import numpy_backend as be; "
             "x = np.random.default_rng(0).normal(size=(500, 4)).astype(np.float32); "
-            "print(be.moments(x)[2])")
+            "print(be.moments(x)[3])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert cached() == before

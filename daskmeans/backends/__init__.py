@@ -60,11 +60,16 @@ def get_backend(obj: Any = "numpy") -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
-def gpu_available() -> bool:
-    """True where CuPy imports and sees at least one CUDA device."""
+def gpu_count() -> int:
+    """CUDA devices CuPy sees here (0 without CuPy, a driver or a device)."""
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
-        return False
+        return 0
+
+
+def gpu_available() -> bool:
+    """True where CuPy imports and sees at least one CUDA device."""
+    return gpu_count() > 0

@@ -116,20 +116,24 @@ def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def column_moments(x, mean, m2):  # pragma: no cover - compiled
-    """Per-column mean and sum of squared deviations (float64) of ``x`` (n, D), two passes.
+def column_moments(x, mean, m2, max_abs):  # pragma: no cover - compiled
+    """Per-column mean, sum of squared deviations and largest absolute value (float64) of
+    ``x`` (n, D): the sums and maxima in one pass, the deviations in a second.
 
     Returns False if a column sum is not finite (a NaN or infinity in ``x``, or float64
-    overflow); ``mean``/``m2`` (D,) are then meaningless.
+    overflow); ``mean``/``m2``/``max_abs`` (D,) are then meaningless.
     """
     n, d = x.shape
     for t in range(d):
         mean[t] = 0.0
         m2[t] = 0.0
+        max_abs[t] = 0.0
     for i in range(n):
         r = x[i]
         for t in range(d):
-            mean[t] += np.float64(r[t])
+            v = np.float64(r[t])
+            mean[t] += v
+            max_abs[t] = max(max_abs[t], abs(v))
     ok = True
     for t in range(d):
         if not np.isfinite(mean[t]):

@@ -700,16 +700,19 @@ def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
     return labels, d2
 
 
-def moments(X: Any) -> tuple[Any, Any, int | None]:
-    """Per-column mean and sum of squared deviations (float64, shape (d,) each) of a block,
-    and the index of its first row holding a NaN or infinity (None if all are finite)."""
+def moments(X: Any) -> tuple[Any, Any, Any, int | None]:
+    """Per-column mean, sum of squared deviations and largest absolute value (float64, shape
+    (d,) each) of a block, and the index of its first row holding a NaN or infinity (None if
+    all are finite)."""
     import cupy
 
     x = X.astype(cupy.float64)
     bad_rows = cupy.flatnonzero(~cupy.isfinite(x).all(axis=1))
     mean = x.mean(axis=0)
-    m2 = ((x - mean) ** 2).sum(axis=0)
-    return mean, m2, int(bad_rows[0]) if bad_rows.size else None
+    max_abs = cupy.abs(x).max(axis=0)
+    x -= mean
+    m2 = (x * x).sum(axis=0)
+    return mean, m2, max_abs, int(bad_rows[0]) if bad_rows.size else None
 
 
 def sqdistances(X: Any, p: Prepared) -> Any:

@@ -353,7 +353,7 @@ def _moments(shard: Shard) -> dict:
     n, mean, m2, max_abs, wsum = 0, None, None, None, 0.0
     bad, n_bad, bad_w, n_bad_w, neg_w = None, 0, None, 0, False
     for _, off, block, w in shard.items():
-        mb, m2b, bad_row = be.moments(block)
+        mb, m2b, mab, bad_row = be.moments(block)
         if bad_row is not None:  # rare: count them for the message
             n_bad += int((~xp.isfinite(block)).sum())
             bad = off + bad_row if bad is None else bad
@@ -366,7 +366,7 @@ def _moments(shard: Shard) -> dict:
             wsum += float(w.astype(xp.float64).sum())
         else:
             wsum += block.shape[0]
-        mab = be.to_numpy(xp.abs(block).max(axis=0)).astype(np.float64)
+        mab = be.to_numpy(mab)
         max_abs = mab if max_abs is None else np.maximum(max_abs, mab)
         nb = block.shape[0]
         mb, m2b = be.to_numpy(mb), be.to_numpy(m2b)

@@ -87,7 +87,7 @@ def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
         gemm = get_backend("cupy").uses_tiles(k, d)
         tiles = min(2 * config.get_bytes("gpu-tile-bytes"), 2 * chunk_rows * k * 4) if gemm else 0
     else:
-        tiles = min(config.get_bytes("tile-bytes"), chunk_rows * k * 8)
+        tiles = min(config.get_bytes("tile-bytes"), chunk_rows * (k + d) * 8)
     # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
     return int(model + tiles + 2 * chunk_bytes + rows_per_worker * 4 * 3)
 

@@ -1,0 +1,220 @@
+"""Whole commands: ``daskmeans fit`` timed as users run it (a subprocess, wall clock), next to
+the sum of its kernel steps and scikit-learn's whole script on the same host, in one run.
+
+Each problem's data is written once (fresh, seeded) to a file; then, alternating with the
+reference script, the command runs ``--repeats`` times with a warm kernel cache and once with
+an empty one (CuPy's and Numba's caches pointed at a new folder). The command's own
+``--timings`` file gives the breakdown: process start and exit (wall minus the command's
+main()), imports, reading, cluster start, placement, data moments, init, iterations (the first
+iteration's excess over the median one is the kernels' compile or load), outputs, close.
+
+Problems (``--problems``, comma-separated):
+
+- ``p1``: scikit-learn's ``make_classification`` 1e6 x 100 float32 from ``.npy``, K = 4, init
+  rows 1, 3, 6, 8, tol 1e-4 (the seed's P1);
+- ``p1csv``: the same rows as a headerless CSV (about 2.4 GB);
+- ``blobs``: 2-D blobs 1e5 x 2, K = 5, k-means++ init, up to 300 iterations, tol 0;
+- ``randn1k``: randn 1e6 x 100, K = 1000, init the first K rows, 10 iterations;
+- ``p3``: randn 3e5 x 408, K = 5000, init the first K rows, 20 iterations;
+- ``p4``: randn 4e6 x 480, K = 40000, init the first K rows, 3 iterations.
+
+The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
+import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
+
+With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
+in memory, against scikit-learn's fit of the same array.
+
+    python benchmarks/bench_command.py --problems p1,blobs [--repeats 3] [--api] [--out r.json]
+
+Committed results: ``results/command_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import benchmeta
+import numpy as np
+
+PROBLEMS = {
+    "p1": dict(n=1_000_000, d=100, k=4, fmt="npy", args=["--tol", "1e-4"], sk=True),
+    "p1csv": dict(n=1_000_000, d=100, k=4, fmt="csv", args=["--tol", "1e-4"], sk=True),
+    "blobs": dict(n=100_000, d=2, k=5, fmt="npy", args=["--init", "k-means++", "--seed", "0", "--max-iter", "300",
+                                                       "--tol", "0"], sk=True),
+    "randn1k": dict(n=1_000_000, d=100, k=1000, fmt="npy", args=["--max-iter", "10", "--tol", "0"], sk=False),
+    "p3": dict(n=300_000, d=408, k=5000, fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
+    "p4": dict(n=4_000_000, d=480, k=40_000, fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
+}
+
+SKLEARN = """
+import sys
+import numpy as np
+from sklearn.cluster import KMeans
+path, init, k, max_iter, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+if path.endswith(".csv"):
+    import pandas as pd
+    X = pd.read_csv(path, header=None, dtype=np.float32, engine="pyarrow").to_numpy()
+else:
+    X = np.load(path)
+C = np.load(init) if init.endswith(".npy") else init
+KMeans(k, init=C, n_init=1, max_iter=max_iter, tol=tol, random_state=0).fit(X)
+"""
+
+
+def make_data(name: str, spec: dict, folder: str) -> tuple[str, str | None]:
+    """The problem's data file and its init (.npy of centroids, or None for the command's own)."""
+    n, d, k = spec["n"], spec["d"], spec["k"]
+    rng = np.random.default_rng(0)
+    if name.startswith("p1"):
+        from sklearn.datasets import make_classification
+
+        X = make_classification(n_samples=n, n_features=d, random_state=0)[0].astype(np.float32)
+        init = X[[1, 3, 6, 8]]
+    elif name == "blobs":
+        from sklearn.datasets import make_blobs
+
+        X = make_blobs(n_samples=n, n_features=d, centers=k, random_state=0)[0].astype(np.float32)
+        init = None
+    else:
+        X = np.empty((n, d), np.float32)
+        for s in range(0, n, 1 << 20):  # in slices: P4 is 7.7 GB
+            X[s:s + (1 << 20)] = rng.standard_normal((min(1 << 20, n - s), d), dtype=np.float32)
+        init = X[:k]
+    path = os.path.join(folder, f"{name}.{spec['fmt']}")
+    if spec["fmt"] == "csv":
+        np.savetxt(path, X, delimiter=",", fmt="%.7g")
+    else:
+        np.save(path, X)
+    ipath = None
+    if init is not None:
+        ipath = os.path.join(folder, f"{name}-init.npy")
+        np.save(ipath, init)
+    return path, ipath
+
+
+def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str) -> dict:
+    out, timings = os.path.join(folder, "model.zarr"), os.path.join(folder, "timings.json")
+    argv = ["daskmeans", "fit", path, "--k", str(spec["k"]), "-o", out, "--overwrite", "-q", "--timings", timings,
+            *(["--init", ipath] if ipath else []), *spec["args"]]
+    env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(cache, "cupy"), NUMBA_CACHE_DIR=os.path.join(cache, "numba"))
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    with open(timings) as f:
+        t = json.load(f)
+    its = t["iteration_seconds"]
+    med = statistics.median(its)
+    phases = {"process start and exit": wall - t["main_seconds"], **t["phases"]}
+    if its:  # the first iteration's excess: kernels compiled (empty cache) or loaded
+        phases["fit iterations"] -= its[0] - med
+        phases["first iteration's excess (compile, load)"] = its[0] - med
+    return {"wall_s": wall, "phases": phases, "n_iter": t["n_iter"], "median_iteration_s": med,
+            "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"]}
+
+
+def run_sklearn(path: str, ipath: str | None, spec: dict) -> float:
+    max_iter = spec["args"][spec["args"].index("--max-iter") + 1] if "--max-iter" in spec["args"] else "300"
+    tol = spec["args"][spec["args"].index("--tol") + 1]
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", SKLEARN, path, ipath or "k-means++", str(spec["k"]), max_iter, tol],
+                   check=True)
+    return time.perf_counter() - t0
+
+
+def api_fit(repeats: int) -> dict:
+    """P1 through the Python API on the local cluster daskmeans starts (data already in memory,
+    cluster already up) against scikit-learn's fit of the same array, alternating."""
+    from sklearn.cluster import KMeans as SkKMeans
+    from sklearn.datasets import make_classification
+
+    from daskmeans import KMeans
+    from daskmeans.dask_cluster import connect
+
+    X = make_classification(n_samples=1_000_000, n_features=100, random_state=0)[0].astype(np.float32)
+    C = X[[1, 3, 6, 8]]
+    ours, theirs = [], []
+    with connect() as client:
+        KMeans(4, init=C, max_iter=2, client=client).fit(X[:10000])  # kernels loaded, as after a first fit
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            KMeans(4, init=C, tol=1e-4, client=client).fit(X)
+            ours.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            SkKMeans(4, init=C, n_init=1, tol=1e-4).fit(X)
+            theirs.append(time.perf_counter() - t0)
+    return {"fit_s": statistics.median(ours), "fits_s": ours, "sklearn_fit_s": statistics.median(theirs),
+            "sklearn_fits_s": theirs, "ratio_to_sklearn": statistics.median(ours) / statistics.median(theirs)}
+
+
+def timed_help() -> float:
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run(["daskmeans", "--help"], check=True, capture_output=True)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default="p1,blobs")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--api", action="store_true", help="also P1 through the Python API (in memory)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    res = {"benchmark": "command", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": benchmeta.commit(), "machine": platform.machine(), "cores": os.cpu_count(),
+           "device": benchmeta.device_name(), "help_s": timed_help(), "problems": {}}
+    print(f"daskmeans --help: {res['help_s']:.3f} s", flush=True)
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as warm_cache:
+        for name in args.problems.split(","):
+            spec = PROBLEMS[name]
+            path, ipath = make_data(name, spec, folder)
+            with tempfile.TemporaryDirectory() as cold_cache:
+                cold = run_command(path, ipath, spec, folder, cold_cache)
+            run_command(path, ipath, spec, folder, warm_cache)  # fills the warm cache
+            runs, sk = [], []
+            for _ in range(args.repeats):  # alternating, so that both see the same machine
+                runs.append(run_command(path, ipath, spec, folder, warm_cache))
+                if spec["sk"]:
+                    sk.append(run_sklearn(path, ipath, spec))
+            walls = [r["wall_s"] for r in runs]
+            med = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+            entry = {"n": spec["n"], "d": spec["d"], "k": spec["k"], "format": spec["fmt"], "args": spec["args"],
+                     "wall_s": med["wall_s"], "walls_s": walls, "cold_wall_s": cold["wall_s"],
+                     "cold_phases": cold["phases"], **{k: med[k] for k in ("phases", "n_iter", "median_iteration_s",
+                                                                            "kernel_s", "backend", "tier")}}
+            entry["largest_phase_share_besides_iterations"] = max(
+                v for k, v in med["phases"].items() if k != "fit iterations") / med["wall_s"]
+            if sk:
+                entry["sklearn_script_s"] = statistics.median(sk)
+                entry["sklearn_scripts_s"] = sk
+                entry["ratio_to_sklearn"] = med["wall_s"] / entry["sklearn_script_s"]
+            res["problems"][name] = entry
+            print(name, json.dumps({k: v for k, v in entry.items() if k not in ("cold_phases",)}), flush=True)
+            for f in (path, ipath):
+                if f:
+                    os.remove(f)
+    if args.api:
+        res["api_p1"] = api_fit(args.repeats)
+        print("api", json.dumps(res["api_p1"]), flush=True)
+    text = json.dumps(res, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
