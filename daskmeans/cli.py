@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -42,6 +43,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="TLS: the client's private key")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
     p.add_argument("--workers", type=int, help="local CPU cluster: number of workers (default: one per core)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="local cluster: serve Dask's dashboard (needs bokeh; about a second to start)")
     p.add_argument("--collective", choices=("auto", "nccl", "dask"), default=None,
                    help="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
                         "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
@@ -139,7 +142,7 @@ def _connect(args):
     # Importing distributed routes warnings to logging (logging.captureWarnings): ours stay lines.
     warnings.showwarning = _show_warning
     return connect(args.scheduler, args.backend, args.workers, scheduler_file=args.scheduler_file,
-                   tls=(args.tls_ca_file, args.tls_cert, args.tls_key))
+                   tls=(args.tls_ca_file, args.tls_cert, args.tls_key), dashboard=args.dashboard)
 
 
 def _external(args) -> bool:
@@ -235,8 +238,11 @@ def _cmd_fit(args) -> int:
             client = cluster.enter_context(_connect(args))
             _say(f"daskmeans: {describe(client)}")
             check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
-        _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks; dashboard {client.dashboard_link}")
+        link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
+        _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
         km.client = client
+        # The model's writer (zarr, ~0.3 s of imports) loads while the fit waits on its workers.
+        threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
         t0 = time.perf_counter()
         progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
         with _config(args), contextlib.closing(progress):

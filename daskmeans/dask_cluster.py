@@ -151,6 +151,7 @@ def connect(
     *,
     scheduler_file: str | None = None,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
+    dashboard: bool = False,
 ) -> Iterator[Client]:
     """A client on an existing scheduler, or on a local cluster started (and closed) here.
 
@@ -166,6 +167,9 @@ def connect(
         The JSON file a scheduler wrote (``dask scheduler --scheduler-file``).
     tls : (ca_file, cert, key), optional
         TLS certificates of the client; default: the ``distributed.comm.tls`` configuration.
+    dashboard : bool, default False
+        Serve Dask's dashboard for a local cluster (importing bokeh for it takes about a
+        second, more than a small fit).
 
     Without ``scheduler`` or ``scheduler_file``, Dask's ``scheduler-address`` setting
     (``DASK_SCHEDULER_ADDRESS``) is used when set, else a local cluster is started.
@@ -194,7 +198,7 @@ def connect(
         if not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
         if _in_process(gpu_count()):
-            with _local(1, blas_threads=None) as client:
+            with _local(1, None, dashboard) as client:
                 yield client
             return
         try:
@@ -205,19 +209,25 @@ def connect(
             ) from None
         # Worker logs stay quiet: errors reach the client as exceptions (one line from the
         # CLI), and an interrupted fit's aborted tasks are expected, not news.
-        cluster = LocalCUDACluster(dashboard_address=":0", silence_logs=logging.CRITICAL)
+        cluster = LocalCUDACluster(**_dashboard(dashboard), silence_logs=logging.CRITICAL)
     else:
         n = n_workers or os.cpu_count() or 1
         if _in_process(n):
-            with _local(n, blas_threads=1) as client:
+            with _local(n, 1, dashboard) as client:
                 yield client
             return
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, dashboard_address=":0", silence_logs=logging.CRITICAL)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, **_dashboard(dashboard), silence_logs=logging.CRITICAL)
     try:
         with Client(cluster) as client:
             yield client
     finally:
         cluster.close()
+
+
+def _dashboard(on: bool) -> dict:
+    """A local cluster's arguments for a dashboard on any free port, or for none (its
+    scheduler then never imports bokeh)."""
+    return {"dashboard_address": ":0"} if on else {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
 
 
 def _in_process(n_workers: int) -> bool:
@@ -231,7 +241,7 @@ def _in_process(n_workers: int) -> bool:
 
 
 @contextlib.contextmanager
-def _local(n_workers: int, blas_threads: int | None) -> Iterator[Client]:
+def _local(n_workers: int, blas_threads: int | None, dashboard: bool) -> Iterator[Client]:
     """A client on ``n_workers`` single-threaded workers in this process.
 
     The workers' memory limit (the machine's memory shared out) sizes the tiers' budgets, but
@@ -251,7 +261,7 @@ def _local(n_workers: int, blas_threads: int | None) -> Iterator[Client]:
             stack.enter_context(threadpool_limits(limits=blas_threads, user_api="blas"))
         with dask.config.set(quiet):
             cluster = stack.enter_context(LocalCluster(
-                n_workers=n_workers, threads_per_worker=1, processes=False, dashboard_address=":0",
+                n_workers=n_workers, threads_per_worker=1, processes=False, **_dashboard(dashboard),
                 silence_logs=logging.CRITICAL))
         yield stack.enter_context(Client(cluster))
 
