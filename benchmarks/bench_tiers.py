@@ -59,12 +59,11 @@ def store_read_gbs(path: str) -> float:
 
 
 def fit(path_or_x, k, init, iters, **kw):
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client
-
+    """A fit on the local cluster ``daskmeans fit`` starts (one GPU: an in-process worker)."""
     from daskmeans import KMeans
+    from daskmeans.dask_cluster import connect
 
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as c:
+    with connect(backend="gpu") as c:
         km = KMeans(k, init=init, tol=0, max_iter=iters, client=c, **kw).fit(path_or_x)
     secs = [h["seconds"] for h in km.history_]
     return km, float(np.median(secs[1:])), secs
