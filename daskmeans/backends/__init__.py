@@ -25,12 +25,31 @@ branches on the array type itself.
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from types import ModuleType
 from typing import Any
 
 from ..validation import Options
 
 from ..options import PRECISIONS  # noqa: F401  (re-exported)
+
+
+def _cupy_memory_limit_in_bytes() -> None:
+    """Let ``CUPY_GPU_MEMORY_LIMIT`` be a size such as ``3GiB``, as daskmeans' own budgets are:
+    CuPy reads it when it makes its memory pool and understands only bytes or a percentage
+    (``3GiB`` made CuPy raise a ValueError inside the first allocation)."""
+    value = os.environ.get("CUPY_GPU_MEMORY_LIMIT", "").strip()
+    if re.fullmatch(r"[0-9.]+\s*[a-zA-Z]+", value):
+        from dask.utils import parse_bytes
+
+        try:
+            os.environ["CUPY_GPU_MEMORY_LIMIT"] = str(int(parse_bytes(value)))
+        except ValueError:
+            pass  # not a size: CuPy's own message names it
+
+
+_cupy_memory_limit_in_bytes()  # before any CuPy memory pool exists (workers import this too)
 
 
 def check_precision(precision: str) -> None:
