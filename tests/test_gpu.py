@@ -87,16 +87,13 @@ REG_SHAPES = [(1000, 3, 1), (4099, 7, 5), (3001, 2, 8), (5000, 100, 4), (3001, 7
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("centroids", ["registers", "shared"])
 def test_fused_small_centroid_placements_match_reference(n, d, k, weighted, dtype, centroids, poisoned_pool):
-    import dask
-
     from daskmeans.backends import cupy_backend as be
 
-    with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
-        assert be._small_config(k, d, 1 << 30)[4] == (centroids == "registers")
-        _check_assign(n, d, k, weighted, dtype, "fp32")
+    assert be.prepare(np.zeros((k, d)), dtype, _centroids=centroids).small[4] == (centroids == "registers")
+    _check_assign(n, d, k, weighted, dtype, "fp32", _centroids=centroids)
 
 
-def _check_assign(n, d, k, weighted, dtype, precision):
+def _check_assign(n, d, k, weighted, dtype, precision, **forced):
     import cupy
     import dask
 
@@ -107,7 +104,7 @@ def _check_assign(n, d, k, weighted, dtype, precision):
     w = rng.random(n) + 0.5 if weighted else None
     wg = None if w is None else cupy.asarray(w)
     with dask.config.set({"daskmeans.gpu-tile-bytes": "64KiB" if k == 1500 else "256MiB"}):
-        p = be.prepare(C, dtype, precision)
+        p = be.prepare(C, dtype, precision, **forced)
         prev = cupy.full(n, -7, cupy.int32)  # poison: every label must be written
         out = be.assign(cupy.asarray(X), p, wg, prev_labels=prev, out_labels=prev)
         lab_only, d2 = be.min_sqdist(cupy.asarray(X), p)
@@ -130,7 +127,6 @@ def _check_assign(n, d, k, weighted, dtype, precision):
 def test_exact_ties_go_to_the_lowest_index(k, d, precision, centroids):
     """Duplicated centroids tie exactly for every row near them: the lower index must win."""
     import cupy
-    import dask
 
     from daskmeans.backends import get_backend
 
@@ -139,8 +135,7 @@ def test_exact_ties_go_to_the_lowest_index(k, d, precision, centroids):
     base = rng.integers(-20, 20, (k // 2 + 1, d)).astype(np.float64)
     C = np.concatenate([base, base])[:k]  # centroid j + len(base) duplicates centroid j
     X = (base[rng.integers(0, len(base), 3000)] + rng.integers(-1, 2, (3000, d))).astype(np.float32)
-    with dask.config.set({"daskmeans.gpu-small-centroids": centroids}):
-        out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision))
+    out = be.assign(cupy.asarray(X), be.prepare(C, np.float32, precision, _centroids=centroids))
     lab, *_ = _ref(X, C.astype(np.float32))
     np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
     assert (lab < len(base)).all()
@@ -265,12 +260,12 @@ def test_gpu_fit_variants_agree_with_cpu(metric, precision):
 GEMM_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 200), (2777, 5, 1000)]
 
 
-def _path_config(path):
-    """dask config forcing a GEMM-regime path: cuBLAS tiles with the row-major (warp per row)
-    or column-major (1, 2 or 4 rows per thread) selection; "+sgemm": fp32 precision through
-    cuBLAS's fp32 GEMM instead of split TF32."""
+def _path(path):
+    """``(dask config, selection layout)`` forcing a GEMM-regime path: cuBLAS tiles with the
+    row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection; "+sgemm":
+    fp32 precision through cuBLAS's fp32 GEMM instead of split TF32."""
     layout, _, gemm = path.partition("+")
-    return {"daskmeans.gpu-select-layout": layout, "daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}
+    return {"daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}, layout
 
 
 GEMM_PATHS = ["rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm"]
@@ -292,8 +287,9 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, po
     w = rng.random(n) + 0.5
     Xg = cupy.asarray(X)[offset:]
     X = X[offset:]
-    with dask.config.set(_path_config(path)):
-        p = be.prepare(C, np.float32, precision)
+    config, layout = _path(path)
+    with dask.config.set(config):
+        p = be.prepare(C, np.float32, precision, _layout=layout)
         assert p.small is None  # the GEMM regime
         prev = cupy.full(n, -7, cupy.int32)
         out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
@@ -316,7 +312,9 @@ def test_label_sums_counting_sorts_agree(hist_max_k, monkeypatch):
 
     from daskmeans.backends import cupy_backend as be
 
-    monkeypatch.setattr(be, "_HIST_MAX_K", hist_max_k)
+    from daskmeans.backends import gpu_sums
+
+    monkeypatch.setattr(gpu_sums, "HIST_MAX_K", hist_max_k)
     X, C, rng = _data(6000, 21, 600, np.float32, seed=7)
     w = rng.random(6000) + 0.5
     p = be.prepare(C, np.float32)
@@ -344,8 +342,9 @@ def test_gemm_paths_resolve_ties_among_many_candidates(copies, precision, path):
     base = rng.integers(-20, 20, (50, 40)).astype(np.float64)
     C = np.concatenate([base] * copies)
     X = (base[rng.integers(0, 50, 4000)] + rng.integers(-1, 2, (4000, 40))).astype(np.float32)
-    with dask.config.set(_path_config(path)):
-        p = be.prepare(C, np.float32, precision)
+    config, layout = _path(path)
+    with dask.config.set(config):
+        p = be.prepare(C, np.float32, precision, _layout=layout)
         assert p.small is None  # the GEMM regime
         out = be.assign(cupy.asarray(X), p)
     lab, *_ = _ref(X, C.astype(np.float32))
@@ -372,7 +371,7 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     the residual norms are exact and the split parts sum back to x."""
     import cupy
 
-    from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_gemm
 
     rng = np.random.default_rng(mode + 10 * cen)
     d = 37
@@ -384,9 +383,9 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     x[1, :4] = [np.float32(2) - np.float32(2.0**-23), 1e-35, -1e-30, 0.0]
     x[2] = -x[2]
     xg = cupy.asarray(x)
-    out = be._prep_buffer(len(x), d, mode)
+    out = gpu_gemm.prep_buffer(len(x), d, mode)
     sq, rsq, eb = (cupy.empty(len(x), cupy.float64) for _ in range(3))
-    be._prep(xg, mode, cen, out, sq, rsq, eb, (0.5, 3.0, 0.25))
+    gpu_gemm.prep(xg, mode, cen, out, sq, rsq, eb, (0.5, 3.0, 0.25))
     xb = _round_mantissa(x, keep)
     xs = np.where(np.abs(x) < 2.0**-100, np.float32(0), x - xb)
     if mode == 3:
@@ -418,6 +417,7 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
     import dask
 
     from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_gemm
 
     rng = np.random.default_rng(int(offset) + len(precision))
     n, d, k = 3000, 77, 300
@@ -427,11 +427,11 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
         p = be.prepare(C, np.float32, precision)
     assert p.mode == mode
     Xg = cupy.asarray(X)
-    xt = be._prep_buffer(n, d, p.mode)
+    xt = gpu_gemm.prep_buffer(n, d, p.mode)
     eb = cupy.empty(n, cupy.float64)
-    be._prep(Xg, p.mode, 0, xt, None, None, eb, p.err)
+    gpu_gemm.prep(Xg, p.mode, 0, xt, None, None, eb, p.err)
     G = cupy.empty((n, p.a.shape[0]), cupy.float32)
-    be._gemm(p, Xg if xt is None else xt, G)
+    gpu_gemm.gemm(p, Xg if xt is None else xt, G)
     cupy.cuda.Device().synchronize()
     v = (G[:, :k] + p.csq[None, :k]).astype(cupy.float64)  # the float32 sum the selection takes
     c32 = p.centroids.astype(cupy.float64)

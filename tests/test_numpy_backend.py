@@ -106,11 +106,6 @@ def test_reassigned_counts_changed_labels_in_place():
     np.testing.assert_array_equal(prev, [0, 0, 1, 1])
 
 
-def test_unknown_precision_is_rejected():
-    with pytest.raises(ValueError, match=r"precision='fp16' should be one of"):
-        nb.prepare(np.zeros((2, 2)), np.float32, "fp16")
-
-
 # ---------------------------------------------------------------- ties
 
 

@@ -1,6 +1,7 @@
 """The one place that switches between array libraries.
 
-A backend is a module of pure kernels on one in-memory block (no Dask, no I/O):
+A backend is a module of pure kernels on one in-memory block (no Dask, no I/O) that satisfies
+:class:`.protocol.Backend` (the full contract, with shapes); in short:
 
 ``name``
     ``"numpy"`` or ``"cupy"``.
@@ -30,9 +31,8 @@ import re
 from types import ModuleType
 from typing import Any
 
-from ..validation import Options
-
 from ..options import PRECISIONS  # noqa: F401  (re-exported)
+from .protocol import Backend  # noqa: F401  (re-exported)
 
 
 def _cupy_memory_limit_in_bytes() -> None:
@@ -51,10 +51,6 @@ def _cupy_memory_limit_in_bytes() -> None:
 
 _cupy_memory_limit_in_bytes()  # before any CuPy memory pool exists (workers import this too)
 
-
-def check_precision(precision: str) -> None:
-    """Every backend's ``prepare`` takes a precision of :data:`PRECISIONS` (or raises)."""
-    Options(PRECISIONS).check("precision", precision)
 
 _MODULES = {"numpy": "daskmeans.backends.numpy_backend", "cupy": "daskmeans.backends.cupy_backend"}
 # User-facing aliases (CLI --backend) for the backend names.

@@ -2,7 +2,8 @@
 
 The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``); here they get their compile-time ``#define`` header. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
-too); the host-side logic that chooses and launches them is :mod:`daskmeans.backends.cupy_backend`.
+too); the host-side logic that chooses and launches them is :mod:`.gpu_plan` (choices),
+:mod:`.gpu_small`, :mod:`.gpu_gemm` and :mod:`.gpu_sums` (launches).
 
 The kernels (see that module for when each runs):
 
@@ -21,13 +22,15 @@ The kernels (see that module for when each runs):
     each row's certified error bound, from the row's norm and its actual rounding residual.
 ``select_rows``
     After the GEMM tile ``G = alpha * X C^T`` (alpha = -2): one warp per row takes the top-2
-    of ``G + ||c||^2`` (16-byte loads), certifies the winner with the row's error bound, and
-    re-ranks the uncertain rows by exact float64 distances to the few candidates that the
-    bound cannot exclude (found by a second scan of the row).
+    of ``G + ||c||^2`` (16-byte loads); ``exact_winner``, the one certify-and-re-rank
+    function of both selections, certifies the winner with the row's error bound and re-ranks
+    the uncertain rows by exact float64 distances to the few candidates that the bound cannot
+    exclude (found by a second scan of the row). Ties go to the lower index (``precedes``,
+    the one comparison of every argmin and merge).
 ``select_cols``
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
     rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
-    enough for three blocks per SM (``_select_layout``).
+    enough for three blocks per SM (``gpu_plan.select_layout``).
 ``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation

@@ -17,7 +17,7 @@ import numpy
 
 from .. import config
 from ..errors import DataError
-from . import check_precision, cpu_kernels
+from . import cpu_kernels
 from .grid import Grid
 
 name = "numpy"
@@ -61,8 +61,7 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
     """Cast centroids ``(K, D)`` to the data dtype and precompute ``-2 C^T`` and ``||c||^2``.
 
     ``precision`` names a GPU GEMM mode; CPUs have no TF32/BF16 GEMM, so every mode computes
-    in the data dtype here."""
-    check_precision(precision)
+    in the data dtype here (checked once per fit, by the estimator)."""
     c = numpy.ascontiguousarray(centroids, dtype=dtype)
     sq = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64)).astype(dtype)
     return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq)

@@ -24,6 +24,10 @@ __device__ __forceinline__ double exact_d2(const V* __restrict__ x, const V* __r
     for (int j = lane; j < D; j += 32) { const double t = (double)x[j] - (double)c[j]; s = fma(t, t, s); }
     return warp_sum(s);
 }
+// (v, k) comes before (b, i): a smaller value, or the lower index on equal values. Every argmin,
+// merge and re-rank breaks ties with it, as NumPy's argmin does (the first minimum).
+template <typename V>
+__device__ __forceinline__ bool precedes(V v, int k, V b, int i) { return v < b || (v == b && k < i); }
 // A row's running top-2 (value, index) pairs and third value, lowest index first on equal
 // values. Insert (v, k), k larger than every index this thread has seen.
 template <typename V>
@@ -48,12 +52,12 @@ __device__ __forceinline__ void ins3_sel(V v, int k, V& b1, int& i1, V& b2, int&
 // the indices of the first two, in (value, index) order: associative and commutative.
 template <typename V>
 __device__ __forceinline__ void merge3(V& b1, int& i1, V& b2, int& i2, V& b3, V c1, int j1, V c2, int j2, V c3) {
-    if (c1 < b1 || (c1 == b1 && j1 < i1)) {
+    if (precedes(c1, j1, b1, i1)) {
         V t = b1; b1 = c1; c1 = t; int u = i1; i1 = j1; j1 = u;
         t = b2; b2 = c2; c2 = t; u = i2; i2 = j2; j2 = u;
         t = b3; b3 = c3; c3 = t;
     }
-    if (c1 < b2 || (c1 == b2 && j1 < i2)) { b3 = b2 < c2 ? b2 : c2; b2 = c1; i2 = j1; }
+    if (precedes(c1, j1, b2, i2)) { b3 = b2 < c2 ? b2 : c2; b2 = c1; i2 = j1; }
     else { b3 = b3 < c1 ? b3 : c1; }
 }
 template <typename V>

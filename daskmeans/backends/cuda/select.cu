@@ -101,6 +101,42 @@ PREP(1)
 PREP(2)
 PREP(3)
 
+// Certify and re-rank: the one place a row's winner is decided from its top-2 and third value
+// (v1 <= v2 <= v3 of G + csq, indices j1, j2) and its error bound eb (|G + csq - exact| <= eb).
+// Any k whose G + csq exceeds thr = v1 + 2 eb is certainly farther than j1:
+// certain(v2, thr): j1 wins without an exact distance.
+__device__ __forceinline__ double rerank_threshold(double v1, double eb) { return v1 + 2.0 * eb; }
+__device__ __forceinline__ bool certain(double v2, double thr) { return v2 > thr; }
+// Otherwise (and for any row whose exact distance is wanted) a warp computes exact float64
+// distances: to j1, to j2 as well where v3 > thr (two candidates), else to every k that the
+// bound cannot exclude, found by a scan of the row (gk(k): G + csq of centroid k, k < kn).
+// The winner is the first minimum of the exact distances (precedes), so the result does not
+// depend on the order candidates are found in. Returns the winner; bd its exact distance.
+template <typename GK>
+__device__ __forceinline__ int exact_winner(const T* __restrict__ x, const T* __restrict__ C, int D, int lane,
+                                            double thr, bool sure, double v3, int j1, int j2, int kn,
+                                            GK gk, double& bd) {
+    int best = j1;
+    bd = exact_d2(x, C + (long long)j1 * D, D, lane);
+    if (sure) return best;
+    if (v3 > thr) {
+        const double dk = exact_d2(x, C + (long long)j2 * D, D, lane);
+        if (precedes(dk, j2, bd, best)) { bd = dk; best = j2; }
+        return best;
+    }
+    for (int k0 = 0; k0 < kn; k0 += 32) {
+        const int k = k0 + lane;
+        unsigned m = __ballot_sync(FULL, k < kn && k != j1 && gk(k) <= thr);
+        while (m) {
+            const int kk = k0 + __ffs(m) - 1;
+            m &= m - 1;
+            const double dk = exact_d2(x, C + (long long)kk * D, D, lane);
+            if (precedes(dk, kk, bd, best)) { bd = dk; best = kk; }
+        }
+    }
+    return best;
+}
+
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
 // batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
 // so a warp always has a batch in flight, also while it merges and certifies a row.
@@ -162,39 +198,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             for (int c = 1; c < CH; ++c) merge3(b1[0], i1[0], b2[0], i2[0], b3[0], b1[c], i1[c], b2[c], i2[c], b3[c]);
             #pragma unroll
             for (int off = 16; off > 0; off >>= 1) shfl_merge3(b1[0], i1[0], b2[0], i2[0], b3[0], off);
-            const T* x = X + r * D;
-            // Any k with G+csq > b1 + 2E is certainly farther than the winner i1.
-            const double thr = (double)b1[0] + 2.0 * ebc;
-            const bool certain = (double)b2[0] > thr;
+            const double thr = rerank_threshold((double)b1[0], ebc);
+            const bool sure = certain((double)b2[0], thr);
             int best = i1[0];
             double bd = 0.0;
-            if (exact || !certain) bd = exact_d2(x, C + (long long)i1[0] * D, D, lane);
-            if (!certain) {
-                checked += 1.0;
-                if ((double)b3[0] > thr) {  // two candidates
-                    const double dk = exact_d2(x, C + (long long)i2[0] * D, D, lane);
-                    if (dk < bd || (dk == bd && i2[0] < best)) { bd = dk; best = i2[0]; }
-                } else {  // three or more (rare): every k within the bound, from a second scan
-                    const GV* g = (const GV*)(G + r * (long long)ldg);
-                    for (int qb = 0; qb < nv; qb += 32) {
-                        const int q = qb + lane;
-                        const bool ok = q < nv;
-                        GV gv, cv;
-                        if (ok) { gv = g[q]; cv = cq[q]; }
-                        #pragma unroll
-                        for (int e = 0; e < VEC; ++e) {
-                            const bool cand = ok && (q * VEC + e) != i1[0] && (double)(comp(gv, e) + comp(cv, e)) <= thr;
-                            unsigned m = __ballot_sync(FULL, cand);
-                            while (m) {
-                                const int src = __ffs(m) - 1;
-                                m &= m - 1;
-                                const int k = (qb + src) * VEC + e;
-                                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
-                                if (dk < bd || (dk == bd && k < best)) { bd = dk; best = k; }
-                            }
-                        }
-                    }
-                }
+            if (exact || !sure) {
+                const GT* grow = G + r * (long long)ldg;
+                best = exact_winner(X + r * D, C, D, lane, thr, sure, (double)b3[0], i1[0], i2[0], ldg,
+                                    [&](int k) { return (double)(grow[k] + csq[k]); }, bd);
+                checked += sure ? 0.0 : 1.0;
             }
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
             #pragma unroll
@@ -302,11 +314,11 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
             int j1 = si1[0][i], j2 = si2[0][i];
             for (int q = 1; q < 8; ++q) merge3(a1, j1, a2, j2, a3, sb1[q][i], si1[q][i], sb2[q][i], si2[q][i], sb3[q][i]);
             if (r < rows) {
-                const double thr = (double)a1 + 2.0 * eb[r];
-                const bool certain = (double)a2 > thr;
-                if (exact || !certain) {
+                const double thr = rerank_threshold((double)a1, eb[r]);
+                const bool sure = certain((double)a2, thr);
+                if (exact || !sure) {
                     flist[atomicAdd(&nflag, 1)] = i;
-                    checked += certain ? 0.0 : 1.0;
+                    checked += sure ? 0.0 : 1.0;
                 } else {
                     row_out(r, j1, 0.0, w, prev, labels, d2, inert, moved);
                 }
@@ -320,30 +332,11 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
         for (int f = wid; f < nflag; f += 8) {
             const int i = flist[f];
             const long long r = r0 + i;
-            const T* x = X + r * D;
-            const float a2 = sb2[0][i], a3 = sb3[0][i];
-            const int j1 = si1[0][i], j2 = si2[0][i];
             const double thr = sthr[i];
-            int best = j1;
-            double bd = exact_d2(x, C + (long long)j1 * D, D, lane);
-            if (!((double)a2 > thr)) {
-                if ((double)a3 > thr) {
-                    const double dk = exact_d2(x, C + (long long)j2 * D, D, lane);
-                    if (dk < bd || (dk == bd && j2 < best)) { bd = dk; best = j2; }
-                } else {
-                    for (int kb2 = 0; kb2 < kpad; kb2 += 32) {
-                        const int k = kb2 + lane;
-                        const bool cand = k < kpad && k != j1 && (double)(Gt[(long long)k * ldr + r] + csq[k]) <= thr;
-                        unsigned m = __ballot_sync(FULL, cand);
-                        while (m) {
-                            const int kk = kb2 + __ffs(m) - 1;
-                            m &= m - 1;
-                            const double dk = exact_d2(x, C + (long long)kk * D, D, lane);
-                            if (dk < bd || (dk == bd && kk < best)) { bd = dk; best = kk; }
-                        }
-                    }
-                }
-            }
+            double bd;
+            const int best = exact_winner(X + r * D, C, D, lane, thr, certain((double)sb2[0][i], thr), (double)sb3[0][i],
+                                          si1[0][i], si2[0][i], kpad,
+                                          [&](int k) { return (double)(Gt[(long long)k * ldr + r] + csq[k]); }, bd);
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
         }
         __syncthreads();

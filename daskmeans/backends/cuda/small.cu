@@ -178,7 +178,7 @@ extern "C" __global__ void BOUNDS fused_small(
             for (int off = L / KP; off < L; off <<= 1) {  // argmin over the lanes' k, lowest on ties
                 const double ob = __shfl_xor_sync(FULL, best, off, L);
                 const int ok = __shfl_xor_sync(FULL, bk, off, L);
-                if (ob < best || (ob == best && ok < bk)) { best = ob; bk = ok; }
+                if (precedes(ob, ok, best, bk)) { best = ob; bk = ok; }
             }
 #else
 #if KACC > 0

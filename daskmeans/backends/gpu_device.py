@@ -1,0 +1,79 @@
+"""Facts of the current CUDA device and the launch helpers every GPU regime shares: cached
+device properties, the GEMM and select streams, kernels' occupancy, NULL pointer arguments."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy
+
+from . import gpu_plan
+
+NULL = numpy.uint64(0)  # a NULL pointer argument (optional kernel inputs and outputs)
+
+
+def ptr(a: Any) -> Any:
+    """A kernel argument for an optional array: the array, or NULL."""
+    return NULL if a is None else a
+
+
+def device_id() -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDevice())
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+
+
+@functools.lru_cache(maxsize=None)
+def shared_optin(device: int) -> int:
+    """Most dynamic shared memory one block may opt in to on a device."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device).get("sharedMemPerBlockOptin", gpu_plan.SHARED_BYTES))
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device: int) -> str:
+    """``"90"`` for 9.0."""
+    import cupy
+
+    return str(cupy.cuda.Device(device).compute_capability)
+
+
+@functools.lru_cache(maxsize=None)
+def streams(device: int) -> tuple:
+    """``(gemm, select)`` streams of a device; the select stream has the higher priority, so
+    its blocks take SMs as soon as GEMM blocks retire (the two kernels overlap)."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        try:
+            least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+            return (cupy.cuda.Stream(non_blocking=True, priority=least),
+                    cupy.cuda.Stream(non_blocking=True, priority=greatest))
+        except (TypeError, AttributeError):  # a CuPy without stream priorities
+            return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+
+
+_OCCUPANCY: dict = {}
+
+
+def blocks_per_sm(kern: Any, threads: int, shared: int) -> int:
+    """Resident blocks per multiprocessor of a compiled kernel (:func:`gpu_plan.occupancy`
+    from its registers and static shared memory), cached per kernel and launch shape."""
+    key = (id(kern), threads, shared)
+    if key not in _OCCUPANCY:
+        try:
+            attrs = kern.attributes
+            _OCCUPANCY[key] = gpu_plan.occupancy(int(attrs["num_regs"]), int(attrs.get("shared_size_bytes", 0)),
+                                                 threads, shared)
+        except Exception:  # the occupancy estimate is an optimisation only
+            _OCCUPANCY[key] = 2
+    return _OCCUPANCY[key]

@@ -1,0 +1,193 @@
+"""The GEMM regime of the CuPy backend (moderate and large K).
+
+Per row tile, ``gemm_prep`` writes the rows as the GEMM reads them and each row's certified
+error bound, cuBLAS ``gemmEx`` (alpha = -2) writes ``G = -2 X C^T`` into one of two
+preallocated tiles, then a selection kernel takes the top-2 (and third value) of ``G +
+||c||^2`` per row, certifies the winner against the row's bound and re-ranks the uncertain
+rows by exact float64 distances (``exact_winner`` in cuda/select.cu): ``select_cols`` on a
+column-major tile (threads own rows; fp32, where few rows are uncertain) or ``select_rows``
+on a row-major one (a warp per row; :func:`.gpu_plan.select_layout`). The GEMMs run on a
+low-priority stream and the selects on a high-priority one. Sums (and, where the selection
+did not compute exact distances, the inertia) follow from :func:`.gpu_sums.label_sums`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy
+
+from .. import config
+from . import cuda_src, gpu_device, gpu_plan
+from .gpu_device import ptr
+from .gpu_plan import CSQ_PAD, Prepared
+from .gpu_sums import label_sums
+
+_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
+
+
+def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
+    """The GEMM regime's centroid side: ``c`` ``(K, D)`` in the data dtype and its float64
+    values ``c64``; the centroids as the GEMM reads them, their squared norms and the error
+    bound's coefficients."""
+    import cupy
+
+    k, d = c.shape
+    gemm64 = c.dtype == cupy.float64
+    mode = gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
+                              gpu_device.compute_capability(gpu_device.device_id()))
+    kpad = -(-k // 4) * 4
+    a = cupy.zeros((kpad, d), c.dtype)
+    a[:k] = c
+    smax = 0.0
+    if mode:
+        rsq = cupy.empty(kpad, cupy.float64)
+        ab = prep_buffer(kpad, d, mode)
+        prep(a, mode, 1, ab, None, rsq, None, (0.0, 0.0, 0.0))
+        a = ab
+        smax = float(cupy.sqrt(rsq.max()))
+    sq = (c64 * c64).sum(axis=1)
+    # Padded with +inf (never selected): select_rows reads it in 16-byte vectors past K.
+    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
+    csq[:k] = sq
+    cmax = float(cupy.sqrt(sq.max()))
+    return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout)
+
+
+def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple) -> None:
+    """``gemm_prep`` on the rows of ``X`` (see cuda_src): the GEMM's rounded copy in ``out``
+    (mode > 0), per-row ``||x||^2`` / ``||x - xb||^2`` / error bounds where arrays are given."""
+    import cupy
+
+    rows, d = X.shape
+    kern = cuda_src.prep_kernel(X.dtype, mode)
+    nb = int(max(1, min(32 * gpu_device.sm_count(gpu_device.device_id()), -(-rows // 32))))  # 8 warps x 4 rows
+    kern((nb,), (256,), (X, cupy.int64(rows), cupy.int32(d), cupy.int32(cen), ptr(out),
+                         ptr(sq), ptr(rsq), ptr(eb), *(numpy.float64(e) for e in err)))
+
+
+def prep_buffer(rows: int, d: int, mode: int) -> Any:
+    """The GEMM's copy of ``rows`` rows in ``mode`` (None for mode 0: the data itself)."""
+    import cupy
+
+    if mode == 0:
+        return None
+    return cupy.empty((rows, 3 * d if mode == 2 else d), cupy.uint16 if mode == 3 else cupy.float32)
+
+
+def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
+    """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream; with ``ldr``,
+    column-major instead (``out[k * ldr + r]``). ``xt`` (rows x D') is the tile as the GEMM
+    reads it: the data for ``p.mode`` 0, else ``gemm_prep``'s copy."""
+    import cupy
+    from cupy.cuda import cublas, device
+
+    rows, d = xt.shape
+    kpad = p.a.shape[0]
+    h = device.get_cublas_handle()
+    cublas.setStream(h, cupy.cuda.get_current_stream().ptr)
+    if p.centroids.dtype == cupy.float64:
+        scal = numpy.array([-2.0, 0.0])
+        ab, ct, comp = _CUDA_R_64F, _CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F
+    else:
+        scal = numpy.array([-2.0, 0.0], numpy.float32)
+        ct, comp = _CUDA_R_32F, cublas.CUBLAS_COMPUTE_32F
+        ab = _CUDA_R_16BF if p.mode == 3 else _CUDA_R_32F
+        if p.mode in (1, 2):
+            comp = cublas.CUBLAS_COMPUTE_32F_FAST_TF32
+    bptr = xt.data.ptr
+    mode = cublas.getPointerMode(h)
+    if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+        cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        if ldr is None:
+            # Column-major view: out^T (Kpad x rows) = a (Kpad x D') . xt^T (D' x rows).
+            cublas.gemmEx(
+                h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, kpad, rows, d,
+                scal.ctypes.data, p.a.data.ptr, ab, d, bptr, ab, d,
+                scal[1:].ctypes.data, out.data.ptr, ct, kpad, comp, cublas.CUBLAS_GEMM_DEFAULT,
+            )
+        else:
+            # out (rows x Kpad, column-major, leading dimension ldr) = xt (rows x D') . a^T.
+            cublas.gemmEx(
+                h, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, kpad, d,
+                scal.ctypes.data, bptr, ab, d, p.a.data.ptr, ab, d,
+                scal[1:].ctypes.data, out.data.ptr, ct, ldr, comp, cublas.CUBLAS_GEMM_DEFAULT,
+            )
+    finally:
+        if mode != cublas.CUBLAS_POINTER_MODE_HOST:
+            cublas.setPointerMode(h, mode)
+
+
+def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:
+    """As :func:`.gpu_small.run`, through GEMM tiles and the selection kernels."""
+    import cupy
+
+    n, d = X.shape
+    k = p.k
+    kpad = p.a.shape[0]
+    gdt = p.csq.dtype
+    dev = gpu_device.device_id()
+    rows = gpu_plan.tile_rows(n, kpad, gdt.itemsize, p.a.shape[1] if p.mode else 0, p.a.dtype.itemsize,
+                              config.get_bytes("gpu-tile-bytes"))
+    rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(dev), p.precision, p.layout)
+    kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
+    stat = cupy.zeros(3, cupy.float64)
+    # A persistent grid (every resident block slot once): each warp streams its rows with the
+    # next batch always in flight, which extra waves of blocks would restart.
+    blocks_max = gpu_device.blocks_per_sm(kern, 256, 0) * gpu_device.sm_count(dev)
+    ntiles = -(-n // rows)
+    main = cupy.cuda.get_current_stream()
+    # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
+    # selected (high-priority stream); a buffer is rewritten only after its select is done.
+    gs, ss = gpu_device.streams(dev)
+    nbuf = 1 if ntiles == 1 else 2
+    bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
+    xbufs = [prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
+    eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
+    start = main.record()
+    gs.wait_event(start)
+    ss.wait_event(start)
+    freed: list = [None] * nbuf
+    # With sums wanted, the winners' exact distances (the inertia) come from the sums pass,
+    # which reads every row anyway: the select then needs no dependent centroid read per row.
+    exact = numpy.int32(d2 is not None or not want_sums)
+    for t in range(ntiles):
+        s0 = t * rows
+        s1 = min(n, s0 + rows)
+        m = s1 - s0
+        i = t % nbuf
+        g = bufs[i][:m]
+        ldr = -(-m // 4) * 4  # column-major tile: rows padded to whole 16-byte vectors
+        with gs:
+            if freed[i] is not None:
+                gs.wait_event(freed[i])
+            xt = X[s0:s1] if xbufs[i] is None else xbufs[i][:m]
+            prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], p.err)
+            gemm(p, xt, bufs[i] if rpt else g, ldr if rpt else None)
+            ready = gs.record()
+        with ss:
+            ss.wait_event(ready)
+            if rpt:
+                nb = int(max(1, -(-m // (32 * rpt))))
+                lead = (bufs[i], cupy.int64(ldr), cupy.int32(kpad))
+            else:
+                nb = int(max(1, min(blocks_max, -(-m // 8))))
+                lead = (g, cupy.int32(kpad))
+            kern(
+                (nb,), (256,),
+                lead + (p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids, eb[s0:s1], exact,
+                 ptr(None if w is None else w[s0:s1]), ptr(None if prev is None else prev[s0:s1]),
+                 ptr(None if labels is None else labels[s0:s1]), ptr(None if d2 is None else d2[s0:s1]),
+                 stat),
+            )
+            freed[i] = ss.record()
+    from cupy.cuda import cublas, device
+
+    cublas.setStream(device.get_cublas_handle(), main.ptr)  # leave the handle as CuPy expects
+    main.wait_event(gs.record())
+    main.wait_event(ss.record())
+    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
+    if want_sums:
+        out.update(label_sums(X, labels, w, k, grid, None if exact else p.centroids, None if exact else stat))
+    return out

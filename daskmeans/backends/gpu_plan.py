@@ -1,0 +1,215 @@
+"""The CuPy backend's planning: which regime and kernel configuration a K x D problem takes,
+launch sizes, and the certified error bound of the GEMM regime.
+
+Pure Python on numbers (no CuPy, no GPU): device facts (shared memory a block may opt in to,
+multiprocessor count, compute capability, a compiled kernel's registers) come in as
+arguments, so every decision here is tested on a CPU (``tests/unit/test_gpu_plan.py``).
+Measurements behind the choices are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..validation import Options
+
+THREADS = 256  # threads per block of the fused and selection kernels
+REG_ACC = 32  # float64 register values per lane in the fused kernel (K x values-per-lane)
+SHARED_BYTES = 48 * 1024  # dynamic shared memory a block gets without opting in
+CSQ_PAD = 128  # the centroids' squared norms are padded to a multiple of this
+HIST_MAX_K = SHARED_BYTES // 4  # block-local label counters (uint32) in shared memory
+TINY = 2.0**-100  # gemm_prep flushes smaller inputs to zero (cuda/select.cu)
+
+SMALL_CENTROIDS = ("auto", "registers", "shared")
+SELECT_LAYOUTS = ("auto", "rows", "cols1", "cols2", "cols4")
+FP32_GEMMS = ("auto", "sgemm", "3xtf32")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Centroid-side precomputation for one iteration (shared by all blocks).
+
+    ``small`` is the fused kernel's ``(L, DPL, KACC, TRED, CREG)`` (:func:`small_config`), or
+    None for the GEMM regime, whose inputs are ``a`` (Kpad x D' centroids as the GEMM reads
+    them, zero rows past K; see ``mode``), ``csq`` (squared norms in the GEMM output type,
+    +inf past K, padded to :data:`CSQ_PAD`) and the error bound coefficients ``err = (A, R,
+    B)``: ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| + R ||x - xb|| + B`` for every centroid,
+    ``xb`` the row as the GEMM reads it. ``layout`` is the selection layout asked for
+    (:func:`select_layout`; "auto" except in kernel benchmarks and tests).
+    """
+
+    centroids: Any  # (K, D) cupy, data dtype
+    c64: Any  # (K, D) float64 values of ``centroids``
+    precision: str
+    small: tuple | None
+    a: Any = None
+    csq: Any = None
+    err: tuple = (0.0, 0.0, 0.0)
+    mode: int = 0  # GEMM inputs, as gemm_prep's MODE: 0 as given, 1 TF32, 2 split TF32 (3D), 3 bf16
+    layout: str = "auto"
+
+    @property
+    def k(self) -> int:
+        return self.centroids.shape[0]
+
+
+# ------------------------------------------------------------------ the fused small-K regime
+
+
+def small_config(k: int, d: int, shared_max: int = SHARED_BYTES,
+                 centroids: str = "auto") -> tuple[int, int, int, bool, bool] | None:
+    """``(L, DPL, KACC, TRED, CREG)`` of the fused kernel for K x D, or None for the GEMM
+    regime.
+
+    Fewest lanes per row such that K x DPL register values fit (fewer lanes, fewer shuffles
+    per row), their K distances reduced transposed when K <= L (TRED); then, by
+    ``centroids``, either the centroids in registers and the sums in per-group shared memory
+    (CREG; "registers" or "auto", where the block may have the ``shared_max`` bytes this
+    takes), or the centroids in shared memory and the sums in registers ("shared"). Else
+    shared-memory centroids and accumulators, at most 16 values per lane.
+
+    Auto puts centroids in registers wherever they fit. Kernel alone, H200: S1 0.246 vs 0.295
+    ms (the two 16-lane groups of a warp each paid for their own shared-memory centroid
+    reads); S2 0.076 vs 0.086 ms (one lane per row: the K x DPL predicated register updates
+    per row cost more than a read-add-write of the row's slice).
+    """
+    Options(SMALL_CENTROIDS).check("centroids", centroids)
+    for lanes in (1, 2, 4, 8, 16, 32):
+        dpl = -(-d // lanes)
+        if k * dpl <= REG_ACC and shared_bytes(k, lanes, dpl, False) <= SHARED_BYTES:
+            fits = shared_bytes(k, lanes, dpl, True) <= shared_max
+            return lanes, dpl, k, 2 <= k <= lanes, fits and centroids != "shared"
+    for lanes in (1, 2, 4, 8, 16, 32):
+        dpl = -(-d // lanes)
+        if dpl <= 16 or lanes == 32:
+            if dpl <= 32 and shared_bytes(k, lanes, dpl, False) <= SHARED_BYTES:
+                return lanes, dpl, 0, False, False
+            return None
+    return None
+
+
+def uses_tiles(k: int, d: int) -> bool:
+    """True where K x D takes the GEMM regime (row tiles of K distances in GPU memory); the
+    fused regime needs no tiles (the memory plan asks this on the client)."""
+    return small_config(k, d) is None
+
+
+def shared_bytes(k: int, lanes: int, dpl: int, creg: bool, mode: int = 0) -> int:
+    """Dynamic shared memory of ``fused_small`` (cuda/small.cu): float64 centroids and sums
+    (K x DP each; no sums in MODE 1), or with CREG each group of L lanes' slice (GS: K x (DP +
+    2) sums, weights and counts, made odd for L >= 2; none in MODE 1); then weights, counts
+    and two scalars."""
+    dp = lanes * dpl
+    if creg:
+        slice_ = k * (dp + 2) if lanes == 1 else (k * (dp + 2)) | 1
+        return 8 * ((0 if mode == 1 else (THREADS // lanes) * slice_) + 2 * k + 2)
+    return 8 * ((1 if mode == 1 else 2) * k * dp + 2 * k + 2)
+
+
+def occupancy(num_regs: int, static_shared: int, threads: int, shared: int) -> int:
+    """Resident blocks per multiprocessor of a kernel using ``num_regs`` registers per thread
+    and ``static_shared`` + ``shared`` bytes per block (Hopper limits: 64K registers allocated
+    per warp in units of 256, 228 KiB shared memory with 1 KiB reserved per block, 2048
+    threads, 32 blocks)."""
+    regs_per_warp = -(-num_regs * 32 // 256) * 256
+    by_regs = 65536 // (regs_per_warp * (threads // 32))
+    by_shared = (228 * 1024) // (shared + static_shared + 1024)
+    return max(1, min(by_regs, by_shared, 2048 // threads, 32))
+
+
+# ------------------------------------------------------------------ the GEMM regime
+
+
+def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90") -> int:
+    """How the GEMM reads its inputs (``gemm_prep`` MODE): 0 as given (float64 data, or fp32
+    through cuBLAS's fp32 GEMM), 1 rounded to TF32, 2 split TF32 (three TF32 products in one
+    GEMM of depth 3D, fp32-accurate), 3 rounded to bfloat16.
+
+    fp32 precision takes split TF32 where ``fp32_gemm`` says "3xtf32", or "auto" on
+    A100/H100/B100-class GPUs (compute capability 8.0, 9.0, 10.0), whose TF32 tensor cores run
+    a 3D-deep TF32 GEMM faster than the fp32 one (P2 ~2.5 vs 6.2 ms on an H200); consumer parts
+    run TF32 near their fp32 rate, where three TF32 products lose. tf32 and bf16 inputs are
+    rounded to nearest by ``gemm_prep``, so each row's rounding error is known exactly
+    (``||x - xb||``), not bounded by the format's worst case.
+    """
+    if gemm64:
+        return 0
+    if precision == "tf32":
+        return 1
+    if precision == "bf16":
+        return 3
+    Options(FP32_GEMMS).check("gpu-fp32-gemm", fp32_gemm)
+    if fp32_gemm == "auto":
+        fp32_gemm = "3xtf32" if compute_capability in ("80", "90", "100") else "sgemm"
+    return 2 if fp32_gemm == "3xtf32" else 0
+
+
+def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tuple[float, float, float]:
+    """``(A, R, B)`` with ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| + R ||x - xb|| + B`` for
+    every centroid: ``cmax`` the largest ``||c||``, ``smax`` the largest ``||c - cb||`` (``cb``
+    the centroid as the GEMM reads it), ``mode`` as in :func:`gemm_mode`.
+
+    With ``M = cmax + smax >= ||cb||``, ``S = smax`` and Cauchy-Schwarz throughout:
+    rounded inputs (modes 1, 3): ``xb.cb - x.c = -(x.cs + xs.cb)``, at most ``||x|| S +
+    ||xs|| M``; split TF32 (mode 2): the GEMM sums ``xb.cb + xb.tf(cs) + tf(xs).cb``, off by
+    ``xb.(cs - tf(cs)) + (xs - tf(xs)).cb + xs.cs``, at most ``h (||xb|| S + ||xs|| M) +
+    ||xs|| S`` with ``h = 2^-10`` (cuBLAS's TF32 conversion of the residuals, any faithful
+    rounding). Accumulating the m D products in any order costs ``g = 2 m D u`` times the sum
+    of their magnitudes (twice the classical ``D u``: tensor-core adders may truncate); ``G``
+    carries the factor 2 of ``-2 x.c``. Rounding ``||c||^2`` and adding it to ``G`` add ``u (2
+    ||x|| cmax + 2 cmax^2)``. Absolute terms cover the flush of inputs below 2^-100 and
+    products underflowing float32. A 10% margin covers the second-order terms."""
+    u = 2.0**-53 if gemm64 else 2.0**-24
+    m = 3 if mode == 2 else 1
+    g = 2 * m * d * u
+    S, M = smax, cmax + smax
+    if mode == 0:
+        a, r = g * cmax, 0.0
+    elif mode == 2:
+        h = 2.0**-10
+        a = h * S + g * (M + S * (1 + h))
+        r = h * S + h * M + S + g * (M + S * (1 + h) + (1 + h) * M)
+    else:
+        a = S + g * M
+        r = M + g * M
+    A = 1.1 * (2 * a + 2.2 * u * cmax)
+    R = 1.1 * 2 * r
+    B = 1.1 * 2.2 * u * cmax * cmax
+    if not gemm64:
+        A += 2.2 * d**0.5 * TINY
+        B += 2.2 * d**0.5 * TINY * M + 4.4 * m * d * 2.0**-126
+    return A, R, B
+
+
+def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int) -> int:
+    """Rows of one GEMM tile: its distances (rows x ``kpad`` of ``out_itemsize``) and its
+    rounded inputs (``gemm_prep``'s copy, rows x ``prep_cols`` of ``prep_itemsize``; 0 where the
+    GEMM reads the data itself) each within ``tile_bytes``; at least 32, at most ``n``."""
+    row_bytes = max(kpad * out_itemsize, prep_cols * prep_itemsize)
+    return int(max(32, min(n, tile_bytes // max(1, row_bytes))))
+
+
+def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, precision: str,
+                  layout: str = "auto") -> int:
+    """Rows per thread of ``select_cols`` on a column-major tile of ``rows`` rows (4, 2 or 1),
+    or 0 for ``select_rows`` on a row-major tile; ``layout`` "rows" or "cols1" / "cols2" /
+    "cols4" forces one (kernel benchmarks and tests).
+
+    Auto, float32 tiles in fp32 precision with K up to 2048: the most rows per thread that
+    still gives every SM three blocks (the column kernel parallelises over rows only). Larger
+    K: a row whose bound leaves three or more candidates re-reads its row of the column-major
+    tile one 32-byte sector per centroid (P3, K = 5000, 2.4% such rows: 35 vs 17 ms, H200),
+    and each thread's share of the centroids grows. Not for tf32/bf16: more uncertain rows
+    (4-8% on random data)."""
+    Options(SELECT_LAYOUTS).check("layout", layout)
+    if not float32_tile or layout == "rows":
+        return 0
+    if layout.startswith("cols"):
+        return int(layout[4:])
+    if precision != "fp32" or kpad > 2048:
+        return 0
+    for rpt in (4, 2, 1):
+        if -(-rows // (32 * rpt)) >= 3 * sm_count:
+            return rpt
+    return 0

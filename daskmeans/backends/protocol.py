@@ -1,0 +1,67 @@
+"""The backend contract: what the engine may call on a block, whatever the array library.
+
+Both :mod:`.numpy_backend` and :mod:`.cupy_backend` are modules that satisfy
+:class:`Backend`; ``tests/unit/test_backends.py`` checks that every member exists in each
+with the same parameters. Shapes: ``X`` is one block ``(n, d)``, centroids ``(K, d)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
+
+from .grid import Grid
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Pure kernels on one in-memory block (no Dask, no I/O)."""
+
+    name: str  # "numpy" or "cupy"
+
+    @property
+    def xp(self) -> Any:
+        """The array namespace (the ``numpy`` or ``cupy`` module), imported on first use."""
+
+    def asarray(self, block: Any, dtype: Any = None) -> Any:
+        """``block`` on the backend's device, C-contiguous (and aligned on the host)."""
+
+    def to_numpy(self, a: Any) -> Any:
+        """``a`` as a host NumPy array."""
+
+    def pinned(self, block: Any) -> Any:
+        """A host copy of ``block`` kept by the ``host`` tier (page-locked for a GPU)."""
+
+    def staged(self, blocks: list) -> Iterator[Any]:
+        """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
+        the next while the current one's kernels run); each valid until the next is asked for."""
+
+    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32") -> Any:
+        """Centroids ``(K, d)`` cast to ``dtype`` and what every block's kernels read of them
+        (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`."""
+
+    def assign(self, X: Any, p: Any, sample_weight: Any = None, want_sums: bool = True,
+               prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None) -> dict[str, Any]:
+        """Labels ``(n,)`` int32 of the nearest centroids (exact distances, lowest index on
+        ties), ``inertia``, ``reassigned`` (rows whose label differs from ``prev_labels``),
+        ``rechecked``; with ``want_sums`` the per-cluster ``sums`` ``(K, d)`` and ``weights``
+        ``(K,)`` as int64 multiples of ``grid``'s steps, ``counts`` ``(K,)`` int64 and the
+        ``grid``."""
+
+    def update_centroids(self, isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple[Any, Any]:
+        """``(new, shift)``: centroids ``(K, d)`` float64 from combined integer sums (``old``
+        where a cluster has no weight) and the squared shift, the same bits on either backend."""
+
+    def min_sqdist(self, X: Any, p: Any) -> tuple[Any, Any]:
+        """Labels ``(n,)`` int32 and squared distances ``(n,)`` float64 to the nearest centroid."""
+
+    def moments(self, X: Any) -> tuple[Any, Any, Any, int | None]:
+        """Per-column mean, sum of squared deviations and largest absolute value ``(d,)``
+        float64, and the first row holding a NaN or infinity (None if none)."""
+
+    def sqdistances(self, X: Any, p: Any) -> Any:
+        """Squared distances ``(n, K)`` float64 from every row to every centroid."""
+
+
+def members() -> Iterable[str]:
+    """The names a backend module must define."""
+    return sorted(n for n in vars(Backend) if not n.startswith("_")) + ["name"]

@@ -1,0 +1,169 @@
+"""The CuPy backend's planning, which is plain Python (no GPU needed): the regime and the fused
+kernel's configuration for K x D, shared-memory sizes, occupancy, the GEMM's input mode, tile
+rows, the selection layout, and the compile-time choices written into the kernel sources. The
+kernels themselves are tested in tests/gpu."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daskmeans.backends import cuda_src
+from daskmeans.backends import gpu_plan as plan
+
+BIG = 1 << 30  # a device that lets a block have any shared memory
+
+
+def test_auto_puts_centroids_in_registers_where_they_fit():
+    # S1 (K = 4, D = 100): 16 lanes of 7 values, transposed reduction, centroids in registers.
+    assert plan.small_config(4, 100, BIG) == (16, 7, 4, True, True)
+    # S2 (K = 8, D = 2): one lane per row, centroids in registers, one slice per thread.
+    assert plan.small_config(8, 2, BIG) == (1, 2, 8, False, True)
+    # ... unless the block cannot have the 256 slices (K = 8: 64 KiB; the default 48 KiB).
+    assert plan.small_config(8, 2, 48 * 1024) == (1, 2, 8, False, False)
+
+
+def test_registers_fall_back_to_shared_where_the_block_cannot_have_the_memory():
+    need = plan.shared_bytes(4, 16, 7, True)
+    assert need == 8 * (16 * ((4 * (112 + 2)) | 1) + 2 * 4 + 2)  # 16 groups' odd slices
+    assert plan.small_config(4, 100, need)[4] is True
+    assert plan.small_config(4, 100, need - 1)[4] is False
+    assert plan.small_config(4, 100, need - 1, "registers")[4] is False
+
+
+@pytest.mark.parametrize("choice,expected", [("registers", True), ("shared", False)])
+def test_explicit_placement_is_honoured(choice, expected):
+    assert plan.small_config(8, 2, BIG, choice)[4] is expected
+    assert plan.small_config(4, 100, BIG, choice)[4] is expected
+
+
+def test_unknown_placement_is_rejected_with_the_value():
+    with pytest.raises(ValueError, match="centroids='texture' should be one of 'auto', 'registers', 'shared'"):
+        plan.small_config(4, 100, BIG, "texture")
+
+
+@pytest.mark.parametrize("layout", ["columns", "cols8"])
+def test_unknown_select_layout_is_rejected_with_the_value(layout):
+    with pytest.raises(ValueError, match=f"layout='{layout}' should be one of 'auto', 'rows', 'cols1'"):
+        plan.select_layout(4096, 1000, True, 132, "fp32", layout)
+
+
+@pytest.mark.parametrize("layout,rpt", [("rows", 0), ("cols1", 1), ("cols4", 4)])
+def test_explicit_select_layout_is_honoured(layout, rpt):
+    assert plan.select_layout(4096, 1000, True, 132, "fp32", layout) == rpt
+
+
+def test_auto_select_layout_takes_the_most_rows_per_thread_that_fill_the_gpu():
+    # 132 SMs x 3 blocks = 396 blocks of 32 x RPT rows: RPT = 4 from 395 x 128 + 1 rows.
+    assert plan.select_layout(50_561, 1000, True, 132, "fp32") == 4
+    assert plan.select_layout(50_560, 1000, True, 132, "fp32") == 2
+    assert plan.select_layout(25_280, 1000, True, 132, "fp32") == 1
+    assert plan.select_layout(12_641, 1000, True, 132, "fp32") == 1
+    assert plan.select_layout(12_640, 1000, True, 132, "fp32") == 0
+    # Row-major where columns lose: K past 2048, tf32/bf16 (many uncertain rows), float64 tiles.
+    assert plan.select_layout(1 << 20, 2052, True, 132, "fp32") == 0
+    assert plan.select_layout(1 << 20, 1000, True, 132, "tf32") == 0
+    assert plan.select_layout(1 << 20, 1000, False, 132, "fp32") == 0
+
+
+def test_gemm_mode_by_precision_and_gpu():
+    assert plan.gemm_mode("fp32", True) == 0  # float64 data: the GEMM reads it as given
+    assert plan.gemm_mode("tf32", False) == 1
+    assert plan.gemm_mode("bf16", False) == 3
+    assert plan.gemm_mode("fp32", False, "auto", "90") == 2  # split TF32 on data-centre parts
+    assert plan.gemm_mode("fp32", False, "auto", "89") == 0  # cuBLAS fp32 on consumer parts
+    assert plan.gemm_mode("fp32", False, "3xtf32", "89") == 2
+    assert plan.gemm_mode("fp32", False, "sgemm", "90") == 0
+    with pytest.raises(ValueError, match="gpu-fp32-gemm='fast' should be one of 'auto', 'sgemm', '3xtf32'"):
+        plan.gemm_mode("fp32", False, "fast")
+
+
+def test_tile_rows_bound_distances_and_rounded_inputs():
+    # 256 MiB of float32 distances over Kpad = 5000: 13,421 rows.
+    assert plan.tile_rows(300_000, 5000, 4, 0, 4, 256 << 20) == (256 << 20) // 20_000
+    # Split TF32 of D = 4000 (3D floats per row) outweighs K = 100's distances.
+    assert plan.tile_rows(10**6, 100, 4, 12_000, 4, 4 << 20) == (4 << 20) // 48_000
+    assert plan.tile_rows(100, 5000, 4, 0, 4, 256 << 20) == 100  # never more rows than the block
+    assert plan.tile_rows(10**6, 10**6, 8, 0, 4, 1 << 20) == 32  # never fewer than 32
+
+
+def test_occupancy_from_registers_and_shared_memory():
+    # 128 registers x 256 threads: 32K registers per block, two blocks in 64K.
+    assert plan.occupancy(128, 0, 256, 0) == 2
+    assert plan.occupancy(64, 0, 256, 0) == 4
+    assert plan.occupancy(32, 0, 256, 0) == 8  # 2048 threads
+    # Shared memory: 228 KiB / (100 KiB + 1 KiB reserved) = 2.
+    assert plan.occupancy(32, 0, 256, 100 * 1024) == 2
+    assert plan.occupancy(255, 200 * 1024, 256, 100 * 1024) == 1  # at least one
+
+
+def test_error_bound_grows_with_the_rounding_of_the_inputs():
+    exact = plan.error_bound(10.0, 0.0, 100, 0, False)
+    split = plan.error_bound(10.0, 10.0 * 2**-11, 100, 2, False)
+    tf32 = plan.error_bound(10.0, 10.0 * 2**-11, 100, 1, False)
+    assert exact[1] == 0.0  # fp32 as given: no residual term
+    assert 0 < split[0] < tf32[0] and 0 < split[1] < tf32[1]
+    assert plan.error_bound(10.0, 0.0, 100, 0, True)[0] < exact[0]  # float64
+
+
+def test_shared_accumulator_regime_has_no_register_placement():
+    # K x DPL too large for registers (K = 17, D = 130): 16 lanes of 9 values (at most 16 per
+    # lane), shared centroids and sums.
+    assert plan.small_config(17, 130, BIG) == (16, 9, 0, False, False)
+    assert plan.small_config(5000, 408, BIG) is None  # the GEMM regime
+
+
+def test_labels_only_pass_needs_no_group_slices():
+    assert plan.shared_bytes(4, 16, 7, True, mode=1) == 8 * (2 * 4 + 2)
+    assert plan.shared_bytes(4, 16, 7, False) == 8 * (2 * 4 * 112 + 2 * 4 + 2)
+    # Shared centroids: the labels-only pass has no K x DP sums either.
+    assert plan.shared_bytes(4, 16, 7, False, mode=1) == 8 * (4 * 112 + 2 * 4 + 2)
+
+
+def test_group_slices_are_odd_only_for_multi_lane_rows():
+    # 16 lanes: 16 slices of K x (DP + 2) = 4 x 114 doubles, made odd (457) against bank conflicts.
+    assert plan.shared_bytes(4, 16, 7, True) == 8 * (16 * 457 + 2 * 4 + 2)
+    # One lane per row: 256 slices of 8 x 4 doubles, interleaved (no padding needed).
+    assert plan.shared_bytes(8, 1, 2, True) == 8 * (256 * 32 + 2 * 8 + 2)
+
+
+def _defines(src):
+    """The first definition of each macro (the configuration head; the source's own
+    ``#ifndef`` defaults come later)."""
+    out = {}
+    for line in src.splitlines():
+        if line.startswith("#define") and len(line.split()) == 3:
+            out.setdefault(*line.split()[1:3])
+    return out
+
+
+def test_kernel_source_carries_the_placement_and_rows_per_trip():
+    reg = _defines(cuda_src.small_source("float32", 16, 7, 4, True, 256, creg=True))
+    assert (reg["CREG"], reg["U"], reg["MINB"]) == ("1", "2", "1")  # two rows in flight (16 // 7)
+    shr = _defines(cuda_src.small_source("float32", 16, 7, 4, True, 256))
+    assert (shr["CREG"], shr["U"], shr["MINB"]) == ("0", "1", "2")
+    # No register accumulators (KACC = 0): the placement does not apply.
+    assert _defines(cuda_src.small_source("float32", 32, 5, 0, False, 256, creg=True))["CREG"] == "0"
+
+
+def test_select_source_defaults_to_two_insert_chains():
+    assert _defines(cuda_src.select_source("float32", "float32"))["CH"] == "2"
+    assert _defines(cuda_src.select_source("float32", "float32", chains=1))["CH"] == "1"
+
+
+def test_cuda_sources_are_files_of_the_package_not_python_strings():
+    import daskmeans
+
+    pkg = Path(daskmeans.__file__).parent
+    assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
+    files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
+    assert files == ["common.cuh", "select.cu", "small.cu"]
+    # Each module is the common device code and its kernels, behind the #define header.
+    src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
+    assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
+    assert (pkg / "backends" / "cuda" / "common.cuh").read_text() in src
+    kernels = {m.group(1) for s in (cuda_src.SMALL_SRC, cuda_src.SELECT_SRC)
+               for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) |BOUNDS )?(\w+)", s)}
+    assert {"fused_small", "reduce_parts", "select_rows", "select_cols", "sorted_sums", "label_hist",
+            "label_scatter", "scatter_by_label"} <= kernels, kernels
