@@ -48,7 +48,7 @@ def test_certify_and_rerank_is_written_once():
     sel = _strip_comments((CUDA / "select.cu").read_text())
     # One definition, called by both selections.
     assert len(re.findall(r"\bint exact_winner\(", sel)) == 1
-    assert len(re.findall(r"\bexact_winner\(", sel)) == 3
+    assert len(re.findall(r"\bexact_winner\b", sel)) == 3
     # Nothing else computes a candidate's exact distance or scans a row for candidates.
     body = sel[sel.index("int exact_winner("):]
     body = body[: body.index("\n}\n")]

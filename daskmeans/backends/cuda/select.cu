@@ -109,13 +109,15 @@ __device__ __forceinline__ double rerank_threshold(double v1, double eb) { retur
 __device__ __forceinline__ bool certain(double v2, double thr) { return v2 > thr; }
 // Otherwise (and for any row whose exact distance is wanted) a warp computes exact float64
 // distances: to j1, to j2 as well where v3 > thr (two candidates), else to every k that the
-// bound cannot exclude, found by a scan of the row (gk(k): G + csq of centroid k, k < kn).
-// The winner is the first minimum of the exact distances (precedes), so the result does not
-// depend on the order candidates are found in. Returns the winner; bd its exact distance.
-template <typename GK>
+// bound cannot exclude, found by a scan of the row: lane l loads W values of G + csq at a
+// time, those of centroids (q0 + l) W .. (q0 + l) W + W - 1 (load(q, v); +inf past K), for q
+// below nq. The winner is the first minimum of the exact distances (precedes), so the result
+// does not depend on the order candidates are found in. Returns the winner; bd its exact
+// distance.
+template <int W, typename Load>
 __device__ __forceinline__ int exact_winner(const T* __restrict__ x, const T* __restrict__ C, int D, int lane,
-                                            double thr, bool sure, double v3, int j1, int j2, int kn,
-                                            GK gk, double& bd) {
+                                            double thr, bool sure, double v3, int j1, int j2, int nq,
+                                            Load load, double& bd) {
     int best = j1;
     bd = exact_d2(x, C + (long long)j1 * D, D, lane);
     if (sure) return best;
@@ -124,14 +126,18 @@ __device__ __forceinline__ int exact_winner(const T* __restrict__ x, const T* __
         if (precedes(dk, j2, bd, best)) { bd = dk; best = j2; }
         return best;
     }
-    for (int k0 = 0; k0 < kn; k0 += 32) {
-        const int k = k0 + lane;
-        unsigned m = __ballot_sync(FULL, k < kn && k != j1 && gk(k) <= thr);
-        while (m) {
-            const int kk = k0 + __ffs(m) - 1;
-            m &= m - 1;
-            const double dk = exact_d2(x, C + (long long)kk * D, D, lane);
-            if (precedes(dk, kk, bd, best)) { bd = dk; best = kk; }
+    for (int q0 = 0; q0 < nq; q0 += 32) {
+        double v[W];
+        load(q0 + lane, v);
+        #pragma unroll
+        for (int e = 0; e < W; ++e) {
+            unsigned m = __ballot_sync(FULL, (q0 + lane) * W + e != j1 && v[e] <= thr);
+            while (m) {
+                const int k = (q0 + __ffs(m) - 1) * W + e;
+                m &= m - 1;
+                const double dk = exact_d2(x, C + (long long)k * D, D, lane);
+                if (precedes(dk, k, bd, best)) { bd = dk; best = k; }
+            }
         }
     }
     return best;
@@ -203,9 +209,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
             int best = i1[0];
             double bd = 0.0;
             if (exact || !sure) {
-                const GT* grow = G + r * (long long)ldg;
-                best = exact_winner(X + r * D, C, D, lane, thr, sure, (double)b3[0], i1[0], i2[0], ldg,
-                                    [&](int k) { return (double)(grow[k] + csq[k]); }, bd);
+                const GV* g = (const GV*)(G + r * (long long)ldg);
+                best = exact_winner<VEC>(X + r * D, C, D, lane, thr, sure, (double)b3[0], i1[0], i2[0], nv,
+                                         [&](int q, double (&v)[VEC]) {
+                                             const bool ok = q < nv;
+                                             const GV gv = ok ? g[q] : vinf(), cv = ok ? cq[q] : vinf();
+                                             #pragma unroll
+                                             for (int e = 0; e < VEC; ++e) v[e] = (double)(comp(gv, e) + comp(cv, e));
+                                         }, bd);
                 checked += sure ? 0.0 : 1.0;
             }
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
@@ -334,9 +345,11 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
             const long long r = r0 + i;
             const double thr = sthr[i];
             double bd;
-            const int best = exact_winner(X + r * D, C, D, lane, thr, certain((double)sb2[0][i], thr), (double)sb3[0][i],
-                                          si1[0][i], si2[0][i], kpad,
-                                          [&](int k) { return (double)(Gt[(long long)k * ldr + r] + csq[k]); }, bd);
+            const int best = exact_winner<1>(X + r * D, C, D, lane, thr, certain((double)sb2[0][i], thr),
+                                             (double)sb3[0][i], si1[0][i], si2[0][i], kpad,
+                                             [&](int k, double (&v)[1]) {
+                                                 v[0] = k < kpad ? (double)(Gt[(long long)k * ldr + r] + csq[k]) : (double)inf;
+                                             }, bd);
             if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
         }
         __syncthreads();
