@@ -448,3 +448,29 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
         worst = 4 * u_in * cupy.sqrt((Xg.astype(cupy.float64) ** 2).sum(1)) * float(cupy.sqrt((c32 * c32).sum(1).max()))
         ratio = float(((bound - p.err[2]) / worst).max())
         assert ratio < (0.35 if precision == "tf32" else 0.7), ratio
+
+
+@pytest.mark.parametrize("k,d", [(3, 2), (1000, 100), (3000, 400)])  # one block; many; > 1024 x 256 values
+def test_gpu_update_gives_the_numpy_backends_centroids_and_shift(k, d):
+    """The update kernel (cuda/update.cu): the NumPy backend's centroid bits, empty clusters
+    keep their centroid, and the shift is that of float64 NumPy, the same bits every call."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.backends import numpy_backend as nb
+    from daskmeans.backends.grid import Grid
+
+    rng = np.random.default_rng(k)
+    X = rng.normal(0, 5, (2000, d))
+    grid = Grid.for_block(X)
+    isums = rng.integers(-(2**50), 2**50, (k, d), dtype=np.int64)
+    iweights = grid.unit_weights(rng.integers(0, 50, k).astype(np.int64))
+    iweights[::7] = 0  # empty clusters
+    old = rng.normal(0, 5, (k, d))
+    want, want_shift = nb.update_centroids(isums, iweights, old, grid)
+    got, shift = cb.update_centroids(cupy.asarray(isums), cupy.asarray(iweights), cupy.asarray(old), grid)
+    np.testing.assert_array_equal(cupy.asnumpy(got), want)
+    np.testing.assert_array_equal(cupy.asnumpy(got)[::7], old[::7])
+    assert float(shift) == pytest.approx(want_shift, rel=1e-12)
+    again = cb.update_centroids(cupy.asarray(isums), cupy.asarray(iweights), cupy.asarray(old), grid)[1]
+    assert float(again) == float(shift)

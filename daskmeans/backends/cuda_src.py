@@ -1,6 +1,7 @@
 """CUDA C++ sources of the CuPy backend's kernels, and their compile cache.
 
-The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``); here they get their compile-time ``#define`` header. Pure source text and
+The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``,
+``update.cu``); here they get their compile-time ``#define`` header. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
 too); the host-side logic that chooses and launches them is :mod:`.gpu_plan` (choices),
 :mod:`.gpu_small`, :mod:`.gpu_gemm` and :mod:`.gpu_sums` (launches).
@@ -31,6 +32,9 @@ The kernels (see that module for when each runs):
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
     rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
     enough for three blocks per SM (``gpu_plan.select_layout``).
+``update_centroids`` / ``sum_parts``
+    The Lloyd update from the combined integer sums and its squared shift, summed in a fixed
+    order.
 ``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
@@ -53,6 +57,7 @@ def _source(name: str) -> str:
 _COMMON = _source("common.cuh")
 SMALL_SRC = _COMMON + _source("small.cu")
 SELECT_SRC = _COMMON + _source("select.cu")
+UPDATE_SRC = _COMMON + _source("update.cu")
 
 
 _CACHE: dict = {}
@@ -104,13 +109,21 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
     return _CACHE[key]
 
 
+def _first(key: tuple, compile_: Any, *also: Any) -> tuple[Any, ...]:
+    """``_CACHE[key]``, compiling it the first time together with the modules the same fit
+    needs next (``also``), in threads."""
+    if key not in _CACHE:
+        compile_concurrently(compile_, *also)
+    return _CACHE[key]
+
+
 def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
                   mode: int = 0, creg: bool = False, dfull: bool = False) -> tuple[Any, Any]:
     """``(fused_small, reduce_parts)`` for one (dtype, L, DPL, KACC, TRED, NT, MODE, CREG,
     DFULL) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg), bool(dfull))
-    return _functions(key, small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg, dfull=dfull),
-                      ("fused_small", "reduce_parts"))
+    src = small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg, dfull=dfull)
+    return _first(key, lambda: _functions(key, src, ("fused_small", "reduce_parts")), update_kernels)
 
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
@@ -151,15 +164,44 @@ def prep_kernel(dtype: Any, mode: int) -> Any:
     return _select_module(dtype, dtype)[5 + mode]
 
 
+def _select_key(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple:
+    return ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
+
+
+def _compile_select(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
+    names = ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
+             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3")
+    return _functions(_select_key(dtype, gemm_dtype, batch), select_source(dtype, gemm_dtype, batch), names)
+
+
 def _select_module(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    key = ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
-    return _functions(key, select_source(dtype, gemm_dtype, batch),
-                      ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
-                       "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3"))
+    return _first(_select_key(dtype, gemm_dtype, batch), lambda: _compile_select(dtype, gemm_dtype, batch), update_kernels)
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     """``select_cols`` for data of ``dtype``, a column-major float32 GEMM tile and
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
-    return _functions(key, select_source(dtype, "float32", rows_per_thread=rows_per_thread), ("select_cols",))[0]
+    src = select_source(dtype, "float32", rows_per_thread=rows_per_thread)
+    # The same pass needs the select module (gemm_prep, the sums) and then the update.
+    return _first(key, lambda: _functions(key, src, ("select_cols",)), lambda: _compile_select(dtype, dtype),
+                  update_kernels)[0]
+
+
+def update_kernels() -> tuple[Any, Any]:
+    """``(update_centroids, sum_parts)`` (no compile-time configuration)."""
+    return _functions(("update",), UPDATE_SRC, ("update_centroids", "sum_parts"))
+
+
+def compile_concurrently(*compiles: Any) -> None:
+    """Run the given compile calls (e.g. ``lambda: select_kernels(...)``) in threads: NVRTC
+    releases the GIL, so a cold kernel cache costs the longest compile, not their sum."""
+    if len(compiles) < 2:
+        for f in compiles:
+            f()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(compiles)) as ex:
+        for f in [ex.submit(c) for c in compiles]:
+            f.result()

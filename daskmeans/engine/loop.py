@@ -204,15 +204,17 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         buf[lay.flag] = 1
     t_comm = time.perf_counter()
     total = comm.allreduce(buf)
-    small = be.to_numpy(total[lay.small :])
+    # One device-to-host copy of the weights, counts and scalars (2K + a few int64): the empty
+    # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
+    # a synchronisation, and CuPy's CUB reductions seconds of NVRTC on a cold kernel cache).
+    host = be.to_numpy(total[lay.weights.start :])
+    small = host[lay.small - lay.weights.start :]
     t_update = time.perf_counter()
     smallf = small.view(np.float64)
     isums = total[lay.sums].reshape(k, d)
     iweights = total[lay.weights]
-    counts = total[lay.counts]
-    nonempty = iweights > 0  # empty means no weight (as scikit-learn)
-    # One device-to-host copy for both: the empty clusters, and the largest cluster's rows.
-    n_empty, largest = (int(v) for v in be.to_numpy(xp.stack([(~nonempty).sum(), counts.max()])))
+    n_empty = int(np.count_nonzero(host[:k] <= 0))  # empty means no weight (as scikit-learn)
+    largest = int(host[k : 2 * k].max())
     imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
     if n_empty:
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)

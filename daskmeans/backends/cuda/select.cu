@@ -92,6 +92,9 @@ __device__ __forceinline__ void prep_rows(const T* __restrict__ X, long long row
         }
     }
 }
+// The select_cols module (RPT defined) holds select_cols alone: the rest is compiled once, in
+// the module without RPT.
+#ifndef RPT
 #define PREP(M) extern "C" __global__ void __launch_bounds__(256, 3) gemm_prep##M( \
         const T* __restrict__ X, long long rows, int D, int cen, void* __restrict__ out, double* __restrict__ sq, \
         double* __restrict__ rsq, double* __restrict__ eb, double eA, double eR, double eB) { \
@@ -100,6 +103,7 @@ PREP(0)
 PREP(1)
 PREP(2)
 PREP(3)
+#endif  // !RPT
 
 // Certify and re-rank: the one place a row's winner is decided from its top-2 and third value
 // (v1 <= v2 <= v3 of G + csq, indices j1, j2) and its error bound eb (|G + csq - exact| <= eb).
@@ -143,6 +147,7 @@ __device__ __forceinline__ int exact_winner(const T* __restrict__ x, const T* __
     return best;
 }
 
+#ifndef RPT
 // One warp per row, rows grid-strided. A row's values come in batches of B vectors per lane;
 // batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
 // so a warp always has a batch in flight, also while it merges and certifies a row.
@@ -231,6 +236,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
     }
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
+
+#endif  // !RPT
 
 #ifdef RPT
 // The same selection on a column-major tile (Gt[k * ldr + r], cuBLAS writing G^T): a block
@@ -361,6 +368,7 @@ extern "C" __global__ void __launch_bounds__(256, SC_MINB) select_cols(
 }
 #endif
 
+#ifndef RPT
 // Counting sort by label in three steps, block-local counters in shared memory (global
 // atomics on K counters cost ~0.1 ms per 1e6 rows each). Block b owns rows [b R, (b+1) R).
 // 1. hist[b K + k]: how many of block b's rows have label k.
@@ -490,3 +498,4 @@ extern "C" __global__ void __launch_bounds__(256, SS_MINB) sorted_sums(
         if (lane == 0) atomicAdd(stat, inert);
     }
 }
+#endif  // !RPT
