@@ -474,3 +474,15 @@ def test_gpu_update_gives_the_numpy_backends_centroids_and_shift(k, d):
     assert float(shift) == pytest.approx(want_shift, rel=1e-12)
     again = cb.update_centroids(cupy.asarray(isums), cupy.asarray(iweights), cupy.asarray(old), grid)[1]
     assert float(again) == float(shift)
+
+
+@pytest.mark.parametrize("k", [1, 7, 12_288, 12_289, 40_000])  # shared-memory counters up to 48 KiB, then global
+def test_gpu_label_counts_equal_bincount(k):
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+
+    lab = np.random.default_rng(k).integers(0, k, 300_001).astype(np.int32)
+    got = cb.label_counts(cupy.asarray(lab), k)
+    assert got.dtype == cupy.int64
+    np.testing.assert_array_equal(cupy.asnumpy(got), np.bincount(lab, minlength=k))

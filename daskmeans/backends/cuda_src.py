@@ -35,6 +35,8 @@ The kernels (see that module for when each runs):
 ``update_centroids`` / ``sum_parts``
     The Lloyd update from the combined integer sums and its squared shift, summed in a fixed
     order.
+``label_counts``
+    Rows per label (cluster sizes).
 ``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
@@ -188,9 +190,9 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
                   update_kernels)[0]
 
 
-def update_kernels() -> tuple[Any, Any]:
-    """``(update_centroids, sum_parts)`` (no compile-time configuration)."""
-    return _functions(("update",), UPDATE_SRC, ("update_centroids", "sum_parts"))
+def update_kernels() -> tuple[Any, Any, Any]:
+    """``(update_centroids, sum_parts, label_counts)`` (no compile-time configuration)."""
+    return _functions(("update",), UPDATE_SRC, ("update_centroids", "sum_parts", "label_counts"))
 
 
 def compile_concurrently(*compiles: Any) -> None:

@@ -32,7 +32,7 @@ from .gpu_staging import staged  # noqa: F401  (the host tier's half of the cont
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
 from .grid import Grid
 
-__all__ = ["Prepared", "asarray", "assign", "min_sqdist", "moments", "name", "pinned", "prepare",
+__all__ = ["Prepared", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "pinned", "prepare",
            "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles"]
 
 
@@ -157,7 +157,7 @@ def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
     import cupy
 
     k, d = old.shape
-    update, sum_parts = cuda_src.update_kernels()
+    update, sum_parts, _ = cuda_src.update_kernels()
     new = cupy.empty((k, d), cupy.float64)
     nb = int(max(1, min(_UPDATE_BLOCKS, -(-k * d // 256))))
     part = cupy.empty(nb, cupy.float64)
@@ -166,6 +166,19 @@ def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
                            new, numpy.int64(k), numpy.int32(d), part))
     sum_parts((1,), (256,), (part, numpy.int32(nb), shift))
     return new, shift
+
+
+def label_counts(labels: Any, k: int) -> Any:
+    """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
+    import cupy
+
+    kern = cuda_src.update_kernels()[2]
+    n = labels.shape[0]
+    counts = cupy.zeros(k, cupy.uint64)
+    shared = k if 4 * k <= gpu_plan.SHARED_BYTES else 0
+    nb = int(max(1, min(4 * gpu_device.sm_count(gpu_device.device_id()), -(-n // 256))))
+    kern((nb,), (256,), (labels, numpy.int64(n), numpy.int32(k), numpy.int32(shared), counts), shared_mem=4 * shared)
+    return counts.view(cupy.int64)
 
 
 def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:

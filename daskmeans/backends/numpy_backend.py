@@ -208,6 +208,11 @@ def update_centroids(isums: numpy.ndarray, iweights: numpy.ndarray, old: numpy.n
     return new, float(((new - old) ** 2).sum())
 
 
+def label_counts(labels: numpy.ndarray, k: int) -> numpy.ndarray:
+    """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
+    return numpy.bincount(labels, minlength=k).astype(numpy.int64)
+
+
 def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, int | None]:
     """Per-column mean, sum of squared deviations and largest absolute value (float64, shape
     (d,) each) of a block, and the index of its first row holding a NaN or infinity (None if

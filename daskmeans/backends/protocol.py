@@ -51,6 +51,9 @@ class Backend(Protocol):
         """``(new, shift)``: centroids ``(K, d)`` float64 from combined integer sums (``old``
         where a cluster has no weight) and the squared shift, the same bits on either backend."""
 
+    def label_counts(self, labels: Any, k: int) -> Any:
+        """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
+
     def min_sqdist(self, X: Any, p: Any) -> tuple[Any, Any]:
         """Labels ``(n,)`` int32 and squared distances ``(n,)`` float64 to the nearest centroid."""
 

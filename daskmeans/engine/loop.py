@@ -320,7 +320,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         for cid, v in zip(shard.chunk_ids, inertia):
             fv[cid] = v
         for lab in labels:
-            buf[fit.n_chunks :] += xp.bincount(lab, minlength=k).astype(xp.int64)
+            buf[fit.n_chunks :] += be.label_counts(lab, k)
         total = be.to_numpy(comm.allreduce(buf))
         result["inertia"] = float(np.sum(total[: fit.n_chunks].view(np.float64))) * inertia_scale(fit.metric)
         result["sizes"] = total[fit.n_chunks :] if rank == 0 else None

@@ -39,3 +39,20 @@ extern "C" __global__ void __launch_bounds__(256) sum_parts(const double* __rest
     acc = block_sum(acc, sh);
     if (threadIdx.x == 0) out[0] = acc;
 }
+// Rows per label (the cluster sizes under the final centroids): block-local counters in
+// shared memory where K fits (SK = K), else global ones (SK = 0). Not cupy.bincount: it
+// checks the labels with CuPy's CUB reduction (seconds of NVRTC on a cold kernel cache) and
+// synchronises with the host.
+extern "C" __global__ void __launch_bounds__(256) label_counts(const int* __restrict__ lab, long long n, int K,
+                                                              int SK, unsigned long long* __restrict__ counts) {
+    extern __shared__ unsigned int h[];
+    for (int i = threadIdx.x; i < SK; i += blockDim.x) h[i] = 0u;
+    __syncthreads();
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += (long long)gridDim.x * blockDim.x) {
+        if (SK) atomicAdd(h + lab[r], 1u);
+        else atomicAdd(counts + lab[r], 1ull);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < SK; i += blockDim.x)
+        if (h[i]) atomicAdd(counts + i, (unsigned long long)h[i]);
+}
