@@ -486,3 +486,44 @@ def test_gpu_label_counts_equal_bincount(k):
     got = cb.label_counts(cupy.asarray(lab), k)
     assert got.dtype == cupy.int64
     np.testing.assert_array_equal(cupy.asnumpy(got), np.bincount(lab, minlength=k))
+
+
+@pytest.mark.parametrize("n,d", [(3, 2), (5003, 7), (70_001, 408), (300, 33)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_moments_match_float64_reference(n, d, dtype):
+    """The moments kernels (cuda/fit.cu) against float64 NumPy, and the same bits every call."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+
+    rng = np.random.default_rng(n + d)
+    X = (rng.standard_normal((n, d)) * rng.uniform(0.1, 100, d) + rng.uniform(-1e4, 1e4, d)).astype(dtype)
+    mean, m2, max_abs, bad = cb.moments(cupy.asarray(X))
+    X64 = X.astype(np.float64)
+    np.testing.assert_allclose(cupy.asnumpy(mean), X64.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(m2), ((X64 - X64.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
+    np.testing.assert_array_equal(cupy.asnumpy(max_abs), np.abs(X64).max(axis=0))
+    assert bad is None
+    again = cb.moments(cupy.asarray(X))
+    for a, b in zip(again[:3], (mean, m2, max_abs)):
+        np.testing.assert_array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
+
+
+def test_gpu_moments_toy_first_bad_row_and_overflow():
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.errors import DataError
+
+    X = np.array([[1.0, 10.0], [3.0, -12.0], [-5.0, 10.0]], np.float32)
+    mean, m2, max_abs, bad = cb.moments(cupy.asarray(X))
+    np.testing.assert_array_equal(cupy.asnumpy(mean), [-1 / 3, 8 / 3])
+    np.testing.assert_allclose(cupy.asnumpy(m2), [312 / 9, 2904 / 9], rtol=1e-15)
+    np.testing.assert_array_equal(cupy.asnumpy(max_abs), [5.0, 12.0])
+    for value in (np.nan, np.inf, -np.inf):
+        Y = np.ones((100_000, 3), np.float32)
+        Y[60_000, 0] = value
+        Y[37_123, 2] = value  # the first, in a later warp's rows than row 60,000 of another block
+        assert cb.moments(cupy.asarray(Y))[3] == 37_123
+    with pytest.raises(DataError, match="too large to average in float64"):
+        cb.moments(cupy.full((4, 2), 1e308))

@@ -158,12 +158,12 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
     pkg = Path(daskmeans.__file__).parent
     assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
     files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
-    assert files == ["common.cuh", "select.cu", "small.cu", "update.cu"]
+    assert files == ["common.cuh", "fit.cu", "select.cu", "small.cu"]
     # Each module is the common device code and its kernels, behind the #define header.
     src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
     assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
     assert (pkg / "backends" / "cuda" / "common.cuh").read_text() in src
-    kernels = {m.group(1) for s in (cuda_src.SMALL_SRC, cuda_src.SELECT_SRC, cuda_src.UPDATE_SRC)
+    kernels = {m.group(1) for s in (cuda_src.SMALL_SRC, cuda_src.SELECT_SRC, cuda_src.FIT_SRC)
                for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) |BOUNDS )?(\w+)", s)}
     assert {"fused_small", "reduce_parts", "select_rows", "select_cols", "sorted_sums", "label_hist",
-            "label_scatter", "scatter_by_label", "update_centroids", "sum_parts"} <= kernels, kernels
+            "label_scatter", "scatter_by_label", "update_centroids", "sum_parts", "label_counts", "col_reduce"} <= kernels, kernels

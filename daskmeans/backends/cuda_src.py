@@ -1,7 +1,7 @@
 """CUDA C++ sources of the CuPy backend's kernels, and their compile cache.
 
 The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``,
-``update.cu``); here they get their compile-time ``#define`` header. Pure source text and
+``fit.cu``); here they get their compile-time ``#define`` header. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
 too); the host-side logic that chooses and launches them is :mod:`.gpu_plan` (choices),
 :mod:`.gpu_small`, :mod:`.gpu_gemm` and :mod:`.gpu_sums` (launches).
@@ -37,6 +37,9 @@ The kernels (see that module for when each runs):
     order.
 ``label_counts``
     Rows per label (cluster sizes).
+``col_pass_f32`` / ``col_pass_f64`` / ``col_reduce``
+    The moments pass: per-column sums, largest absolute values, first non-finite row, then
+    sums of squared deviations, each in a fixed order.
 ``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
@@ -59,7 +62,7 @@ def _source(name: str) -> str:
 _COMMON = _source("common.cuh")
 SMALL_SRC = _COMMON + _source("small.cu")
 SELECT_SRC = _COMMON + _source("select.cu")
-UPDATE_SRC = _COMMON + _source("update.cu")
+FIT_SRC = _COMMON + _source("fit.cu")
 
 
 _CACHE: dict = {}
@@ -125,7 +128,7 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
     DFULL) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg), bool(dfull))
     src = small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg, dfull=dfull)
-    return _first(key, lambda: _functions(key, src, ("fused_small", "reduce_parts")), update_kernels)
+    return _first(key, lambda: _functions(key, src, ("fused_small", "reduce_parts")), fit_kernels)
 
 
 def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
@@ -177,7 +180,7 @@ def _compile_select(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, .
 
 
 def _select_module(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    return _first(_select_key(dtype, gemm_dtype, batch), lambda: _compile_select(dtype, gemm_dtype, batch), update_kernels)
+    return _first(_select_key(dtype, gemm_dtype, batch), lambda: _compile_select(dtype, gemm_dtype, batch), fit_kernels)
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
@@ -187,12 +190,15 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     src = select_source(dtype, "float32", rows_per_thread=rows_per_thread)
     # The same pass needs the select module (gemm_prep, the sums) and then the update.
     return _first(key, lambda: _functions(key, src, ("select_cols",)), lambda: _compile_select(dtype, dtype),
-                  update_kernels)[0]
+                  fit_kernels)[0]
 
 
-def update_kernels() -> tuple[Any, Any, Any]:
-    """``(update_centroids, sum_parts, label_counts)`` (no compile-time configuration)."""
-    return _functions(("update",), UPDATE_SRC, ("update_centroids", "sum_parts", "label_counts"))
+FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce")
+
+
+def fit_kernels() -> dict[str, Any]:
+    """The fit module's kernels by name (:data:`FIT_KERNELS`; no compile-time configuration)."""
+    return dict(zip(FIT_KERNELS, _functions(("fit",), FIT_SRC, FIT_KERNELS)))
 
 
 def compile_concurrently(*compiles: Any) -> None:

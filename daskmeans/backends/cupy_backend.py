@@ -30,6 +30,7 @@ from . import cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small
 from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
+from ..errors import DataError
 from .grid import Grid
 
 __all__ = ["Prepared", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "pinned", "prepare",
@@ -152,12 +153,13 @@ _UPDATE_BLOCKS = 1024  # at most; a function of K x D only, so the shift's sum o
 
 def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
     """The Lloyd update from a fit's combined sums: ``(new, shift)`` as in the NumPy backend
-    (the same centroid bits), in one pass over K x d (cuda/update.cu) that also sums the
+    (the same centroid bits), in one pass over K x d (cuda/fit.cu) that also sums the
     squared shift in a fixed order (``shift`` a 0-d device array: no synchronisation)."""
     import cupy
 
     k, d = old.shape
-    update, sum_parts, _ = cuda_src.update_kernels()
+    kern = cuda_src.fit_kernels()
+    update, sum_parts = kern["update_centroids"], kern["sum_parts"]
     new = cupy.empty((k, d), cupy.float64)
     nb = int(max(1, min(_UPDATE_BLOCKS, -(-k * d // 256))))
     part = cupy.empty(nb, cupy.float64)
@@ -172,7 +174,7 @@ def label_counts(labels: Any, k: int) -> Any:
     """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
     import cupy
 
-    kern = cuda_src.update_kernels()[2]
+    kern = cuda_src.fit_kernels()["label_counts"]
     n = labels.shape[0]
     counts = cupy.zeros(k, cupy.uint64)
     shared = k if 4 * k <= gpu_plan.SHARED_BYTES else 0
@@ -192,19 +194,42 @@ def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
     return labels, d2
 
 
+_MOMENT_BLOCKS = 256  # row blocks of the moments pass, at most: the sum order depends on n only
+
+
 def moments(X: Any) -> tuple[Any, Any, Any, int | None]:
     """Per-column mean, sum of squared deviations and largest absolute value (float64, shape
-    (d,) each) of a block, and the index of its first row holding a NaN or infinity (None if
-    all are finite)."""
+    (d,) each) of a block ``X`` ``(n, d)``, and the index of its first row holding a NaN or
+    infinity (None if all are finite): two passes over X (cuda/fit.cu), partial sums added in
+    a fixed order."""
     import cupy
 
-    x = X.astype(cupy.float64)
-    bad_rows = cupy.flatnonzero(~cupy.isfinite(x).all(axis=1))
-    mean = x.mean(axis=0)
-    max_abs = cupy.abs(x).max(axis=0)
-    x -= mean
-    m2 = (x * x).sum(axis=0)
-    return mean, m2, max_abs, int(bad_rows[0]) if bad_rows.size else None
+    n, d = X.shape
+    if n == 0:
+        z = cupy.zeros(d, cupy.float64)
+        return z, z.copy(), z.copy(), None
+    kern = cuda_src.fit_kernels()
+    col_pass = kern["col_pass_f32" if X.dtype == cupy.float32 else "col_pass_f64"]
+    X = cupy.ascontiguousarray(X, dtype=X.dtype if X.dtype in (cupy.float32, cupy.float64) else cupy.float64)
+    nb = int(min(_MOMENT_BLOCKS, -(-n // 256)))
+    rows = -(-n // nb)
+    parts = nb * 8
+    psum, pmax = cupy.empty((parts, d), cupy.float64), cupy.empty((parts, d), cupy.float64)
+    bad = cupy.full((), numpy.iinfo(numpy.uint64).max, cupy.uint64)
+    mean, m2, max_abs = (cupy.empty(d, cupy.float64) for _ in range(3))
+    grid, red = (nb, -(-d // 32)), (-(-d // 256),)
+    scalars = (numpy.int64(n), numpy.int32(d), numpy.int64(rows))
+    col_pass(grid, (256,), (X, *scalars, gpu_device.NULL, psum, pmax, bad))
+    kern["col_reduce"](red, (256,), (psum, numpy.int32(parts), numpy.int32(d), numpy.int32(0), numpy.float64(n), mean))
+    kern["col_reduce"](red, (256,), (pmax, numpy.int32(parts), numpy.int32(d), numpy.int32(1), numpy.float64(1), max_abs))
+    col_pass(grid, (256,), (X, *scalars, mean, psum, gpu_device.NULL, gpu_device.NULL))
+    kern["col_reduce"](red, (256,), (psum, numpy.int32(parts), numpy.int32(d), numpy.int32(0), numpy.float64(1), m2))
+    first = int(bad)
+    if first != numpy.iinfo(numpy.uint64).max:
+        return mean, m2, max_abs, first
+    if not numpy.isfinite(cupy.asnumpy(mean)).all():
+        raise DataError("X has values too large to average in float64 (a column sum overflows); rescale the data")
+    return mean, m2, max_abs, None
 
 
 def sqdistances(X: Any, p: Prepared) -> Any:

@@ -1,4 +1,6 @@
 
+// Kernels of a fit outside the assignment: the moments pass, the update, the cluster sizes.
+
 // The Lloyd update from a fit's combined integer sums, and the squared shift, summed in a fixed
 // order (the same bits on every rank and run; no CUB: its reductions cost seconds of NVRTC on a
 // cold kernel cache). c = s 2^e[j] / (w 2^we) where w > 0, else the old value (as the NumPy
@@ -55,4 +57,59 @@ extern "C" __global__ void __launch_bounds__(256) label_counts(const int* __rest
     __syncthreads();
     for (int i = threadIdx.x; i < SK; i += blockDim.x)
         if (h[i]) atomicAdd(counts + i, (unsigned long long)h[i]);
+}
+
+// The moments pass (per-column mean, sum of squared deviations, largest |x|, first non-finite
+// row) of one block X (n x D) in a fixed order: block (b, y) owns rows [b R, b R + R) and
+// columns 32 y .. 32 y + 31 (lane l: column 32 y + l, so a warp reads 128 consecutive bytes of
+// a row); warp w takes rows b R + w, + 8, ... and writes its partial to part[(8 b + w) D + c].
+// Without mean: sums, largest |x| (pmax) and the first non-finite row (atomicMin into bad);
+// with mean: sums of (x - mean)^2. col_reduce then adds (or takes the largest of) the
+// partials of each column in partial order, dividing by div.
+template <typename V>
+__device__ __forceinline__ void col_pass(const V* __restrict__ X, long long n, int D, long long R,
+                                         const double* __restrict__ mean, double* __restrict__ psum,
+                                         double* __restrict__ pmax, unsigned long long* __restrict__ bad) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.y * 32 + lane;
+    if (c >= D) return;
+    const long long r0 = (long long)blockIdx.x * R, r1 = r0 + R < n ? r0 + R : n;
+    const double mu = mean ? mean[c] : 0.0;
+    double s = 0.0, m = 0.0;
+    unsigned long long first = ~0ull;
+    for (long long r = r0 + w; r < r1; r += 8) {
+        const double v = (double)X[r * D + c];
+        if (mean) {
+            const double t = v - mu;
+            s = fma(t, t, s);
+        } else {
+            s += v;
+            const double a = fabs(v);
+            m = a > m ? a : m;
+            if (!isfinite(v) && first == ~0ull) first = (unsigned long long)r;
+        }
+    }
+    const long long p = ((long long)blockIdx.x * 8 + w) * D + c;
+    psum[p] = s;
+    if (!mean) {
+        pmax[p] = m;
+        if (first != ~0ull) atomicMin(bad, first);
+    }
+}
+#define COL_PASS(NAME, V) extern "C" __global__ void __launch_bounds__(256) NAME( \
+        const V* __restrict__ X, long long n, int D, long long R, const double* __restrict__ mean, \
+        double* __restrict__ psum, double* __restrict__ pmax, unsigned long long* __restrict__ bad) { \
+    col_pass<V>(X, n, D, R, mean, psum, pmax, bad); }
+COL_PASS(col_pass_f32, float)
+COL_PASS(col_pass_f64, double)
+extern "C" __global__ void __launch_bounds__(256) col_reduce(const double* __restrict__ part, int P, int D,
+                                                            int take_max, double div, double* __restrict__ out) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
+        double a = 0.0;
+        for (int p = 0; p < P; ++p) {
+            const double v = part[(long long)p * D + c];
+            a = take_max ? (v > a ? v : a) : a + v;
+        }
+        out[c] = a / div;
+    }
 }
