@@ -40,7 +40,8 @@ The kernels (see that module for when each runs):
 ``col_pass_f32`` / ``col_pass_f64`` / ``col_reduce``
     The moments pass: per-column sums, largest absolute values, first non-finite row, then
     sums of squared deviations, each in a fixed order.
-``label_hist`` / ``label_scatter`` (or ``scatter_by_label``, large K) / ``sorted_sums``
+``label_hist`` / ``label_block_offsets`` / ``label_bases`` / ``label_scatter`` (or
+``scatter_by_label``, large K) / ``sorted_sums``
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
     along runs of equal labels, one atomic add per run and column instead of one per element.
@@ -159,9 +160,11 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
 
 
 def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter)`` for data of
-    ``dtype`` and a GEMM tile of ``gemm_dtype`` (see :func:`select_source`)."""
-    return _select_module(dtype, gemm_dtype, batch)[:5]
+    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter,
+    label_block_offsets, label_bases)`` for data of ``dtype`` and a GEMM tile of
+    ``gemm_dtype`` (see :func:`select_source`)."""
+    m = _select_module(dtype, gemm_dtype, batch)
+    return m[:5] + m[9:]
 
 
 def prep_kernel(dtype: Any, mode: int) -> Any:
@@ -175,7 +178,7 @@ def _select_key(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple:
 
 def _compile_select(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
     names = ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
-             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3")
+             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3", "label_block_offsets", "label_bases")
     return _functions(_select_key(dtype, gemm_dtype, batch), select_source(dtype, gemm_dtype, batch), names)
 
 

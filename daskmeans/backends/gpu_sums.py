@@ -26,21 +26,26 @@ def label_sums(X: Any, labels: Any, w: Any, k: int, grid: Any, C: Any = None, st
     blocks_max = 8 * sm
     perm = cupy.empty(n, cupy.int64)
     slab = cupy.empty(n, cupy.int32)
+    weights = None
     if k <= HIST_MAX_K:
-        # Block-local counters: per-block label histograms, their exclusive scan in (label,
-        # block) order, then each block scatters its rows from its offsets.
-        hist_k, scatter_k = kernels[3], kernels[4]
+        # Block-local counters: per-block label histograms, each label's offsets over the
+        # blocks and its base (an exclusive scan over labels), then each block scatters its
+        # rows. Our own kernels: no CuPy kernel to compile on a cold cache, no host round trip.
+        hist_k, scatter_k, offsets_k, bases_k = kernels[3], kernels[4], kernels[5], kernels[6]
         nblk = int(max(1, min(2 * sm, -(-n // 4096))))
         rows = -(-n // nblk)
         hist = cupy.empty((nblk, k), cupy.int32)
         args = (labels, cupy.int64(n), cupy.int32(k), cupy.int64(rows))
         hist_k((nblk,), (512,), args + (hist,), shared_mem=4 * k)
-        h64 = hist.astype(cupy.int64)
-        counts = h64.sum(axis=0)
-        off = cupy.cumsum(h64, axis=0)
-        off -= h64
-        off += (cupy.cumsum(counts) - counts)[None, :]
-        scatter_k((nblk,), (512,), args + (off, perm, slab), shared_mem=4 * k)
+        off = cupy.empty((nblk, k), cupy.int64)
+        counts = cupy.empty(k, cupy.int64)
+        base = cupy.empty(k, cupy.int64)
+        offsets_k((-(-k // 256),), (256,), (hist, cupy.int32(nblk), cupy.int32(k), off, counts))
+        if w is None:
+            weights = cupy.empty(k, cupy.int64)
+        bases_k((1,), (1024,), (counts, cupy.int32(k), cupy.int32(-grid.wexp if w is None else -1), base,
+                                ptr(weights)))
+        scatter_k((nblk,), (512,), args + (off, base, perm, slab), shared_mem=4 * k)
     else:
         # Global counters. Not cupy.bincount: it synchronises with the host twice (the labels'
         # minimum and maximum), stalling the launches queued behind it.
@@ -54,7 +59,8 @@ def label_sums(X: Any, labels: Any, w: Any, k: int, grid: Any, C: Any = None, st
                                 ptr(stat)))
     counts = counts.astype(cupy.int64, copy=False)
     if w is None:
-        weights = grid.unit_weights(counts)
+        if weights is None:
+            weights = grid.unit_weights(counts)
     else:  # on the grid (integer atomics: any order, the same bits); weights are never negative
         weights = cupy.zeros(k, cupy.uint64)
         cupy.add.at(weights, labels, cupy.rint(w * grid.wscale).astype(cupy.uint64))

@@ -382,12 +382,52 @@ extern "C" __global__ void label_hist(const int* __restrict__ lab, long long n, 
     __syncthreads();
     for (int i = threadIdx.x; i < K; i += blockDim.x) hist[(long long)blockIdx.x * K + i] = (int)h[i];
 }
-// 3. (2 is an exclusive scan on the host: off[b K + k] = rows of labels < k + block b's
-// predecessors' rows of label k.) Each row to off[b K + k] + its rank among block b's rows
-// of label k (in no particular order).
+// 2a. Per label k (a thread each): off[b K + k] = rows of label k in blocks before b, and
+// counts[k] = all rows of label k.
+extern "C" __global__ void label_block_offsets(const int* __restrict__ hist, int nblk, int K,
+                                               long long* __restrict__ off, long long* __restrict__ counts) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x) {
+        long long acc = 0;
+        #pragma unroll 8
+        for (int b = 0; b < nblk; ++b) {
+            off[(long long)b * K + k] = acc;
+            acc += hist[(long long)b * K + k];
+        }
+        counts[k] = acc;
+    }
+}
+// 2b. One block: base[k] = rows of labels < k (an exclusive scan of counts, 1024 labels at a
+// time), and where wshift >= 0 the unit weights counts[k] << wshift (every sample weight 1).
+extern "C" __global__ void __launch_bounds__(1024) label_bases(const long long* __restrict__ counts, int K,
+                                                               int wshift, long long* __restrict__ base,
+                                                               long long* __restrict__ weights) {
+    __shared__ long long sh[1024];
+    long long carry = 0;
+    for (int k0 = 0; k0 < K; k0 += 1024) {
+        const int k = k0 + threadIdx.x;
+        const long long c = k < K ? counts[k] : 0;
+        sh[threadIdx.x] = c;
+        __syncthreads();
+        for (int off = 1; off < 1024; off <<= 1) {  // inclusive Hillis-Steele scan
+            const long long v = threadIdx.x >= off ? sh[threadIdx.x - off] : 0;
+            __syncthreads();
+            sh[threadIdx.x] += v;
+            __syncthreads();
+        }
+        if (k < K) {
+            base[k] = carry + sh[threadIdx.x] - c;
+            if (wshift >= 0) weights[k] = c << wshift;
+        }
+        const long long total = sh[1023];
+        __syncthreads();
+        carry += total;
+    }
+}
+// 3. Each row to base[k] + off[b K + k] + its rank among block b's rows of label k (in no
+// particular order).
 extern "C" __global__ void label_scatter(const int* __restrict__ lab, long long n, int K, long long R,
-                                         const long long* __restrict__ off, long long* __restrict__ perm,
-                                         int* __restrict__ slab) {
+                                         const long long* __restrict__ off, const long long* __restrict__ base,
+                                         long long* __restrict__ perm, int* __restrict__ slab) {
     extern __shared__ unsigned int cur[];
     const long long o = (long long)blockIdx.x * K;
     for (int i = threadIdx.x; i < K; i += blockDim.x) cur[i] = 0u;
@@ -395,7 +435,7 @@ extern "C" __global__ void label_scatter(const int* __restrict__ lab, long long 
     const long long r0 = (long long)blockIdx.x * R, r1 = r0 + R < n ? r0 + R : n;
     for (long long r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
         const int k = lab[r];
-        const long long pos = off[o + k] + atomicAdd(cur + k, 1u);
+        const long long pos = base[k] + off[o + k] + atomicAdd(cur + k, 1u);
         perm[pos] = r;
         slab[pos] = k;
     }
