@@ -24,7 +24,7 @@ import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from t
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
-    python benchmarks/bench_command.py --problems p1,blobs [--repeats 3] [--api] [--out r.json]
+    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--out r.json]
 
 Committed results: ``results/command_<device>.json``.
 """
@@ -43,16 +43,21 @@ import tempfile
 import time
 
 import benchmeta
+import problems
 import numpy as np
 
+def _spec(name: str, **kw) -> dict:
+    n, d, k = problems.SHAPES[name]
+    return dict(n=n, d=d, k=k, **kw)
+
+
 PROBLEMS = {
-    "p1": dict(n=1_000_000, d=100, k=4, fmt="npy", args=["--tol", "1e-4"], sk=True),
-    "p1csv": dict(n=1_000_000, d=100, k=4, fmt="csv", args=["--tol", "1e-4"], sk=True),
-    "blobs": dict(n=100_000, d=2, k=5, fmt="npy", args=["--init", "k-means++", "--seed", "0", "--max-iter", "300",
-                                                       "--tol", "0"], sk=True),
-    "randn1k": dict(n=1_000_000, d=100, k=1000, fmt="npy", args=["--max-iter", "10", "--tol", "0"], sk=False),
-    "p3": dict(n=300_000, d=408, k=5000, fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
-    "p4": dict(n=4_000_000, d=480, k=40_000, fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
+    "p1": _spec("P1", fmt="npy", args=["--tol", "1e-4"], sk=True),
+    "p1csv": _spec("P1", fmt="csv", args=["--tol", "1e-4"], sk=True),
+    "blobs": _spec("blobs", fmt="npy", args=["--init", "k-means++", "--seed", "0", "--max-iter", "300", "--tol", "0"], sk=True),
+    "randn1k": _spec("randn1k", fmt="npy", args=["--max-iter", "10", "--tol", "0"], sk=False),
+    "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
+    "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
 }
 
 SKLEARN = """

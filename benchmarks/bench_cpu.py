@@ -12,7 +12,7 @@ Both libraries first fit a small array once on the same cluster (imports and com
 kernels loaded in the workers, as in any session after its first fit); each whole-fit time
 is the median of ``--repeats`` fits from the same init.
 
-    python benchmarks/bench_cpu.py --out benchmarks/results/cpu_2core.json   # cpu_<cores>core.json
+    python -m benchmarks cpu --out benchmarks/results/cpu_2core.json   # cpu_<cores>core.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ step (cdist, argmin, index_add). Each is timed twice: between device synchronisa
 clock) and between CUDA events of the library doing the work (keys ``*_ev_s``). Writes JSON
 with device, date and commit.
 
-    python benchmarks/bench_gpu_kernels.py [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
+    python -m benchmarks kernels [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
 
 Committed results: ``results/gpu_kernels_<device>.json`` (P4 may run as a second call: each row records its commit).
 
@@ -24,15 +24,10 @@ import json
 import sys
 
 import benchmeta
+import problems
 import numpy as np
 
-PROBLEMS = {
-    "P2": (1_000_000, 100, 1000),
-    "P3": (300_000, 408, 5000),
-    "P4": (4_000_000, 480, 40000),
-    "S1": (1_000_000, 100, 4),
-    "S2": (10_000_000, 2, 8),
-}
+PROBLEMS = problems.pick("P2", "P3", "P4", "S1", "S2")
 
 
 def timeit(fn, reps=10, warm=3):

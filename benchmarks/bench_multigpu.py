@@ -15,7 +15,7 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
 - the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU in the
   generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking).
 
-    python benchmarks/bench_multigpu.py [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
+    python -m benchmarks multigpu [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
         [--chunkings split,irregular] [--out r.json]
 """
 
@@ -28,9 +28,10 @@ import sys
 import time
 
 import benchmeta
+import problems
 import numpy as np
 
-PROBLEMS = {"P3": (300_000, 408, 5000), "P4": (4_000_000, 480, 40_000)}
+PROBLEMS = problems.pick("P3", "P4")
 
 
 def _gen(block_info=None, d=0):

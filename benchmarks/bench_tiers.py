@@ -12,7 +12,7 @@ their floors, measured in the same run.
   ``--device-memory-limit 3GiB``: exit status, the tier printed, centroids bitwise those of the
   unlimited run.
 
-    python benchmarks/bench_tiers.py [--gib 3] [--iters 4] [--p4] [--limits] [--out r.json]
+    python -m benchmarks tiers [--gib 3] [--iters 4] [--p4] [--limits] [--out r.json]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import benchmeta
+import problems
 import numpy as np
 
 
@@ -160,7 +161,7 @@ def main(argv=None):
         print("limits", json.dumps(res["limits"]), flush=True)
 
     if args.p4:
-        n4, d4, k4 = 4_000_000, 480, 40_000
+        n4, d4, k4 = problems.SHAPES["P4"]
         x4 = np.random.default_rng(1).standard_normal((n4, d4), dtype=np.float32)
         init4 = x4[:k4].astype(np.float64)
         p4 = {}

@@ -1,6 +1,6 @@
 """What every benchmark JSON records about where it ran, and the GPU timers of the profiling
-scripts (shared by the bench scripts, which run as ``python benchmarks/<script>.py`` and so
-import this module by its plain name)."""
+scripts (shared by the benchmark scripts, which ``python -m benchmarks SUBCOMMAND`` runs with
+this folder on the path, so they import this module by its plain name)."""
 
 from __future__ import annotations
 

@@ -3,20 +3,21 @@ repeats), for compile-time variants of its configuration, next to the whole step
 (``backends.cupy_backend.assign``, between device synchronisations) and one HBM read of X.
 For planning kernel work on S1/S2.
 
-    python benchmarks/profile_fused_small.py S1 S2
+    python -m benchmarks profile-small S1 S2
 """
 
 import sys
 
 import benchmeta
+import problems
 import cupy
-import dask
 
 from daskmeans.backends.grid import Grid
 from daskmeans.backends import cuda_src
 from daskmeans.backends import cupy_backend as be
+from daskmeans.backends import gpu_device, gpu_plan
 
-PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
+PROBLEMS = problems.pick("S1", "S2")
 
 
 ev, synced = benchmeta.event_ms, benchmeta.synced_ms
@@ -45,22 +46,22 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     Y = cupy.empty_like(X)
     res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}  # noqa: B023
     for cen in ("shared", "registers"):
-        with dask.config.set({"daskmeans.gpu-small-centroids": cen}):
-            p = be.prepare(C, cupy.float32)
-            res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p, grid=grid))  # noqa: B023
-            res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p, grid=grid))  # noqa: B023
+        p = be.prepare(C, cupy.float32, _centroids=cen)
+        res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p, grid=grid))  # noqa: B023
+        res[f"step_{cen}_events_ms"] = ev(lambda: be.assign(X, p, grid=grid))  # noqa: B023
     labels = cupy.empty(n, cupy.int32)
     for lanes, dpl, tred, rows, mb, mode, creg in VARIANTS[name]:
-        kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.cupy_backend._small_config
-        shared = be._shared_bytes(k, lanes, dpl, creg, mode)
+        kacc = k if k * dpl <= 32 else 0  # register accumulators, as in backends.gpu_plan.small_config
+        shared = gpu_plan.shared_bytes(k, lanes, dpl, creg, mode)
         kern = variant(lanes, dpl, kacc, tred and kacc > 0, rows, mb, mode, creg, d == lanes * dpl)
         kern.max_dynamic_shared_size_bytes = shared
-        slots = be._occupancy(kern, 256, shared) * be._sm_count(0)
+        slots = gpu_device.blocks_per_sm(kern, 256, shared) * gpu_device.sm_count(0)
         nb = int(max(1, min(slots, -(-n // (256 // lanes)))))
-        part = cupy.empty((nb, k * d + 2 * k + 2), cupy.float64)
+        part = cupy.empty((nb, k * d + 2 * k + 2), cupy.int64)
         pstat = cupy.empty((nb, 2), cupy.float64)
-        args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, be._NULL, be._NULL, labels, be._NULL,
-                be._NULL if mode == 1 else part, pstat if mode == 1 else be._NULL)
+        null = gpu_device.NULL
+        args = (X, cupy.int64(n), cupy.int32(d), cupy.int32(k), p.c64, null, grid.scales(cupy), cupy.float64(grid.wscale),
+                null, labels, null, null if mode == 1 else part, pstat if mode == 1 else null)
         t = ev(lambda: kern((nb,), (256,), args, shared_mem=shared))  # noqa: B023
         a = kern.attributes
         res[f"L{lanes}_DPL{dpl}_tred{tred}_U{rows}_mb{mb}_mode{mode}_creg{creg}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)

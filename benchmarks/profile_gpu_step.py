@@ -2,20 +2,22 @@
 without sums (GEMM + select), and the whole step; each the median of repeats between device
 synchronisations. For planning kernel work.
 
-    python benchmarks/profile_gpu_step.py P2 P3 [--precision tf32]
+    python -m benchmarks profile-step P2 P3 [--precision tf32]
 """
 
 import sys
 
 import benchmeta
+import problems
 import cupy
 import dask
 import numpy as np
 
 from daskmeans.backends.grid import Grid
 from daskmeans.backends import cupy_backend as be
+from daskmeans.backends import gpu_device, gpu_gemm, gpu_sums
 
-PROBLEMS = {"P2": (1_000_000, 100, 1000), "P3": (300_000, 408, 5000), "S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
+PROBLEMS = problems.pick("P2", "P3", "S1", "S2")
 
 
 def t(fn):
@@ -35,22 +37,22 @@ for name in args or ["P2"]:
     p = be.prepare(C, cupy.float32, precision)
     r = {"whole_ms": t(lambda: be.assign(X, p, grid=grid)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
     if p.small is None:
-        rows = be._tile_rows(p, n)
+        rows = gpu_gemm.tile_rows(p, n)
         buf = cupy.empty((rows, p.a.shape[0]), cupy.float32)
-        xbuf = be._prep_buffer(rows, d, p.mode)
+        xbuf = gpu_gemm.prep_buffer(rows, d, p.mode)
         eb = cupy.empty(n, cupy.float64)
 
         def tile_in(s, prep=True):
             m = min(rows, n - s)
             xt = X[s : s + m] if xbuf is None else xbuf[:m]
             if prep:
-                be._prep(X[s : s + m], p.mode, 0, None if xbuf is None else xt, None, None, eb[s : s + m], p.err)
+                gpu_gemm.prep(X[s : s + m], p.mode, 0, None if xbuf is None else xt, None, None, eb[s : s + m], p.err)
             return xt, m
 
         def gemms():
             for s in range(0, n, rows):
                 xt, m = tile_in(s)
-                be._gemm(p, xt, buf[:m])
+                gpu_gemm.gemm(p, xt, buf[:m])
 
         def preps():
             for s in range(0, n, rows):
@@ -59,8 +61,8 @@ for name in args or ["P2"]:
         r["gemm_mode"] = p.mode
         r["prep_tiles_ms"] = t(preps)
         # Every row in one launch (not what the step does; see docs/performance.md).
-        xall = be._prep_buffer(n, d, p.mode)
-        r["prep_one_launch_ms"] = t(lambda: be._prep(X, p.mode, 0, xall, None, None, eb, p.err))  # noqa: B023
+        xall = gpu_gemm.prep_buffer(n, d, p.mode)
+        r["prep_one_launch_ms"] = t(lambda: gpu_gemm.prep(X, p.mode, 0, xall, None, None, eb, p.err))  # noqa: B023
         del xall
         r["gemm_tiles_ms"] = t(gemms)
         r["tile_rows"] = rows
@@ -68,11 +70,11 @@ for name in args or ["P2"]:
         from daskmeans.backends import cuda_src
 
         kern = cuda_src.select_kernels(X.dtype, p.csq.dtype)[0]
-        be._gemm(p, tile_in(0)[0], buf)
+        gpu_gemm.gemm(p, tile_in(0)[0], buf)
         lab = cupy.empty(rows, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
-                eb[:rows], np.int32(0), be._NULL, be._NULL, lab, be._NULL, stat)
+                eb[:rows], np.int32(0), gpu_device.NULL, gpu_device.NULL, lab, gpu_device.NULL, stat)
         # select_rows variants: B vectors per lane per batch (8: the default) and ch
         # independent top-3 states per lane (2: the default); labels checked against the
         # default's.
@@ -80,7 +82,7 @@ for name in args or ["P2"]:
         for batch, ch in ((8, 2), (8, 1), (8, 4), (4, 2), (6, 2)):
             src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, chains=ch)
             kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
-            nbb = int(min(be._occupancy(kb, 256, 0) * be._sm_count(0), -(-rows // 8)))
+            nbb = int(min(gpu_device.blocks_per_sm(kb, 256, 0) * gpu_device.sm_count(0), -(-rows // 8)))
             ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
             key = "" if ch == 2 else f"_ch{ch}"
             r[f"select_B{batch}{key}_all_tiles_ms"] = ms * n / rows
@@ -92,7 +94,7 @@ for name in args or ["P2"]:
         # select_cols alone on a column-major tile (rows per thread 1, 2, 4).
         ldr = -(-rows // 4) * 4
         bcol = cupy.empty((p.a.shape[0], ldr), cupy.float32)
-        be._gemm(p, tile_in(0)[0], bcol, ldr)
+        gpu_gemm.gemm(p, tile_in(0)[0], bcol, ldr)
         for rpt in (1, 2, 4):
             kc = cuda_src.select_cols_kernel(X.dtype, rpt)
             cargs = (bcol, cupy.int64(ldr), cupy.int32(p.a.shape[0])) + args[2:]
@@ -101,7 +103,7 @@ for name in args or ["P2"]:
                 lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
         del bcol
         labels = be.assign(X, p)["labels"]
-        r["sums_ms"] = benchmeta.event_ms(lambda: be._label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
+        r["sums_ms"] = benchmeta.event_ms(lambda: gpu_sums.label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums
         # with RG rows' loads in flight per lane.
         ev = benchmeta.event_ms
@@ -110,16 +112,16 @@ for name in args or ["P2"]:
         cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
         scatter = cuda_src.select_kernels(X.dtype, X.dtype)[1]
         perm, slab = cupy.empty(n, cupy.int64), cupy.empty(n, cupy.int32)
-        nbs = int(min(8 * be._sm_count(0), -(-n // 256)))
+        nbs = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
         sums = cupy.zeros((k, d), cupy.float64)
         for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM
             src = cuda_src.select_source(X.dtype, X.dtype, sum_rows=rg, sum_min_blocks=mb)
             ss = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("sorted_sums")
-            nbq = int(min(8 * be._sm_count(0), -(-n // 256)))
-            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, p.centroids, sums, stat)
+            nbq = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, p.centroids, sums, stat)
             r[f"sums_sorted_RG{rg}_mb{mb}_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
-            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, be._NULL, be._NULL, sums, be._NULL)
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, gpu_device.NULL, sums, gpu_device.NULL)
             r[f"sums_sorted_RG{rg}_mb{mb}_no_inertia_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
             r[f"sums_sorted_RG{rg}_mb{mb}_regs"] = ss.attributes["num_regs"]
     print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)

@@ -3,19 +3,21 @@ the launch overhead is a visible share of the step: per call, the host time of `
 (no synchronisation, the GPU queue absorbs the work), the step between CUDA events and
 between synchronisations, and the fused kernel alone. For planning kernel work.
 
-    python benchmarks/profile_host_overhead.py S1 S2
+    python -m benchmarks profile-host S1 S2
 """
 
 import sys
 import time
 
 import benchmeta
+import problems
 import cupy
 
 from daskmeans.backends import cupy_backend as be
+from daskmeans.backends import gpu_device, gpu_small
 from daskmeans.backends.grid import Grid
 
-PROBLEMS = {"S1": (1_000_000, 100, 4), "S2": (10_000_000, 2, 8)}
+PROBLEMS = problems.pick("S1", "S2")
 
 
 def host_us(fn, calls=200):
@@ -37,14 +39,14 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
     grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32)
     labels = cupy.empty(n, cupy.int32)
-    kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = be._small_plan(X, p)
+    kern, reduce, shared, nb, width, (n64, d32, k32, nb32, width32, kd32) = gpu_small._plan(X, p)
     part = cupy.empty((nb, width), cupy.int64)
-    kargs = (X, n64, d32, k32, p.c64, be._NULL, grid.scales(cupy), cupy.float64(grid.wscale), be._NULL, labels, be._NULL,
-             part, be._NULL)
+    kargs = (X, n64, d32, k32, p.c64, gpu_device.NULL, grid.scales(cupy), cupy.float64(grid.wscale), gpu_device.NULL, labels, gpu_device.NULL,
+             part, gpu_device.NULL)
     r = {
         "host_assign_us": host_us(lambda: be.assign(X, p, grid=grid)),
         "host_assign_out_labels_us": host_us(lambda: be.assign(X, p, out_labels=labels, grid=grid)),
-        "host_plan_us": host_us(lambda: be._small_plan(X, p)),
+        "host_plan_us": host_us(lambda: gpu_small._plan(X, p)),
         "host_empty_us": host_us(lambda: cupy.empty((nb, width), cupy.float64)),
         "host_launch_us": host_us(lambda: kern((nb,), (256,), kargs, shared_mem=shared)),
         "step_events_ms": benchmeta.event_ms(lambda: be.assign(X, p, grid=grid), reps=30, warm=5),

@@ -119,6 +119,13 @@ def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
             cublas.setPointerMode(h, mode)
 
 
+def tile_rows(p: Prepared, n: int) -> int:
+    """Rows of one GEMM tile for a block of ``n`` rows (:func:`.gpu_plan.tile_rows` within
+    ``daskmeans.gpu-tile-bytes``)."""
+    return gpu_plan.tile_rows(n, p.a.shape[0], p.csq.dtype.itemsize, p.a.shape[1] if p.mode else 0,
+                              p.a.dtype.itemsize, config.get_bytes("gpu-tile-bytes"))
+
+
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:
     """As :func:`.gpu_small.run`, through GEMM tiles and the selection kernels."""
     import cupy
@@ -128,8 +135,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     kpad = p.a.shape[0]
     gdt = p.csq.dtype
     dev = gpu_device.device_id()
-    rows = gpu_plan.tile_rows(n, kpad, gdt.itemsize, p.a.shape[1] if p.mode else 0, p.a.dtype.itemsize,
-                              config.get_bytes("gpu-tile-bytes"))
+    rows = tile_rows(p, n)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(dev), p.precision, p.layout)
     kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
     stat = cupy.zeros(3, cupy.float64)
