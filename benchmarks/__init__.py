@@ -1,4 +1,29 @@
-"""daskmeans' benchmarks: one harness, ``python -m benchmarks SUBCOMMAND [options]`` from the
-repository root (``--help`` lists the subcommands). Problems are in :mod:`benchmarks.problems`;
-results go to ``benchmarks/results/<benchmark>_<device>.json``, one current file per benchmark
-and device kind (git keeps the history)."""
+"""daskmeans' benchmarks: one harness, run from the repository root as
+``python -m benchmarks SUBCOMMAND [options]`` (``--help`` lists the subcommands,
+``SUBCOMMAND --help`` their options).
+
+Subcommands, what each measures, and against which floor (measured in the same run):
+
+- ``kernels``: one GPU kernel step (labels, sums, inertia) on P2-P4, S1, S2, data resident;
+  floors the cuBLAS fp32 and TF32 GEMMs of the same shape, one HBM read of X and a naive
+  PyTorch step.
+- ``command``: whole ``daskmeans fit`` commands (a subprocess, warm and empty kernel cache),
+  split into phases; against scikit-learn's script doing the same.
+- ``multigpu``: P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives;
+  against 1 GPU, with the centroids checked bitwise.
+- ``tiers``: the host and storage tiers; floors the pinned host-to-device copy and the store's
+  read; P4 in the host tier against the device tier; the command under memory limits.
+- ``cpu``: the CPU pipeline per iteration against scikit-learn, whole fits against dask-ml,
+  and the orchestration overhead with 1000 chunks.
+- ``table``: no measurement: the README's performance tables from ``results/`` (``--check``
+  fails where they differ).
+- ``profile-step``, ``profile-small``, ``profile-host``: the GEMM regime's step in pieces, the
+  fused small-K kernel's variants, the host time of a small-K step (printed only, for
+  planning kernel work).
+
+Problems are defined once, in :mod:`benchmarks.problems`. Results: ``--out PATH`` writes JSON
+(:mod:`benchmarks.meta`), ``--merge`` merges a run into an existing file; one current file per
+benchmark and device kind is committed as ``results/<benchmark>_<device>.json`` (git keeps
+the history), and ``python -m benchmarks table`` brings the README up to date with them.
+GPU libraries are imported inside the subcommands, so ``--help`` and ``table`` run anywhere.
+"""

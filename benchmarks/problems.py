@@ -1,23 +1,192 @@
-"""The benchmark problems, defined once: ``(n, d, k)`` by name.
+"""The benchmark problems, each defined once: its shape, what it stresses, and its host data.
 
-P1 is make_classification-style data (1e6 x 100, K = 4, initial centroids rows 1, 3, 6, 8;
-``command.py`` writes it); P2-P4, S1 and S2 are float32 standard normal data (the kernel,
-multi-GPU and tier benchmarks draw it); blobs and randn1k are the whole-command problems of
-the same names. Every benchmark takes its shapes from here.
+Every subcommand takes its problems from here. The host data (:meth:`Problem.data`) are those
+the ``command`` and ``tiers`` benchmarks write and fit; the GPU benchmarks draw ``randn``
+data of the same shapes on the device (``kernels`` through PyTorch, ``multigpu`` per chunk on
+the workers, the profilers with :func:`cupy_randn`), each as its module says.
 """
 
-SHAPES: dict[str, tuple[int, int, int]] = {
-    "P1": (1_000_000, 100, 4),  # the seed problem: small K, the whole command dominates
-    "P2": (1_000_000, 100, 1000),  # moderate K, short rows: the pass over the N x K tile matters
-    "P3": (300_000, 408, 5000),  # GEMM-bound, large K x D
-    "P4": (4_000_000, 480, 40_000),  # 7.7 GB of data, K beyond the block-local sort
-    "S1": (1_000_000, 100, 4),  # the fused small-K kernel: bandwidth and registers
-    "S2": (10_000_000, 2, 8),  # the fused kernel: instructions per row
-    "blobs": (100_000, 2, 5),  # 2-D blobs, up to 300 iterations
-    "randn1k": (1_000_000, 100, 1000),  # K = 1000, 10 iterations
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+# Rows a randn generator draws at a time: P4 is 7.7 GB, and a slice-by-slice draw gives the
+# same values as one draw from the same generator.
+BLOCK_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark problem.
+
+    Attributes
+    ----------
+    name : str
+        Its name in the subcommands' ``--problems`` and in the results.
+    n, d, k : int
+        Rows, features and clusters.
+    description : str
+        What it is and what it stresses, one line.
+    generator : callable, optional
+        ``generator(problem, seed) -> (X, init)``: float32 host data and the initial centroids
+        (None where the fit seeds its own); see :meth:`data`.
+    """
+
+    name: str
+    n: int
+    d: int
+    k: int
+    description: str
+    generator: Callable[[Problem, int], tuple[np.ndarray, np.ndarray | None]] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(n, d, k)``."""
+        return self.n, self.d, self.k
+
+    @property
+    def label(self) -> str:
+        """``"P3 (3e5 x 408, K = 5000)"``: the name and shape, for tables and logs."""
+        return f"{self.name} ({_num(self.n)} x {self.d}, K = {self.k})"
+
+    def data(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """The problem's host data.
+
+        Parameters
+        ----------
+        seed : int
+            The generator's seed (the ``command`` benchmark uses 0, the ``tiers`` P4 fit 1).
+
+        Returns
+        -------
+        X : numpy.ndarray
+            ``(n, d)`` float32.
+        init : numpy.ndarray or None
+            ``(k, d)`` initial centroids, or None where the fit seeds its own (blobs:
+            k-means++).
+        """
+        if self.generator is None:
+            raise ValueError(f"problem {self.name} has no host data generator")
+        return self.generator(self, seed)
+
+    def randn_blocks(self, seed: int, rows: int = BLOCK_ROWS, xp=np) -> Iterator[tuple[int, object]]:
+        """Standard normal float32 rows, ``rows`` at a time from one generator.
+
+        Parameters
+        ----------
+        seed : int
+            Seed of ``xp.random.default_rng``.
+        rows : int
+            Rows per block.
+        xp : module
+            ``numpy``, or ``cupy`` to draw on the GPU (as the ``tiers`` benchmark does).
+
+        Yields
+        ------
+        start : int
+            The block's first row.
+        block : array
+            ``(min(rows, n - start), d)`` float32, of ``xp``.
+        """
+        rng = xp.random.default_rng(seed)
+        for s in range(0, self.n, rows):
+            yield s, rng.standard_normal((min(rows, self.n - s), self.d), dtype=xp.float32)
+
+
+def _num(n: int) -> str:
+    """``1000000 -> "1e6"``, ``300000 -> "3e5"``; other counts as written."""
+    text = f"{n:.0e}".replace("e+0", "e").replace("e+", "e")
+    return text if float(text) == n else f"{n:,}"
+
+
+def _classification(p: Problem, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``make_classification`` (its defaults), float32; init rows 1, 3, 6, 8."""
+    from sklearn.datasets import make_classification
+
+    X = make_classification(n_samples=p.n, n_features=p.d, random_state=seed)[0].astype(np.float32)
+    return X, X[[1, 3, 6, 8]]
+
+
+def _blobs(p: Problem, seed: int) -> tuple[np.ndarray, None]:
+    """scikit-learn's ``make_blobs`` with K centres, float32; the fit seeds its own init."""
+    from sklearn.datasets import make_blobs
+
+    return make_blobs(n_samples=p.n, n_features=p.d, centers=p.k, random_state=seed)[0].astype(np.float32), None
+
+
+def _randn(p: Problem, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Standard normal float32 from ``default_rng(seed)``; init the first K rows."""
+    X = np.empty((p.n, p.d), np.float32)
+    for s, block in p.randn_blocks(seed):
+        X[s : s + len(block)] = block
+    return X, X[: p.k]
+
+
+def cupy_randn(p: Problem):
+    """Unseeded standard normal float32 rows on the GPU (CuPy's global generator) and K of
+    them, drawn without replacement, as float64 centroids: the profilers' data.
+
+    Returns
+    -------
+    X : cupy.ndarray
+        ``(n, d)`` float32.
+    C : cupy.ndarray
+        ``(k, d)`` float64.
+    """
+    import cupy
+
+    X = cupy.random.standard_normal((p.n, p.d), dtype=cupy.float32)
+    return X, X[cupy.random.permutation(p.n)[: p.k]].astype(cupy.float64)
+
+
+PROBLEMS: dict[str, Problem] = {
+    p.name: p
+    for p in (
+        Problem("P1", 1_000_000, 100, 4, "make_classification 1e6 x 100, K = 4, init rows 1, 3, 6, 8: "
+                "small K, the whole command dominates", _classification),
+        Problem("P2", 1_000_000, 100, 1000, "randn, K = 1000, short rows: the pass over the N x K tile matters",
+                _randn),
+        Problem("P3", 300_000, 408, 5000, "randn, GEMM-bound, large K x D", _randn),
+        Problem("P4", 4_000_000, 480, 40_000, "randn, 7.7 GB of data, K beyond the block-local sort", _randn),
+        Problem("S1", 1_000_000, 100, 4, "randn, the fused small-K kernel: bandwidth and registers", _randn),
+        Problem("S2", 10_000_000, 2, 8, "randn, the fused small-K kernel: instructions per row", _randn),
+        Problem("blobs", 100_000, 2, 5, "make_blobs 2-D, K = 5, k-means++ init, up to 300 iterations", _blobs),
+        Problem("randn1k", 1_000_000, 100, 1000, "randn, K = 1000, init the first K rows, 10 iterations", _randn),
+        Problem("cpu", 1_000_000, 100, 256, "randn with a fresh seed per run, K = 4 and 256: the CPU pipeline"),
+        Problem("tiers", 12_582_912, 64, 16, "randn, 3 GiB (--gib) of data-bound K = 16, D = 64: the host and "
+                "storage tiers, data 3x the device budget"),
+        Problem("limits", 30_000_000, 64, 16, "randn (seed 2), a 7.7 GB Zarr through `daskmeans fit` under "
+                "memory limits", _randn),
+    )
 }
 
 
-def pick(*names: str) -> dict[str, tuple[int, int, int]]:
-    """``{name: (n, d, k)}`` for ``names``, in that order."""
-    return {name: SHAPES[name] for name in names}
+def get(name: str) -> Problem:
+    """The problem called ``name``."""
+    try:
+        return PROBLEMS[name]
+    except KeyError:
+        raise KeyError(f"unknown problem {name!r} (known: {', '.join(PROBLEMS)})") from None
+
+
+def pick(*names: str) -> dict[str, Problem]:
+    """``{name: Problem}`` for ``names``, in that order."""
+    return {name: get(name) for name in names}
+
+
+def choose(text: str, allowed: dict[str, Problem]) -> list[Problem]:
+    """The problems of a comma-separated ``--problems`` value, each one of ``allowed``.
+
+    Raises
+    ------
+    ValueError
+        For a name not in ``allowed``.
+    """
+    names = [s for s in text.split(",") if s]
+    bad = [s for s in names if s not in allowed]
+    if bad:
+        raise ValueError(f"unknown problem {bad[0]!r} (choose from {', '.join(allowed)})")
+    return [allowed[s] for s in names]

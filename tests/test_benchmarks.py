@@ -1,20 +1,63 @@
-"""The benchmark harness (no GPU needed): its subcommands, and the problems defined once."""
+"""The benchmark harness, without a GPU: its subcommands, the problems defined once, the results
+writer, and the README's performance tables against the committed results."""
 
+import copy
+import dataclasses
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "cpu", "table", "profile-step", "profile-small",
+               "profile-host")
+GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
-def test_harness_lists_every_subcommand_without_importing_gpu_libraries():
+@pytest.fixture
+def bench(monkeypatch):
+    """The ``benchmarks`` package, imported from the repository root."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import benchmarks.meta
+    import benchmarks.problems
+
+    return benchmarks
+
+
+def test_help_lists_every_subcommand_without_importing_gpu_libraries():
     out = subprocess.run([sys.executable, "-X", "importtime", "-m", "benchmarks", "--help"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
-    for sub in ("kernels", "command", "multigpu", "tiers", "cpu", "profile-step", "profile-small", "profile-host"):
+    for sub in SUBCOMMANDS:
         assert re.search(rf"^  {sub}\s", out.stdout, re.M), sub
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert not imported & {"cupy", "torch", "dask", "daskmeans"}
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & GPU_LIBRARIES
+
+
+def test_every_subcommand_has_help_without_gpu_libraries():
+    """Each subcommand parses its options before importing CuPy, PyTorch, Dask or daskmeans."""
+    script = f"""
+import contextlib, io, sys
+from benchmarks.__main__ import main
+for sub in {SUBCOMMANDS!r}:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([sub, "--help"])
+        except SystemExit as e:
+            assert e.code in (0, None), (sub, e.code)
+    assert f"python -m benchmarks {{sub}}" in out.getvalue(), sub
+    print(sub, "--out" in out.getvalue(), file=sys.stderr)
+print(sorted({{m.split(".")[0] for m in sys.modules}} & {GPU_LIBRARIES!r}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    has_out = dict(line.split() for line in out.stderr.splitlines())
+    for sub in ("kernels", "command", "multigpu", "tiers", "cpu"):
+        assert has_out[sub] == "True", sub
 
 
 def test_unknown_subcommand_is_one_line_and_exit_2():
@@ -23,15 +66,97 @@ def test_unknown_subcommand_is_one_line_and_exit_2():
     assert out.stderr.startswith("unknown subcommand 'kernel'")
 
 
-def test_a_subcommand_runs_its_script_with_its_options():
+def test_a_subcommand_takes_its_own_options():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "cpu", "--help"], cwd=ROOT, capture_output=True,
                          text=True, check=True)
-    assert "--ks" in out.stdout
+    assert "--ks" in out.stdout and "--merge" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "kernels", "--problems", "P9"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown problem 'P9'" in out.stderr
+
+
+def test_readme_performance_tables_match_the_committed_results():
+    """The README's block is what ``python -m benchmarks table`` writes from benchmarks/results/."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "table", "--check"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_table_check_fails_on_a_stale_readme(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace("<!-- performance:end -->", "| stale | row |\n<!-- performance:end -->"))
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "table", "--check", "--readme", str(stale)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert len(out.stderr.strip().splitlines()) == 1 and "differ" in out.stderr
 
 
 def test_problem_shapes_are_defined_once():
     """No benchmark writes a problem's shape itself: each takes it from problems.py."""
-    shapes = r"1_000_000, 100, 1000|300_000, 408, 5000|4_000_000, 480, 40_?000|10_000_000, 2, 8"
+    shapes = (r"1_?000_?000, 100, 1_?000\b|300_?000, 408, 5_?000|4_?000_?000, 480, 40_?000|10_?000_?000, 2, 8"
+              r"|30_?000_?000, 64, 16|n_samples=1_?000_?000")
     for path in (ROOT / "benchmarks").glob("*.py"):
         if path.name != "problems.py":
             assert not re.search(shapes, path.read_text()), path.name
+
+
+def test_problems_shapes_and_sliced_draws(bench):
+    problems = bench.problems
+    assert problems.get("P3").shape == (300_000, 408, 5000)
+    assert problems.get("P4").label == "P4 (4e6 x 480, K = 40000)"
+    # A draw in slices is the draw at once (the tiers benchmark's P4 was drawn at once).
+    small = dataclasses.replace(problems.get("P4"), n=2500, d=7, k=3)
+    X, init = small.data(1)
+    assert np.array_equal(X, np.random.default_rng(1).standard_normal((2500, 7), dtype=np.float32))
+    X2 = np.concatenate([b for _, b in small.randn_blocks(1, rows=1000)])
+    assert np.array_equal(X, X2) and np.array_equal(init, X[:3])
+    X, init = problems.get("blobs").data(0)
+    assert X.shape == (100_000, 2) and X.dtype == np.float32 and init is None
+    with pytest.raises(ValueError, match="unknown problem 'P7'"):
+        problems.choose("P2,P7", problems.pick("P2"))
+
+
+def test_write_stamps_and_merges_rows_by_key(bench, tmp_path):
+    meta = bench.meta
+    layout = meta.Layout(rows={"results": ("problem",)})
+    path = str(tmp_path / "k.json")
+    meta.write({"benchmark": "b", "device": "G", "date": "d1", "commit": "c1",
+                "results": [{"problem": "P2", "t": 1}, {"problem": "P3", "t": 2}]}, path, layout)
+    meta.write({"benchmark": "b", "device": "G", "date": "d2", "commit": "c2",
+                "results": [{"problem": "P3", "t": 3}, {"problem": "P4", "t": 4}]}, path, layout, merge=True)
+    doc = json.loads(Path(path).read_text())
+    assert [(r["problem"], r["t"], r["commit"], r["date"]) for r in doc["results"]] == [
+        ("P2", 1, "c1", "d1"), ("P3", 3, "c2", "d2"), ("P4", 4, "c2", "d2")]
+    assert doc["commit"] == "c2" and doc["date"] == "d2"
+    meta.write({"benchmark": "b", "device": "G", "date": "d3", "commit": "c3", "results": []}, path, layout)
+    assert json.loads(Path(path).read_text())["results"] == []  # without --merge: replaced
+    with pytest.raises(SystemExit, match="device 'G'"):
+        meta.write({"benchmark": "b", "device": "H", "date": "d4", "commit": "c4", "results": []}, path, layout,
+                   merge=True)
+
+
+def test_merge_keeps_the_committed_tiers_structure(bench):
+    """A ``tiers --p4`` run merged into the committed file replaces its p4 part only."""
+    from benchmarks import tiers  # light: its GPU imports are inside functions
+
+    old = json.loads((ROOT / "benchmarks" / "results" / "tiers_h200.json").read_text())
+    new = {"benchmark": "tiers", "device": old["device"], "date": "d", "commit": "c",
+           "p4": {"device": {"iteration_s": 2.0}, "host": {"iteration_s": 2.0}, "host_over_device": 1.0}}
+    bench.meta._stamp(new, tiers.LAYOUT, "c", "d")
+    doc = bench.meta.merged(copy.deepcopy(old), new, tiers.LAYOUT)
+    assert set(doc) == {"benchmark", "device", "date", "throughput", "p4", "limits"}
+    assert doc["throughput"] == old["throughput"] and doc["limits"] == old["limits"]
+    assert doc["p4"]["commit"] == "c" and doc["p4"]["date"] == "d" and doc["date"] == "d"
+
+
+def test_merge_stamps_entries_of_an_older_file_with_its_commit(bench):
+    from benchmarks import command
+
+    old = json.loads((ROOT / "benchmarks" / "results" / "command_h200.json").read_text())
+    new = {"benchmark": "command", "device": old["device"], "date": "d", "commit": "c",
+           "problems": {"p4": {"wall_s": 1.0}}}
+    bench.meta._stamp(new, command.LAYOUT, "c", "d")
+    doc = bench.meta.merged(copy.deepcopy(old), new, command.LAYOUT)
+    assert list(doc["problems"]) == [*old["problems"], "p4"]
+    assert doc["problems"]["p3"]["commit"] == old["commit"] and doc["problems"]["p4"]["commit"] == "c"

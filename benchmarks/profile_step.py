@@ -1,38 +1,33 @@
-"""Where the CuPy kernel step spends its time, by difference: the GEMM tiles alone, the step
-without sums (GEMM + select), and the whole step; each the median of repeats between device
-synchronisations. For planning kernel work.
+"""``python -m benchmarks profile-step``: where the CuPy kernel step spends its time, by
+difference: the GEMM tiles alone, the step without sums (GEMM + select), and the whole step;
+each the median of repeats between device synchronisations; then the select and sums kernels'
+variants alone. For planning kernel work; prints, writes no file.
 
-    python -m benchmarks profile-step P2 P3 [--precision tf32]
+    python -m benchmarks profile-step [P2] [P3] [--precision tf32] [--tile 256MiB]
 """
 
-import sys
 
-import benchmeta
-import problems
-import cupy
-import dask
 import numpy as np
 
-from daskmeans.backends.grid import Grid
-from daskmeans.backends import cupy_backend as be
-from daskmeans.backends import gpu_device, gpu_gemm, gpu_sums
+from benchmarks import meta, problems
 
 PROBLEMS = problems.pick("P2", "P3", "S1", "S2")
 
 
 def t(fn):
-    return benchmeta.synced_ms(fn, reps=10, warm=3)
+    return meta.synced_ms(fn, reps=10, warm=3)
 
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-precision = sys.argv[sys.argv.index("--precision") + 1] if "--precision" in sys.argv else "fp32"
-tile = sys.argv[sys.argv.index("--tile") + 1] if "--tile" in sys.argv else "256MiB"
-args = [a for a in args if a not in (precision, tile)]
-dask.config.set({"daskmeans.gpu-tile-bytes": tile})
-for name in args or ["P2"]:
-    n, d, k = PROBLEMS[name]
-    X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
-    C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+def profile(problem: problems.Problem, precision: str, tile: str) -> None:
+    """Print the step's pieces for ``problem`` (the GEMM regime's pieces where it has them)."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_device, gpu_gemm, gpu_sums
+    from daskmeans.backends.grid import Grid
+
+    name, (n, d, k) = problem.name, problem.shape
+    X, C = problems.cupy_randn(problem)
     grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32, precision)
     r = {"whole_ms": t(lambda: be.assign(X, p, grid=grid)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
@@ -69,7 +64,7 @@ for name in args or ["P2"]:
         # The select kernel alone on one tile (no GEMM running beside it), scaled to all tiles.
         from daskmeans.backends import cuda_src
 
-        kern = cuda_src.select_kernels(X.dtype, p.csq.dtype)[0]
+        cuda_src.select_kernels(X.dtype, p.csq.dtype)  # the default select module, compiled first
         gpu_gemm.gemm(p, tile_in(0)[0], buf)
         lab = cupy.empty(rows, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
@@ -83,7 +78,7 @@ for name in args or ["P2"]:
             src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, chains=ch)
             kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
             nbb = int(min(gpu_device.blocks_per_sm(kb, 256, 0) * gpu_device.sm_count(0), -(-rows // 8)))
-            ms = benchmeta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
+            ms = meta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
             key = "" if ch == 2 else f"_ch{ch}"
             r[f"select_B{batch}{key}_all_tiles_ms"] = ms * n / rows
             if ref_lab is None:
@@ -99,14 +94,14 @@ for name in args or ["P2"]:
             kc = cuda_src.select_cols_kernel(X.dtype, rpt)
             cargs = (bcol, cupy.int64(ldr), cupy.int32(p.a.shape[0])) + args[2:]
             nbc = -(-rows // (32 * rpt))
-            r[f"select_cols{rpt}_all_tiles_ms"] = benchmeta.event_ms(
+            r[f"select_cols{rpt}_all_tiles_ms"] = meta.event_ms(
                 lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
         del bcol
         labels = be.assign(X, p)["labels"]
-        r["sums_ms"] = benchmeta.event_ms(lambda: gpu_sums.label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
+        r["sums_ms"] = meta.event_ms(lambda: gpu_sums.label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums
         # with RG rows' loads in flight per lane.
-        ev = benchmeta.event_ms
+        ev = meta.event_ms
         counts = cupy.bincount(labels, minlength=k)
         r["sums_global_bincount_ms"] = ev(lambda: cupy.bincount(labels, minlength=k))
         cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
@@ -125,3 +120,21 @@ for name in args or ["P2"]:
             r[f"sums_sorted_RG{rg}_mb{mb}_no_inertia_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
             r[f"sums_sorted_RG{rg}_mb{mb}_regs"] = ss.attributes["num_regs"]
     print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)
+
+
+def main(argv=None):
+    ap = meta.parser("profile-step", __doc__)
+    meta.problems_arg(ap, PROBLEMS, "P2")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--tile", default="256MiB", help="daskmeans.gpu-tile-bytes")
+    args = ap.parse_args(argv)
+    chosen = meta.chosen(ap, args.problems)
+    import dask
+
+    dask.config.set({"daskmeans.gpu-tile-bytes": args.tile})
+    for problem in chosen:
+        profile(problem, args.precision, args.tile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""Multi-GPU data plane: P3 and P4 on 1 and 2 GPUs (more where the host has them) in one run.
+"""``python -m benchmarks multigpu``: the multi-GPU data plane, P3 and P4 on 1 and 2 GPUs
+(more where the host has them) in one run.
 
 For each GPU count a ``LocalCUDACluster`` over the first N GPUs; the data are generated on the
 workers chunk by chunk (the same bits whatever N: each chunk's generator is seeded by its
@@ -16,25 +17,28 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
   generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking).
 
     python -m benchmarks multigpu [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
-        [--chunkings split,irregular] [--out r.json]
+        [--chunkings split,irregular] [--out r.json [--merge]]
+
+Committed results: ``results/multigpu_<device>x<gpus>.json``, rows keyed by problem,
+precision, GPU count, collective and chunking, each with its commit and date.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import sys
 import time
 
-import benchmeta
-import problems
 import numpy as np
 
+from benchmarks import meta, problems
+
 PROBLEMS = problems.pick("P3", "P4")
+LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "gpus", "collective", "chunking")})
 
 
 def _gen(block_info=None, d=0):
+    """One chunk of standard normal rows, seeded by the chunk's index (the workers import this
+    module to run it)."""
     import cupy
 
     (r0, r1), _ = block_info[None]["array-location"]
@@ -72,7 +76,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
     from daskmeans.engine.loop import choose_collective, data_moments, run_lloyd
     from daskmeans.placement import place
 
-    n, d, k = PROBLEMS[problem]
+    n, d, k = PROBLEMS[problem].shape
     devices = ",".join(str(i) for i in range(n_gpus))
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, dashboard_address=":0") as lc, Client(lc) as c:
         # Chunked as `daskmeans fit` reads a file for a local GPU cluster (daskmeans.gpu-chunk-bytes).
@@ -111,20 +115,22 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
 
 
 def main(argv=None):
-    import cupy
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="P3,P4")
+    ap = meta.parser("multigpu", __doc__)
+    ap.add_argument("--problems", default="P3,P4", help=f"comma-separated, of {', '.join(PROBLEMS)}")
     ap.add_argument("--gpus", default="1,2")
     ap.add_argument("--precisions", default="fp32,tf32")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--dask-collective", action="store_true", help="also time the Dask collective on the most GPUs")
     ap.add_argument("--chunkings", default="", help="also run 1 GPU in these chunkings (split, irregular)")
-    ap.add_argument("--out", default=None)
+    meta.add_output_options(ap)
     args = ap.parse_args(argv)
+    meta.check_output(ap, args, "multigpu")
+    chosen = meta.chosen(ap, args.problems, PROBLEMS)
+    import cupy
+
     gpus = [int(g) for g in args.gpus.split(",") if int(g) <= cupy.cuda.runtime.getDeviceCount()]
     rows = []
-    for problem in args.problems.split(","):
+    for problem in (p.name for p in chosen):
         for precision in args.precisions.split(","):
             ref = None
             base = None
@@ -148,13 +154,11 @@ def main(argv=None):
         "benchmark": "multigpu",
         "device": f"{len(gpus) and cupy.cuda.runtime.getDeviceCount()} x "
                   + cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": benchmeta.commit(),
+        "date": meta.now(),
+        "commit": meta.commit(),
         "results": rows,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    meta.write(res, args.out, LAYOUT, args.merge)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Whole commands: ``daskmeans fit`` timed as users run it (a subprocess, wall clock), next to
-the sum of its kernel steps and scikit-learn's whole script on the same host, in one run.
+"""``python -m benchmarks command``: ``daskmeans fit`` timed as users run it (a subprocess,
+wall clock), next to the sum of its kernel steps and scikit-learn's whole script on the same
+host, in one run.
 
 Each problem's data is written once (fresh, seeded) to a file; then, alternating with the
 reference script, the command runs ``--repeats`` times with a warm kernel cache and once with
@@ -8,15 +9,16 @@ an empty one (CuPy's and Numba's caches pointed at a new folder). The command's 
 main()), imports, reading, cluster start, placement, data moments, init, iterations (the first
 iteration's excess over the median one is the kernels' compile or load), outputs, close.
 
-Problems (``--problems``, comma-separated):
+Runs (``--problems``, comma-separated), each a problem of :mod:`benchmarks.problems` with its
+data (seed 0) in a file format and the command's options:
 
-- ``p1``: scikit-learn's ``make_classification`` 1e6 x 100 float32 from ``.npy``, K = 4, init
-  rows 1, 3, 6, 8, tol 1e-4 (the seed's P1);
+- ``p1``: P1 (scikit-learn's ``make_classification``) from ``.npy``, init rows 1, 3, 6, 8,
+  tol 1e-4;
 - ``p1csv``: the same rows as a headerless CSV (about 2.4 GB);
-- ``blobs``: 2-D blobs 1e5 x 2, K = 5, k-means++ init, up to 300 iterations, tol 0;
-- ``randn1k``: randn 1e6 x 100, K = 1000, init the first K rows, 10 iterations;
-- ``p3``: randn 3e5 x 408, K = 5000, init the first K rows, 20 iterations;
-- ``p4``: randn 4e6 x 480, K = 40000, init the first K rows, 3 iterations.
+- ``blobs``: 2-D blobs, k-means++ init, up to 300 iterations, tol 0;
+- ``randn1k``: init the first K rows, 10 iterations;
+- ``p3``: P3, init the first K rows, 20 iterations;
+- ``p4``: P4, init the first K rows, 3 iterations.
 
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
@@ -24,15 +26,14 @@ import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from t
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
-    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--out r.json]
+    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--out r.json [--merge]]
 
-Committed results: ``results/command_<device>.json``.
+Committed results: ``results/command_<device>.json`` (``command_cpu_<cores>core.json`` on a
+CPU host), entries keyed by run, each with its commit and date.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import platform
@@ -42,15 +43,17 @@ import sys
 import tempfile
 import time
 
-import benchmeta
-import problems
 import numpy as np
 
+from benchmarks import meta, problems
+
+
 def _spec(name: str, **kw) -> dict:
-    n, d, k = problems.SHAPES[name]
-    return dict(n=n, d=d, k=k, **kw)
+    p = problems.get(name)
+    return dict(problem=p, n=p.n, d=p.d, k=p.k, **kw)
 
 
+# Run name: the problem, its file format, the command's options, whether scikit-learn's script runs too.
 PROBLEMS = {
     "p1": _spec("P1", fmt="npy", args=["--tol", "1e-4"], sk=True),
     "p1csv": _spec("P1", fmt="csv", args=["--tol", "1e-4"], sk=True),
@@ -59,6 +62,7 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
 }
+LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 
 SKLEARN = """
 import sys
@@ -77,23 +81,7 @@ KMeans(k, init=C, n_init=1, max_iter=max_iter, tol=tol, random_state=0).fit(X)
 
 def make_data(name: str, spec: dict, folder: str) -> tuple[str, str | None]:
     """The problem's data file and its init (.npy of centroids, or None for the command's own)."""
-    n, d, k = spec["n"], spec["d"], spec["k"]
-    rng = np.random.default_rng(0)
-    if name.startswith("p1"):
-        from sklearn.datasets import make_classification
-
-        X = make_classification(n_samples=n, n_features=d, random_state=0)[0].astype(np.float32)
-        init = X[[1, 3, 6, 8]]
-    elif name == "blobs":
-        from sklearn.datasets import make_blobs
-
-        X = make_blobs(n_samples=n, n_features=d, centers=k, random_state=0)[0].astype(np.float32)
-        init = None
-    else:
-        X = np.empty((n, d), np.float32)
-        for s in range(0, n, 1 << 20):  # in slices: P4 is 7.7 GB
-            X[s:s + (1 << 20)] = rng.standard_normal((min(1 << 20, n - s), d), dtype=np.float32)
-        init = X[:k]
+    X, init = spec["problem"].data(seed=0)
     path = os.path.join(folder, f"{name}.{spec['fmt']}")
     if spec["fmt"] == "csv":
         np.savetxt(path, X, delimiter=",", fmt="%.7g")
@@ -141,13 +129,11 @@ def api_fit(repeats: int) -> dict:
     """P1 through the Python API on the local cluster daskmeans starts (data already in memory,
     cluster already up) against scikit-learn's fit of the same array, alternating."""
     from sklearn.cluster import KMeans as SkKMeans
-    from sklearn.datasets import make_classification
 
     from daskmeans import KMeans
     from daskmeans.dask_cluster import connect
 
-    X = make_classification(n_samples=1_000_000, n_features=100, random_state=0)[0].astype(np.float32)
-    C = X[[1, 3, 6, 8]]
+    X, C = problems.get("P1").data(seed=0)
     ours, theirs = [], []
     with connect() as client:
         KMeans(4, init=C, max_iter=2, client=client).fit(X[:10000])  # kernels loaded, as after a first fit
@@ -172,18 +158,23 @@ def timed_help() -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="p1,blobs")
+    ap = meta.parser("command", __doc__)
+    ap.add_argument("--problems", default="p1,blobs", help=f"comma-separated, of {', '.join(PROBLEMS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--api", action="store_true", help="also P1 through the Python API (in memory)")
-    ap.add_argument("--out")
+    meta.add_output_options(ap)
     args = ap.parse_args(argv)
-    res = {"benchmark": "command", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": benchmeta.commit(), "machine": platform.machine(), "cores": os.cpu_count(),
-           "device": benchmeta.device_name(), "help_s": timed_help(), "problems": {}}
+    meta.check_output(ap, args, "command")
+    names = [s for s in args.problems.split(",") if s]
+    for name in names:
+        if name not in PROBLEMS:
+            ap.error(f"unknown problem {name!r} (choose from {', '.join(PROBLEMS)})")
+    res = {"benchmark": "command", "date": meta.now(),
+           "commit": meta.commit(), "machine": platform.machine(), "cores": os.cpu_count(),
+           "device": meta.device_name(), "help_s": timed_help(), "problems": {}}
     print(f"daskmeans --help: {res['help_s']:.3f} s", flush=True)
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as warm_cache:
-        for name in args.problems.split(","):
+        for name in names:
             spec = PROBLEMS[name]
             path, ipath = make_data(name, spec, folder)
             with tempfile.TemporaryDirectory() as cold_cache:
@@ -214,11 +205,8 @@ def main(argv=None) -> None:
     if args.api:
         res["api_p1"] = api_fit(args.repeats)
         print("api", json.dumps(res["api_p1"]), flush=True)
-    text = json.dumps(res, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text)
+    meta.write(res, args.out, LAYOUT, args.merge)
+    print(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,39 @@
-"""Out-of-core tiers on one GPU: throughput of the ``host`` and ``storage`` tiers against
-their floors, measured in the same run.
+"""``python -m benchmarks tiers``: out-of-core tiers on one GPU, throughput of the ``host``
+and ``storage`` tiers against their floors, measured in the same run.
 
 - floor of the host tier: a pinned host-to-device copy (CuPy, 1 GiB, median of 5);
 - floor of the storage tier: the Zarr store's read speed (every chunk read and decompressed
   by one thread, as the tier's read-ahead does, page cache as the run finds it);
-- the fit: data-bound K=16, D=64 with the data 3x the device budget (``device_memory_limit``),
-  ``tol=0``, a few iterations; effective throughput = data bytes / median iteration time.
+- the fit (problem ``tiers``): data-bound K=16, D=64 with the data 3x the device budget
+  (``device_memory_limit``), ``tol=0``, a few iterations; effective throughput = data bytes /
+  median iteration time.
 - optionally P4 (4e6 x 480, K=40000) in the device and host tiers (``--p4``);
-- optionally the command under memory limits (``--limits``): ``daskmeans fit`` of a 7.7 GB Zarr
-  (3e7 x 64 float32, K = 16) unlimited, with ``CUPY_GPU_MEMORY_LIMIT=3GiB`` and with
-  ``--device-memory-limit 3GiB``: exit status, the tier printed, centroids bitwise those of the
-  unlimited run.
+- optionally the command under memory limits (``--limits``, problem ``limits``): ``daskmeans
+  fit`` of a 7.7 GB Zarr (3e7 x 64 float32, K = 16) unlimited, with
+  ``CUPY_GPU_MEMORY_LIMIT=3GiB`` and with ``--device-memory-limit 3GiB``: exit status, the tier
+  printed, centroids bitwise those of the unlimited run.
 
-    python -m benchmarks tiers [--gib 3] [--iters 4] [--p4] [--limits] [--out r.json]
+    python -m benchmarks tiers [--gib 3] [--iters 4] [--p4] [--limits] [--skip-tiers] [--out r.json [--merge]]
+
+The results have three parts, ``throughput``, ``p4`` and ``limits``, each with its commit and
+date; ``--merge`` replaces the parts a run measured and keeps the others. Committed results:
+``results/tiers_<device>.json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
+import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
 
-import benchmeta
-import problems
 import numpy as np
+
+from benchmarks import meta, problems
+
+LAYOUT = meta.Layout(parts=("throughput", "p4", "limits"), top_commit=False)
 
 
 def h2d_pinned_gbs(nbytes: int = 2**30) -> float:
@@ -70,16 +76,16 @@ def fit(path_or_x, k, init, iters, **kw):
     return km, float(np.median(secs[1:])), secs
 
 
-def tiers(n: int, d: int, k: int, tmp: str, iters: int) -> dict:
+def tiers(problem: problems.Problem, tmp: str, iters: int) -> dict:
     """The host and storage tiers of a K=16, D=64 fit whose data is 3x the device budget."""
     import cupy
     import zarr
 
+    n, d, k = problem.shape
     path = os.path.join(tmp, "x.zarr")
     z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
-    rng = cupy.random.default_rng(0)
-    for s in range(0, n, 2**20):
-        z[s : s + 2**20] = rng.standard_normal((min(2**20, n - s), d), dtype=cupy.float32).get()
+    for s, block in problem.randn_blocks(0, rows=2**20, xp=cupy):  # drawn on the GPU: 3 GiB in seconds
+        z[s : s + len(block)] = block.get()
     init = z[:k].astype(np.float64)
     nbytes = n * d * 4
     budget = int(nbytes / 3)
@@ -107,12 +113,12 @@ def limits(tmp: str) -> dict:
 
     import zarr
 
-    n, d, k = 30_000_000, 64, 16
+    problem = problems.get("limits")
+    n, d, k = problem.shape
     path = os.path.join(tmp, "big.zarr")
     z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
-    rng = np.random.default_rng(2)
-    for s in range(0, n, 2**20):
-        z[s : s + 2**20] = rng.standard_normal((min(2**20, n - s), d), dtype=np.float32)
+    for s, block in problem.randn_blocks(2, rows=2**20):
+        z[s : s + len(block)] = block
     init = os.path.join(tmp, "big-init.npy")
     np.save(init, z[:k])
     out = {"n": n, "d": d, "k": k, "data_bytes": n * d * 4}
@@ -138,42 +144,40 @@ def limits(tmp: str) -> dict:
 
 
 def main(argv=None):
-    import cupy
-
-    ap = argparse.ArgumentParser()
+    ap = meta.parser("tiers", __doc__)
     ap.add_argument("--gib", type=float, default=3.0, help="data size; the device budget is a third of it")
     ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--p4", action="store_true")
     ap.add_argument("--limits", action="store_true")
     ap.add_argument("--skip-tiers", action="store_true", help="only --p4 / --limits")
-    ap.add_argument("--out", default=None)
+    meta.add_output_options(ap)
     args = ap.parse_args(argv)
-    d, k = 64, 16
-    n = int(args.gib * 2**30 / (d * 4))
+    meta.check_output(ap, args, "tiers")
+    import cupy
+
+    problem = problems.get("tiers")
+    problem = dataclasses.replace(problem, n=int(args.gib * 2**30 / (problem.d * 4)))
     tmp = tempfile.mkdtemp(prefix="daskmeans-tiers-")
     res = {"benchmark": "tiers", "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": benchmeta.commit()}
+           "date": meta.now(), "commit": meta.commit()}
     if not args.skip_tiers:
-        res.update(tiers(n, d, k, tmp, args.iters))
+        res["throughput"] = tiers(problem, tmp, args.iters)
     if args.limits:
         res["limits"] = limits(tmp)
         print("limits", json.dumps(res["limits"]), flush=True)
 
     if args.p4:
-        n4, d4, k4 = problems.SHAPES["P4"]
-        x4 = np.random.default_rng(1).standard_normal((n4, d4), dtype=np.float32)
-        init4 = x4[:k4].astype(np.float64)
+        p4_problem = problems.get("P4")
+        x4, init4 = p4_problem.data(seed=1)
+        init4 = init4.astype(np.float64)
         p4 = {}
         for tier in ("device", "host"):
-            km, it, secs = fit(x4, k4, init4, 3, tier=tier)
+            km, it, secs = fit(x4, p4_problem.k, init4, 3, tier=tier)
             p4[tier] = {"tier": km.tier_, "iteration_s": it, "iterations_s": secs}
         p4["host_over_device"] = p4["host"]["iteration_s"] / p4["device"]["iteration_s"]
         res["p4"] = p4
         print("p4", p4, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    meta.write(res, args.out, LAYOUT, args.merge)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""CPU benchmark (issue: core pipeline), one run on one machine.
+"""``python -m benchmarks cpu``: the CPU pipeline against scikit-learn and dask-ml, one run on
+one machine.
 
 1. Per-iteration time of daskmeans' NumPy path (a 2-worker, 1-thread-per-worker LocalCluster,
-   i.e. all of a 2-core machine) on 1e6 x 100 float32 with K=4 and K=256, against
+   i.e. all of a 2-core machine) on problem ``cpu`` (1e6 x 100 float32) with K=4 and K=256, against
    scikit-learn's Lloyd (all cores) per iteration, same data and initial centroids.
 2. Whole-fit time against dask-ml's KMeans (same data, same init, same max_iter, tol=0).
 3. Orchestration overhead: iteration wall time minus kernel time (the slowest shard's time
@@ -12,42 +13,48 @@ Both libraries first fit a small array once on the same cluster (imports and com
 kernels loaded in the workers, as in any session after its first fit); each whole-fit time
 is the median of ``--repeats`` fits from the same init.
 
-    python -m benchmarks cpu --out benchmarks/results/cpu_2core.json   # cpu_<cores>core.json
+    python -m benchmarks cpu [--n N] [--d D] [--ks 4,256] [--iters 10] [--no-dask-ml] [--repeats 3]
+        [--out benchmarks/results/cpu_<cores>core.json [--merge]]
+
+Rows are keyed by K, each with its commit and date; the ``overhead`` part is replaced by each run.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import platform
 import time
 
-import benchmeta
 import numpy as np
+
+from benchmarks import meta, problems
+
+LAYOUT = meta.Layout(rows={"results": ("k",)}, parts=("overhead",))
 
 
 def main(argv=None):
+    problem = problems.get("cpu")
+    ap = meta.parser("cpu", __doc__)
+    ap.add_argument("--n", type=int, default=problem.n)
+    ap.add_argument("--d", type=int, default=problem.d)
+    ap.add_argument("--ks", default=f"4,{problem.k}", help="comma-separated K values")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--no-dask-ml", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    meta.add_output_options(ap)
+    args = ap.parse_args(argv)
+    meta.check_output(ap, args, "cpu_pipeline")
     import dask.array as da
     from distributed import Client, LocalCluster, wait
     from sklearn.cluster import KMeans as SKKMeans
 
     import daskmeans
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--d", type=int, default=100)
-    ap.add_argument("--ks", default="4,256")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--no-dask-ml", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out")
-    args = ap.parse_args(argv)
     rng = np.random.default_rng(int(time.time()))
     X = rng.standard_normal((args.n, args.d), dtype=np.float32)
-    res = {"benchmark": "cpu_pipeline", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": benchmeta.commit(), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    res = {"benchmark": "cpu_pipeline", "date": meta.now(),
+           "commit": meta.commit(), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "n": args.n, "d": args.d, "max_iter": args.iters, "repeats": args.repeats, "results": []}
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as client:
         Xd = da.from_array(X, chunks=(daskmeans.io.readers.rows_per_chunk(args.d, 4), args.d)).persist()
@@ -103,9 +110,7 @@ def main(argv=None):
             "median_overhead_ms": float(np.median(wall - kern) * 1e3),
         }
         print(json.dumps(res["overhead"]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
+    meta.write(res, args.out, LAYOUT, args.merge)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,15 @@
-"""The fused small-K kernel (``fused_small``) alone, timed with CUDA events (median of
-repeats), for compile-time variants of its configuration, next to the whole step
-(``backends.cupy_backend.assign``, between device synchronisations) and one HBM read of X.
-For planning kernel work on S1/S2.
+"""``python -m benchmarks profile-small``: the fused small-K kernel (``fused_small``) alone,
+timed with CUDA events (median of repeats), for compile-time variants of its configuration,
+next to the whole step (``backends.cupy_backend.assign``, between device synchronisations) and
+one HBM read of X. For planning kernel work on S1/S2; prints, writes no file.
 
-    python -m benchmarks profile-small S1 S2
+    python -m benchmarks profile-small [S1] [S2]
 """
 
-import sys
 
-import benchmeta
-import problems
-import cupy
-
-from daskmeans.backends.grid import Grid
-from daskmeans.backends import cuda_src
-from daskmeans.backends import cupy_backend as be
-from daskmeans.backends import gpu_device, gpu_plan
+from benchmarks import meta, problems
 
 PROBLEMS = problems.pick("S1", "S2")
-
-
-ev, synced = benchmeta.event_ms, benchmeta.synced_ms
-
-
-def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode, creg, dfull):
-    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode, creg, dfull)
-    return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
 
 
 # (L, DPL, TRED, U, min blocks, MODE, CREG) per problem; MODE 1 = labels only (no sums);
@@ -37,14 +21,31 @@ VARIANTS = {
            (1, 2, 0, 4, 3, 0, 1), (1, 2, 0, 8, 3, 0, 1), (1, 2, 0, 4, 1, 1, 0), (1, 2, 0, 4, 1, 1, 1)],
 }
 
-for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
-    n, d, k = PROBLEMS[name]
-    X = cupy.random.standard_normal((n, d), dtype=cupy.float32)
-    C = X[cupy.random.permutation(n)[:k]].astype(cupy.float64)
+
+def variant(lanes, dpl, kacc, tred, rows, min_blocks, mode, creg, dfull):
+    import cupy
+
+    from daskmeans.backends import cuda_src
+
+    src = cuda_src.small_source(cupy.float32, lanes, dpl, kacc, tred, 256, rows, min_blocks, mode, creg, dfull)
+    return cupy.RawModule(code=src, options=("--std=c++17",)).get_function("fused_small")
+
+
+def profile(problem: problems.Problem) -> None:
+    """Print the step, the HBM read and each variant's kernel time for ``problem``."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_device, gpu_plan
+    from daskmeans.backends.grid import Grid
+
+    ev, synced = meta.event_ms, meta.synced_ms
+    name, (n, d, k) = problem.name, problem.shape
+    X, C = problems.cupy_randn(problem)
     grid = Grid.for_block(X)
     p = be.prepare(C, cupy.float32)
     Y = cupy.empty_like(X)
-    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}  # noqa: B023
+    res = {"hbm_read_ms": ev(lambda: cupy.copyto(Y, X)) / 2}
     for cen in ("shared", "registers"):
         p = be.prepare(C, cupy.float32, _centroids=cen)
         res[f"step_{cen}_synced_ms"] = synced(lambda: be.assign(X, p, grid=grid))  # noqa: B023
@@ -66,3 +67,11 @@ for name in [a for a in sys.argv[1:] if a in PROBLEMS] or ["S1"]:
         a = kern.attributes
         res[f"L{lanes}_DPL{dpl}_tred{tred}_U{rows}_mb{mb}_mode{mode}_creg{creg}"] = (round(t, 4), a["num_regs"], a["local_size_bytes"], nb)
     print(name, p.small, res, flush=True)
+
+
+def main(argv=None):
+    meta.profile_main("profile-small", __doc__, PROBLEMS, "S1", profile, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""GPU kernel-step benchmark (issue: GPU engine at the cuBLAS floor).
+"""``python -m benchmarks kernels``: one GPU kernel step against the cuBLAS GEMM floors.
 
 On one GPU, data resident, per iteration: median time (CUDA events, after warm-up, fresh
 random data per problem) of daskmeans' CuPy kernel step (``backends.cupy_backend.assign``) and, in
@@ -8,9 +8,11 @@ step (cdist, argmin, index_add). Each is timed twice: between device synchronisa
 clock) and between CUDA events of the library doing the work (keys ``*_ev_s``). Writes JSON
 with device, date and commit.
 
-    python -m benchmarks kernels [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--out results.json]
+    python -m benchmarks kernels [--problems P2,P3,P4,S1,S2] [--modes fp32,tf32,bf16] [--skip-torch]
+        [--out results/gpu_kernels_<device>.json [--merge]]
 
-Committed results: ``results/gpu_kernels_<device>.json`` (P4 may run as a second call: each row records its commit).
+Committed results: ``results/gpu_kernels_<device>.json``, rows keyed by problem, each with its
+commit and date (P4 may run as a second call with ``--merge``).
 
 Per problem it also records, for each low-precision mode, the fraction of rows the kernel had
 to re-rank exactly and whether its labels equal the fp32 mode's.
@@ -18,16 +20,15 @@ to re-rank exactly and whether its labels equal the fp32 mode's.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import sys
 
-import benchmeta
-import problems
 import numpy as np
 
+from benchmarks import meta, problems
+
 PROBLEMS = problems.pick("P2", "P3", "P4", "S1", "S2")
+LAYOUT = meta.Layout(rows={"results": ("problem",)})
 
 
 def timeit(fn, reps=10, warm=3):
@@ -41,7 +42,7 @@ _REPS: dict = {}
 def _timeit(fn, reps, warm):
     """Median seconds of ``fn`` between full device synchronisations (``cudaDeviceSynchronize``
     waits for CuPy's and PyTorch's streams alike)."""
-    return benchmeta.synced_ms(fn, reps, warm) / 1e3
+    return meta.synced_ms(fn, reps, warm) / 1e3
 
 
 def timeit_events(fn, lib, reps=10, warm=3):
@@ -52,7 +53,7 @@ def timeit_events(fn, lib, reps=10, warm=3):
     other's work: measure each library with its own.)"""
     reps, warm = _REPS.get("reps", reps), _REPS.get("warm", warm)
     if lib == "cupy":
-        return benchmeta.event_ms(fn, reps, warm) / 1e3
+        return meta.event_ms(fn, reps, warm) / 1e3
     import torch
 
     for _ in range(warm):
@@ -84,27 +85,30 @@ def gemm_tiled(X, CT, rows):
 
 
 def main(argv=None):
+    ap = meta.parser("kernels", __doc__)
+    ap.add_argument("--problems", default="P2,P3,P4,S1,S2", help=f"comma-separated, of {', '.join(PROBLEMS)}")
+    ap.add_argument("--modes", default="fp32,tf32,bf16")
+    ap.add_argument("--skip-torch", action="store_true", help="no naive PyTorch step (P4's takes minutes)")
+    meta.add_output_options(ap)
+    args = ap.parse_args(argv)
+    meta.check_output(ap, args, "gpu_kernel_step")
+    chosen = meta.chosen(ap, args.problems, PROBLEMS)
     import cupy
     import torch
 
-    from daskmeans.backends.grid import Grid
     from daskmeans.backends import get_backend
+    from daskmeans.backends.grid import Grid
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="P2,P3,P4,S1,S2")
-    ap.add_argument("--modes", default="fp32,tf32,bf16")
-    ap.add_argument("--skip-torch", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
     be = get_backend("cupy")
     dev = torch.cuda.get_device_name()
     rows_out = []
-    for name in args.problems.split(","):
-        n, d, k = PROBLEMS[name]
+    for problem in chosen:
+        name, (n, d, k) = problem.name, problem.shape
         # P4's fp32 GEMM alone takes seconds: fewer repeats.
         _REPS.clear()
         if name == "P4":
             _REPS.update(reps=3, warm=1)
+        # Seeded by the name's hash, which Python salts per process: fresh data each run.
         g = torch.Generator(device="cuda").manual_seed(hash(name) % 2**31)
         X = torch.randn((n, d), device="cuda", dtype=torch.float32, generator=g)
         C = X[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
@@ -120,7 +124,7 @@ def main(argv=None):
         both(r, "hbm_read_s", lambda: Y.copy_(X), "torch")
         r["hbm_read_s"] /= 2
         r["hbm_read_ev_s"] /= 2
-        del Y, CT
+        Y = CT = None  # freed before the step (assigned, not deleted: the timing lambdas name them)
         Xc, Cc = cupy.from_dlpack(X), cupy.from_dlpack(C)
         grid = Grid.for_block(Xc)  # a fit's grid: computed once, before the loop
         labels = {}
@@ -132,7 +136,7 @@ def main(argv=None):
             r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
             r[f"gemm_inputs_{mode}"] = ["as given", "tf32", "3xtf32", "bf16"][prep.mode]
             r[f"regime_{mode}"] = "fused-small" if prep.small is not None else "gemm-cublas"
-            del out, prep
+            out = prep = None
         for mode in labels:
             if mode != "fp32" and "fp32" in labels:
                 r[f"labels_equal_{mode}_fp32"] = bool((labels[mode] == labels["fp32"]).all())
@@ -161,16 +165,15 @@ def main(argv=None):
                 if "torch_naive_s" in r:
                     r[f"speedup_tf32_vs_torch_naive{ev}"] = r[f"torch_naive{ev}_s"] / tf
         rows_out.append(r)
-        del X, C, Xc, Cc
+        X = C = Xc = Cc = None  # freed before the next problem's data
         torch.cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()
         print(json.dumps(r), flush=True)
-    commit = benchmeta.commit()
     doc = {
         "benchmark": "gpu_kernel_step",
         "device": dev,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
+        "date": meta.now(),
+        "commit": meta.commit(),
         "cupy": cupy.__version__,
         "torch": torch.__version__,
         "results": rows_out,
@@ -189,9 +192,7 @@ def main(argv=None):
             print(f"{r['problem'] + ev:5s} {ms('daskmeans_fp32_s')} {ms('daskmeans_tf32_s')} {ms('gemm_fp32_s')} "
                   f"{ms('gemm_tf32_s')} {ms('hbm_read_s')} {ms('torch_naive_s')} {x('ratio_fp32_vs_gemm_fp32')} "
                   f"{x('ratio_tf32_vs_gemm_tf32')} {x('ratio_fp32_vs_hbm_read')} {r.get('rechecked_tf32', float('nan')):9.4f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    meta.write(doc, args.out, LAYOUT, args.merge)
 
 
 if __name__ == "__main__":
