@@ -154,7 +154,7 @@ def test_every_flag_is_in_the_readme_cli_reference_and_back():
 
     from daskmeans.cli import _parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
 
     def walk(p: argparse.ArgumentParser, path: tuple):

@@ -1,7 +1,7 @@
 """The CuPy backend's planning, which is plain Python (no GPU needed): the regime and the fused
 kernel's configuration for K x D, shared-memory sizes, occupancy, the GEMM's input mode, tile
 rows, the selection layout, and the compile-time choices written into the kernel sources. The
-kernels themselves are tested in tests/gpu."""
+kernels themselves are tested in tests/gpu/test_gpu.py."""
 
 import re
 from pathlib import Path

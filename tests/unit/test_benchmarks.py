@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "cpu", "table", "profile-step", "profile-small",
                "profile-host")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
