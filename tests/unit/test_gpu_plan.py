@@ -167,3 +167,60 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
                for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) |BOUNDS )?(\w+)", s)}
     assert {"fused_small", "reduce_parts", "select_rows", "select_cols", "sorted_sums", "label_hist",
             "label_scatter", "scatter_by_label", "update_centroids", "sum_parts", "label_counts", "col_reduce"} <= kernels, kernels
+
+
+def test_modules_compile_concurrently_and_failures_surface():
+    import threading
+
+    seen = []
+    cuda_src.compile_concurrently(*(lambda i=i: seen.append((i, threading.current_thread().name)) for i in range(3)))
+    assert sorted(i for i, _ in seen) == [0, 1, 2]
+    assert len({name for _, name in seen}) >= 2  # on threads, not one after another
+
+    def broken():
+        raise RuntimeError("nvrtc: error")
+
+    with pytest.raises(RuntimeError, match="nvrtc: error"):
+        cuda_src.compile_concurrently(lambda: None, broken)
+    one = []
+    cuda_src.compile_concurrently(lambda: one.append(1))  # a single compile needs no thread
+    assert one == [1]
+
+
+def test_the_column_select_module_holds_select_cols_alone():
+    import numpy as np
+
+    def kernels(src):
+        # The kernels left after the preprocessor's #ifdef RPT / #ifndef RPT, by a line scan.
+        out, stack = [], []
+        for line in src.splitlines():
+            if line.startswith("#ifndef RPT"):
+                stack.append("RPT" not in _defines(src))
+            elif line.startswith("#ifdef RPT"):
+                stack.append("RPT" in _defines(src))
+            elif line.startswith("#if"):
+                stack.append(True)
+            elif line.startswith("#endif"):
+                stack.pop()
+            elif all(stack):
+                m = re.search(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)', line)
+                out += [m.group(1)] if m else []
+                out += ["gemm_prep"] if line.startswith("PREP(") else []
+        return out
+
+    assert kernels(cuda_src.select_source(np.float32, "float32", rows_per_thread=2)) == ["select_cols"]
+    rows = kernels(cuda_src.select_source(np.float32, np.float32))
+    assert "select_cols" not in rows and {"select_rows", "sorted_sums", "label_bases", "gemm_prep"} <= set(rows)
+
+
+def test_occupancy_is_read_from_the_compiled_kernel_and_cached():
+    from types import SimpleNamespace
+
+    from daskmeans.backends import gpu_device
+
+    kern = SimpleNamespace(attributes={"num_regs": 64, "shared_size_bytes": 0})
+    assert gpu_device.blocks_per_sm(kern, 256, 0) == 4
+    kern.attributes = {"num_regs": 128}
+    assert gpu_device.blocks_per_sm(kern, 256, 0) == 4  # cached per kernel and launch shape
+    assert gpu_device.blocks_per_sm(SimpleNamespace(), 256, 0) == 2  # no attributes: a safe default
+    assert gpu_device.ptr(None) == gpu_device.NULL and gpu_device.ptr(kern) is kern
