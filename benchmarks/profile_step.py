@@ -109,14 +109,16 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
         perm, slab = cupy.empty(n, cupy.int64), cupy.empty(n, cupy.int32)
         nbs = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
-        sums = cupy.zeros((k, d), cupy.float64)
+        sums = cupy.zeros((k, d), cupy.int64)
+        scales = grid.scales(cupy)
         for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM
             src = cuda_src.select_source(X.dtype, X.dtype, sum_rows=rg, sum_min_blocks=mb)
             ss = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("sorted_sums")
             nbq = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
-            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, p.centroids, sums, stat)
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, p.centroids, scales, sums, stat)
             r[f"sums_sorted_RG{rg}_mb{mb}_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
-            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, gpu_device.NULL, sums, gpu_device.NULL)
+            sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, gpu_device.NULL, scales, sums,
+                     gpu_device.NULL)
             r[f"sums_sorted_RG{rg}_mb{mb}_no_inertia_ms"] = ev(lambda: ss((nbq,), (256,), sargs))  # noqa: B023
             r[f"sums_sorted_RG{rg}_mb{mb}_regs"] = ss.attributes["num_regs"]
     print(name, precision, tile, {kk: round(v, 3) for kk, v in r.items()}, flush=True)
