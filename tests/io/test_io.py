@@ -118,8 +118,8 @@ def test_csv_with_header(tmp_path, data):
     path = tmp_path / "h.csv"
     pd.DataFrame(data, columns=list("abcde")).to_csv(path, index=False)
     x = read(str(path))
-    assert x.dtype == np.float64 and x.shape == data.shape
-    np.testing.assert_allclose(x.compute(), data, rtol=1e-15)
+    assert x.dtype == np.float32 and x.shape == data.shape  # CSV reads as float32 by default
+    np.testing.assert_array_equal(x.compute(), data.astype(np.float32))
 
 
 @pytest.mark.parametrize("suffix,delimiter", [(".csv", ","), (".tsv", "\t"), (".txt", ";"), (".txt", " ")])
@@ -128,6 +128,7 @@ def test_csv_without_header(tmp_path, data, suffix, delimiter):
     np.savetxt(path, data, delimiter=delimiter, fmt="%.17g")
     x = read(str(path))
     assert x.shape == data.shape
+    data = data.astype(np.float32)
     np.testing.assert_array_equal(x.compute(), data)
     # positional column names
     np.testing.assert_array_equal(read(str(path), columns=[4, 0]).compute(), data[:, [4, 0]])
@@ -137,16 +138,17 @@ def test_csv_without_header(tmp_path, data, suffix, delimiter):
 def test_csv_gzip(tmp_path, data):
     path = tmp_path / "z.csv.gz"
     pd.DataFrame(data, columns=list("abcde")).to_csv(path, index=False)
-    np.testing.assert_allclose(read(str(path)).compute(), data, rtol=1e-15)
+    np.testing.assert_array_equal(read(str(path)).compute(), data.astype(np.float32))
 
 
 def test_csv_columns_and_drop_columns(labelled_csv, data):
     with pytest.raises(DataError, match=r"column 'label' of .* is not numeric .*--columns or --drop-columns"):
         read(labelled_csv)
-    np.testing.assert_allclose(read(labelled_csv, drop_columns=["label"]).compute(), data, rtol=1e-15)
-    np.testing.assert_allclose(read(labelled_csv, drop_columns=[2]).compute(), data, rtol=1e-15)
-    np.testing.assert_allclose(read(labelled_csv, columns=["e", "a"]).compute(), data[:, [4, 0]], rtol=1e-15)
-    np.testing.assert_allclose(read(labelled_csv, columns=[0, "b", -1]).compute(), data[:, [0, 1, 4]], rtol=1e-15)
+    data = data.astype(np.float32)
+    np.testing.assert_array_equal(read(labelled_csv, drop_columns=["label"]).compute(), data)
+    np.testing.assert_array_equal(read(labelled_csv, drop_columns=[2]).compute(), data)
+    np.testing.assert_array_equal(read(labelled_csv, columns=["e", "a"]).compute(), data[:, [4, 0]])
+    np.testing.assert_array_equal(read(labelled_csv, columns=[0, "b", -1]).compute(), data[:, [0, 1, 4]])
     with pytest.raises(DataError, match=r"column 'zz' is not in .*; columns: \['a', 'b', 'label', 'c', 'd', 'e'\]"):
         read(labelled_csv, columns=["a", "zz"])
     with pytest.raises(DataError, match="not both"):
@@ -203,7 +205,7 @@ def test_csv_chunk_bytes_splits(tmp_path, data):
     x = read(str(path), chunk_bytes=size // 4)
     assert x.numblocks[0] >= 4
     assert sum(x.chunks[0]) == len(data)
-    np.testing.assert_allclose(x.compute(), data, rtol=1e-15)
+    np.testing.assert_array_equal(x.compute(), data.astype(np.float32))
 
 
 # ---------------------------------------------------------------- .npy
@@ -305,10 +307,11 @@ def test_fit_from_paths_equals_fit_from_array(client, tmp_path, data):
     np.save(tmp_path / "a.npy", data)
     zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=data.shape, chunks=(100, 5), dtype="f8")[:] = data
     pd.DataFrame(data, columns=list("abcde")).to_csv(tmp_path / "a.csv", index=False)
-    for src in ["a.npy", "a.zarr", "a.csv"]:
+    ref32 = KMeans(4, init=init, client=client).fit(data.astype(np.float32))  # CSV reads as float32
+    for src, r in [("a.npy", ref), ("a.zarr", ref), ("a.csv", ref32)]:
         km = KMeans(4, init=init, client=client).fit(str(tmp_path / src))
-        np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-9, err_msg=src)
-        np.testing.assert_array_equal(km.labels_.compute(), ref.labels_.compute(), err_msg=src)
+        np.testing.assert_allclose(km.cluster_centers_, r.cluster_centers_, rtol=1e-9, err_msg=src)
+        np.testing.assert_array_equal(km.labels_.compute(), r.labels_.compute(), err_msg=src)
     with pytest.raises(DataError, match="no such file"):
         KMeans(4, client=client).fit(str(tmp_path / "missing.npy"))
 
@@ -490,3 +493,164 @@ def test_split_for_more_workers_reads_only_each_parts_rows(tmp_path, kind):
         np.testing.assert_array_equal(parts[off:].compute(scheduler="sync"), x[off:])
         with pytest.raises(DataError, match=r"c/0/0 .*is missing"):
             parts.blocks[0].compute(scheduler="sync")
+
+
+# ---------------------------------------------------------------- CSV: parallel blocks, float32
+
+
+def _write_csv(path, x, header=None, newline="\n", last_newline=True, fmt="%.18e", delimiter=","):
+    """``x`` as text as ``np.savetxt`` writes it (default format ``%.18e``), with the given
+    line ending, with or without a header line and a line break after the last line."""
+    lines = ([delimiter.join(header)] if header else []) + [delimiter.join(fmt % v for v in row) for row in x]
+    text = newline.join(lines) + (newline if last_newline else "")
+    if str(path).endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "wt", newline="") as f:
+            f.write(text)
+    else:
+        with open(path, "w", newline="") as f:
+            f.write(text)
+    return str(path)
+
+
+def test_csv_toy_read_exactly_as_float32(tmp_path):
+    path = tmp_path / "toy.csv"
+    path.write_text("x,y,z\n1,2.5,-3\n0.1,1e3,-2.5E-2\n\n4,  5,6\n7,8,9\n\n\n")
+    x = read(str(path))
+    assert x.dtype == np.float32 and x.shape == (4, 3) and x.chunks == ((4,), (3,))
+    got = x.compute()
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, np.array([[1, 2.5, -3], [0.1, 1e3, -2.5e-2], [4, 5, 6], [7, 8, 9]], np.float32))
+    np.testing.assert_array_equal(read(str(path), columns=["z", "x"]).compute(), got[:, [2, 0]])
+
+
+@pytest.mark.parametrize("header", [False, True])
+@pytest.mark.parametrize("newline,last_newline", [("\n", True), ("\r\n", True), ("\n", False), ("\r\n", False)])
+def test_csv_blocks_equal_loadtxt(tmp_path, header, newline, last_newline):
+    """A file cut into many blocks (a small ``daskmeans.chunk-bytes``) reads as numpy.loadtxt,
+    every chunk's length known, whatever the line ending and the last line."""
+    import dask
+
+    x = np.random.default_rng(3).standard_normal((997, 7))
+    path = _write_csv(tmp_path / "x.csv", x, header=list("abcdefg") if header else None, newline=newline,
+                      last_newline=last_newline)
+    expected = np.loadtxt(path, delimiter=",", skiprows=int(header)).astype(np.float32)
+    with dask.config.set({"daskmeans.chunk-bytes": 10_000}):  # about 50 lines a block
+        X = read(path)
+    assert X.dtype == np.float32 and X.shape == x.shape
+    assert X.numblocks[0] > 10 and not any(np.isnan(c) for c in X.chunks[0]) and sum(X.chunks[0]) == len(x)
+    np.testing.assert_array_equal(X.compute(), expected)
+    np.testing.assert_array_equal(X.blocks[3].compute(), expected[sum(X.chunks[0][:3]):sum(X.chunks[0][:4])])
+
+
+@pytest.mark.parametrize("header", [False, True])
+def test_csv_gzip_equals_loadtxt(tmp_path, header):
+    """A compressed file cannot be cut: one chunk of known length, the same values."""
+    x = np.random.default_rng(4).standard_normal((500, 4))
+    path = _write_csv(tmp_path / "x.csv.gz", x, header=list("abcd") if header else None, newline="\r\n")
+    X = read(path, chunk_bytes=1000)
+    assert X.chunks == ((500,), (4,))
+    np.testing.assert_array_equal(X.compute(), np.loadtxt(path, delimiter=",", skiprows=int(header)).astype(np.float32))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+def test_csv_blank_lines_anywhere(tmp_path, monkeypatch, suffix):
+    """Blank lines (LF or CRLF) before, between and after the rows, where a block or a counting
+    task's bytes start, and lines of whitespace after the last row, are skipped as before: the
+    chunk lengths count rows, not line breaks."""
+    import gzip
+
+    import dask
+
+    import daskmeans.io.readers as readers
+
+    monkeypatch.setattr(readers, "_COUNT_BYTES", 7)  # line breaks counted 7 bytes a task
+    rows = [f"{i},{-i - 0.5}" for i in range(300)]
+    text = "a,b\n\n" + "".join(r + ("\n\n\r\n" if i % 7 == 0 else "\n") for i, r in enumerate(rows)) + "\n\r\n \n\t\n"
+    path = str(tmp_path / f"b{suffix}")
+    with (gzip.open if suffix.endswith(".gz") else open)(path, "wt", newline="") as f:
+        f.write(text)
+    expected = np.array([[i, -i - 0.5] for i in range(300)], np.float32)
+    for cb in (40, 333, 10**6):
+        with dask.config.set({"daskmeans.chunk-bytes": cb}):
+            X = read(path)
+        assert X.shape == (300, 2)
+        np.testing.assert_array_equal(X.compute(), expected)
+    # A line of whitespace between rows is named, not read as a row or skipped silently.
+    with open(path.replace(".gz", "") + ".ws.csv", "w") as f:
+        f.write("a,b\n1,2\n  \n3,4\n")
+    with pytest.raises(DataError, match=r"ws.csv: line 3 holds whitespace alone, which cannot be read: delete it"):
+        read(path.replace(".gz", "") + ".ws.csv").compute()
+
+
+def test_csv_dtype_option(tmp_path):
+    from daskmeans.errors import InvalidParameterError
+
+    x = np.random.default_rng(5).standard_normal((50, 3))
+    path = _write_csv(tmp_path / "x.csv", x)
+    X = read(path, dtype="float64")
+    assert X.dtype == np.float64
+    np.testing.assert_array_equal(X.compute(), np.loadtxt(path, delimiter=","))
+    import dask
+
+    with dask.config.set({"daskmeans.csv-dtype": "float64"}):
+        assert read(path).dtype == np.float64
+    np.save(tmp_path / "x.npy", x)
+    assert read(str(tmp_path / "x.npy"), dtype=np.float32).dtype == np.float32  # any source
+    with pytest.raises(InvalidParameterError, match=r"dtype='int8' should be float32 or float64"):
+        read(path, dtype="int8")
+
+
+def test_csv_odd_rows_in_a_late_block(tmp_path):
+    """Cells pyarrow's parser refuses, far into the file, read as pandas read them (a short
+    row gives NaN, ' 1.5' a number), and a word is named with its line in the file."""
+    import dask
+
+    lines = [f"{i},{i}.25,{2 * i}" for i in range(2000)]
+    lines[1500] = "7,  8.5"  # short row: the last cell is NaN
+    lines[1700] = "None, 1.5 ,3"
+    (tmp_path / "odd.csv").write_text("a,b,c\n" + "\n".join(lines) + "\n")
+    with dask.config.set({"daskmeans.chunk-bytes": 2000}):
+        X = read(str(tmp_path / "odd.csv"))
+        got = X.compute()
+        assert X.numblocks[0] > 10 and got.shape == (2000, 3)
+        np.testing.assert_array_equal(got[1500], [7, 8.5, np.nan])
+        np.testing.assert_array_equal(got[1700], [np.nan, 1.5, 3])
+        np.testing.assert_array_equal(got[1999], [1999, 1999.25, 3998])
+        lines[1800] = "1,2,oops"
+        (tmp_path / "bad.csv").write_text("a,b,c\n" + "\n".join(lines) + "\n")
+        # The sample parsed in the client (the first MiB) holds it all: refused by read().
+        with pytest.raises(DataError, match=r"column 'c' of .*bad.csv is not numeric \(line 1802 has 'oops'\)"):
+            read(str(tmp_path / "bad.csv"))
+
+
+def test_csv_non_numeric_past_the_sample_names_its_line(tmp_path):
+    n = 120_000  # about 1.5 MB: past the 1 MiB sample parsed in the client
+    lines = [f"{i},{i}.5" for i in range(n)]
+    lines[n - 10] = f"{n},word"
+    (tmp_path / "late.csv").write_text("a,b\n" + "\n".join(lines) + "\n")
+    assert os.path.getsize(tmp_path / "late.csv") > 1.2 * 2**20
+    X = read(str(tmp_path / "late.csv"), chunk_bytes=100_000)
+    assert X.numblocks[0] > 10
+    with pytest.raises(DataError, match=rf"column 'b' of .*late.csv is not numeric \(line {n - 10 + 2} has 'word'\)"):
+        X.compute()
+
+
+def test_csv_whitespace_runs(tmp_path):
+    """Space-delimited files with runs of spaces and leading spaces (aligned columns) read as
+    before; a plain single-space file reads the same."""
+    x = np.array([[1.5, -2, 3], [10, 20.25, -30], [0.5, 0, 7]])
+    (tmp_path / "aligned.txt").write_text("".join("  " + "   ".join(f"{v:8.3f}" for v in r) + "  \n" for r in x))
+    np.testing.assert_array_equal(read(str(tmp_path / "aligned.txt")).compute(), x.astype(np.float32))
+    np.savetxt(tmp_path / "plain.txt", x)
+    np.testing.assert_array_equal(read(str(tmp_path / "plain.txt")).compute(), x.astype(np.float32))
+
+
+def test_csv_changed_after_read_is_refused(tmp_path):
+    path = _write_csv(tmp_path / "x.csv", np.ones((20, 2)))
+    X = read(path)
+    with open(path, "a") as f:
+        f.write("1,2\n")
+    with pytest.raises(DataError, match=r"x.csv changed since it was opened: \d+ bytes, was \d+"):
+        X.compute()
