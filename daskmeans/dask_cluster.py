@@ -197,7 +197,7 @@ def connect(
     if local_uses_gpu(backend):
         if not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
-        if _in_process(gpu_count()):
+        if gpu_in_process(gpu_count()):
             with _local(1, None, dashboard) as client:
                 yield client
             return
@@ -238,6 +238,13 @@ def _in_process(n_workers: int) -> bool:
     if how == "auto":
         return n_workers <= int(config.get("local-threads-max-workers"))
     return how == "threads"
+
+
+def gpu_in_process(n_gpus: int) -> bool:
+    """Whether a local GPU cluster runs its worker in this process: one GPU (``local-cluster``
+    auto or threads); several GPUs take a worker process each (LocalCUDACluster), as a worker
+    thread of this process does not own a device of its own."""
+    return n_gpus == 1 and _in_process(1)
 
 
 @contextlib.contextmanager

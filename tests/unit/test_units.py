@@ -116,3 +116,18 @@ def test_tree_reduce_groups_contiguous_runs_in_order(client):
     assert root.result() == "((ABC)(DE))!"
     with pytest.raises(ValueError, match="split_every=1 should be >= 2"):
         tree_reduce(client, futs, _wrap, "t", split_every=1)
+
+
+@pytest.mark.parametrize("how,n_gpus,expected", [
+    ("auto", 1, True), ("threads", 1, True), ("processes", 1, False),
+    ("auto", 2, False), ("threads", 2, False), ("auto", 8, False),
+])
+def test_only_one_gpu_runs_its_worker_in_process(how, n_gpus, expected):
+    """Several GPUs need a worker process each: an in-process cluster of one worker would
+    leave every GPU but the first idle."""
+    import dask
+
+    from daskmeans import dask_cluster
+
+    with dask.config.set({"daskmeans.local-cluster": how}):
+        assert dask_cluster.gpu_in_process(n_gpus) is expected
