@@ -201,32 +201,9 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _warm_gpu(args) -> None:
-    """On a local one-GPU run, create the device's CUDA context (the driver's start-up, ~0.4 s)
-    on a thread while the command imports its modules and reads the data: the in-process
-    worker then finds it made."""
-    if args.backend == "cpu" or args.scheduler or args.scheduler_file:
-        return
-
-    def warm() -> None:
-        try:
-            from .backends import gpu_count
-            from .dask_cluster import gpu_in_process, scheduler_address
-
-            if scheduler_address(None, None)[0] is None and gpu_in_process(gpu_count()):
-                import cupy
-
-                cupy.cuda.runtime.free(0)  # cudaFree(0): makes the device's primary context
-        except Exception:  # an optimisation only: the fit itself reports a real error
-            pass
-
-    threading.Thread(target=warm, name="daskmeans-cuda-init", daemon=True).start()
-
-
 def _cmd_fit(args) -> int:
     t_main = time.perf_counter()
     phase = Phases()
-    _warm_gpu(args)
     with phase("imports"):
         from .dask_cluster import check_paths_on_workers, describe
         from .errors import DaskmeansError
