@@ -14,7 +14,9 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
   its parts ``collective_s`` (the all-reduce and the statistics' copy to the host) and
   ``update_s`` (empty clusters, the centroid update, the shift);
 - the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU in the
-  generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking).
+  generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking);
+- ``init_s``: the default init (k-means||, seed 0) on the placed data, timed after the loop's
+  warm-up, and ``init_iteration_times``, the same over ``iteration_s`` (``--no-init`` skips it).
 
     python -m benchmarks multigpu [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
         [--chunkings split,irregular] [--out r.json [--merge]]
@@ -67,7 +69,7 @@ def _chunked(X, chunking):
     return X
 
 
-def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
+def run_one(n_gpus, problem, precision, iters, collective, chunking="default", init=True):
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client
@@ -100,6 +102,13 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
             wall = time.perf_counter() - t0
             out[rep] = (res, wall)
         res, wall = out["timed"]
+        init_s = None
+        if init:
+            from daskmeans.seeding import resolve_init
+
+            t0 = time.perf_counter()
+            resolve_init(c, p, "k-means||", k, 0)
+            init_s = time.perf_counter() - t0
         hist = res.history
         it_s = float(np.median([h["seconds"] for h in hist[1:]]))
         kern = float(np.median([h["kernel_seconds"] for h in hist[1:]]))
@@ -111,6 +120,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default"):
             "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": it_s - kern,
             "collective_s": coll, "update_s": upd, "max_empty_clusters": max(h["n_empty"] for h in hist),
             "iteration_wall_s": [h["seconds"] for h in hist], "kernel_wall_s": [h["kernel_seconds"] for h in hist],
+            "init_s": init_s, "init_iteration_times": None if init_s is None else init_s / it_s,
         }, res.centroids
 
 
@@ -122,6 +132,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--dask-collective", action="store_true", help="also time the Dask collective on the most GPUs")
     ap.add_argument("--chunkings", default="", help="also run 1 GPU in these chunkings (split, irregular)")
+    ap.add_argument("--no-init", action="store_true", help="do not time the k-means|| init")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "multigpu")
@@ -139,7 +150,8 @@ def main(argv=None):
                 configs.append((max(gpus), "dask", "default"))
             configs += [(1, "auto", c) for c in args.chunkings.split(",") if c]
             for g, coll, chunking in configs:
-                row, cen = run_one(g, problem, precision, args.iters, coll, chunking)
+                row, cen = run_one(g, problem, precision, args.iters, coll, chunking,
+                                   init=not args.no_init and coll == "auto" and chunking == "default")
                 if ref is None:
                     ref, base = cen, row["iteration_s"]
                 row["bitwise_same_as_1_gpu"] = bool(np.array_equal(cen, ref))
@@ -149,7 +161,9 @@ def main(argv=None):
                       f"kernel {row['kernel_s'] * 1e3:9.2f} ms orchestration {row['orchestration_s'] * 1e3:7.2f} ms "
                       f"(collective {row['collective_s'] * 1e3:.2f}, update {row['update_s'] * 1e3:.2f}, "
                       f"empty {row['max_empty_clusters']}) "
-                      f"speed-up {row['speedup_vs_1_gpu']:.2f} bitwise {row['bitwise_same_as_1_gpu']}", flush=True)
+                      f"speed-up {row['speedup_vs_1_gpu']:.2f} bitwise {row['bitwise_same_as_1_gpu']}"
+                      + (f" init {row['init_s']:.2f} s = {row['init_iteration_times']:.2f} iterations" if row["init_s"] else ""),
+                      flush=True)
     res = {
         "benchmark": "multigpu",
         "device": f"{len(gpus) and cupy.cuda.runtime.getDeviceCount()} x "

@@ -57,8 +57,9 @@ class KMeans:
         ``tol * mean(var(X, axis=0))``. Also stops when no label changes.
     random_state : int, numpy.random.Generator, RandomState or None
         Seed of every random draw; the same seed gives the same result on any cluster layout.
-    oversampling_factor : float, default 2.0
-        k-means|| draws ``oversampling_factor * n_clusters`` points per round.
+    oversampling_factor : float, default 0.5
+        k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
+        about 2.5 candidates per cluster by default; the init's cost grows with it).
     backend : {"auto", "cpu", "gpu"}
         ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
     metric : {"euclidean", "cosine"}, default "euclidean"
@@ -137,7 +138,7 @@ class KMeans:
         max_iter: int = 300,
         tol: float = 1e-4,
         random_state: int | None = None,
-        oversampling_factor: float = 2.0,
+        oversampling_factor: float = 0.5,
         backend: str = "auto",
         metric: str = "euclidean",
         precision: str = "fp32",

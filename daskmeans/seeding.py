@@ -71,14 +71,70 @@ def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_w
     return x[xp.asarray(ids)]
 
 
-def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int) -> Any:
-    """A few weighted Lloyd iterations on a small in-memory set (the k-means|| recluster)."""
+def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
+                 precision: str = "fp32", batches: int = 16) -> Any:
+    """D^2 seeding in batches: k rows of X, each batch drawn with probability proportional to
+    ``w * d^2`` (the squared distance to the nearest row chosen so far), without replacement.
+
+    Batches grow 1, 1, 2, 4, ... up to ``ceil(k / batches)`` rows, so there are about
+    ``batches + log2(k / batches)`` draws, each followed by one distance pass over X against
+    the new rows: the whole seeding costs one assignment of X to k centres, where greedy
+    k-means++ runs k dependent steps (40,000 at K = 40,000). A batch is a weighted draw without
+    replacement by Efraimidis-Spirakis keys ``log(u) / p`` (the largest win); rows of
+    probability 0 (duplicates of chosen rows) are taken only when no other row is left.
+
+    Parameters
+    ----------
+    X : array, shape (n, d), NumPy or CuPy, n >= k
+    k : int
+    seed : int or SeedSequence
+    sample_weight : array, shape (n,), optional
+    precision : GEMM precision of the distance passes (labels and distances are exact in all)
+    batches : int, the number of batches of the largest size
+
+    Returns
+    -------
+    centers : array, shape (k, d), X's dtype and library
+    """
+    be = get_backend(X)
+    xp = be.xp
+    rng = np.random.default_rng(seed)
+    n = X.shape[0]
+    if not 0 < k <= n:
+        raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
+    w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
+    d2 = xp.full(n, xp.inf)
+    chosen = np.zeros(n, bool)
+    picks = []
+    total, cap = 0, max(1, -(-k // batches))
+    while total < k:
+        b = min(max(total, 1), cap, k - total)
+        p = w if total == 0 else w * be.to_numpy(d2)
+        u = 1.0 - rng.random(n)  # in (0, 1]: log(u) is finite
+        live = np.flatnonzero((p > 0) & ~chosen)
+        if len(live) >= b:
+            key = np.log(u[live]) / p[live]
+            pick = np.sort(live[np.argpartition(-key, b - 1)[:b]])
+        else:
+            rest = np.flatnonzero((p <= 0) & ~chosen)
+            pick = np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: b - len(live)]]]))
+        chosen[pick] = True
+        picks.append(pick)
+        total += b
+        if total < k:
+            d2 = xp.minimum(d2, be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
+    return X[xp.asarray(np.concatenate(picks))]
+
+
+def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int, precision: str = "fp32") -> Any:
+    """A few weighted Lloyd iterations on a small in-memory set (the k-means|| recluster):
+    float64 centres ``(k, d)`` from ``centers``; stops early once they no longer move."""
     be = get_backend(X)
     xp = be.xp
     c = xp.asarray(centers, dtype=xp.float64)
     grid = Grid.for_block(X, sample_weight)
     for _ in range(n_iter):
-        out = be.assign(X, be.prepare(c, X.dtype), sample_weight, grid=grid)
+        out = be.assign(X, be.prepare(c, X.dtype, precision), sample_weight, grid=grid)
         sums, weights = float_sums(out)
         nonempty = out["counts"] > 0
         new = xp.where(nonempty[:, None], sums / xp.where(nonempty, weights, 1.0)[:, None], c)
@@ -119,28 +175,49 @@ def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndar
     return _result(client, placement, client.submit(_gather_rows, parts, rows, pure=False))
 
 
+# The distance passes of the init run in TF32 on GPUs: labels and distances are exact in
+# every precision (backends.cupy_backend), so this is the fastest way to the same bits.
+_INIT_PRECISION = "tf32"
+
+
 @dataclass
 class _ParState:
     d2: list  # per block: squared distance to the nearest candidate so far (float64)
+    nearest: list  # per block: that candidate's index in the list of all candidates (int64)
     phi: float  # weighted sum of d2 over the shard
 
 
-def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray) -> _ParState:
+def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray, offset: int) -> _ParState:
+    """Fold the candidates ``new`` (numbered from ``offset``) into each row's nearest candidate:
+    a row keeps an earlier candidate on ties, so the nearest is the first of the nearest in
+    candidate order, as one pass over all of them would find it."""
     be = shard.be
     xp = be.xp
-    d2s, phi = [], 0.0
-    prep = be.prepare(new, shard.dtype) if new.shape[0] else None
+    d2s, near, phi = [], [], 0.0
+    prep = be.prepare(new, shard.dtype, _INIT_PRECISION) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
-        d2 = state.d2[j] if state is not None else xp.full(block.shape[0], xp.inf)
+        if state is not None:
+            d2, nearest = state.d2[j], state.nearest[j]
+        else:
+            d2, nearest = xp.full(block.shape[0], xp.inf), xp.full(block.shape[0], -1, xp.int64)
         if prep is not None:
-            d2 = xp.minimum(d2, be.min_sqdist(block, prep)[1])
+            lab, dn = be.min_sqdist(block, prep)
+            closer = dn < d2
+            d2 = xp.where(closer, dn, d2)
+            nearest = xp.where(closer, lab.astype(xp.int64) + offset, nearest)
         d2s.append(d2)
+        near.append(nearest)
         phi += float(d2.sum() if w is None else d2 @ w.astype(xp.float64))
-    return _ParState(d2s, phi)
+    return _ParState(d2s, near, phi)
+
+
+def _next_offset(offset: int, new: np.ndarray) -> int:
+    return offset + new.shape[0]
 
 
 def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
-    """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``."""
+    """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``, the
+    data in the shard's dtype."""
     be = shard.be
     xp = be.xp
     idx, out = [], []
@@ -151,9 +228,9 @@ def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: in
         pick = np.flatnonzero(row_uniforms(seed, rnd, off, p.shape[0]) < p)
         if len(pick):
             idx.append(off + pick)
-            out.append(be.to_numpy(block[xp.asarray(pick)]).astype(np.float64))
+            out.append(be.to_numpy(block[xp.asarray(pick)]))
     if not out:
-        return np.empty(0, np.int64), np.empty((0, shard.n_features))
+        return np.empty(0, np.int64), np.empty((0, shard.n_features), shard.dtype)
     return np.concatenate(idx), np.concatenate(out)
 
 
@@ -178,22 +255,22 @@ def _concat_by_row(parts: list) -> np.ndarray:
     return data[np.argsort(idx, kind="stable")]
 
 
-def _concat(parts: list) -> np.ndarray:
-    return np.concatenate(parts)
+def _concat(parts: list, dtype: Any) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False)
 
 
 def _phi_total(states: list) -> float:
     return float(sum(s.phi for s in states))
 
 
-def _cand_weights(shard: Shard, cands: np.ndarray) -> np.ndarray:
+def _cand_weights(shard: Shard, state: _ParState, n_cands: int) -> np.ndarray:
+    """Weight of the rows nearest to each candidate, ``(n_cands,)`` float64."""
     be = shard.be
-    prep = be.prepare(cands, shard.dtype)
-    total = np.zeros(cands.shape[0])
-    for _, _, block, w in shard.items():
-        lab = be.to_numpy(be.min_sqdist(block, prep)[0])
-        total += np.bincount(lab, weights=None if w is None else be.to_numpy(w), minlength=cands.shape[0])
-    return total
+    xp = be.xp
+    total = xp.zeros(n_cands, xp.float64)
+    for j, w in enumerate(shard.weights or [None] * len(shard.chunk_ids)):  # no pass over the data
+        total += xp.bincount(state.nearest[j], weights=None if w is None else w.astype(xp.float64), minlength=n_cands)
+    return be.to_numpy(total)
 
 
 def _sum_arrays(items: list) -> np.ndarray:
@@ -201,12 +278,14 @@ def _sum_arrays(items: list) -> np.ndarray:
 
 
 def _recluster(cands: np.ndarray, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
+    """k centres of the weighted candidates: batched D^2 seeding, then weighted Lloyd
+    iterations, on this worker's device (float64 ``(k, d)``)."""
     be = get_backend(backend)
     keep = weights > 0
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
-    c = kmeans_plusplus(x, k, seed, w)
-    c = weighted_lloyd(x, c, w, n_iter)
+    c = seed_batched(x, k, seed, w, precision=_INIT_PRECISION)
+    c = weighted_lloyd(x, c, w, n_iter, precision=_INIT_PRECISION)
     return be.to_numpy(c)
 
 
@@ -251,23 +330,36 @@ def init_kmeans_parallel(
     seed: int,
     *,
     rounds: int | None = None,
-    oversampling_factor: float | None = None,
+    oversampling_factor: float = 0.5,
 ) -> np.ndarray:
     """k-means|| (Bahmani et al. 2012): ``rounds`` rounds drawing each row with probability
     ``min(1, l * w * d^2 / phi)``, ``l = oversampling_factor * k``; the candidates, weighted by
-    the rows nearest to each, are reduced to ``k`` by k-means++ and a few weighted Lloyd
-    iterations on one worker."""
+    the rows nearest to each, are reduced to ``k`` on one worker (:func:`_recluster`).
+
+    Every round is one distance pass of the shards against that round's new candidates only;
+    each row carries its nearest candidate along, so the weights cost no pass of their own.
+    All passes together cost an assignment against ``1 + rounds * l`` centres (2.5 K by
+    default), whatever the number of workers.
+    """
     rounds = int(rounds if rounds is not None else config.get("init.rounds"))
-    ell = float(oversampling_factor if oversampling_factor is not None else config.get("init.oversampling-factor")) * k
+    ell = float(oversampling_factor) * k
     n = placement.n_samples
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
     first = take_rows(client, placement, np.random.default_rng([seed, 0]).integers(0, n, size=1))
-    new = client.scatter(first, hash=False)
+    new = client.scatter(first.astype(placement.dtype), hash=False)
     cand_futs = [new]
     nshard = len(placement.shards)
-    states = [None] * nshard
+    states: list = [None] * nshard
+    offset: Any = 0
+
+    def fold(states: list, new: Any, offset: Any) -> tuple[list, Any]:
+        states = submit_per_shard(client, placement, _par_update, states, [new] * nshard, [offset] * nshard,
+                                  name="daskmeans-kpar-update")
+        return states, client.submit(_next_offset, offset, new, pure=False)
+
     for r in range(1, rounds + 1):
-        states = submit_per_shard(client, placement, _par_update, states, [new] * nshard, name="daskmeans-kpar-update")
+        states, offset = fold(states, new, offset)
+        new = None
         phi = _result(client, placement, client.submit(_phi_total, states, pure=False))
         if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
             break
@@ -277,9 +369,11 @@ def init_kmeans_parallel(
         )
         new = client.submit(_concat_by_row, samples, pure=False)
         cand_futs.append(new)
-    cands = client.submit(_concat, cand_futs, pure=False)
+    if new is not None:  # the last round's draws
+        states, offset = fold(states, new, offset)
+    cands = client.submit(_concat, cand_futs, placement.dtype, pure=False)
     weights = tree_reduce(
-        client, submit_per_shard(client, placement, _cand_weights, [cands] * nshard, name="daskmeans-kpar-weights"),
+        client, submit_per_shard(client, placement, _cand_weights, states, [offset] * nshard, name="daskmeans-kpar-weights"),
         _sum_arrays, name="daskmeans-kpar-wsum",
     )
     n_cand = int(_result(client, placement, client.submit(lambda w: int((w > 0).sum()), weights, pure=False)))
@@ -294,7 +388,7 @@ def init_kmeans_parallel(
 
 
 def resolve_init(
-    client: Client, placement: Placement, init: Any, k: int, seed: int, oversampling_factor: float | None = None
+    client: Client, placement: Placement, init: Any, k: int, seed: int, oversampling_factor: float = 0.5
 ) -> np.ndarray:
     """Initial centroids ``(k, d)`` float64 for an ``init`` spec (name, array or .npy path)."""
     if isinstance(init, str) and init == "k-means||":
