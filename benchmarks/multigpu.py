@@ -69,7 +69,7 @@ def _chunked(X, chunking):
     return X
 
 
-def run_one(n_gpus, problem, precision, iters, collective, chunking="default", init=True):
+def run_one(n_gpus, problem, precision, iters, collective, chunking="default", time_init=True):
     import dask
     from dask_cuda import LocalCUDACluster
     from distributed import Client
@@ -103,7 +103,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", i
             out[rep] = (res, wall)
         res, wall = out["timed"]
         init_s = None
-        if init:
+        if time_init:
             from daskmeans.seeding import resolve_init
 
             t0 = time.perf_counter()
@@ -151,7 +151,7 @@ def main(argv=None):
             configs += [(1, "auto", c) for c in args.chunkings.split(",") if c]
             for g, coll, chunking in configs:
                 row, cen = run_one(g, problem, precision, args.iters, coll, chunking,
-                                   init=not args.no_init and coll == "auto" and chunking == "default")
+                                   time_init=not args.no_init and coll == "auto" and chunking == "default")
                 if ref is None:
                     ref, base = cen, row["iteration_s"]
                 row["bitwise_same_as_1_gpu"] = bool(np.array_equal(cen, ref))
