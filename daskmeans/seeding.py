@@ -71,17 +71,32 @@ def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_w
     return x[xp.asarray(ids)]
 
 
-def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
-                 precision: str = "fp32", batches: int = 16) -> Any:
-    """D^2 seeding in batches: k rows of X, each batch drawn with probability proportional to
-    ``w * d^2`` (the squared distance to the nearest row chosen so far), without replacement.
+def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+    """``m`` rows drawn with probability proportional to ``p`` without replacement
+    (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
+    of probability 0 only when no other row is left. Sorted row indices."""
+    live = np.flatnonzero((p > 0) & ~exclude)
+    if len(live) >= m:
+        key = np.log(u[live]) / p[live]
+        return np.sort(live[np.argpartition(-key, m - 1)[:m]])
+    rest = np.flatnonzero((p <= 0) & ~exclude)
+    return np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: m - len(live)]]]))
 
-    Batches grow 1, 1, 2, 4, ... up to ``ceil(k / batches)`` rows, so there are about
-    ``batches + log2(k / batches)`` draws, each followed by one distance pass over X against
-    the new rows: the whole seeding costs one assignment of X to k centres, where greedy
-    k-means++ runs k dependent steps (40,000 at K = 40,000). A batch is a weighted draw without
-    replacement by Efraimidis-Spirakis keys ``log(u) / p`` (the largest win); rows of
-    probability 0 (duplicates of chosen rows) are taken only when no other row is left.
+
+def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
+                 precision: str = "fp32", batches: int = 256, trials: int | None = None) -> Any:
+    """k-means++ seeding with local trials, in batches: k rows of X.
+
+    Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
+    probability proportional to ``w * d^2`` (the squared distance to the nearest centre so
+    far) and keeps the one that lowers the potential most; k steps depend on each other (40,000
+    at K = 40,000). Here a batch of ``b`` centres draws ``trials * b`` rows without
+    replacement, assigns every row of X to its nearest drawn row, credits each drawn row with
+    the potential its own rows would lose (``w * (d^2 - distance^2)`` where positive), and keeps
+    the ``b`` best. Two draws from one uncovered region split its rows and so its credit,
+    which makes a draw alone in another region win, as greedy steps would. Batches grow 1, 1,
+    2, 4, ... up to ``ceil(k / batches)``; each costs one distance pass of X against its draws
+    and one against its picks.
 
     Parameters
     ----------
@@ -91,6 +106,7 @@ def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weig
     sample_weight : array, shape (n,), optional
     precision : GEMM precision of the distance passes (labels and distances are exact in all)
     batches : int, the number of batches of the largest size
+    trials : int, draws per centre (default ``2 + log(k)``, as scikit-learn)
 
     Returns
     -------
@@ -102,27 +118,33 @@ def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weig
     n = X.shape[0]
     if not 0 < k <= n:
         raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
+    trials = 2 + int(math.log(k)) if trials is None else int(trials)
     w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
-    d2 = xp.full(n, xp.inf)
+    d2 = None
     chosen = np.zeros(n, bool)
     picks = []
     total, cap = 0, max(1, -(-k // batches))
     while total < k:
         b = min(max(total, 1), cap, k - total)
-        p = w if total == 0 else w * be.to_numpy(d2)
         u = 1.0 - rng.random(n)  # in (0, 1]: log(u) is finite
-        live = np.flatnonzero((p > 0) & ~chosen)
-        if len(live) >= b:
-            key = np.log(u[live]) / p[live]
-            pick = np.sort(live[np.argpartition(-key, b - 1)[:b]])
+        if d2 is None:  # the first centre: a row drawn by weight
+            pick = _draw(w, b, u, chosen)
         else:
-            rest = np.flatnonzero((p <= 0) & ~chosen)
-            pick = np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: b - len(live)]]]))
+            p = w * d2
+            draws = _draw(p, min(trials * b, n - total), u, chosen)
+            if len(draws) <= b:
+                pick = draws
+            else:
+                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(draws)], X.dtype, precision))
+                gain = np.bincount(be.to_numpy(lab), weights=w * np.maximum(d2 - be.to_numpy(dn), 0.0),
+                                   minlength=len(draws))
+                pick = np.sort(draws[np.argsort(-gain, kind="stable")[:b]])
         chosen[pick] = True
         picks.append(pick)
         total += b
         if total < k:
-            d2 = xp.minimum(d2, be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
+            dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
+            d2 = dn if d2 is None else np.minimum(d2, dn)
     return X[xp.asarray(np.concatenate(picks))]
 
 
@@ -278,8 +300,9 @@ def _sum_arrays(items: list) -> np.ndarray:
 
 
 def _recluster(cands: np.ndarray, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
-    """k centres of the weighted candidates: batched D^2 seeding, then weighted Lloyd
-    iterations, on this worker's device (float64 ``(k, d)``)."""
+    """k centres of the weighted candidates on this worker's device (float64 ``(k, d)``):
+    k-means++ with local trials in batches (:func:`seed_batched`), then ``n_iter`` weighted
+    Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default)."""
     be = get_backend(backend)
     keep = weights > 0
     x = be.asarray(cands[keep])
