@@ -66,10 +66,18 @@ def pinned(block: Any) -> numpy.ndarray:
     return out
 
 
-def to_numpy(a: Any) -> numpy.ndarray:
+def to_numpy(a: Any, out: numpy.ndarray | None = None) -> numpy.ndarray:
+    """``a`` on the host; into ``out`` where given (page-locked: a direct copy, no staging
+    through a driver buffer as for pageable memory)."""
     import cupy
 
-    return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else numpy.asarray(a)
+    if out is None:
+        return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else numpy.asarray(a)
+    if isinstance(a, cupy.ndarray):
+        a.get(out=out)
+    else:
+        numpy.copyto(out, a)
+    return out
 
 
 def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,

@@ -40,8 +40,11 @@ def pinned(block: Any) -> numpy.ndarray:
     return asarray(block)
 
 
-def to_numpy(a: Any) -> numpy.ndarray:
-    return numpy.asarray(a)
+def to_numpy(a: Any, out: numpy.ndarray | None = None) -> numpy.ndarray:
+    if out is None:
+        return numpy.asarray(a)
+    numpy.copyto(out, a)
+    return out
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ class Backend(Protocol):
     def asarray(self, block: Any, dtype: Any = None) -> Any:
         """``block`` on the backend's device, C-contiguous (and aligned on the host)."""
 
-    def to_numpy(self, a: Any) -> Any:
-        """``a`` as a host NumPy array."""
+    def to_numpy(self, a: Any, out: Any = None) -> Any:
+        """``a`` as a host NumPy array; into ``out`` (a host array of ``a``'s shape and dtype)
+        where given: from a GPU, a page-locked ``out`` (:meth:`pinned`) is copied to directly."""
 
     def pinned(self, block: Any) -> Any:
         """A host copy of ``block`` kept by the ``host`` tier (page-locked for a GPU)."""

@@ -86,6 +86,7 @@ class LoopState:
     segment_start: tuple | None = None
     running: bool = False  # a segment is under way (or was aborted)
     done: bool = False
+    stats_host: Any = None  # host (page-locked on a GPU) copy of each iteration's weights, counts, scalars
 
 
 @dataclass
@@ -207,7 +208,10 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     # One device-to-host copy of the weights, counts and scalars (2K + a few int64): the empty
     # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
     # a synchronisation, and CuPy's CUB reductions seconds of NVRTC on a cold kernel cache).
-    host = be.to_numpy(total[lay.weights.start :])
+    n_host = lay.n - lay.weights.start
+    if st.stats_host is None or st.stats_host.shape[0] != n_host:
+        st.stats_host = be.pinned(np.empty(n_host, np.int64))
+    host = be.to_numpy(total[lay.weights.start :], out=st.stats_host)
     small = host[lay.small - lay.weights.start :]
     t_update = time.perf_counter()
     smallf = small.view(np.float64)

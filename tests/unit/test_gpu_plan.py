@@ -173,9 +173,15 @@ def test_modules_compile_concurrently_and_failures_surface():
     import threading
 
     seen = []
-    cuda_src.compile_concurrently(*(lambda i=i: seen.append((i, threading.current_thread().name)) for i in range(3)))
+    together = threading.Barrier(3, timeout=10)  # run one after another, the first would wait in vain
+
+    def compile_(i):
+        together.wait()
+        seen.append((i, threading.current_thread().name))
+
+    cuda_src.compile_concurrently(*(lambda i=i: compile_(i) for i in range(3)))
     assert sorted(i for i, _ in seen) == [0, 1, 2]
-    assert len({name for _, name in seen}) >= 2  # on threads, not one after another
+    assert len({name for _, name in seen}) == 3  # three threads at once
 
     def broken():
         raise RuntimeError("nvrtc: error")
