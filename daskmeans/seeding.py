@@ -84,7 +84,7 @@ def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarr
 
 
 def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
-                 precision: str = "fp32", batches: int = 256, trials: int | None = None) -> Any:
+                 precision: str = "fp32", batches: int = 128, trials: int | None = None) -> Any:
     """k-means++ seeding with local trials, in batches: k rows of X.
 
     Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
@@ -209,12 +209,14 @@ class _ParState:
     phi: float  # weighted sum of d2 over the shard
 
 
-def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray, offset: int) -> _ParState:
-    """Fold the candidates ``new`` (numbered from ``offset``) into each row's nearest candidate:
-    a row keeps an earlier candidate on ties, so the nearest is the first of the nearest in
-    candidate order, as one pass over all of them would find it."""
+def _par_update(shard: Shard, state: _ParState | None, parts: list, offset: int) -> _ParState:
+    """Fold a round's candidates (``parts``: every shard's draws, :func:`_concat_by_row`;
+    numbered from ``offset``) into each row's nearest candidate: a row keeps an earlier
+    candidate on ties, so the nearest is the first of the nearest in candidate order, as one
+    pass over all of them would find it."""
     be = shard.be
     xp = be.xp
+    new = _concat_by_row(parts)
     d2s, near, phi = [], [], 0.0
     prep = be.prepare(new, shard.dtype, _INIT_PRECISION) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
@@ -233,8 +235,8 @@ def _par_update(shard: Shard, state: _ParState | None, new: np.ndarray, offset: 
     return _ParState(d2s, near, phi)
 
 
-def _next_offset(offset: int, new: np.ndarray) -> int:
-    return offset + new.shape[0]
+def _next_offset(offset: int, parts: list) -> int:
+    return offset + sum(p[0].shape[0] for p in parts)
 
 
 def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
@@ -277,8 +279,9 @@ def _concat_by_row(parts: list) -> np.ndarray:
     return data[np.argsort(idx, kind="stable")]
 
 
-def _concat(parts: list, dtype: Any) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype, copy=False)
+def _candidates(rounds: list, dtype: Any) -> np.ndarray:
+    """Every round's draws (lists of per-shard parts), in candidate order."""
+    return np.concatenate([_concat_by_row(parts) for parts in rounds]).astype(dtype, copy=False)
 
 
 def _phi_total(states: list) -> float:
@@ -299,11 +302,12 @@ def _sum_arrays(items: list) -> np.ndarray:
     return np.sum(items, axis=0)
 
 
-def _recluster(cands: np.ndarray, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
+def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
     """k centres of the weighted candidates on this worker's device (float64 ``(k, d)``):
     k-means++ with local trials in batches (:func:`seed_batched`), then ``n_iter`` weighted
     Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default)."""
     be = get_backend(backend)
+    cands = _candidates(rounds, dtype)
     keep = weights > 0
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
@@ -368,14 +372,17 @@ def init_kmeans_parallel(
     ell = float(oversampling_factor) * k
     n = placement.n_samples
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
-    first = take_rows(client, placement, np.random.default_rng([seed, 0]).integers(0, n, size=1))
-    new = client.scatter(first.astype(placement.dtype), hash=False)
-    cand_futs = [new]
+    row0 = np.random.default_rng([seed, 0]).integers(0, n, size=1)
+    first = take_rows(client, placement, row0)
+    # A round's draws stay where they were drawn, one part per shard: each worker fetches the
+    # others' parts itself (one hop, not two through a concatenating task).
+    new: list | None = [client.scatter((row0, first.astype(placement.dtype)), hash=False)]
+    rounds_drawn = [new]
     nshard = len(placement.shards)
     states: list = [None] * nshard
     offset: Any = 0
 
-    def fold(states: list, new: Any, offset: Any) -> tuple[list, Any]:
+    def fold(states: list, new: list, offset: Any) -> tuple[list, Any]:
         states = submit_per_shard(client, placement, _par_update, states, [new] * nshard, [offset] * nshard,
                                   name="daskmeans-kpar-update")
         return states, client.submit(_next_offset, offset, new, pure=False)
@@ -390,11 +397,10 @@ def init_kmeans_parallel(
             client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
             [r] * nshard, name="daskmeans-kpar-sample",
         )
-        new = client.submit(_concat_by_row, samples, pure=False)
-        cand_futs.append(new)
+        new = samples
+        rounds_drawn.append(new)
     if new is not None:  # the last round's draws
         states, offset = fold(states, new, offset)
-    cands = client.submit(_concat, cand_futs, placement.dtype, pure=False)
     weights = tree_reduce(
         client, submit_per_shard(client, placement, _cand_weights, states, [offset] * nshard, name="daskmeans-kpar-weights"),
         _sum_arrays, name="daskmeans-kpar-wsum",
@@ -404,7 +410,7 @@ def init_kmeans_parallel(
         # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
         return init_kmeans_plusplus(client, placement, k, seed)
     fut = client.submit(
-        _recluster, cands, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
+        _recluster, rounds_drawn, placement.dtype, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
         pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
     )
     return _result(client, placement, fut)

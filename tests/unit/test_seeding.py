@@ -54,7 +54,7 @@ def test_seed_batched_distinct_rows_reproducible_and_seed_dependent():
 
 
 def test_seed_batched_spreads_like_kmeans_plusplus():
-    """40 tight, far-apart blobs and k = 40. In batches of one row (the default up to k = 256)
+    """40 tight, far-apart blobs and k = 40. In batches of one row (the default up to k = 128)
     the seeding is greedy k-means++ with local trials and finds every blob; in batches of up
     to 3 rows (``batches=16``) it still covers far more blobs than a uniform draw of 40 rows
     (about 26 of 40 here)."""
@@ -85,8 +85,8 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
     batches = [X[[11]], X[rng.choice(500, 7)], X[rng.choice(500, 5)], X[[11, 12]]]  # repeats across batches
     shard = _shard(X, [123, 300], w)
     state, offset = None, 0
-    for b in batches:
-        state = _par_update(shard, state, b, offset)
+    for b in batches:  # one round's draws, as a single shard's part: (global rows, data)
+        state = _par_update(shard, state, [(np.arange(offset, offset + len(b)), b)], offset)
         offset += b.shape[0]
     allc = np.concatenate(batches)
     d = ((X[:, None, :] - allc[None]) ** 2).sum(-1)
