@@ -1,0 +1,71 @@
+"""The Dask collective (engine.collective.DaskCollective) on real worker processes: exact sums
+for any length and piece size (slices of unequal length, empty ones, several pieces), calls
+that never mix, and waits that end when the client aborts the fit."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from daskmeans.engine import collective as coll
+
+
+def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:
+    rng = np.random.default_rng([rank, n])
+    return [rng.integers(-(2**60), 2**60, n, dtype=np.int64) for _ in range(calls)]
+
+
+def _allreduce_task(rank, spec, n, calls, piece_bytes):
+    from distributed import get_worker
+
+    c = coll.open_collective(spec, rank, get_worker())
+    if piece_bytes is not None:
+        c.piece_bytes = piece_bytes  # this collective only (released at the test's end)
+    return [c.allreduce(buf) for buf in _buffers(rank, n, calls)]
+
+
+@pytest.mark.parametrize(
+    "n, piece_bytes",
+    [
+        (2, None),  # shorter than the rank count: one piece, rank 0 sums it
+        (2, 8),  # one element a piece: rank 0's slice is empty
+        (7, 16),  # slices of 2, 2 and 3 elements, in pieces of 2
+        (1000, 8 * 50),  # slices of 333, 333 and 334 elements, in pieces of 50
+        (3 * 2**18 + 1, None),  # 6 MB, this host's default pieces
+        (3 * 2**18 + 1, 2 << 20),  # 6 MB: slices of several 2 MB pieces, sent from the sender thread
+    ],
+)
+def test_dask_collective_sums_exactly_over_three_workers(client3, n, piece_bytes):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    assert len(ws) == 3
+    fit_id = f"t-exact-{n}-{piece_bytes}"
+    spec = coll.CollectiveSpec(fit_id, 0, tuple(ws), "dask", timeout=60)
+    calls = 3  # consecutive calls of one collective: their messages never mix
+    futs = [client3.submit(_allreduce_task, r, spec, n, calls, piece_bytes, workers=[w], pure=False)
+            for r, w in enumerate(ws)]
+    outs = client3.gather(futs)
+    client3.run(coll.release, fit_id)
+    expected = [sum(parts) for parts in zip(*(_buffers(r, n, calls) for r in range(3)))]
+    for rank_outs in outs:
+        for got, want in zip(rank_outs, expected):
+            assert got.dtype == np.int64 and got.shape == (n,)
+            assert np.array_equal(got, want)
+
+
+def test_dask_collective_send_wait_ends_on_abort(client3):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    # Rank 0 is an address nobody listens on: rank 1's sends to it keep trying to connect
+    # while rank 1 waits for rank 0's part of its slice; the client's abort ends both.
+    spec = coll.CollectiveSpec("t-abort-large", 0, ("tcp://127.0.0.1:9", ws[1]), "dask", timeout=120)
+    fut = client3.submit(_allreduce_task, 1, spec, 2**18, 1, 2**16, workers=[ws[1]], pure=False)
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    client3.run(coll.abort, "t-abort-large")
+    with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort-large \(placement 0\) aborted by the client"):
+        fut.result(timeout=30)
+    assert time.perf_counter() - t0 < 5
+    client3.run(coll.release, "t-abort-large")
