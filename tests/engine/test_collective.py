@@ -55,17 +55,37 @@ def test_dask_collective_sums_exactly_over_three_workers(client3, n, piece_bytes
             assert np.array_equal(got, want)
 
 
-def test_dask_collective_send_wait_ends_on_abort(client3):
+@pytest.mark.parametrize(
+    "ranks, n, piece_bytes",
+    [
+        # Rank 1 of 2 waits for rank 0, which never runs.
+        ("live", 3, None),
+        # Rank 0 is an address nobody listens on: rank 1's sends to it keep trying to connect
+        # while rank 1 waits for rank 0's part of its slice.
+        ("dead", 2**18, 2**16),
+    ],
+)
+def test_dask_collective_wait_ends_on_abort(client3, ranks, n, piece_bytes):
     client3.run(coll.install_mailbox)
     ws = sorted(client3.nthreads())
-    # Rank 0 is an address nobody listens on: rank 1's sends to it keep trying to connect
-    # while rank 1 waits for rank 0's part of its slice; the client's abort ends both.
-    spec = coll.CollectiveSpec("t-abort-large", 0, ("tcp://127.0.0.1:9", ws[1]), "dask", timeout=120)
-    fut = client3.submit(_allreduce_task, 1, spec, 2**18, 1, 2**16, workers=[ws[1]], pure=False)
+    fit_id = f"t-abort-{ranks}"
+    peers = tuple(ws[:2]) if ranks == "live" else ("tcp://127.0.0.1:9", ws[1])
+    spec = coll.CollectiveSpec(fit_id, 0, peers, "dask", timeout=120)
+    fut = client3.submit(_allreduce_task, 1, spec, n, 1, piece_bytes, workers=[ws[1]], pure=False)
     time.sleep(1.0)
     t0 = time.perf_counter()
-    client3.run(coll.abort, "t-abort-large")
-    with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort-large \(placement 0\) aborted by the client"):
+    client3.run(coll.abort, fit_id)  # the client's abort ends the wait
+    with pytest.raises(coll.CollectiveAborted, match=rf"fit {fit_id} \(placement 0\) aborted by the client"):
         fut.result(timeout=30)
     assert time.perf_counter() - t0 < 5
-    client3.run(coll.release, "t-abort-large")
+    client3.run(coll.release, fit_id)
+
+
+def test_dask_collective_wait_ends_on_timeout(client3):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    spec = coll.CollectiveSpec("t-timeout", 0, tuple(ws[:2]), "dask", timeout=1.0)
+    fut = client3.submit(_allreduce_task, 1, spec, 3, 1, None, workers=[ws[1]], pure=False)
+    with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s"):
+        fut.result(timeout=30)
+    client3.run(coll.release, "t-timeout")

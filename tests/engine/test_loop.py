@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskmeans import DaskmeansError, KMeans
-from daskmeans.engine import collective as coll
 from daskmeans.backends import numpy_backend as nb
 from daskmeans.backends.grid import Grid, float_sums
 
@@ -84,42 +83,6 @@ def test_sums_do_not_depend_on_chunking(n_parts, weighted, seed):
 def _cluster(n, **kw):
     return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                         silence_logs=logging.ERROR, **kw)
-
-
-def _allreduce_task(rank, spec, n):
-    from distributed import get_worker
-
-    c = coll.open_collective(spec, rank, get_worker())
-    buf = np.arange(n, dtype=np.int64) * (rank + 1)
-    return c.allreduce(buf)
-
-
-def test_dask_collective_sums_over_three_workers(client3):
-    client3.run(coll.install_mailbox)
-    ws = sorted(client3.nthreads())
-    spec = coll.CollectiveSpec("t-sum", 0, tuple(ws), "dask", timeout=30)
-    futs = [client3.submit(_allreduce_task, r, spec, 5, workers=[w], pure=False) for r, w in enumerate(ws)]
-    for out in client3.gather(futs):
-        np.testing.assert_array_equal(out, np.arange(5) * 6)
-    client3.run(coll.release, "t-sum")
-
-
-def test_collective_wait_ends_on_abort_and_on_timeout(client3):
-    client3.run(coll.install_mailbox)
-    ws = sorted(client3.nthreads())
-    # Rank 1 of 2 waits for rank 0, which never runs: the client's abort ends the wait.
-    spec = coll.CollectiveSpec("t-abort", 0, tuple(ws[:2]), "dask", timeout=120)
-    fut = client3.submit(_allreduce_task, 1, spec, 3, workers=[ws[1]], pure=False)
-    time.sleep(1.0)
-    t0 = time.perf_counter()
-    client3.run(coll.abort, "t-abort")
-    with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort \(placement 0\) aborted by the client"):
-        fut.result(timeout=30)
-    assert time.perf_counter() - t0 < 5
-    spec = coll.CollectiveSpec("t-timeout", 0, tuple(ws[:2]), "dask", timeout=1.0)
-    fut = client3.submit(_allreduce_task, 1, spec, 3, workers=[ws[1]], pure=False)
-    with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s"):
-        fut.result(timeout=30)
 
 
 # ---------------------------------------------------------------- the loop: invariance
