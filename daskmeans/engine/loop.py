@@ -610,9 +610,16 @@ class _Checkpointer:
             self.last, self.saved = start.iteration, start
 
 
+_SCATTER_BYTES = 8 << 20  # a restart point larger than this is scattered, not put in the tasks
+
+
 def _segments(client, placement, spec, fit, start, history, callback, saver=None) -> list:
     """Segments on one placement until the run is done; their statistics go to ``history``."""
-    first = start
+    first: Any = start
+    if start.centroids.nbytes + (0 if start.prev is None else start.prev.nbytes) > _SCATTER_BYTES:
+        # Large centroids (P4: 146 MiB) go to the workers directly, not inside every task of
+        # the graph through the scheduler.
+        first = client.scatter(start, workers=list(placement.workers), broadcast=True, hash=False)
     while True:
         futs = submit_per_shard(
             client, placement, run_segment, list(range(len(placement.shards))), [spec] * len(placement.shards),

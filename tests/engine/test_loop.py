@@ -138,6 +138,26 @@ def test_both_collectives_give_the_same_bits(client, data):
     np.testing.assert_array_equal(fits[0].cluster_centers_, fits[1].cluster_centers_)
 
 
+def test_large_centroids_reach_the_workers_outside_the_graph(client, monkeypatch):
+    """K x D = 2100 x 700 float64 centroids (11.8 MB) are scattered to the workers, not put in
+    every segment task through the scheduler (Dask warns of a graph over 10 MB); the result is
+    that of centroids sent inside the tasks."""
+    import warnings
+
+    from daskmeans.engine import loop
+
+    X = da.random.default_rng(0).standard_normal((6000, 700), chunks=(1500, 700)).astype(np.float32)
+    init = X[:2100].compute().astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Sending large graph")
+        scattered = KMeans(2100, init=init, max_iter=2, tol=0, client=client).fit(X)
+    monkeypatch.setattr(loop, "_SCATTER_BYTES", 1 << 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inline = KMeans(2100, init=init, max_iter=2, tol=0, client=client).fit(X)
+    np.testing.assert_array_equal(scattered.cluster_centers_, inline.cluster_centers_)
+
+
 def test_one_chunk_is_split_so_every_worker_gets_rows(client, data):
     from daskmeans.placement import place
 
