@@ -38,6 +38,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..errors import DaskmeansError
+from . import shm
 
 COLLECTIVES = ("auto", "nccl", "dask")
 
@@ -74,6 +75,9 @@ class CollectiveSpec:
         NCCL unique id (``cupy.cuda.nccl.get_unique_id()``) for ``kind="nccl"``.
     timeout : float
         Seconds a rank waits for its peers before giving up.
+    shared_memory : bool
+        The Dask collective may exchange large buffers through ``/dev/shm`` between ranks of
+        one host (:mod:`.shm`; used only where every rank can map every other's segments).
     """
 
     fit_id: str
@@ -82,6 +86,7 @@ class CollectiveSpec:
     kind: str
     nccl_id: tuple | None = None
     timeout: float = 300.0
+    shared_memory: bool = True
 
 
 # ---------------------------------------------------------------- the worker-side mailbox
@@ -285,6 +290,9 @@ class DaskCollective:
         self.seq = 0
         self._sends: list[concurrent.futures.Future] = []
         self._staging: tuple[np.ndarray, np.ndarray] | None = None  # a GPU buffer's host copies
+        # Shared-memory segments: None until the first large buffer, then (n, own segments by
+        # parity, {peer rank: its segments}) or False (some rank cannot share memory).
+        self._shm: Any = None
 
     def _pieces(self, n: int, owner: int) -> list[tuple[int, int]]:
         """The element ranges of ``owner``'s slice of a buffer of ``n`` elements, piece by piece.
@@ -356,7 +364,19 @@ class DaskCollective:
         host, out = self._staging[0][:n], self._staging[1][:n]
         return be.to_numpy(buf, out=host), out
 
+    # Buffers of at least this many bytes go through shared memory where the ranks share a host.
+    shm_min_bytes = 1 << 20
+
     def allreduce(self, buf: Any) -> Any:
+        n = int(buf.size)
+        if self.size > 1 and self.spec.shared_memory and 8 * n >= self.shm_min_bytes:
+            if self._shm is None:  # decided once, by all ranks together: they take the same path
+                self._shm = self._shm_open(n)
+            if self._shm and n <= self._shm[0]:
+                return self._allreduce_shm(buf)
+        return self._allreduce_comms(buf)
+
+    def _allreduce_comms(self, buf: Any) -> Any:
         from ..backends import get_backend
 
         be = get_backend(buf)
@@ -408,8 +428,86 @@ class DaskCollective:
     def interrupt(self) -> None:
         self.box.wake()  # waits look at the mailbox's abort flag
 
+    def _shm_path(self, rank: int, parity: int) -> str:
+        return os.path.join(shm.SHM_DIR, f"daskmeans-{self.spec.fit_id}-{self.spec.epoch}-{rank}-{parity}")
+
+    def _agree(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank (a small all-reduce through the comms)."""
+        flags = np.zeros(self.size, np.int64)
+        flags[self.rank] = int(ok)
+        return bool(self._allreduce_comms(flags).all())
+
+    def _shm_open(self, n: int) -> Any:
+        """Two segments per rank (alternate calls write alternate ones) for buffers of up to
+        ``n`` values, each mapped by every rank; False where any rank cannot create its own
+        or map another's (other hosts, no room in /dev/shm, shared memory switched off)."""
+        mine: list = []
+        peers: dict = {}
+        ok = False
+        try:
+            ok = shm.room_for(2 * 8 * n)
+            try:
+                if ok:
+                    mine = [shm.Segment(self._shm_path(self.rank, p), n, create=True) for p in (0, 1)]
+            except OSError:
+                ok = False
+            if self._agree(ok):
+                try:
+                    peers = {r: [shm.Segment(self._shm_path(r, p), n, create=False) for p in (0, 1)]
+                             for r in range(self.size) if r != self.rank}
+                except OSError:
+                    ok = False
+                ok = self._agree(ok)
+            else:
+                ok = False
+        finally:  # also when a wait is aborted: no file is left in /dev/shm
+            for seg in mine:  # every rank has mapped them (or given up): the files can go
+                seg.unlink()
+            if not ok:
+                for seg in mine + [seg for segs in peers.values() for seg in segs]:
+                    seg.close()
+        return (n, mine, peers) if ok else False
+
+    def _allreduce_shm(self, buf: Any) -> Any:
+        """Each rank writes its buffer to its segment and tells the others, then sums every
+        rank's segment in rank order: the same integers as through the comms."""
+        from ..backends import get_backend
+
+        be = get_backend(buf)
+        n = int(buf.size)
+        _, mine, peers = self._shm
+        seq, self.seq = self.seq, self.seq + 1
+        # A segment written at call s is read by the peers during call s; it is written again
+        # at call s + 2 at the earliest, after every rank has finished call s + 1 (so call s).
+        parity = seq % 2
+        be.to_numpy(buf, out=mine[parity].array[:n])
+        tag = (self.spec.fit_id, self.spec.epoch, seq, 2, 0)
+        loop = self.worker.loop.asyncio_loop
+        self._sends = []
+        try:
+            for d in peers:
+                q = self._sender(d, 1, loop)
+                loop.call_soon_threadsafe(q.put_nowait, (tag + (self.rank,), np.zeros(0, np.int64)))
+            for src in peers:
+                self._take(tag + (src,))
+            parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n] for r in range(self.size)]
+            out = np.add(parts[0], parts[1])
+            for part in parts[2:]:
+                out += part
+            del parts
+            self._wait_sends()
+        finally:
+            for fut in self._sends:
+                fut.cancel()
+        return out if be.name == "numpy" else be.asarray(out)
+
     def close(self) -> None:
         self._staging = None
+        if self._shm:
+            _, mine, peers = self._shm
+            for seg in mine + [seg for segs in peers.values() for seg in segs]:
+                seg.close()
+        self._shm = False
 
 
 class NcclCollective:

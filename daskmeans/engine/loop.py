@@ -476,7 +476,8 @@ def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: s
     if kind == "nccl":
         nccl_id = client.submit(coll.nccl_unique_id, workers=[placement.workers[0]], pure=False).result()
     return coll.CollectiveSpec(
-        fit_id, epoch, tuple(placement.workers), kind, nccl_id, float(config.get_seconds("collective-timeout"))
+        fit_id, epoch, tuple(placement.workers), kind, nccl_id, float(config.get_seconds("collective-timeout")),
+        bool(config.get("collective-shared-memory")),
     )
 
 

@@ -1,15 +1,18 @@
 """The Dask collective (engine.collective.DaskCollective) on real worker processes: exact sums
-for any length and piece size (slices of unequal length, empty ones, several pieces), calls
-that never mix, and waits that end when the client aborts the fit."""
+for any length and piece size (slices of unequal length, empty ones, several pieces), through
+the comms and through shared memory, calls that never mix, and waits that end when the client
+aborts the fit."""
 
 from __future__ import annotations
 
+import glob
 import time
 
 import numpy as np
 import pytest
 
 from daskmeans.engine import collective as coll
+from daskmeans.engine import shm
 
 
 def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:
@@ -17,39 +20,47 @@ def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:
     return [rng.integers(-(2**60), 2**60, n, dtype=np.int64) for _ in range(calls)]
 
 
-def _allreduce_task(rank, spec, n, calls, piece_bytes):
+def _allreduce_task(rank, spec, n, calls, piece_bytes, shared=None):
+    """``calls`` all-reduces of this rank's buffers; with ``shared``, also whether the
+    collective went through shared memory."""
     from distributed import get_worker
 
     c = coll.open_collective(spec, rank, get_worker())
     if piece_bytes is not None:
         c.piece_bytes = piece_bytes  # this collective only (released at the test's end)
-    return [c.allreduce(buf) for buf in _buffers(rank, n, calls)]
+    outs = [c.allreduce(buf) for buf in _buffers(rank, n, calls)]
+    return outs if shared is None else (outs, bool(c._shm))
 
 
 @pytest.mark.parametrize(
-    "n, piece_bytes",
+    "n, piece_bytes, shared_memory",
     [
-        (2, None),  # shorter than the rank count: one piece, rank 0 sums it
-        (2, 8),  # one element a piece: rank 0's slice is empty
-        (7, 16),  # slices of 2, 2 and 3 elements, in pieces of 2
-        (1000, 8 * 50),  # slices of 333, 333 and 334 elements, in pieces of 50
-        (3 * 2**18 + 1, None),  # 6 MB, this host's default pieces
-        (3 * 2**18 + 1, 2 << 20),  # 6 MB: slices of several 2 MB pieces, sent from the sender thread
+        (2, None, True),  # shorter than the rank count: one piece, rank 0 sums it
+        (2, 8, True),  # one element a piece: rank 0's slice is empty
+        (7, 16, True),  # slices of 2, 2 and 3 elements, in pieces of 2
+        (1000, 8 * 50, True),  # slices of 333, 333 and 334 elements, in pieces of 50
+        (3 * 2**18 + 1, None, False),  # 6 MB through the comms, this host's default pieces
+        (3 * 2**18 + 1, 2 << 20, False),  # 6 MB: slices of several 2 MB pieces, sent from the sender thread
+        (3 * 2**18 + 1, None, True),  # 6 MB through shared memory (the workers share this host)
     ],
 )
-def test_dask_collective_sums_exactly_over_three_workers(client3, n, piece_bytes):
+def test_dask_collective_sums_exactly_over_three_workers(client3, n, piece_bytes, shared_memory):
     client3.run(coll.install_mailbox)
     ws = sorted(client3.nthreads())
     assert len(ws) == 3
-    fit_id = f"t-exact-{n}-{piece_bytes}"
-    spec = coll.CollectiveSpec(fit_id, 0, tuple(ws), "dask", timeout=60)
+    fit_id = f"t-exact-{n}-{piece_bytes}-{shared_memory}"
+    spec = coll.CollectiveSpec(fit_id, 0, tuple(ws), "dask", timeout=60, shared_memory=shared_memory)
     calls = 3  # consecutive calls of one collective: their messages never mix
-    futs = [client3.submit(_allreduce_task, r, spec, n, calls, piece_bytes, workers=[w], pure=False)
+    futs = [client3.submit(_allreduce_task, r, spec, n, calls, piece_bytes, True, workers=[w], pure=False)
             for r, w in enumerate(ws)]
-    outs = client3.gather(futs)
+    results = client3.gather(futs)
+    # Shared memory for large buffers where it is on (and /dev/shm has room), never for small ones.
+    want_shared = shared_memory and 8 * n >= coll.DaskCollective.shm_min_bytes and shm.room_for(2 * 8 * n)
+    assert [shared for _, shared in results] == [want_shared] * 3
+    assert glob.glob(f"/dev/shm/daskmeans-{fit_id}-*") == []  # unlinked once mapped
     client3.run(coll.release, fit_id)
     expected = [sum(parts) for parts in zip(*(_buffers(r, n, calls) for r in range(3)))]
-    for rank_outs in outs:
+    for rank_outs, _ in results:
         for got, want in zip(rank_outs, expected):
             assert got.dtype == np.int64 and got.shape == (n,)
             assert np.array_equal(got, want)
@@ -79,6 +90,32 @@ def test_dask_collective_wait_ends_on_abort(client3, ranks, n, piece_bytes):
         fut.result(timeout=30)
     assert time.perf_counter() - t0 < 5
     client3.run(coll.release, fit_id)
+    assert glob.glob(f"/dev/shm/daskmeans-{fit_id}-*") == []  # the large buffer's segments are gone too
+
+
+def _second_call_never_comes(rank, spec, n):
+    """Rank 0 makes one call (the segments are set up in it) and returns; rank 1 makes two."""
+    return _allreduce_task(rank, spec, n, 2 if rank else 1, None, True)
+
+
+def test_dask_collective_shared_memory_wait_ends_on_abort(client3):
+    client3.run(coll.install_mailbox)
+    ws = sorted(client3.nthreads())
+    spec = coll.CollectiveSpec("t-abort-shm", 0, tuple(ws[:2]), "dask", timeout=120)
+    n = 2**18
+    first = client3.submit(_second_call_never_comes, 0, spec, n, workers=[ws[0]], pure=False)
+    second = client3.submit(_second_call_never_comes, 1, spec, n, workers=[ws[1]], pure=False)
+    outs, shared = first.result(timeout=30)
+    assert shared == shm.room_for(2 * 8 * n)
+    time.sleep(1.0)
+    assert not second.done()  # waiting for rank 0's part of the second call
+    t0 = time.perf_counter()
+    client3.run(coll.abort, "t-abort-shm")
+    with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort-shm \(placement 0\) aborted by the client"):
+        second.result(timeout=30)
+    assert time.perf_counter() - t0 < 5
+    client3.run(coll.release, "t-abort-shm")
+    np.testing.assert_array_equal(outs[0], _buffers(0, n, 1)[0] + _buffers(1, n, 1)[0])
 
 
 def test_dask_collective_wait_ends_on_timeout(client3):
