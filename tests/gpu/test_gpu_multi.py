@@ -78,3 +78,39 @@ def test_nccl_is_chosen_between_gpu_workers():
         assert len(set(p.workers)) == 2
         assert choose_collective(c, p, "auto") == "nccl"
         assert choose_collective(c, p, "dask") == "dask"
+
+
+def _cupy_allreduce(rank, spec, n):
+    """One all-reduce of this rank's buffer as a CuPy array: the sum on the host, and whether
+    it went through shared memory."""
+    import cupy
+    from distributed import get_worker
+
+    from daskmeans.engine import collective as coll
+
+    c = coll.open_collective(spec, rank, get_worker())
+    buf = cupy.asarray(np.random.default_rng([rank, n]).integers(-(2**60), 2**60, n, dtype=np.int64))
+    out = c.allreduce(buf)
+    assert isinstance(out, cupy.ndarray)
+    return cupy.asnumpy(out), bool(c._shm)
+
+
+def test_dask_collective_sums_cupy_buffers_through_shared_memory_and_the_comms():
+    """Two worker processes on one host: a 2 MB CuPy buffer goes through shared memory (where
+    /dev/shm has room), 1,000 values through the comms; both sums are exact."""
+    from distributed import Client
+
+    from daskmeans.engine import collective as coll
+    from daskmeans.engine import shm
+
+    with _cluster("0,0") as lc, Client(lc) as c:
+        c.run(coll.install_mailbox)
+        ws = sorted(c.nthreads())
+        for n in (1000, 2**18):
+            spec = coll.CollectiveSpec(f"t-gpu-{n}", 0, tuple(ws), "dask", timeout=60)
+            outs = c.gather([c.submit(_cupy_allreduce, r, spec, n, workers=[w], pure=False) for r, w in enumerate(ws)])
+            c.run(coll.release, spec.fit_id)
+            want = sum(np.random.default_rng([r, n]).integers(-(2**60), 2**60, n, dtype=np.int64) for r in range(2))
+            for out, shared in outs:
+                np.testing.assert_array_equal(out, want)
+                assert shared == (n == 2**18 and shm.room_for(2 * 8 * n))
