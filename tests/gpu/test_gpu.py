@@ -532,8 +532,9 @@ def test_gpu_moments_toy_first_bad_row_and_overflow():
 def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
     """P3 (randn 3e5 x 408, K = 5000): fitted to convergence (or 300 iterations) from the
     default k-means|| init (the candidates reclustered on the GPU in batches) and from greedy
-    k-means++, the final inertias are within 1%; the same seed gives the same k-means|| centroids on the GPU twice,
-    and the init's own inertia is far below that of K random rows."""
+    k-means++, the final inertias are within 1%; the same seed gives the same init (one
+    iteration from it, twice: the same centroid bits), and the init's own inertia is below
+    that of K random rows."""
     import cupy
     import dask.array as da
     from dask_cuda import LocalCUDACluster
@@ -547,8 +548,10 @@ def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
         Xg = da.from_array(X, chunks=(100_000, 408), asarray=False)
         for init in ("k-means||", "k-means++", "random"):
             fits[init] = daskmeans.KMeans(5000, init=init, random_state=0, max_iter=300, client=client).fit(Xg)
-        again = daskmeans.KMeans(5000, random_state=0, max_iter=1, client=client).fit(Xg)
+        again = [daskmeans.KMeans(5000, random_state=0, max_iter=1, client=client).fit(Xg) for _ in range(2)]
     par, pp, rnd = fits["k-means||"], fits["k-means++"], fits["random"]
     assert abs(par.inertia_ - pp.inertia_) <= 0.01 * pp.inertia_, (par.inertia_, pp.inertia_, par.n_iter_, pp.n_iter_)
     assert par.history_[0]["inertia"] < rnd.history_[0]["inertia"], (par.history_[0], rnd.history_[0])
-    assert again.history_[0]["inertia"] == par.history_[0]["inertia"]
+    np.testing.assert_array_equal(again[0].cluster_centers_, again[1].cluster_centers_)  # exact integer sums
+    # The GPU adds a chunk's inertia with float atomics: equal to rounding, not to the bit.
+    assert again[0].history_[0]["inertia"] == pytest.approx(par.history_[0]["inertia"], rel=1e-12)
