@@ -105,16 +105,11 @@ def make_data(name: str, spec: dict, folder: str) -> tuple[str, str | None]:
 
 def _write_zarr(problem: problems.Problem, path: str) -> None:
     """The problem's randn rows (seed 0; drawn on the GPU where there is one) as a Zarr array."""
-    import zarr
-
     try:
         import cupy as xp
     except ImportError:
         xp = np
-    rows = problems.BLOCK_ROWS // 8
-    z = zarr.create_array(path, shape=(problem.n, problem.d), chunks=(rows, problem.d), dtype=np.float32)
-    for s, block in problem.randn_blocks(0, rows=rows, xp=xp):
-        z[s : s + len(block)] = block.get() if xp is not np else block
+    problem.write_zarr(path, 0, rows=problems.BLOCK_ROWS // 8, xp=xp)
 
 
 def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str) -> dict:

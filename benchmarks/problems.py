@@ -96,6 +96,18 @@ class Problem:
             yield s, rng.standard_normal((min(rows, self.n - s), self.d), dtype=xp.float32)
 
 
+    def write_zarr(self, path: str, seed: int, rows: int = BLOCK_ROWS, xp=np):
+        """The problem's randn rows (:meth:`randn_blocks` of ``seed``, ``rows`` at a time) as a
+        float32 Zarr array at ``path`` with chunks of ``rows`` rows; returns the array.
+        ``xp=cupy`` draws on the GPU (7.7 GB in seconds)."""
+        import zarr
+
+        z = zarr.create_array(path, shape=(self.n, self.d), chunks=(rows, self.d), dtype=np.float32)
+        for s, block in self.randn_blocks(seed, rows=rows, xp=xp):
+            z[s : s + len(block)] = block if xp is np else block.get()
+        return z
+
+
 def _num(n: int) -> str:
     """``1000000 -> "1e6"``, ``300000 -> "3e5"``; other counts as written."""
     text = f"{n:.0e}".replace("e+0", "e").replace("e+", "e")

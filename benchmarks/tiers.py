@@ -79,13 +79,10 @@ def fit(path_or_x, k, init, iters, **kw):
 def tiers(problem: problems.Problem, tmp: str, iters: int) -> dict:
     """The host and storage tiers of a K=16, D=64 fit whose data is 3x the device budget."""
     import cupy
-    import zarr
 
     n, d, k = problem.shape
     path = os.path.join(tmp, "x.zarr")
-    z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
-    for s, block in problem.randn_blocks(0, rows=2**20, xp=cupy):  # drawn on the GPU: 3 GiB in seconds
-        z[s : s + len(block)] = block.get()
+    z = problem.write_zarr(path, 0, rows=2**20, xp=cupy)
     init = z[:k].astype(np.float64)
     nbytes = n * d * 4
     budget = int(nbytes / 3)
@@ -116,9 +113,7 @@ def limits(tmp: str) -> dict:
     problem = problems.get("limits")
     n, d, k = problem.shape
     path = os.path.join(tmp, "big.zarr")
-    z = zarr.create_array(path, shape=(n, d), chunks=(2**20, d), dtype=np.float32)
-    for s, block in problem.randn_blocks(2, rows=2**20):
-        z[s : s + len(block)] = block
+    z = problem.write_zarr(path, 2, rows=2**20)
     init = os.path.join(tmp, "big-init.npy")
     np.save(init, z[:k])
     out = {"n": n, "d": d, "k": k, "data_bytes": n * d * 4}

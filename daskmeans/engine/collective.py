@@ -464,8 +464,7 @@ class DaskCollective:
             for seg in mine:  # every rank has mapped them (or given up): the files can go
                 seg.unlink()
             if not ok:
-                for seg in mine + [seg for segs in peers.values() for seg in segs]:
-                    seg.close()
+                _close_segments((n, mine, peers))
         return (n, mine, peers) if ok else False
 
     def _allreduce_shm(self, buf: Any) -> Any:
@@ -504,10 +503,15 @@ class DaskCollective:
     def close(self) -> None:
         self._staging = None
         if self._shm:
-            _, mine, peers = self._shm
-            for seg in mine + [seg for segs in peers.values() for seg in segs]:
-                seg.close()
+            _close_segments(self._shm)
         self._shm = False
+
+
+def _close_segments(state: tuple) -> None:
+    """Unmap a rank's own and its peers' segments (``(n, own, {peer: segments})``)."""
+    _, mine, peers = state
+    for seg in mine + [seg for segs in peers.values() for seg in segs]:
+        seg.close()
 
 
 class NcclCollective:

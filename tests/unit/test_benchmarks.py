@@ -101,7 +101,7 @@ def test_problem_shapes_are_defined_once():
             assert not re.search(shapes, path.read_text()), path.name
 
 
-def test_problems_shapes_and_sliced_draws(bench):
+def test_problems_shapes_and_sliced_draws(bench, tmp_path):
     problems = bench.problems
     assert problems.get("P3").shape == (300_000, 408, 5000)
     assert problems.get("P4").label == "P4 (4e6 x 480, K = 40000)"
@@ -111,6 +111,8 @@ def test_problems_shapes_and_sliced_draws(bench):
     assert np.array_equal(X, np.random.default_rng(1).standard_normal((2500, 7), dtype=np.float32))
     X2 = np.concatenate([b for _, b in small.randn_blocks(1, rows=1000)])
     assert np.array_equal(X, X2) and np.array_equal(init, X[:3])
+    z = small.write_zarr(str(tmp_path / "x.zarr"), 1, rows=1000)  # the same rows, in Zarr chunks of 1000
+    assert z.chunks == (1000, 7) and np.array_equal(z[:], X)
     X, init = problems.get("blobs").data(0)
     assert X.shape == (100_000, 2) and X.dtype == np.float32 and init is None
     with pytest.raises(ValueError, match="unknown problem 'P7'"):

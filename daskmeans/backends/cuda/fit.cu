@@ -22,23 +22,13 @@ extern "C" __global__ void __launch_bounds__(256) update_centroids(
     __shared__ double sh[8];
     double acc = 0.0;
     const long long n = K * D;
-    // Row and column advance with the stride instead of a 64-bit division per value (the
-    // kernel was bound by it: ~0.6 ms at K x D = 40000 x 480 on an H200).
-    const long long step = (long long)gridDim.x * blockDim.x, step_k = step / D;
-    const int step_j = (int)(step - step_k * D);
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, k = i / D;
-    int j = (int)(i - k * D);
-    for (; i < n; i += step) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long k = i / D;
+        const int j = (int)(i - k * D);
         const double o = old[i];
         const double v = w[k] > 0 ? ldexp((double)s[i], e[j]) / ldexp((double)w[k], we) : o;
         c[i] = v;
         acc = fma(v - o, v - o, acc);
-        k += step_k;
-        j += step_j;
-        if (j >= D) {
-            j -= D;
-            ++k;
-        }
     }
     acc = block_sum(acc, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = acc;
