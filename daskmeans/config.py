@@ -49,3 +49,19 @@ def choice(key: str, options: tuple[str, ...]) -> str:
     value = str(get(key))
     Options(options).check(f"daskmeans.{key}", value)
     return value
+
+
+def local_in_process(n_workers: int) -> bool:
+    """Whether a local cluster of ``n_workers`` runs its workers in this process
+    (``local-cluster``: auto up to ``local-threads-max-workers``, threads or processes)."""
+    how = choice("local-cluster", ("auto", "threads", "processes"))
+    if how == "auto":
+        return n_workers <= int(get("local-threads-max-workers"))
+    return how == "threads"
+
+
+def gpu_in_process(n_gpus: int) -> bool:
+    """Whether a local GPU cluster runs its worker in this process: one GPU (``local-cluster``
+    auto or threads); several GPUs take a worker process each (LocalCUDACluster), as a worker
+    thread of this process does not own a device of its own."""
+    return n_gpus == 1 and local_in_process(1)

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from distributed import Client, LocalCluster
 
+from . import config
 from .backends import ALIASES, gpu_available, gpu_count
 from .errors import DaskmeansError
 
@@ -197,7 +198,7 @@ def connect(
     if local_uses_gpu(backend):
         if not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
-        if gpu_in_process(gpu_count()):
+        if config.gpu_in_process(gpu_count()):
             with _local(1, None, dashboard) as client:
                 yield client
             return
@@ -212,7 +213,7 @@ def connect(
         cluster = LocalCUDACluster(**_dashboard(dashboard), silence_logs=logging.CRITICAL)
     else:
         n = n_workers or os.cpu_count() or 1
-        if _in_process(n):
+        if config.local_in_process(n):
             with _local(n, 1, dashboard) as client:
                 yield client
             return
@@ -228,23 +229,6 @@ def _dashboard(on: bool) -> dict:
     """A local cluster's arguments for a dashboard on any free port, or for none (its
     scheduler then never imports bokeh)."""
     return {"dashboard_address": ":0"} if on else {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
-
-
-def _in_process(n_workers: int) -> bool:
-    """Whether a local cluster of ``n_workers`` runs its workers in this process."""
-    from . import config
-
-    how = config.choice("local-cluster", ("auto", "threads", "processes"))
-    if how == "auto":
-        return n_workers <= int(config.get("local-threads-max-workers"))
-    return how == "threads"
-
-
-def gpu_in_process(n_gpus: int) -> bool:
-    """Whether a local GPU cluster runs its worker in this process: one GPU (``local-cluster``
-    auto or threads); several GPUs take a worker process each (LocalCUDACluster), as a worker
-    thread of this process does not own a device of its own."""
-    return n_gpus == 1 and _in_process(1)
 
 
 @contextlib.contextmanager

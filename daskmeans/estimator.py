@@ -18,17 +18,17 @@ import dask.array as da
 import numpy as np
 
 from . import config
-from .backends import PRECISIONS, get_backend
+from .backends import PRECISIONS, backend_name, get_backend
 from .dask_cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .seeding import resolve_init
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights, split_rows
 from .backends.grid import Grid
-from .engine.loop import Start, data_moments, run_lloyd
+from .engine.loop import Start, data_moments, run_lloyd, warm_kernels
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
-from .placement import TIERS, Placement, WorkerLost, place, to_backend
+from .placement import TIERS, Placement, WorkerLost, balance_chunks, place, to_backend
 from .progress import Progress
 from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
@@ -346,10 +346,12 @@ class KMeans:
             client = self._client()
             if path is not None:
                 check_paths_on_workers(client, read=[path])
-            backend = resolve_backend(client, self.backend, get_backend(X).name)
+            backend = resolve_backend(client, self.backend, backend_name(X))
             tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
             if tiers.chunk_rows:
                 X = split_rows(X, tiers.chunk_rows)
+            rows = max(balance_chunks(X, len(client.nthreads())).chunks[0])  # as place() will cut them
+            warm_kernels(client, backend, self.n_clusters, d, X.dtype, self.precision, rows)
         with phase("place"):
             placement = place(client, X, backend, w, tiers.tier)
 
@@ -448,9 +450,9 @@ class KMeans:
         if self.metric == "cosine":
             x = unit_rows(x)
         try:
-            backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), get_backend(x).name)
+            backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), backend_name(x))
         except DaskmeansError:
-            backend = get_backend(x).name  # no client: the local threaded scheduler, data's backend
+            backend = backend_name(x)  # no client: the local threaded scheduler, data's backend
         return to_backend(x, backend)
 
     @staticmethod

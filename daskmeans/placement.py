@@ -27,7 +27,7 @@ from dask.sizeof import sizeof
 from distributed import Client, futures_of, wait
 
 from . import config
-from .backends import get_backend
+from .backends import backend_name, get_backend
 from .errors import DaskmeansError
 from .io.readers import split_rows
 
@@ -175,7 +175,7 @@ class Placement:
 def to_backend(X: da.Array, backend: str) -> da.Array:
     """Map every block onto the backend's device arrays (a no-op for matching blocks)."""
     be = get_backend(backend)
-    if get_backend(X).name == be.name:
+    if backend_name(X) == be.name:
         return X
     try:
         meta = be.asarray(np.empty((0,) * X.ndim, X.dtype))
@@ -254,7 +254,7 @@ def place(
                 [rows[i] for i in ids],
                 int(X.shape[1]),
                 str(X.dtype),
-                get_backend(backend).name,
+                backend_name(backend),
                 tier,
                 len(args) - (len(ids) if wf is not None else 0),
                 readers,
@@ -274,7 +274,7 @@ def place(
         row_chunks=tuple(int(c) for c in X.chunks[0]),
         n_features=int(X.shape[1]),
         dtype=np.dtype(X.dtype),
-        backend=get_backend(backend).name,
+        backend=backend_name(backend),
         tier=tier,
     )
 

@@ -57,22 +57,27 @@ _MODULES = {"numpy": "daskmeans.backends.numpy_backend", "cupy": "daskmeans.back
 ALIASES = {"cpu": "numpy", "gpu": "cupy", "numpy": "numpy", "cupy": "cupy"}
 
 
-def get_backend(obj: Any = "numpy") -> ModuleType:
-    """Backend module for a name (``"numpy"``, ``"cupy"``, ``"cpu"``, ``"gpu"``) or an array.
+def backend_name(obj: Any = "numpy") -> str:
+    """``"numpy"`` or ``"cupy"``: the backend :func:`get_backend` gives for ``obj``, without
+    importing it (the NumPy backend's compiled kernels cost a GPU fit ~0.3 s of imports).
 
-    Arrays are dispatched on their type's module, so a CuPy block gets the CuPy kernels
-    without this module importing CuPy unless such a block exists.
+    Arrays are dispatched on their type's module (Dask arrays on their meta, one block's type),
+    so a CuPy block gets the CuPy kernels without this module importing CuPy unless such a
+    block exists.
     """
     if isinstance(obj, str):
         try:
-            name = ALIASES[obj]
+            return ALIASES[obj]
         except KeyError:
             raise ValueError(f"backend={obj!r} should be one of 'numpy', 'cupy', 'cpu', 'gpu'") from None
-    else:
-        # Dask arrays dispatch on their meta (one block's type).
-        meta = getattr(obj, "_meta", obj)
-        name = "cupy" if type(meta).__module__.split(".")[0] == "cupy" else "numpy"
-    return importlib.import_module(_MODULES[name])
+    meta = getattr(obj, "_meta", obj)
+    return "cupy" if type(meta).__module__.split(".")[0] == "cupy" else "numpy"
+
+
+def get_backend(obj: Any = "numpy") -> ModuleType:
+    """Backend module for a name (``"numpy"``, ``"cupy"``, ``"cpu"``, ``"gpu"``) or an array
+    (see :func:`backend_name`)."""
+    return importlib.import_module(_MODULES[backend_name(obj)])
 
 
 def gpu_count() -> int:

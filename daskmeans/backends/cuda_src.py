@@ -50,6 +50,8 @@ The kernels (see that module for when each runs):
 from __future__ import annotations
 
 import importlib.resources
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -67,6 +69,8 @@ FIT_SRC = _COMMON + _source("fit.cu")
 
 
 _CACHE: dict = {}
+_PENDING: dict = {}  # key -> Future of a compile in flight (another thread waits for it)
+_LOCK = threading.Lock()
 
 
 def _ctype(dtype: Any) -> str:
@@ -107,12 +111,45 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
     """The kernels ``names`` of the module compiled from ``src``, once per process (CuPy also
     caches the binary on disk); the same objects every call, as the launch code keys its
     occupancy cache by them."""
-    if key not in _CACHE:
+
+    def build() -> tuple[Any, ...]:
         import cupy
 
         mod = cupy.RawModule(code=src, options=("--std=c++17",))
-        _CACHE[key] = tuple(mod.get_function(f) for f in names)
-    return _CACHE[key]
+        return tuple(mod.get_function(f) for f in names)
+
+    return _once(key, build)
+
+
+def _once(key: tuple, build: Any) -> Any:
+    """``_CACHE[key]``, from ``build()`` the first time. A thread asking for a key another
+    thread is building (e.g. :func:`.cupy_backend.warm`'s compiles) waits for that build
+    instead of starting its own; a failed build raises in every waiting thread, and the next
+    call tries again."""
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        pending = _PENDING.get(key)
+        mine = pending is None
+        if mine:
+            pending = _PENDING[key] = Future()
+    if not mine:
+        return pending.result()
+    try:
+        value = build()
+    except BaseException as e:
+        with _LOCK:
+            del _PENDING[key]
+        pending.set_exception(e)
+        raise
+    with _LOCK:
+        _CACHE[key] = value
+        del _PENDING[key]
+    pending.set_result(value)
+    return value
 
 
 def _first(key: tuple, compile_: Any, *also: Any) -> tuple[Any, ...]:

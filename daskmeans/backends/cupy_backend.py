@@ -99,6 +99,31 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,
     return gpu_gemm.prepare(c, c64, precision, _layout)
 
 
+def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
+    """Start compiling, in a background thread, the kernels a fit of K x D (data ``dtype``,
+    blocks of ``rows`` rows) launches: the moments and update module and the assignment's
+    (fused, or selection and sums), together. Returns the thread.
+
+    With an empty kernel cache a first iteration otherwise waits for the compiles (seconds at
+    large K); started before the data is placed, they overlap the placement. A kernel asked
+    for meanwhile waits for its compile in flight (:func:`.cuda_src._functions`); a compile
+    error is raised there again, by the call that needs the kernel."""
+    import threading
+
+    small = gpu_plan.small_config(k, d, gpu_device.shared_optin(gpu_device.device_id()))
+    calls = gpu_small.compiles(small, d, dtype) if small else gpu_gemm.compiles(k, d, dtype, precision, rows)
+
+    def compile_all() -> None:
+        try:
+            cuda_src.compile_concurrently(cuda_src.fit_kernels, *calls)
+        except Exception:  # raised again where the kernel is needed
+            pass
+
+    t = threading.Thread(target=compile_all, name="daskmeans-compile", daemon=True)
+    t.start()
+    return t
+
+
 def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums, grid=None):
     import cupy
 

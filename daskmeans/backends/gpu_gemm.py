@@ -34,8 +34,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
 
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
-    mode = gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
-                              gpu_device.compute_capability(gpu_device.device_id()))
+    mode = _gemm_mode(precision, gemm64)
     kpad = -(-k // 4) * 4
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
@@ -52,6 +51,11 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout)
+
+
+def _gemm_mode(precision: str, gemm64: bool) -> int:
+    return gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
+                              gpu_device.compute_capability(gpu_device.device_id()))
 
 
 def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple) -> None:
@@ -122,8 +126,30 @@ def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
 def tile_rows(p: Prepared, n: int) -> int:
     """Rows of one GEMM tile for a block of ``n`` rows (:func:`.gpu_plan.tile_rows` within
     ``daskmeans.gpu-tile-bytes``)."""
-    return gpu_plan.tile_rows(n, p.a.shape[0], p.csq.dtype.itemsize, p.a.shape[1] if p.mode else 0,
-                              p.a.dtype.itemsize, config.get_bytes("gpu-tile-bytes"))
+    return _tile_rows(n, p.a.shape[0], p.centroids.shape[1], p.mode, p.csq.dtype.itemsize)
+
+
+def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int) -> int:
+    # gemm_prep's copy of a tile (prep_buffer): none in mode 0, 3D float32 columns in mode 2.
+    cols, item = (0, 0) if mode == 0 else (3 * d if mode == 2 else d, 2 if mode == 3 else 4)
+    return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, config.get_bytes("gpu-tile-bytes"))
+
+
+def _select_kernel(dtype: Any, gemm_dtype: Any, rpt: int) -> Any:
+    return cuda_src.select_cols_kernel(dtype, rpt) if rpt else cuda_src.select_kernels(dtype, gemm_dtype)[0]
+
+
+def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
+    """The compile calls of the modules a fit of K x D launches on blocks of ``n`` rows of
+    ``dtype`` (the selection as :func:`run` picks it, ``gemm_prep`` and the sums), for
+    :func:`.cupy_backend.warm`."""
+    gemm64 = numpy.dtype(dtype) == numpy.float64
+    kpad = -(-k // 4) * 4
+    gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float32)
+    rows = _tile_rows(n, kpad, d, _gemm_mode(precision, gemm64), gdt.itemsize)
+    rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),
+                                 precision)
+    return [lambda: _select_kernel(dtype, gdt, rpt), lambda: cuda_src.select_kernels(dtype, dtype)]
 
 
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:
@@ -137,7 +163,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     dev = gpu_device.device_id()
     rows = tile_rows(p, n)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(dev), p.precision, p.layout)
-    kern = cuda_src.select_cols_kernel(X.dtype, rpt) if rpt else cuda_src.select_kernels(X.dtype, gdt)[0]
+    kern = _select_kernel(X.dtype, gdt, rpt)
     stat = cupy.zeros(3, cupy.float64)
     # A persistent grid (every resident block slot once): each warp streams its rows with the
     # next batch always in flight, which extra waves of blocks would restart.

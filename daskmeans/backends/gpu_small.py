@@ -14,6 +14,17 @@ from .gpu_plan import THREADS, Prepared
 _PLANS: dict = {}
 
 
+def _kernels(dtype: Any, small: tuple, d: int, mode: int = 0) -> tuple:
+    lanes, dpl, kacc, tred, creg = small
+    return cuda_src.small_kernels(dtype, lanes, dpl, kacc, tred, THREADS, mode, creg, d == lanes * dpl)
+
+
+def compiles(small: tuple, d: int, dtype: Any) -> list:
+    """The compile call of the fused kernel a fit launches (``small``: a
+    :func:`.gpu_plan.small_config`), for :func:`.cupy_backend.warm`."""
+    return [lambda: _kernels(dtype, small, d)]
+
+
 def _plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     """Launch plan of the fused kernel (``mode`` 0 fused, 1 labels only) for a block:
     ``(kern, reduce, shared, nb, width, scalars)``, cached per shape, dtype, configuration and
@@ -28,7 +39,7 @@ def _plan(X: Any, p: Prepared, mode: int = 0) -> tuple:
     if plan is None:
         k = p.k
         lanes, dpl, kacc, tred, creg = p.small
-        kern, reduce = cuda_src.small_kernels(X.dtype, lanes, dpl, kacc, tred, THREADS, mode, creg, d == lanes * dpl)
+        kern, reduce = _kernels(X.dtype, p.small, d, mode)
         shared = gpu_plan.shared_bytes(k, lanes, dpl, creg, mode)
         if shared > gpu_plan.SHARED_BYTES:  # past the default 48 KiB: opt in (CREG's group sums)
             kern.max_dynamic_shared_size_bytes = shared

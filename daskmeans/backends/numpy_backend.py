@@ -5,6 +5,9 @@ Distances are computed as ``||c||^2 - 2 x.c`` by GEMM over row tiles whose rows 
 N x K matrix never exists whole and the tile's rows are still in cache for the second pass; NumPy takes each tile's row argmin (vectorised), then one compiled pass
 (:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
 inertia, the reassigned count and the per-cluster sums (int64 on a :class:`.grid.Grid`).
+
+The compiled kernels (Numba: ~0.3 s of imports) load on first use: a GPU fit uses this module
+for host-side arrays only and never needs them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import numpy
 
 from .. import config
 from ..errors import DataError
-from . import cpu_kernels
 from .grid import Grid
 
 name = "numpy"
@@ -45,6 +47,11 @@ def to_numpy(a: Any, out: numpy.ndarray | None = None) -> numpy.ndarray:
         return numpy.asarray(a)
     numpy.copyto(out, a)
     return out
+
+
+def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> None:
+    """Nothing to start: Numba loads the cached CPU kernels at their first call."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,8 @@ def min_sqdist(X: numpy.ndarray, p: Prepared) -> tuple[numpy.ndarray, numpy.ndar
     labels : ndarray of int32, shape (n,)
     sqdist : ndarray of float64, shape (n,)
     """
+    from . import cpu_kernels
+
     X = asarray(X)
     labels = numpy.empty(X.shape[0], numpy.int32)
     d2 = numpy.empty(X.shape[0], numpy.float64)
@@ -171,6 +180,8 @@ def assign(
     and when ``want_sums``: ``sums`` (K, d) and ``weights`` (K,) int64 multiples of the
     ``grid``'s steps (returned too), and ``counts`` (K,) int64.
     """
+    from . import cpu_kernels
+
     X = asarray(X)
     n, d = X.shape
     k = p.k
@@ -220,6 +231,8 @@ def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarr
     """Per-column mean, sum of squared deviations and largest absolute value (float64, shape
     (d,) each) of a block, and the index of its first row holding a NaN or infinity (None if
     all are finite)."""
+    from . import cpu_kernels
+
     X = asarray(X)
     mean, m2, max_abs = (numpy.empty(X.shape[1], numpy.float64) for _ in range(3))
     if cpu_kernels.column_moments(X, mean, m2, max_abs):

@@ -36,6 +36,11 @@ class Backend(Protocol):
         """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
         the next while the current one's kernels run); each valid until the next is asked for."""
 
+    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
+        """Start, in the background, whatever the kernels of a fit of K x d (blocks of
+        ``rows`` rows of ``dtype``) need before their first call (a GPU compiles them); returns
+        at once (a thread, or None where there is nothing to do)."""
+
     def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32") -> Any:
         """Centroids ``(K, d)`` cast to ``dtype`` and what every block's kernels read of them
         (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`."""

@@ -416,6 +416,19 @@ def _merge_moments(items: list) -> dict:
     return acc
 
 
+def _warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int) -> None:
+    from ..backends import get_backend
+
+    get_backend(backend).warm(k, d, np.dtype(dtype), precision, rows)
+
+
+def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int) -> None:
+    """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
+    rows) in the background, and return: the compiles overlap the placement and the moments
+    pass instead of delaying the first iteration (an empty kernel cache)."""
+    client.run(_warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
+
+
 def data_moments(client: Client, placement: Placement) -> dict:
     """Mean, variance and largest absolute value per feature (float64) and the total weight,
     in one pass; raises on NaN/inf (in X or the weights) and on negative weights."""

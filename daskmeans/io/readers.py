@@ -20,6 +20,7 @@ import numpy as np
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
+from .ranges import read_into
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
 
@@ -247,7 +248,13 @@ def read_weights(sample_weight: Any, x: da.Array) -> da.Array:
 
 
 def _npy_block(path: str, start: int, stop: int) -> np.ndarray:
-    return np.array(np.load(path, mmap_mode="r")[start:stop])
+    mm = np.load(path, mmap_mode="r")
+    if not mm.flags.c_contiguous:  # Fortran order: the rows are not byte ranges
+        return np.array(mm[start:stop])
+    out = np.empty((stop - start,) + mm.shape[1:], mm.dtype)
+    row = mm.dtype.itemsize * int(np.prod(mm.shape[1:]))
+    read_into(path, mm.offset + start * row, memoryview(out).cast("B"))
+    return out
 
 
 def _read_npy(path: str, cb: int | None) -> da.Array:

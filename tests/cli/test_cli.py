@@ -146,6 +146,31 @@ def test_help_imports_neither_dask_nor_numpy():
     assert "usage: daskmeans" in out.stdout and "HEAVY []" in out.stdout, out.stdout + out.stderr
 
 
+def test_the_command_does_not_import_xarray(blobs, tmp_path):
+    """Dask imports xarray where it is installed (~0.35 s with pandas): the command's own
+    process never needs it. A stand-in xarray records any import; importing dask.array in a
+    plain process does import it, the fit does not."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "xarray"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"__version__ = '2099.1.0'\nopen({str(marker)!r}, 'a').write('x')\n")
+    meta = tmp_path / "site" / "xarray-2099.1.0.dist-info"  # Dask asks for an installed distribution
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: xarray\nVersion: 2099.1.0\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", "import dask.array"], env=env, check=True)
+    assert marker.exists()  # the premise: Dask does import it
+    marker.unlink()
+    _, path = blobs
+    p = subprocess.run([sys.executable, "-m", "daskmeans", "fit", path, "--k", "4", "-q", "-o", str(tmp_path / "m.zarr")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert not marker.exists()
+
+
 def test_every_flag_is_in_the_readme_cli_reference_and_back():
     """The README's CLI reference names every command and flag of the parser, and nothing else."""
     import argparse

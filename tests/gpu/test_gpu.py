@@ -555,3 +555,31 @@ def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
     np.testing.assert_array_equal(again[0].cluster_centers_, again[1].cluster_centers_)  # exact integer sums
     # The GPU adds a chunk's inertia with float atomics: equal to rounding, not to the bit.
     assert again[0].history_[0]["inertia"] == pytest.approx(par.history_[0]["inertia"], rel=1e-12)
+
+
+@pytest.mark.parametrize("k,d,precision,n", [
+    (5, 2, "fp32", 100_000),  # the fused kernel
+    (256, 64, "fp32", 200_000),  # column-major selection
+    (5000, 408, "fp32", 30_000),  # row selection, split TF32
+    (1000, 100, "tf32", 50_000),
+])
+def test_warm_compiles_every_kernel_a_fit_launches(monkeypatch, k, d, precision, n):
+    """After ``warm`` the moments, assignment and update of a fit of that shape compile
+    nothing more: each kernel they ask for is the one warm() built."""
+    import cupy
+
+    from daskmeans.backends import cuda_src, cupy_backend as cb, gpu_small
+
+    monkeypatch.setattr(cuda_src, "_CACHE", {})  # compiles again (from CuPy's disk cache)
+    monkeypatch.setattr(gpu_small, "_PLANS", {})
+    cb.warm(k, d, np.float32, precision, n).join(300)
+    warmed = dict(cuda_src._CACHE)
+    assert warmed
+    X = cupy.random.default_rng(0).standard_normal((n, d), dtype=cupy.float32)
+    cb.moments(X)
+    p = cb.prepare(X[:k], X.dtype, precision)
+    out = cb.assign(X, p)
+    cb.update_centroids(out["sums"], out["weights"], p.c64, out["grid"])
+    cb.label_counts(out["labels"], k)
+    cupy.cuda.Device().synchronize()
+    assert cuda_src._CACHE == warmed

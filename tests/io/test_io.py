@@ -235,6 +235,34 @@ def test_npy_float32_and_fortran_order(tmp_path, data):
     np.testing.assert_array_equal(x.compute(), data.astype(np.float32))
 
 
+def test_npy_blocks_are_read_in_parallel_pieces_exactly(tmp_path, monkeypatch):
+    """A block is read by positional reads of several pieces (threads), the last one short,
+    from the header's end on: the same values as the memory map, for any block bounds."""
+    from daskmeans.io import ranges
+    from daskmeans.io.readers import _npy_block
+
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 1000)  # 1 row = 28 B: pieces cut rows too
+    a = np.random.default_rng(0).random((1003, 7)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    for start, stop in ((0, 1003), (1, 2), (17, 990), (1002, 1003)):
+        np.testing.assert_array_equal(_npy_block(str(tmp_path / "a.npy"), start, stop), a[start:stop])
+    f = np.asfortranarray(a.astype(np.float64))
+    np.save(tmp_path / "f.npy", f)
+    np.testing.assert_array_equal(_npy_block(str(tmp_path / "f.npy"), 5, 500), f[5:500])
+
+
+def test_a_range_past_the_end_of_the_file_is_a_data_error(tmp_path, monkeypatch):
+    from daskmeans.io import ranges
+
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 64)
+    (tmp_path / "short").write_bytes(bytes(range(200)))
+    buf = bytearray(150)
+    ranges.read_into(str(tmp_path / "short"), 40, memoryview(buf))
+    assert bytes(buf) == bytes(range(40, 190))
+    with pytest.raises(DataError, match=r"short ends at byte 200, before byte 240 that its header promises"):
+        ranges.read_into(str(tmp_path / "short"), 90, memoryview(bytearray(150)))
+
+
 def test_npy_integer_chunk_bytes_counts_float_size(tmp_path):
     """Regression (fixed): integer data is read as float64, and in-memory arrays and Zarr size their
     chunks by the float64 itemsize; .npy uses the file's itemsize (readers._read_npy:

@@ -63,3 +63,25 @@ def test_ties_break_in_one_comparison():
     tie = r"<\s*[\w\[\]]+\s*\|\|\s*\(\s*[\w\[\]]+\s*==\s*[\w\[\]]+\s*&&"
     assert len(re.findall(tie, src)) == 1
     assert src.count("precedes(") >= 6
+
+
+def test_backend_names_come_without_importing_the_backends():
+    """The name of an array's backend is read off its type; importing the NumPy backend does
+    not import Numba (a GPU fit never runs its kernels: ~0.3 s of imports)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, dask.array as da\n"
+        "from daskmeans.backends import backend_name\n"
+        "assert backend_name(np.zeros(2)) == 'numpy' and backend_name(da.zeros(2)) == 'numpy'\n"
+        "assert backend_name('gpu') == 'cupy' and backend_name('cpu') == 'numpy'\n"
+        "assert 'daskmeans.backends.numpy_backend' not in sys.modules\n"
+        "import daskmeans.backends.numpy_backend\n"
+        "assert 'numba' not in sys.modules, 'numba imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from daskmeans.backends import backend_name
+
+    with pytest.raises(ValueError, match="backend='tpu' should be one of 'numpy', 'cupy', 'cpu', 'gpu'"):
+        backend_name("tpu")

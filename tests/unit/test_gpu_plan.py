@@ -193,6 +193,55 @@ def test_modules_compile_concurrently_and_failures_surface():
     assert one == [1]
 
 
+def test_a_module_is_built_once_while_threads_wait_for_it(monkeypatch):
+    """Two threads asking for a module in flight (a fit's kernel while warm() compiles it):
+    one build, both get its result; a failed build raises in both, and the next call builds
+    again."""
+    import threading
+
+    from concurrent.futures import Future
+
+    monkeypatch.setattr(cuda_src, "_CACHE", {})
+    started, release, waiting = threading.Event(), threading.Event(), threading.Event()
+
+    class Observed(Future):
+        def result(self, timeout=None):
+            waiting.set()  # a second thread waits for the build in flight
+            return super().result(timeout)
+
+    monkeypatch.setattr(cuda_src, "Future", Observed)
+    builds = []
+
+    def build():
+        builds.append(1)
+        started.set()
+        assert release.wait(10)
+        if len(builds) == 1:
+            raise RuntimeError("nvrtc: error")
+        return ("kernel",)
+
+    def ask(out):
+        try:
+            out.append(cuda_src._once(("m",), build))
+        except RuntimeError as e:
+            out.append(str(e))
+
+    results = [[], []]
+    first = threading.Thread(target=ask, args=(results[0],))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=ask, args=(results[1],))
+    second.start()
+    assert waiting.wait(10)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert results == [["nvrtc: error"], ["nvrtc: error"]] and len(builds) == 1
+    assert cuda_src._once(("m",), build) == ("kernel",) and len(builds) == 2
+    assert cuda_src._once(("m",), build) == ("kernel",) and len(builds) == 2  # cached
+    assert not cuda_src._PENDING
+
+
 def test_the_column_select_module_holds_select_cols_alone():
     import numpy as np
 

@@ -127,7 +127,7 @@ def test_only_one_gpu_runs_its_worker_in_process(how, n_gpus, expected):
     leave every GPU but the first idle."""
     import dask
 
-    from daskmeans import dask_cluster
+    from daskmeans import config
 
     with dask.config.set({"daskmeans.local-cluster": how}):
-        assert dask_cluster.gpu_in_process(n_gpus) is expected
+        assert config.gpu_in_process(n_gpus) is expected

@@ -1,0 +1,59 @@
+"""Byte ranges of a file read into memory by several threads at once.
+
+One thread reading a chunk through a memory map takes a page fault per few pages of the file
+and of the new array: about 1.6 GB/s from the page cache on an H100 host, a third of a second
+for a 400 MB chunk. Positional reads (``os.preadv``, which releases the interpreter lock) of
+8 MiB pieces by a few threads fill the same array several times faster, from the page cache
+or from a parallel file system alike.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import DataError
+
+PIECE_BYTES = 8 << 20
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="daskmeans-read")
+        return _POOL
+
+
+def read_into(path: str, offset: int, buf: memoryview) -> None:
+    """Fill ``buf`` (a writable byte view) with the bytes of ``path`` from ``offset`` on.
+
+    Raises
+    ------
+    DataError
+        When the file ends before ``buf`` is full (a truncated file).
+    """
+    n = len(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def piece(a: int) -> None:
+            view, at = buf[a:min(n, a + PIECE_BYTES)], offset + a
+            while view:
+                got = os.preadv(fd, [view], at)
+                if got == 0:
+                    raise DataError(f"{path} ends at byte {at}, before byte {offset + n} that its header promises "
+                                    f"(a truncated file)")
+                view, at = view[got:], at + got
+
+        starts = range(0, n, PIECE_BYTES)
+        if len(starts) <= 1:
+            for a in starts:
+                piece(a)
+        else:
+            for f in [_pool().submit(piece, a) for a in starts]:
+                f.result()
+    finally:
+        os.close(fd)
