@@ -186,8 +186,8 @@ def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
     idx = np.concatenate([p[0] for p in parts])
     data = np.concatenate([p[1] for p in parts])
-    order = {int(r): i for i, r in enumerate(idx)}
-    return data[[order[int(r)] for r in rows]]
+    pos = np.argsort(idx, kind="stable")  # every row once: where each of ``rows`` sits in ``data``
+    return data[pos[np.searchsorted(idx[pos], rows)]]
 
 
 def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndarray:

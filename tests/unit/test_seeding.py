@@ -96,3 +96,12 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
     expect = np.bincount(d.argmin(axis=1), weights=w, minlength=allc.shape[0])
     np.testing.assert_allclose(_cand_weights(shard, state, allc.shape[0]), expect, rtol=1e-12)
     assert numpy_backend.name == "numpy"
+
+
+def test_rows_gathered_from_the_shards_come_in_the_order_asked():
+    from daskmeans.seeding import _gather_rows
+
+    parts = [(np.array([7, 9]), np.array([[7.0], [9.0]])), (np.array([], np.int64), np.empty((0, 1))),
+             (np.array([1, 3, 4]), np.array([[1.0], [3.0], [4.0]]))]
+    rows = np.array([9, 1, 4, 7, 3, 9])
+    np.testing.assert_array_equal(_gather_rows(parts, rows)[:, 0], rows.astype(float))
