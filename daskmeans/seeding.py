@@ -46,7 +46,7 @@ def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_w
     n = x.shape[0]
     w = xp.ones(n, xp.float64) if sample_weight is None else xp.asarray(sample_weight, dtype=xp.float64)
     xsq = (x * x).sum(axis=1)
-    trials = 2 + int(math.log(k)) if k > 1 else 1
+    trials = _trials(k)
 
     def sqdist(rows):  # (t, n) squared distances from x[rows] to every row
         c = x[rows]
@@ -69,6 +69,11 @@ def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_w
         closest = dist[best]
         ids.append(int(cand[best]))
     return x[xp.asarray(ids)]
+
+
+def _trials(k: int) -> int:
+    """Draws per centre in k-means++ (scikit-learn's ``2 + log(k)``)."""
+    return 2 + int(math.log(k)) if k > 1 else 1
 
 
 def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarray:
@@ -118,7 +123,7 @@ def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weig
     n = X.shape[0]
     if not 0 < k <= n:
         raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
-    trials = 2 + int(math.log(k)) if trials is None else int(trials)
+    trials = _trials(k) if trials is None else int(trials)
     w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
     d2 = None
     chosen = np.zeros(n, bool)
@@ -334,6 +339,9 @@ def init_random(client: Client, placement: Placement, k: int, seed: int) -> np.n
     return take_rows(client, placement, rows)
 
 
+_HOST_KMEANSPP_FLOPS = 2**27
+
+
 def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int) -> np.ndarray:
     """Greedy k-means++ on a uniform sample of ``daskmeans.init.sample-size`` rows (at least k)."""
     n = placement.n_samples
@@ -342,7 +350,11 @@ def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int
     s1, s2 = ss.spawn(2)
     rows = np.sort(np.random.default_rng(s1).choice(n, size=m, replace=False))
     sample = take_rows(client, placement, rows)
-    be = get_backend(placement.backend)
+    trials = _trials(k)
+    # A small seeding runs on the host: on a GPU its K dependent steps cost more in kernel
+    # loads, the BLAS handle and synchronisations than the arithmetic (2-D blobs, K = 5: ~0.15 s).
+    small = k * trials * m * placement.n_features <= _HOST_KMEANSPP_FLOPS
+    be = get_backend("numpy" if small else placement.backend)
     fut = client.submit(
         lambda s: be.to_numpy(kmeans_plusplus(be.asarray(s), k, s2)), sample, pure=False,
         key=f"daskmeans-kmeans++-{uuid.uuid4().hex}",

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy
 
-from . import cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small
+from . import cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_staging
 from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
@@ -49,9 +49,12 @@ name = "cupy"
 
 
 def asarray(block: Any, dtype: Any = None) -> Any:
-    """``block`` on the current GPU, C-contiguous."""
+    """``block`` on the current GPU, C-contiguous (a large host array through page-locked
+    buffers, :func:`.gpu_staging.upload`)."""
     import cupy
 
+    if isinstance(block, numpy.ndarray) and block.nbytes >= gpu_staging.UPLOAD_MIN_BYTES:
+        return gpu_staging.upload(numpy.asarray(block, dtype=dtype))
     return cupy.ascontiguousarray(cupy.asarray(block, dtype=dtype))
 
 

@@ -1,12 +1,85 @@
-"""The host tier on the GPU: chunks in page-locked host memory copied to the device through
-two buffers, the copy of the next chunk on its own stream overlapping the kernels of the
-current one (52 GB/s of a 55 GB/s pinned copy on an H200: docs/performance.md)."""
+"""Host memory to the GPU.
+
+The host tier: chunks in page-locked host memory copied to the device through two buffers,
+the copy of the next chunk on its own stream overlapping the kernels of the current one (52
+GB/s of a 55 GB/s pinned copy on an H200: docs/performance.md).
+
+Placement in the device tier (:func:`upload`): a chunk in ordinary (pageable) host memory goes
+through a few page-locked buffers filled by threads, each buffer's copy to the device
+overlapping the filling of the others. A 400 MB chunk on an H100 host: 0.014 s, against 0.044
+s for CuPy's copy of pageable memory and 0.2-0.5 s for the first such copy of a process.
+"""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy
+
+UPLOAD_PIECE_BYTES = 16 << 20
+UPLOAD_LANES = 4
+UPLOAD_MIN_BYTES = 4 * UPLOAD_PIECE_BYTES  # smaller arrays: one copy of pageable memory
+
+
+class _Uploader:
+    """One device's page-locked buffers, streams and threads for :func:`upload` (kept for the
+    process: allocating page-locked memory costs more than a copy)."""
+
+    def __init__(self, device: int):
+        import cupy
+        import cupyx
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.device = device
+        self.lanes = [(cupyx.empty_pinned(UPLOAD_PIECE_BYTES, numpy.uint8), cupy.cuda.Stream(non_blocking=True))
+                      for _ in range(UPLOAD_LANES)]
+        self.pool = ThreadPoolExecutor(UPLOAD_LANES, thread_name_prefix="daskmeans-upload")
+        self.lock = threading.Lock()  # one upload at a time uses the buffers
+
+    def copy(self, src: numpy.ndarray, dst: Any) -> None:
+        """``dst[:] = src`` for a contiguous host byte array and a device byte array."""
+        import cupy
+
+        n, step, lanes = src.size, UPLOAD_PIECE_BYTES, len(self.lanes)
+
+        def lane(j: int) -> None:
+            buf, stream = self.lanes[j]
+            with cupy.cuda.Device(self.device):
+                for a in range(j * step, n, lanes * step):
+                    b = min(n, a + step)
+                    stream.synchronize()  # the buffer's previous copy is done
+                    numpy.copyto(buf[: b - a], src[a:b])  # a plain memcpy: other lanes run meanwhile
+                    dst[a:b].set(buf[: b - a], stream=stream)
+                stream.synchronize()
+
+        with self.lock:
+            for f in [self.pool.submit(lane, j) for j in range(lanes)]:
+                f.result()
+
+
+_UPLOADERS: dict[int, _Uploader] = {}
+_UPLOADERS_LOCK = threading.Lock()
+
+
+def upload(a: numpy.ndarray) -> Any:
+    """A C-contiguous device copy of host array ``a`` (on the current device), through
+    page-locked buffers filled by threads; arrays under :data:`UPLOAD_MIN_BYTES` are copied
+    directly."""
+    import cupy
+
+    a = numpy.ascontiguousarray(a)
+    if a.nbytes < UPLOAD_MIN_BYTES:
+        return cupy.asarray(a)
+    dev = cupy.cuda.Device().id
+    with _UPLOADERS_LOCK:
+        up = _UPLOADERS.get(dev)
+        if up is None:
+            up = _UPLOADERS[dev] = _Uploader(dev)
+    out = cupy.empty(a.shape, a.dtype)
+    cupy.cuda.get_current_stream().synchronize()  # the allocation's stream is done with the memory
+    up.copy(a.reshape(-1).view(numpy.uint8), out.reshape(-1).view(cupy.uint8))
+    return out
 
 
 class _Stager:

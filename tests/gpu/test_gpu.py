@@ -583,3 +583,43 @@ def test_warm_compiles_every_kernel_a_fit_launches(monkeypatch, k, d, precision,
     cb.label_counts(out["labels"], k)
     cupy.cuda.Device().synchronize()
     assert cuda_src._CACHE == warmed
+
+
+def test_upload_through_page_locked_buffers_copies_every_byte(monkeypatch, tmp_path):
+    """Large host arrays reach the GPU through the page-locked lanes: the same array for sizes
+    around the pieces' edges, float64, a non-contiguous view and a memory map; two uploads at
+    once (two threads) do not mix their buffers."""
+    import threading
+
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb, gpu_staging
+
+    monkeypatch.setattr(gpu_staging, "UPLOAD_PIECE_BYTES", 4096)
+    monkeypatch.setattr(gpu_staging, "UPLOAD_MIN_BYTES", 4 * 4096)
+    monkeypatch.setattr(gpu_staging, "_UPLOADERS", {})
+    rng = np.random.default_rng(0)
+    for shape, dtype in (((1023, 4), np.float32), ((1024, 4), np.float32), ((4097, 3), np.float32),
+                         ((777, 5), np.float64), ((3, 5), np.float32)):
+        a = rng.standard_normal(shape).astype(dtype)
+        g = cb.asarray(a)
+        assert g.flags.c_contiguous and g.dtype == dtype
+        np.testing.assert_array_equal(cupy.asnumpy(g), a)
+    v = rng.standard_normal((4000, 8)).astype(np.float32)[:, ::2]
+    np.testing.assert_array_equal(cupy.asnumpy(cb.asarray(v)), v)
+    np.save(tmp_path / "m.npy", v)
+    m = np.load(tmp_path / "m.npy", mmap_mode="r")
+    np.testing.assert_array_equal(cupy.asnumpy(cb.asarray(m)), v)
+    arrays = [rng.standard_normal((5000, 7)).astype(np.float32) for _ in range(2)]
+    out = [None, None]
+
+    def go(i):
+        out[i] = cupy.asnumpy(cb.asarray(arrays[i]))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, o in zip(arrays, out):
+        np.testing.assert_array_equal(o, a)
