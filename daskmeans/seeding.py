@@ -195,11 +195,22 @@ def _gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
     return data[pos[np.searchsorted(idx[pos], rows)]]
 
 
+def _row_parts(client: Client, placement: Placement, rows: np.ndarray) -> list:
+    """Futures of each shard's share of ``rows`` (:func:`_take_rows`), for :func:`_gather_rows`."""
+    uniq = rows if bool(np.all(rows[1:] > rows[:-1])) else np.unique(rows)
+    return submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
+
+
 def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndarray:
     """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
-    uniq = np.unique(rows)
-    parts = submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
+    parts = _row_parts(client, placement, rows)
     return _result(client, placement, client.submit(_gather_rows, parts, rows, pure=False))
+
+
+def _seed_sample(parts: list, rows: np.ndarray, k: int, seed: Any, backend: str) -> np.ndarray:
+    """k-means++ (:func:`kmeans_plusplus`) on the sampled ``rows``, gathered from their shards."""
+    be = get_backend(backend)
+    return be.to_numpy(kmeans_plusplus(be.asarray(_gather_rows(parts, rows)), k, seed))
 
 
 # The distance passes of the init run in TF32 on GPUs: labels and distances are exact in
@@ -348,17 +359,13 @@ def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int
     m = min(n, max(k, int(config.get("init.sample-size"))))
     ss = np.random.SeedSequence(seed)
     s1, s2 = ss.spawn(2)
-    rows = np.sort(np.random.default_rng(s1).choice(n, size=m, replace=False))
-    sample = take_rows(client, placement, rows)
-    trials = _trials(k)
+    rows = np.arange(n) if m == n else np.sort(np.random.default_rng(s1).choice(n, size=m, replace=False))
     # A small seeding runs on the host: on a GPU its K dependent steps cost more in kernel
     # loads, the BLAS handle and synchronisations than the arithmetic (2-D blobs, K = 5: ~0.15 s).
-    small = k * trials * m * placement.n_features <= _HOST_KMEANSPP_FLOPS
-    be = get_backend("numpy" if small else placement.backend)
-    fut = client.submit(
-        lambda s: be.to_numpy(kmeans_plusplus(be.asarray(s), k, s2)), sample, pure=False,
-        key=f"daskmeans-kmeans++-{uuid.uuid4().hex}",
-    )
+    small = k * _trials(k) * m * placement.n_features <= _HOST_KMEANSPP_FLOPS
+    fut = client.submit(_seed_sample, _row_parts(client, placement, rows), rows, k, s2,
+                        "numpy" if small else placement.backend, pure=False,
+                        key=f"daskmeans-kmeans++-{uuid.uuid4().hex}")
     return _result(client, placement, fut)
 
 
