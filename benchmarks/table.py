@@ -23,8 +23,8 @@ BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 
 # The results each table is made from (one device kind each; other kinds stay in docs/performance.md).
 KERNELS = "gpu_kernels_h200.json"
-COMMANDS = ("command_h200.json", "command_cpu_2core.json")
-MULTIGPU = "multigpu_h200x2.json"
+COMMANDS = ("command_h100.json", "command_cpu_2core.json")
+MULTIGPU = "multigpu_h100x2.json"
 TIERS = "tiers_h200.json"
 
 

@@ -210,37 +210,9 @@ def _skip_unused_imports() -> None:
         sys.modules["xarray"] = None  # `import xarray` raises ImportError here: Dask goes on without it
 
 
-def _start_gpu(args) -> None:
-    """Where the command will start a local GPU worker, start the GPU in a background thread
-    while the main thread imports Dask: CuPy's import, the driver's initialisation and, for
-    the one GPU of an in-process worker, its context (~0.5 s on an H100 host, most of it in
-    the driver, which releases the interpreter lock)."""
-    if args.backend == "cpu" or args.scheduler or args.scheduler_file:
-        return
-    import dask
-
-    from . import config  # Dask's settings (needed next anyway): decides the worker's place
-
-    if dask.config.get("scheduler-address", None):  # DASK_SCHEDULER_ADDRESS: an external cluster
-        return
-    context = config.gpu_in_process(1)  # with one GPU, its worker is a thread of this process
-
-    def start() -> None:
-        from .backends import gpu_count
-
-        if gpu_count() == 1 and context:
-            import cupy
-
-            cupy.cuda.runtime.setDevice(0)
-            cupy.cuda.runtime.memGetInfo()  # creates the primary context, which the worker's thread shares
-
-    threading.Thread(target=start, name="daskmeans-gpu-start", daemon=True).start()
-
-
 def _cmd_fit(args) -> int:
     t_main = time.perf_counter()
     phase = Phases()
-    _start_gpu(args)
     with phase("imports"):
         from .dask_cluster import check_paths_on_workers, describe
         from .errors import DaskmeansError
