@@ -109,7 +109,7 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
 
     With an empty kernel cache a first iteration otherwise waits for the compiles (seconds at
     large K); started before the data is placed, they overlap the placement. A kernel asked
-    for meanwhile waits for its compile in flight (:func:`.cuda_src._functions`); a compile
+    for meanwhile waits for its compile in flight (:func:`.cuda_src._once`); a compile
     error is raised there again, by the call that needs the kernel."""
     import threading
 

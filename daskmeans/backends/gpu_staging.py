@@ -13,6 +13,7 @@ s for CuPy's copy of pageable memory and 0.2-0.5 s for the first such copy of a 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import wait
 from typing import Any
 
 import numpy
@@ -54,7 +55,9 @@ class _Uploader:
                 stream.synchronize()
 
         with self.lock:
-            for f in [self.pool.submit(lane, j) for j in range(lanes)]:
+            futs = [self.pool.submit(lane, j) for j in range(lanes)]
+            wait(futs)  # every lane done with its buffer before the next upload, even after an error
+            for f in futs:
                 f.result()
 
 

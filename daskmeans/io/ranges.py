@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from ..errors import DataError
 
@@ -53,7 +53,9 @@ def read_into(path: str, offset: int, buf: memoryview) -> None:
             for a in starts:
                 piece(a)
         else:
-            for f in [_pool().submit(piece, a) for a in starts]:
+            futs = [_pool().submit(piece, a) for a in starts]
+            wait(futs)  # no piece may still read from the descriptor once it is closed
+            for f in futs:
                 f.result()
     finally:
         os.close(fd)
