@@ -411,6 +411,26 @@ def _check_interrupt() -> None:
         raise _pending()
 
 
+@contextlib.contextmanager
+def _quiet_dropped_signals():
+    """While the command runs, a signal's exception that Python drops because it was raised
+    inside a finaliser is not printed ('Exception ignored in ...' and a traceback, where the
+    user should read one line): :func:`_check_interrupt` raises it again. Any other exception
+    a finaliser drops is printed as usual."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _pending is not None:
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def run() -> None:
     """The ``daskmeans`` command: :func:`main`, then exit at once. The work is done and every
     output closed and renamed into place by then; Python's own shutdown (the in-process
@@ -433,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with warnings.catch_warnings():  # restores the default display when main() returns
+        with warnings.catch_warnings(), _quiet_dropped_signals():  # both restored when main() returns
             warnings.showwarning = _show_warning
             return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
                     "generate": _cmd_generate}[args.command](args)

@@ -211,3 +211,35 @@ def test_interrupted_label_write_leaves_the_previous_output_and_no_temporary_dir
     time.sleep(1.0)  # a worker write still in flight would land by now
     assert [t.name for t in d.iterdir() if ".tmp-" in t.name] == []
     assert _tree(out) == before
+
+
+def test_a_signal_dropped_in_a_finaliser_prints_no_traceback(capsys):
+    """SIGTERM landing while a finaliser runs (a Dask future's ``__del__``): Python drops the
+    exception and would print 'Exception ignored' with a traceback; the command prints
+    nothing for it and raises it again at its next check. Other dropped exceptions still print."""
+    import sys
+
+    from daskmeans import cli
+
+    class Dropped:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = sys.__unraisablehook__  # Python's own printing, not pytest's collector
+    cli._pending = cli.Terminated
+    try:
+        with cli._quiet_dropped_signals():
+            Dropped(cli.Terminated())
+            Dropped(ValueError("a real bug"))
+            with pytest.raises(cli.Terminated):
+                cli._check_interrupt()
+        assert sys.unraisablehook is sys.__unraisablehook__
+    finally:
+        cli._pending = None
+        sys.unraisablehook = hook
+    err = capsys.readouterr().err
+    assert "Terminated" not in err and "ValueError: a real bug" in err, err
