@@ -201,13 +201,19 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _skip_unused_imports() -> None:
-    """Keep Dask from importing xarray (and pandas with it: ~0.35 s on a GPU host) in the
-    command's process: Dask imports it, where installed, only to recognise xarray objects,
-    and the command reads files. Only :func:`run` (a process of its own) does this, never
-    :func:`main`, which may run inside a user's process."""
+def _command_process() -> None:
+    """Settings of the command's own process, made by :func:`run` before Dask loads (never by
+    :func:`main`, which may run inside a user's process):
+
+    - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host): it imports it,
+      where installed, only to recognise xarray objects, and the command reads files;
+    - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
+      and its cluster closes) stay out of the command's output, where errors are one line;
+      the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins.
+    """
     if "xarray" not in sys.modules:
         sys.modules["xarray"] = None  # `import xarray` raises ImportError here: Dask goes on without it
+    os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "critical")
 
 
 def _cmd_fit(args) -> int:
@@ -436,7 +442,7 @@ def run() -> None:
     output closed and renamed into place by then; Python's own shutdown (the in-process
     cluster's threads, CUDA's teardown, freeing every module) took ~0.6 s of a command on a GPU
     host, so it is skipped (``os._exit``) once the streams are flushed."""
-    _skip_unused_imports()
+    _command_process()
     rc = main()
     sys.stdout.flush()
     sys.stderr.flush()

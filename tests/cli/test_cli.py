@@ -171,6 +171,28 @@ def test_the_command_does_not_import_xarray(blobs, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("user_level, shown", [(None, False), ("info", True)])
+def test_the_command_keeps_dask_log_lines_out_unless_the_user_asks(user_level, shown):
+    """Dask logs comm events with tracebacks when an interrupted fit's cluster closes: the
+    command's process keeps them off stderr, unless the user sets Dask's logging level."""
+    import subprocess
+    import sys
+
+    code = ("from daskmeans import cli\n"
+            "cli._command_process()\n"
+            "import logging, distributed\n"
+            "try:\n    raise OSError('comm closed')\nexcept OSError:\n"
+            "    logging.getLogger('distributed.batched').info('Batched Comm Closed', exc_info=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"}
+    if user_level:
+        env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = user_level
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert ("Batched Comm Closed" in p.stderr and "Traceback" in p.stderr) is shown, p.stderr
+    if not shown:
+        assert p.stderr == ""
+
+
 def test_every_flag_is_in_the_readme_cli_reference_and_back():
     """The README's CLI reference names every command and flag of the parser, and nothing else."""
     import argparse
