@@ -402,13 +402,7 @@ class DaskCollective:
             # each sum on (all-gather).
             for i, (a, b) in enumerate(mine):
                 parts = [host[a:b] if src == rank else self._take(tag + (0, i, src)) for src in range(self.size)]
-                acc = out[a:b]
-                if self.size == 1:
-                    acc[...] = parts[0]
-                else:
-                    np.add(parts[0], parts[1], out=acc)
-                    for part in parts[2:]:
-                        acc += part
+                acc = _sum_in_rank_order(parts, out[a:b])
                 for q in queues.values():
                     loop.call_soon_threadsafe(q.put_nowait, (tag + (1, i, rank), acc))
             for src in range(self.size):
@@ -490,9 +484,7 @@ class DaskCollective:
             for src in peers:
                 self._take(tag + (src,))
             parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n] for r in range(self.size)]
-            out = np.add(parts[0], parts[1])
-            for part in parts[2:]:
-                out += part
+            out = _sum_in_rank_order(parts, np.empty(n, np.int64))
             del parts
             self._wait_sends()
         finally:
@@ -505,6 +497,17 @@ class DaskCollective:
         if self._shm:
             _close_segments(self._shm)
         self._shm = False
+
+
+def _sum_in_rank_order(parts: list, out: np.ndarray) -> np.ndarray:
+    """``out`` = the ranks' int64 ``parts`` added in rank order (the same integers on every rank)."""
+    if len(parts) == 1:
+        out[...] = parts[0]
+        return out
+    np.add(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        out += part
+    return out
 
 
 def _close_segments(state: tuple) -> None:
