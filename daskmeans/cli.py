@@ -201,18 +201,23 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack")
+
+
 def _command_process() -> None:
     """Settings of the command's own process, made by :func:`run` before Dask loads (never by
     :func:`main`, which may run inside a user's process):
 
-    - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host): it imports it,
-      where installed, only to recognise xarray objects, and the command reads files;
+    - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host), SciPy's sparse
+      matrices or SciPy's FFT (~0.15 s): it imports them, where installed, only to recognise
+      such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
       and its cluster closes) stay out of the command's output, where errors are one line;
       the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins.
     """
-    if "xarray" not in sys.modules:
-        sys.modules["xarray"] = None  # `import xarray` raises ImportError here: Dask goes on without it
+    for name in _OPTIONAL_IMPORTS:
+        if name not in sys.modules:
+            sys.modules[name] = None  # `import name` raises ImportError here: Dask goes on without it
     os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "critical")
 
 

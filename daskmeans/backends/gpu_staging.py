@@ -18,6 +18,17 @@ from typing import Any
 
 import numpy
 
+def empty_pinned(shape: tuple | int, dtype: Any) -> numpy.ndarray:
+    """An uninitialised host array in page-locked memory (freed with the array). What
+    ``cupyx.empty_pinned`` does, without importing ``cupyx``, which loads its SciPy layer."""
+    import cupy
+
+    dtype = numpy.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
+    mem = cupy.cuda.alloc_pinned_memory(max(1, int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize))
+    return numpy.ndarray(shape, dtype, buffer=mem)
+
+
 UPLOAD_PIECE_BYTES = 16 << 20
 UPLOAD_LANES = 4
 UPLOAD_MIN_BYTES = 4 * UPLOAD_PIECE_BYTES  # smaller arrays: one copy of pageable memory
@@ -29,11 +40,10 @@ class _Uploader:
 
     def __init__(self, device: int):
         import cupy
-        import cupyx
         from concurrent.futures import ThreadPoolExecutor
 
         self.device = device
-        self.lanes = [(cupyx.empty_pinned(UPLOAD_PIECE_BYTES, numpy.uint8), cupy.cuda.Stream(non_blocking=True))
+        self.lanes = [(empty_pinned(UPLOAD_PIECE_BYTES, numpy.uint8), cupy.cuda.Stream(non_blocking=True))
                       for _ in range(UPLOAD_LANES)]
         self.pool = ThreadPoolExecutor(UPLOAD_LANES, thread_name_prefix="daskmeans-upload")
         self.lock = threading.Lock()  # one upload at a time uses the buffers

@@ -585,6 +585,24 @@ def test_warm_compiles_every_kernel_a_fit_launches(monkeypatch, k, d, precision,
     assert cuda_src._CACHE == warmed
 
 
+def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
+    """gpu_staging.empty_pinned: host arrays of the asked shape and dtype in page-locked memory
+    (CUDA reports them as host memory it registered), empty ones included."""
+    import cupy
+
+    from daskmeans.backends import gpu_staging
+
+    for shape, dtype in (((3, 4), np.float32), (5, np.int64), ((0,), np.float64), ((2, 0, 3), np.uint8)):
+        a = gpu_staging.empty_pinned(shape, dtype)
+        want = (shape,) if isinstance(shape, int) else shape
+        assert a.shape == want and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+        attrs = cupy.cuda.runtime.pointerGetAttributes(a.ctypes.data)
+        assert attrs.type == cupy.cuda.runtime.memoryTypeHost
+        a[...] = 7
+        g = cupy.asarray(a)
+        np.testing.assert_array_equal(cupy.asnumpy(g), np.full(want, 7, dtype))
+
+
 def test_upload_through_page_locked_buffers_copies_every_byte(monkeypatch, tmp_path):
     """Large host arrays reach the GPU through the page-locked lanes: the same array for sizes
     around the pieces' edges, float64, a non-contiguous view and a memory map; two uploads at
