@@ -9,10 +9,12 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
 - ``iteration_s``: median wall time of an iteration on rank 0 (assign, collective, update);
 - ``loop_wall_per_iteration_s``: the loop's wall time as the client sees it (segments' round
   trips included) over its iterations plus one (the final E-step counted as one);
-- ``kernel_s``: median over iterations of the slowest rank's kernel time;
-- ``orchestration_s``: ``iteration_s - kernel_s`` (collective, update, segment overhead), and
-  its parts ``collective_s`` (the all-reduce and the statistics' copy to the host) and
-  ``update_s`` (empty clusters, the centroid update, the shift);
+- ``kernel_s``: median over iterations of the slowest rank's kernel time (on a GPU, CUDA
+  events from the iteration's start to its last assign kernel);
+- ``orchestration_s``: median over iterations of the iteration's time minus its kernel time
+  (collective, statistics, update; per iteration, so that the kernels' own spread, ~1 ms in a
+  1 s iteration, does not enter), and its parts ``collective_s`` (the all-reduce) and
+  ``update_s`` (the centroid update and the shift, after the all-reduce);
 - the speed-up over 1 GPU, and whether the centroids are bitwise those of 1 GPU in the
   generated chunking (for every GPU count, collective and, with ``--chunkings``, chunking);
 - ``init_s``: the default init (k-means||, seed 0) on the placed data, timed after the loop's
@@ -112,12 +114,13 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
         hist = res.history
         it_s = float(np.median([h["seconds"] for h in hist[1:]]))
         kern = float(np.median([h["kernel_seconds"] for h in hist[1:]]))
+        orch = float(np.median([h["seconds"] - h["kernel_seconds"] for h in hist[1:]]))
         coll = float(np.median([h["collective_seconds"] for h in hist[1:]]))
         upd = float(np.median([h["update_seconds"] for h in hist[1:]]))
         return {
             "gpus": n_gpus, "problem": problem, "n": n, "d": d, "k": k, "precision": precision,
             "collective": kind, "chunking": chunking, "chunks": len(p.row_chunks), "iterations": len(hist), "placement_s": t_place,
-            "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": it_s - kern,
+            "loop_wall_s": wall, "loop_wall_per_iteration_s": wall / (len(hist) + 1), "iteration_s": it_s, "kernel_s": kern, "orchestration_s": orch,
             "collective_s": coll, "update_s": upd, "max_empty_clusters": max(h["n_empty"] for h in hist),
             "iteration_wall_s": [h["seconds"] for h in hist], "kernel_wall_s": [h["kernel_seconds"] for h in hist],
             "init_s": init_s, "init_iteration_times": None if init_s is None else init_s / it_s,

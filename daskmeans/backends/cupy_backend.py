@@ -67,18 +67,37 @@ def pinned(block: Any) -> numpy.ndarray:
     return out
 
 
-def to_numpy(a: Any, out: numpy.ndarray | None = None) -> numpy.ndarray:
+def to_numpy(a: Any, out: numpy.ndarray | None = None, blocking: bool = True) -> numpy.ndarray:
     """``a`` on the host; into ``out`` where given (page-locked: a direct copy, no staging
-    through a driver buffer as for pageable memory)."""
+    through a driver buffer as for pageable memory), with ``blocking=False`` only queued on
+    the current stream (see :func:`mark` and :func:`wait`)."""
     import cupy
 
     if out is None:
         return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else numpy.asarray(a)
     if isinstance(a, cupy.ndarray):
-        a.get(out=out)
+        cupy.asnumpy(a, out=out, blocking=blocking)
     else:
         numpy.copyto(out, a)
     return out
+
+
+def mark() -> Any:
+    """A CUDA event recorded on the current stream (timing enabled)."""
+    import cupy
+
+    return cupy.cuda.get_current_stream().record()
+
+
+def wait(mark: Any) -> None:
+    mark.synchronize()
+
+
+def elapsed(start: Any, end: Any) -> float:
+    """Seconds between two recorded events (``end`` done)."""
+    import cupy
+
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3
 
 
 def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,

@@ -13,6 +13,7 @@ for host-side arrays only and never needs them.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,24 @@ def pinned(block: Any) -> numpy.ndarray:
     return asarray(block)
 
 
-def to_numpy(a: Any, out: numpy.ndarray | None = None) -> numpy.ndarray:
+def to_numpy(a: Any, out: numpy.ndarray | None = None, blocking: bool = True) -> numpy.ndarray:
     if out is None:
         return numpy.asarray(a)
     numpy.copyto(out, a)
     return out
+
+
+def mark() -> float:
+    """The time: on the host every call's work is done when it returns."""
+    return time.perf_counter()
+
+
+def wait(mark: float) -> None:
+    return None
+
+
+def elapsed(start: float, end: float) -> float:
+    return end - start
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> None:

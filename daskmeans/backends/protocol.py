@@ -25,9 +25,21 @@ class Backend(Protocol):
     def asarray(self, block: Any, dtype: Any = None) -> Any:
         """``block`` on the backend's device, C-contiguous (and aligned on the host)."""
 
-    def to_numpy(self, a: Any, out: Any = None) -> Any:
+    def to_numpy(self, a: Any, out: Any = None, blocking: bool = True) -> Any:
         """``a`` as a host NumPy array; into ``out`` (a host array of ``a``'s shape and dtype)
-        where given: from a GPU, a page-locked ``out`` (:meth:`pinned`) is copied to directly."""
+        where given: from a GPU, a page-locked ``out`` (:meth:`pinned`) is copied to directly.
+        With ``blocking=False`` (``out`` given) a GPU only queues the copy: ``out`` holds ``a``
+        once :meth:`wait` returns for a later :meth:`mark`."""
+
+    def mark(self) -> Any:
+        """A point in the work queued so far (a CUDA event on a GPU; the time on the host, where
+        work is done when its call returns), for :meth:`wait` and :meth:`elapsed`."""
+
+    def wait(self, mark: Any) -> None:
+        """Return once the work queued before ``mark`` is done."""
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        """Seconds from mark ``start`` to mark ``end``, once ``end`` is done (:meth:`wait`)."""
 
     def pinned(self, block: Any) -> Any:
         """A host copy of ``block`` kept by the ``host`` tier (page-locked for a GPU)."""

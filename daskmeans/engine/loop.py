@@ -12,9 +12,15 @@ Per segment (a few iterations, about ``daskmeans.segment-seconds`` long)::
 
 The int64 buffer of one iteration carries everything the ranks combine: the fixed-point sums
 and weights, the counts, each chunk's inertia (as float64 bits in the chunk's own slot, so the total
-is added in chunk order on every rank), each rank's kernel time (its own slot), the reassigned
-and re-checked row counts, and rank 0's "segment time is up" flag. Nothing in the result
-depends on how many workers there are or which chunks each holds.
+is added in chunk order on every rank), the reassigned and re-checked row counts, and rank 0's
+"this is the segment's last iteration" flag. Nothing in the result depends on how many workers
+there are or which chunks each holds.
+
+A rank queues an iteration's work without waiting in between: the kernels, the collective,
+the copy of the statistics to the host and the centroid update (launched before the
+statistics are read; launched again in the rare iteration that re-seeds empty clusters). The
+host waits twice: for the statistics, then for the shift. Each rank times its kernels with
+the backend's marks (CUDA events on a GPU); the client keeps the slowest rank's time.
 
 Centroids stay on the workers between segments; only statistics travel to the client, which
 shows progress after each segment. When a worker is lost the client aborts the segment on the
@@ -99,7 +105,7 @@ class FinalLabels:
 class _Layout:
     """Offsets of the fields in one iteration's int64 buffer."""
 
-    def __init__(self, k: int, d: int, n_chunks: int, n_ranks: int):
+    def __init__(self, k: int, d: int, n_chunks: int):
         self.k, self.d = k, d
         o = 0
         self.sums = slice(o, o + k * d)
@@ -109,8 +115,7 @@ class _Layout:
         self.counts = slice(o, o + k)
         self.small = o = self.counts.stop  # from here on the scalars travel to the host
         self.inertia = o  # n_chunks float64 slots
-        self.kernel = o + n_chunks  # n_ranks float64 slots
-        self.reassigned = self.kernel + n_ranks
+        self.reassigned = o + n_chunks
         self.rechecked = self.reassigned + 1
         self.flag = self.rechecked + 1
         self.n = self.flag + 1
@@ -171,14 +176,18 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
 
 
 def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float) -> dict:
-    """One Lloyd iteration on this rank; returns its statistics (identical on every rank)."""
+    """One Lloyd iteration on this rank; returns its statistics (identical on every rank but
+    the timings: ``kernel_seconds`` is this rank's)."""
     be = shard.be
     xp = be.xp
     t_start = time.perf_counter()
+    m_start = be.mark()
     k, d = st.centroids.shape
-    lay = _Layout(k, d, fit.n_chunks, comm.size)
+    lay = _Layout(k, d, fit.n_chunks)
     buf = xp.zeros(lay.n, xp.int64)
     fv = buf.view(xp.float64)
+    if comm.rank == 0 and t_start - seg_t0 >= fit.segment_seconds:
+        buf[lay.flag] = 1  # decided before the kernels: every rank learns it from the sum
     prep = be.prepare(st.centroids, shard.dtype, fit.precision)
     it = st.iteration
     prev = _slot(shard, it - 1) if it > 0 else None
@@ -199,36 +208,39 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
         buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
     shard.labels[it % 2] = labels
-    int(buf[lay.reassigned])  # waits for this rank's kernels: kernel_seconds covers their work
-    fv[lay.kernel + comm.rank] = time.perf_counter() - t_start
-    if comm.rank == 0 and time.perf_counter() - seg_t0 >= fit.segment_seconds:
-        buf[lay.flag] = 1
-    t_comm = time.perf_counter()
+    m_kernels = be.mark()
     total = comm.allreduce(buf)
-    # One device-to-host copy of the weights, counts and scalars (2K + a few int64): the empty
+    m_reduced = be.mark()
+    # One copy to the host of the weights, counts and scalars (2K + a few int64): the empty
     # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
     # a synchronisation, and CuPy's CUB reductions seconds of NVRTC on a cold kernel cache).
     n_host = lay.n - lay.weights.start
     if st.stats_host is None or st.stats_host.shape[0] != n_host:
         st.stats_host = be.pinned(np.empty(n_host, np.int64))
-    host = be.to_numpy(total[lay.weights.start :], out=st.stats_host)
-    small = host[lay.small - lay.weights.start :]
-    t_update = time.perf_counter()
-    smallf = small.view(np.float64)
+    host = be.to_numpy(total[lay.weights.start :], out=st.stats_host, blocking=False)
+    m_copied = be.mark()
     isums = total[lay.sums].reshape(k, d)
     iweights = total[lay.weights]
+    old = st.centroids
+    # Queued behind the copy, so that the GPU updates while the host reads the statistics.
+    new, shift = be.update_centroids(isums, iweights, old, fit.grid)
+    m_updated = be.mark()
+    be.wait(m_copied)
+    small = host[lay.small - lay.weights.start :]
+    smallf = small.view(np.float64)
     n_empty = int(np.count_nonzero(host[:k] <= 0))  # empty means no weight (as scikit-learn)
     largest = int(host[k : 2 * k].max())
     imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
     if n_empty:
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
         isums, iweights = _relocate(isums, iweights, cands, fit.grid, be)
-    old = st.centroids
-    new, shift = be.update_centroids(isums, iweights, old, fit.grid)
+        new, shift = be.update_centroids(isums, iweights, old, fit.grid)
+        m_updated = be.mark()
     if fit.metric == "cosine":
         new = unit_centroids(new, old)
         shift = ((new - old) ** 2).sum()
     shift = float(shift)
+    be.wait(m_updated)
     st.prev, st.centroids, st.iteration = old, new, it + 1
     n_chunks = fit.n_chunks
     seconds = time.perf_counter() - t_start
@@ -240,9 +252,9 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         "n_empty": n_empty,
         "rechecked": int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
         "imbalance": imbalance,
-        "kernel_seconds": float(smallf[n_chunks : n_chunks + comm.size].max()),
-        "collective_seconds": t_update - t_comm,
-        "update_seconds": time.perf_counter() - t_update,
+        "kernel_seconds": be.elapsed(m_start, m_kernels),
+        "collective_seconds": be.elapsed(m_kernels, m_reduced),
+        "update_seconds": be.elapsed(m_reduced, m_updated),
         "seconds": seconds,
         "gb_per_s": fit.n_samples * d * np.dtype(shard.dtype).itemsize / max(seconds, 1e-12) / 1e9,
         "_end_segment": bool(small[lay.flag - lay.small]),
@@ -279,8 +291,9 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     Returns
     -------
     dict
-        ``history`` (rank 0: one statistics dict per iteration; others: empty), ``done``, and
-        when done ``inertia`` (under the final centroids).
+        ``history`` (rank 0: one statistics dict per iteration; others: empty), this rank's
+        ``kernel_seconds`` per iteration, ``done``, and when done ``inertia`` (under the final
+        centroids).
     """
     worker = get_worker()
     be = shard.be
@@ -312,7 +325,10 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         if end:
             break
     st.history += history
-    result: dict = {"history": history if rank == 0 else [], "done": st.done or st.iteration >= fit.max_iter}
+    result: dict = {
+        "history": history if rank == 0 else [], "kernel_seconds": [h["kernel_seconds"] for h in history],
+        "done": st.done or st.iteration >= fit.max_iter,
+    }
     if result["done"]:
         labels, inertia = _labels_under(shard, st.centroids, fit.precision, be)
         shard.final = FinalLabels(labels)
@@ -641,7 +657,8 @@ def _segments(client, placement, spec, fit, start, history, callback, saver=None
         )
         first = None
         results = _await(client, futs, placement, spec)
-        for stats in results[0]["history"]:
+        for i, stats in enumerate(results[0]["history"]):
+            stats["kernel_seconds"] = max(r["kernel_seconds"][i] for r in results)  # the slowest rank's
             history.append(stats)
             if callback is not None:
                 callback(stats)

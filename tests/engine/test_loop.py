@@ -181,6 +181,36 @@ def test_segments_deliver_every_iteration_once_in_order(client, data):
     assert all(s["kernel_seconds"] > 0 and s["seconds"] > 0 for s in seen)
 
 
+def _set_clock(seconds):
+    """On a worker: the NumPy backend's marks measure ``seconds`` between any two (None: real)."""
+    from daskmeans.backends import numpy_backend
+
+    real = getattr(numpy_backend, "_real_elapsed", numpy_backend.elapsed)
+    numpy_backend._real_elapsed = real
+    numpy_backend.elapsed = real if seconds is None else (lambda start, end: seconds)
+
+
+def test_kernel_seconds_is_the_slowest_ranks(client, data):
+    """Each rank times its own kernels; the history keeps the slowest rank's time, also where
+    rank 0 (which reports the other statistics, as its ``collective_seconds`` shows) is the
+    faster one."""
+    a, b = sorted(client.nthreads())
+    X = da.from_array(data, chunks=(1000, -1))
+    rank0 = []
+    try:
+        for slow, fast in ((a, b), (b, a), (a, b), (b, a)):
+            client.run(_set_clock, 5.0, workers=[slow])
+            client.run(_set_clock, 1.0, workers=[fast])
+            km = KMeans(10, init=data[:10].astype(np.float64), max_iter=4, tol=0, client=client).fit(X)
+            assert [h["kernel_seconds"] for h in km.history_] == [5.0] * 4
+            rank0 += [h["collective_seconds"] for h in km.history_]
+            if 1.0 in rank0:
+                break
+    finally:
+        client.run(_set_clock, None)
+    assert 1.0 in rank0  # some fit had the faster worker as rank 0
+
+
 # ---------------------------------------------------------------- the loop: a worker lost
 
 

@@ -603,6 +603,25 @@ def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
         np.testing.assert_array_equal(cupy.asnumpy(g), np.full(want, 7, dtype))
 
 
+def test_queued_copy_to_the_host_and_marks():
+    """to_numpy(blocking=False) only queues the copy: after wait() on a later mark the
+    page-locked array holds the data; elapsed() times the work between two marks."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+
+    a = cupy.arange(1 << 22, dtype=cupy.int64)
+    out = cb.pinned(np.zeros(1 << 22, np.int64))
+    m0 = cb.mark()
+    b = a * 3  # some work between the marks
+    host = cb.to_numpy(b, out=out, blocking=False)
+    m1 = cb.mark()
+    cb.wait(m1)
+    assert host is out
+    np.testing.assert_array_equal(out, np.arange(1 << 22, dtype=np.int64) * 3)
+    assert 0 < cb.elapsed(m0, m1) < 10
+
+
 def test_upload_through_page_locked_buffers_copies_every_byte(monkeypatch, tmp_path):
     """Large host arrays reach the GPU through the page-locked lanes: the same array for sizes
     around the pieces' edges, float64, a non-contiguous view and a memory map; two uploads at
