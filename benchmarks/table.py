@@ -24,7 +24,7 @@ BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 # The results each table is made from (one device kind each; other kinds stay in docs/performance.md).
 KERNELS = "gpu_kernels_h200.json"
 COMMANDS = ("command_h100.json", "command_cpu_2core.json")
-MULTIGPU = "multigpu_h100x2.json"
+MULTIGPU = "multigpu_h100x4.json"
 TIERS = "tiers_h200.json"
 
 
@@ -108,24 +108,29 @@ def commands(docs: dict[str, dict]) -> str:
 
 
 def multigpu(doc: dict) -> str:
-    """Per-iteration speed-up of the most GPUs over one, P3 and P4."""
+    """Per-iteration time on 1 GPU and the speed-up on each larger GPU count, P3 and P4."""
     rows_in = [r for r in doc["results"] if r["chunking"] == "default" and r["collective"] != "dask"]
-    most = max(r["gpus"] for r in rows_in)
-    one = {(r["problem"], r["precision"]): r for r in rows_in if r["gpus"] == 1}
+    counts = sorted({r["gpus"] for r in rows_in if r["gpus"] > 1})
+    by = {(r["problem"], r["precision"], r["gpus"]): r for r in rows_in}
     rows, pairs, collectives = [], [], []
-    for r in rows_in:
-        base = one.get((r["problem"], r["precision"]))
-        if r["gpus"] != most or base is None:
+    for (problem, precision, g), base in by.items():
+        if g != 1:
             continue
-        if r["collective"].upper() not in collectives:
-            collectives.append(r["collective"].upper())
-        rows.append([problems.get(r["problem"]).label, r["precision"], _time(base["iteration_s"]),
-                     _time(r["iteration_s"]), f"{base['iteration_s'] / r['iteration_s']:.2f}",
-                     "yes" if r["bitwise_same_as_1_gpu"] else "**no**"])
-        pairs.append((f"{r['problem']} {r['precision']}", r.get("commit", doc.get("commit"))))
+        cells, same = [_time(base["iteration_s"])], True
+        for n in counts:
+            r = by.get((problem, precision, n))
+            if r is None:
+                cells.append("")
+                continue
+            cells.append(f"{_time(r['iteration_s'])} ({base['iteration_s'] / r['iteration_s']:.2f}x)")
+            same = same and r["bitwise_same_as_1_gpu"]
+            if r["collective"].upper() not in collectives:
+                collectives.append(r["collective"].upper())
+            pairs.append((f"{problem} {precision}", r.get("commit", doc.get("commit"))))
+        rows.append([problems.get(problem).label, precision, *cells, "yes" if same else "**no**"])
     lead = (f"**Multi-GPU** ({doc['device']}, one iteration: kernels, {' or '.join(collectives)} all-reduce, "
-            f"update; {_source(MULTIGPU)}, {_commits(pairs)}):")
-    return lead + "\n\n" + _table(["problem", "precision", "1 GPU", f"{most} GPUs", "speed-up",
+            f"update; time and speed-up over 1 GPU; {_source(MULTIGPU)}, {_commits(pairs)}):")
+    return lead + "\n\n" + _table(["problem", "precision", "1 GPU", *[f"{n} GPUs" for n in counts],
                                    "centroids bitwise those of 1 GPU"], rows)
 
 
