@@ -51,8 +51,13 @@ class Collective(Protocol):
     rank: int
     size: int
 
-    def allreduce(self, buf: Any) -> Any:
-        """Element-wise sum over ranks of a 1-D int64 buffer (NumPy or CuPy)."""
+    def allreduce(self, buf: Any, wait: bool = True) -> Any:
+        """Element-wise sum over ranks of a 1-D int64 buffer (NumPy or CuPy). With
+        ``wait=False`` a collective that runs on the device (NCCL) only queues it on the current
+        stream, so that later work queues behind it; :meth:`wait` then blocks until it is done."""
+
+    def wait(self) -> None:
+        """Block until the last all-reduce queued with ``wait=False`` is done."""
 
     def close(self) -> None:
         """Release the communicator."""
@@ -257,8 +262,11 @@ class SingleRank:
 
     rank, size = 0, 1
 
-    def allreduce(self, buf: Any) -> Any:
+    def allreduce(self, buf: Any, wait: bool = True) -> Any:
         return buf
+
+    def wait(self) -> None:
+        pass
 
     def interrupt(self) -> None:
         pass
@@ -367,7 +375,8 @@ class DaskCollective:
     # Buffers of at least this many bytes go through shared memory where the ranks share a host.
     shm_min_bytes = 1 << 20
 
-    def allreduce(self, buf: Any) -> Any:
+    def allreduce(self, buf: Any, wait: bool = True) -> Any:
+        """The sum, on the host and back (``wait`` has no effect: the host adds)."""
         n = int(buf.size)
         if self.size > 1 and self.spec.shared_memory and 8 * n >= self.shm_min_bytes:
             if self._shm is None:  # decided once, by all ranks together: they take the same path
@@ -375,6 +384,9 @@ class DaskCollective:
             if self._shm and n <= self._shm[0]:
                 return self._allreduce_shm(buf)
         return self._allreduce_comms(buf)
+
+    def wait(self) -> None:
+        pass
 
     def _allreduce_comms(self, buf: Any) -> Any:
         from ..backends import get_backend
@@ -532,17 +544,26 @@ class NcclCollective:
         self.box = mailbox(worker)
         self._nccl = nccl
         self._interrupted = False
+        self._pending: Any = None  # the event after the last queued all-reduce, until waited for
         # Collective across ranks: every rank's first segment calls this at about the same time.
         self.comm = nccl.NcclCommunicator(self.size, spec.nccl_id, rank)
 
-    def allreduce(self, buf: Any) -> Any:
+    def allreduce(self, buf: Any, wait: bool = True) -> Any:
         import cupy
 
         nccl = self._nccl
         out = cupy.empty_like(buf)
         stream = cupy.cuda.get_current_stream()
         self.comm.allReduce(buf.data.ptr, out.data.ptr, buf.size, nccl.NCCL_INT64, nccl.NCCL_SUM, stream.ptr)
-        done = stream.record()
+        self._pending = stream.record()
+        if wait:
+            self.wait()
+        return out
+
+    def wait(self) -> None:
+        done, self._pending = self._pending, None
+        if done is None:
+            return
         deadline = time.monotonic() + self.spec.timeout
         spins = 0
         while not done.done:
@@ -554,7 +575,6 @@ class NcclCollective:
                 self._interrupted = True
                 self.box.check(self.spec.fit_id, self.spec.epoch)
                 raise CollectiveAborted(f"NCCL all-reduce of fit {self.spec.fit_id} did not complete: a peer may be lost")
-        return out
 
     def interrupt(self) -> None:
         self._interrupted = True

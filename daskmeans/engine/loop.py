@@ -16,10 +16,11 @@ is added in chunk order on every rank), the reassigned and re-checked row counts
 "this is the segment's last iteration" flag. Nothing in the result depends on how many workers
 there are or which chunks each holds.
 
-A rank queues an iteration's work without waiting in between: the kernels, the collective,
-the copy of the statistics to the host and the centroid update (launched before the
-statistics are read; launched again in the rare iteration that re-seeds empty clusters). The
-host waits twice: for the statistics, then for the shift. Each rank times its kernels with
+A rank queues an iteration's work without waiting in between: the kernels, the collective
+(NCCL's; the Dask collective adds on the host), the copy of the statistics to the host and the
+centroid update (launched before the statistics are read; launched again in the rare
+iteration that re-seeds empty clusters). The host then waits for the collective (watching for
+a lost peer), for the statistics, and for the shift. Each rank times its kernels with
 the backend's marks (CUDA events on a GPU); the client keeps the slowest rank's time.
 
 Centroids stay on the workers between segments; only statistics travel to the client, which
@@ -209,7 +210,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
     shard.labels[it % 2] = labels
     m_kernels = be.mark()
-    total = comm.allreduce(buf)
+    total = comm.allreduce(buf, wait=False)  # NCCL: queued; the host waits below, once the rest is queued too
     m_reduced = be.mark()
     # One copy to the host of the weights, counts and scalars (2K + a few int64): the empty
     # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
@@ -225,6 +226,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     # Queued behind the copy, so that the GPU updates while the host reads the statistics.
     new, shift = be.update_centroids(isums, iweights, old, fit.grid)
     m_updated = be.mark()
+    comm.wait()  # watches for a lost peer or an abort while it waits
     be.wait(m_copied)
     small = host[lay.small - lay.weights.start :]
     smallf = small.view(np.float64)

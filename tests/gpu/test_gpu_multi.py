@@ -114,3 +114,40 @@ def test_dask_collective_sums_cupy_buffers_through_shared_memory_and_the_comms()
             for out, shared in outs:
                 np.testing.assert_array_equal(out, want)
                 assert shared == (n == 2**18 and shm.room_for(2 * 8 * n))
+
+
+def _nccl_queued(rank, spec, n):
+    """An NCCL all-reduce queued without waiting, work queued behind it, then the wait: the
+    sum, doubled on the device."""
+    import cupy
+    from distributed import get_worker
+
+    from daskmeans.engine import collective as coll
+
+    c = coll.open_collective(spec, rank, get_worker())
+    buf = cupy.asarray(np.random.default_rng([rank, n]).integers(-(2**40), 2**40, n, dtype=np.int64))
+    out = c.allreduce(buf, wait=False)
+    twice = out * 2  # queued behind the all-reduce on the same stream
+    c.wait()
+    c.wait()  # nothing pending: returns at once
+    return cupy.asnumpy(twice)
+
+
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
+def test_nccl_allreduce_queued_then_waited():
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from daskmeans.engine import collective as coll
+
+    n = 1 << 20
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0") as lc, Client(lc) as c:
+        c.run(coll.install_mailbox)
+        ws = sorted(c.nthreads())
+        nccl_id = c.submit(coll.nccl_unique_id, workers=[ws[0]], pure=False).result()
+        spec = coll.CollectiveSpec("t-nccl-queued", 0, tuple(ws), "nccl", nccl_id, timeout=60)
+        outs = c.gather([c.submit(_nccl_queued, r, spec, n, workers=[w], pure=False) for r, w in enumerate(ws)])
+        c.run(coll.release, spec.fit_id)
+    want = 2 * sum(np.random.default_rng([r, n]).integers(-(2**40), 2**40, n, dtype=np.int64) for r in range(2))
+    for out in outs:
+        np.testing.assert_array_equal(out, want)
