@@ -210,7 +210,9 @@ def _command_process() -> None:
 
     - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host), SciPy's sparse
       matrices or SciPy's FFT (~0.15 s): it imports them, where installed, only to recognise
-      such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files;
+      such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files
+      (SciPy modules that import ``scipy.sparse``, e.g. ``scipy.stats``, and scikit-learn then
+      cannot be imported in this process);
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
       and its cluster closes) stay out of the command's output, where errors are one line;
       the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins.
@@ -261,8 +263,9 @@ def _cmd_fit(args) -> int:
         link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
         _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
         km.client = client
-        # The model's writer (zarr, ~0.3 s of imports) loads while the fit waits on its workers.
-        threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
+        if args.labels:
+            # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
+            threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
         t0 = time.perf_counter()
         progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
         with _config(args), contextlib.closing(progress):

@@ -94,6 +94,7 @@ class LoopState:
     running: bool = False  # a segment is under way (or was aborted)
     done: bool = False
     stats_host: Any = None  # host (page-locked on a GPU) copy of each iteration's weights, counts, scalars
+    last_seconds: float = 0.0  # the last iteration's wall time (rank 0 ends a segment by it)
 
 
 @dataclass
@@ -187,8 +188,13 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     lay = _Layout(k, d, fit.n_chunks)
     buf = xp.zeros(lay.n, xp.int64)
     fv = buf.view(xp.float64)
-    if comm.rank == 0 and t_start - seg_t0 >= fit.segment_seconds:
-        buf[lay.flag] = 1  # decided before the kernels: every rank learns it from the sum
+    if comm.rank == 0 and t_start - seg_t0 + st.last_seconds >= fit.segment_seconds:
+        # This iteration (as long as the last one) ends the segment's time: decided before the
+        # kernels, every rank learns it from the sum.
+        buf[lay.flag] = 1
+    n_host = lay.n - lay.weights.start
+    if st.stats_host is None or st.stats_host.shape[0] != n_host:
+        st.stats_host = be.pinned(np.empty(n_host, np.int64))  # before the collective is queued
     prep = be.prepare(st.centroids, shard.dtype, fit.precision)
     it = st.iteration
     prev = _slot(shard, it - 1) if it > 0 else None
@@ -215,9 +221,6 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     # One copy to the host of the weights, counts and scalars (2K + a few int64): the empty
     # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
     # a synchronisation, and CuPy's CUB reductions seconds of NVRTC on a cold kernel cache).
-    n_host = lay.n - lay.weights.start
-    if st.stats_host is None or st.stats_host.shape[0] != n_host:
-        st.stats_host = be.pinned(np.empty(n_host, np.int64))
     host = be.to_numpy(total[lay.weights.start :], out=st.stats_host, blocking=False)
     m_copied = be.mark()
     isums = total[lay.sums].reshape(k, d)
@@ -234,6 +237,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     largest = int(host[k : 2 * k].max())
     imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
     if n_empty:
+        new = shift = None  # the update from the uncorrected sums: freed before the second one
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
         isums, iweights = _relocate(isums, iweights, cands, fit.grid, be)
         new, shift = be.update_centroids(isums, iweights, old, fit.grid)
@@ -245,7 +249,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     be.wait(m_updated)
     st.prev, st.centroids, st.iteration = old, new, it + 1
     n_chunks = fit.n_chunks
-    seconds = time.perf_counter() - t_start
+    seconds = st.last_seconds = time.perf_counter() - t_start
     return {
         "iteration": it + 1,
         "inertia": float(np.sum(smallf[:n_chunks])) * inertia_scale(fit.metric),
@@ -593,7 +597,7 @@ def run_lloyd(
             except WorkerLost as lost:
                 if replan is None:
                     raise DaskmeansError(f"worker(s) {lost.args[0]} left the cluster during the fit") from None
-                start = _restart_point(client, placement, lost.args[0]) or start
+                start = _restart_point(client, placement, lost.args[0], history) or start
                 if start.history is not None:
                     # Iterations a segment finished on every rank but never reported.
                     for stats in start.history[len(history) :]:
@@ -609,7 +613,7 @@ def run_lloyd(
             client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
         if saver.wanted:
             with contextlib.suppress(Exception):  # never mask the interrupt
-                saver.save(_restart_point(client, placement, []))
+                saver.save(_restart_point(client, placement, [], history))
         raise
     finally:
         with contextlib.suppress(Exception):
@@ -632,9 +636,9 @@ class _Checkpointer:
         self.wanted = hook is not None
         self.saved: Start | None = None
 
-    def maybe(self, placement: Placement, iteration: int) -> None:
-        if self.wanted and iteration - self.last >= self.every:
-            self.save(_restart_point(self.client, placement, []))
+    def maybe(self, placement: Placement, history: list) -> None:
+        if self.wanted and len(history) - self.last >= self.every:
+            self.save(_restart_point(self.client, placement, [], history))
 
     def save(self, start: Start | None) -> None:
         if start is not None and start.iteration > 0:
@@ -667,20 +671,25 @@ def _segments(client, placement, spec, fit, start, history, callback, saver=None
         if results[0]["done"]:
             return results
         if saver is not None:
-            saver.maybe(placement, len(history))
+            saver.maybe(placement, history)
 
 
-def _restart_point(client: Client, placement: Placement, lost: list) -> Start | None:
+def _restart_point(client: Client, placement: Placement, lost: list, history: list) -> Start | None:
     """The state every rank had when the aborted segment began, from a surviving rank (None:
-    no rank got as far as a segment, so the placement's own start stands)."""
+    no rank got as far as a segment, so the placement's own start stands). Its statistics are
+    the client's ``history`` where the client has them (a rank's own carry its own kernel
+    times, not the slowest rank's), then the survivor's for iterations never reported."""
     survivors = [(s, w) for s, w in zip(placement.shards, placement.workers) if w not in lost]
     if not survivors:
         raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
     for shard, w in survivors:
         try:
-            return client.submit(_restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
+            start = client.submit(_restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
                 timeout=60
             )
         except Exception:  # that worker went too: try the next
             continue
+        if start is not None and start.history is not None:
+            start.history = history[: start.iteration] + start.history[len(history) :]
+        return start
     raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")

@@ -149,34 +149,64 @@ def test_help_imports_neither_dask_nor_numpy():
 def test_the_command_skips_dask_optional_imports(blobs, tmp_path):
     """Dask imports xarray (~0.35 s with pandas), SciPy's sparse matrices and SciPy's FFT
     (~0.15 s) where installed, to recognise such objects: the command's own process never
-    needs them. With a stand-in xarray installed, a plain ``import dask.array`` loads all
-    three; the command's process (as :func:`daskmeans.cli.run` sets it up) fits without them."""
+    needs them. With a stand-in xarray installed and an import hook logging every attempt to
+    load them (``sitecustomize``), a plain ``import dask.array`` tries all three; the command
+    (``python -m daskmeans fit``) none."""
     import subprocess
     import sys
 
-    fake = tmp_path / "site" / "xarray"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("__version__ = '2099.1.0'\n")
-    meta = tmp_path / "site" / "xarray-2099.1.0.dist-info"  # Dask asks for an installed distribution
+    pytest.importorskip("scipy")
+    site = tmp_path / "site"
+    (site / "xarray").mkdir(parents=True)
+    (site / "xarray" / "__init__.py").write_text("__version__ = '2099.1.0'\n")
+    meta = site / "xarray-2099.1.0.dist-info"  # Dask asks for an installed distribution
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: xarray\nVersion: 2099.1.0\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    log = tmp_path / "tried"
     optional = ("xarray", "scipy.sparse", "scipy.fftpack")
-    report = f"import sys; print('LOADED', [m for m in {optional!r} if sys.modules.get(m) is not None])"
+    # Called only for a name not already in sys.modules: a name the command marked absent
+    # fails before any finder is asked.
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name in {optional!r}:\n"
+        f"            open({str(log)!r}, 'a').write(name + '\\n')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Watch())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
 
-    def loaded(code):
-        p = subprocess.run([sys.executable, "-c", code + "\n" + report], env=env, capture_output=True, text=True,
-                           timeout=300)
+    def tried(argv):
+        log.write_text("")
+        p = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
-        return p.stdout.strip().splitlines()[-1]
+        return set(log.read_text().split())
 
-    assert loaded("import dask.array") == f"LOADED {list(optional)}"  # the premise: Dask does import them
+    assert tried(["-c", "import dask.array"]) == set(optional)  # the premise: Dask does import them
     _, path = blobs
-    argv = ["fit", path, "--k", "4", "-q", "-o", str(tmp_path / "m.zarr")]
-    fit = loaded(f"from daskmeans import cli\ncli._command_process()\nassert cli.main({argv!r}) == 0\n"
-                 "import distributed")
-    assert fit == "LOADED []"
+    assert tried(["-m", "daskmeans", "fit", path, "--k", "4", "-q", "-o", str(tmp_path / "m.zarr")]) == set()
     assert (tmp_path / "m.zarr").exists()
+
+
+def test_a_fit_from_npy_writes_its_model_without_zarr_python(tmp_path):
+    """The model is a Zarr group written from the format's specification: a fit of a .npy file
+    never imports zarr-python (~0.4 s of imports), and daskmeans.load reads the model."""
+    import subprocess
+    import sys
+
+    import daskmeans
+
+    x = np.random.default_rng(0).standard_normal((3000, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "m.zarr"
+    code = ("import sys\nfrom daskmeans import cli\ncli._command_process()\n"
+            f"assert cli.main(['fit', {str(tmp_path / 'x.npy')!r}, '--k', '3', '-q', '-o', {str(out)!r}]) == 0\n"
+            "print('ZARR', 'zarr' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "ZARR False"
+    km = daskmeans.load(str(out))
+    assert km.cluster_centers_.shape == (3, 3) and km.n_features_in_ == 3
 
 
 @pytest.mark.parametrize("user_level, shown", [(None, False), ("info", True)])

@@ -347,6 +347,39 @@ def test_fit_from_paths_equals_fit_from_array(client, tmp_path, data):
 # ---------------------------------------------------------------- model store
 
 
+WRITTEN = {
+    "f64": np.arange(12.0).reshape(4, 3), "f32": np.linspace(-1, 1, 7, dtype=np.float32),
+    "i64": np.array([1, -2, 2**62]), "u8": np.arange(5, dtype=np.uint8).reshape(5, 1),
+    "b": np.array([True, False]), "f16": np.full((2, 2), 0.5, np.float16),
+    "special": np.array([np.nan, np.inf, -0.0, 5e-324]), "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+}
+
+
+def test_write_group_is_read_by_zarr_bit_for_bit(tmp_path):
+    """The hand-written Zarr group: zarr-python reads every array with its dtype, shape and
+    bytes, and the attributes; each array's metadata is what zarr-python writes for the same
+    array uncompressed in one chunk."""
+    root = str(tmp_path / "g.zarr")
+    model_store.write_group(root, WRITTEN, {"x": [1, 2.5], "y": "z"})
+    g = zarr.open_group(root, mode="r")
+    assert dict(g.attrs) == {"x": [1, 2.5], "y": "z"}
+    assert sorted(g.array_keys()) == sorted(WRITTEN)
+    for name, a in WRITTEN.items():
+        r = g[name][...]
+        assert r.dtype == a.dtype and r.shape == a.shape
+        assert r.tobytes() == np.ascontiguousarray(a).tobytes(), name
+        ref = zarr.create_array(str(tmp_path / f"ref-{name}.zarr"), data=np.ascontiguousarray(a), compressors=None,
+                                chunks=a.shape)
+        mine = g[name].metadata.to_dict()
+        assert mine == ref.metadata.to_dict(), name
+
+
+@pytest.mark.parametrize("bad", [np.array(["a", "b"]), np.zeros((2, 2, 2)), np.zeros((0, 3)), np.zeros(3, complex)])
+def test_write_group_refuses_what_it_cannot_write(tmp_path, bad):
+    with pytest.raises(ValueError, match="should be a non-empty 1-D or 2-D array of booleans, integers or floats"):
+        model_store.write_group(str(tmp_path / "g.zarr"), {"x": bad}, {})
+
+
 @pytest.fixture(scope="module")
 def model(client):
     X = np.random.default_rng(1).standard_normal((2000, 4))
@@ -406,15 +439,16 @@ def test_failed_save_leaves_nothing(tmp_path, model, monkeypatch):
     X, km = model
     path = str(tmp_path / "model.zarr")
     written = []
-    real_jsonable = model_store._jsonable
+    real_write_json = model_store._write_json
 
-    def boom(obj):
-        # the centroids array is already on disk in the temporary directory at this point
-        written.extend(p for p in os.listdir(tmp_path))
-        real_jsonable(obj)
-        raise RuntimeError("disk full")
+    def boom(path, doc):
+        if doc["node_type"] == "array":
+            # the group's metadata is already on disk in the temporary directory at this point
+            written.extend(p for p in os.listdir(tmp_path))
+            raise RuntimeError("disk full")
+        real_write_json(path, doc)
 
-    monkeypatch.setattr(model_store, "_jsonable", boom)
+    monkeypatch.setattr(model_store, "_write_json", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         km.save(path)
     assert written and all(".tmp-" in p for p in written), written  # it did write, elsewhere
