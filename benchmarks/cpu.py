@@ -50,6 +50,7 @@ def main(argv=None):
     from sklearn.cluster import KMeans as SKKMeans
 
     import daskmeans
+    from daskmeans.io.readers import rows_per_chunk
 
     rng = np.random.default_rng(int(time.time()))
     X = rng.standard_normal((args.n, args.d), dtype=np.float32)
@@ -57,7 +58,7 @@ def main(argv=None):
            "commit": meta.commit(), "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "n": args.n, "d": args.d, "max_iter": args.iters, "repeats": args.repeats, "results": []}
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as client:
-        Xd = da.from_array(X, chunks=(daskmeans.io.readers.rows_per_chunk(args.d, 4), args.d)).persist()
+        Xd = da.from_array(X, chunks=(rows_per_chunk(args.d, 4), args.d)).persist()
         wait(Xd)
         # Warm-up on a small array: worker imports, compiled kernels, first-task costs.
         Xw = da.from_array(X[:20_000], chunks=(5_000, args.d))
