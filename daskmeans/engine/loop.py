@@ -663,15 +663,21 @@ def _segments(client, placement, spec, fit, start, history, callback, saver=None
         )
         first = None
         results = _await(client, futs, placement, spec)
-        for i, stats in enumerate(results[0]["history"]):
-            stats["kernel_seconds"] = max(r["kernel_seconds"][i] for r in results)  # the slowest rank's
-            history.append(stats)
-            if callback is not None:
-                callback(stats)
+        _report(results, history, callback)
         if results[0]["done"]:
             return results
         if saver is not None:
             saver.maybe(placement, history)
+
+
+def _report(results: list, history: list, callback: Callable[[dict], None] | None) -> None:
+    """A segment's statistics (rank 0's) into ``history`` and to ``callback``, in order, each
+    with the slowest rank's kernel time."""
+    for i, stats in enumerate(results[0]["history"]):
+        stats["kernel_seconds"] = max(r["kernel_seconds"][i] for r in results)
+        history.append(stats)
+        if callback is not None:
+            callback(stats)
 
 
 def _restart_point(client: Client, placement: Placement, lost: list, history: list) -> Start | None:
