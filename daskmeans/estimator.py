@@ -102,7 +102,10 @@ class KMeans:
         Rows per cluster under the final centroids.
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
         n_empty, rechecked (fraction of rows), imbalance, seconds, kernel_seconds,
-        collective_seconds, update_seconds, gb_per_s)
+        collective_seconds, update_seconds, gb_per_s). ``seconds`` is rank 0's wall time;
+        ``kernel_seconds`` the slowest worker's time from the iteration's start to its last
+        assignment kernel (CUDA events on a GPU); ``collective_seconds`` and
+        ``update_seconds`` rank 0's combine and centroid update.
     timings_ : dict of str to float
         Wall seconds of the fit's phases: read (open and check the data), plan (the
         workers' budgets and the tier), place, moments (the pass that checks the data and
