@@ -95,7 +95,6 @@ class Problem:
         for s in range(0, self.n, rows):
             yield s, rng.standard_normal((min(rows, self.n - s), self.d), dtype=xp.float32)
 
-
     def write_zarr(self, path: str, seed: int, rows: int = BLOCK_ROWS, xp=np):
         """The problem's randn rows (:meth:`randn_blocks` of ``seed``, ``rows`` at a time) as a
         float32 Zarr array at ``path`` with chunks of ``rows`` rows; returns the array.

@@ -53,7 +53,7 @@ def asarray(block: Any, dtype: Any = None) -> Any:
     buffers, :func:`.gpu_staging.upload`)."""
     import cupy
 
-    if isinstance(block, numpy.ndarray) and block.nbytes >= gpu_staging.UPLOAD_MIN_BYTES:
+    if isinstance(block, numpy.ndarray):
         return gpu_staging.upload(numpy.asarray(block, dtype=dtype))
     return cupy.ascontiguousarray(cupy.asarray(block, dtype=dtype))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy
 
+
 def empty_pinned(shape: tuple | int, dtype: Any) -> numpy.ndarray:
     """An uninitialised host array in page-locked memory (freed with the array). What
     ``cupyx.empty_pinned`` does, without importing ``cupyx``, which loads its SciPy layer."""

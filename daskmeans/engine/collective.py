@@ -297,8 +297,8 @@ class DaskCollective:
         self.box = mailbox(worker)
         self.seq = 0
         self._sends: list[concurrent.futures.Future] = []
-        self._staging: tuple[np.ndarray, np.ndarray] | None = None  # a GPU buffer's host copies
-        self._sums: np.ndarray | None = None  # the shared-memory path's host sum of GPU buffers
+        self._staging: np.ndarray | None = None  # a GPU buffer's page-locked host copy
+        self._sum: np.ndarray | None = None  # the host sum of GPU buffers (it goes on to the device)
         # Shared-memory segments: None until the first large buffer, then (n, own segments by
         # parity, {peer rank: its segments}) or False (some rank cannot share memory).
         self._shm: Any = None
@@ -361,17 +361,25 @@ class DaskCollective:
     def _take(self, tag: tuple) -> np.ndarray:
         return self.box.take(tag, self.spec.fit_id, self.spec.timeout, check=self._check_sends)
 
-    def _host(self, buf: Any, be: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The buffer on the host and an array for the sum. A GPU buffer is copied into a
-        page-locked array, and the sum goes through a host array, both kept for the next call."""
+    def _out(self, n: int, be: Any) -> np.ndarray:
+        """An int64 array of ``n`` for the sum: the caller's own for NumPy buffers; for GPU
+        buffers, whose sum goes on to the device, one host array kept for the next call (fresh
+        memory for every sum took a page fault per 4 KiB written: 154 MB at P4)."""
         if be.name == "numpy":
-            host = np.ascontiguousarray(buf)
-            return host, np.empty_like(host)
+            return np.empty(n, np.int64)
+        if self._sum is None or self._sum.size < n:
+            self._sum = np.empty(n, np.int64)
+        return self._sum[:n]
+
+    def _host(self, buf: Any, be: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The buffer on the host and an array for the sum (:meth:`_out`). A GPU buffer is
+        copied into a page-locked array kept for the next call."""
         n = int(buf.size)
-        if self._staging is None or self._staging[0].size < n:
-            self._staging = (be.pinned(np.empty(n, np.int64)), np.empty(n, np.int64))
-        host, out = self._staging[0][:n], self._staging[1][:n]
-        return be.to_numpy(buf, out=host), out
+        if be.name == "numpy":
+            return np.ascontiguousarray(buf), self._out(n, be)
+        if self._staging is None or self._staging.size < n:
+            self._staging = be.pinned(np.empty(n, np.int64))
+        return be.to_numpy(buf, out=self._staging[:n]), self._out(n, be)
 
     # Buffers of at least this many bytes go through shared memory where the ranks share a host.
     shm_min_bytes = 1 << 20
@@ -497,15 +505,7 @@ class DaskCollective:
             for src in peers:
                 self._take(tag + (src,))
             parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n] for r in range(self.size)]
-            if be.name == "numpy":
-                out = np.empty(n, np.int64)  # the caller's to keep
-            else:
-                # The sum goes on to the device: its host array is kept (fresh memory for every
-                # sum took a page fault per 4 KiB written; 154 MB at P4).
-                if self._sums is None or self._sums.size < n:
-                    self._sums = np.empty(n, np.int64)
-                out = self._sums[:n]
-            out = _sum_in_rank_order(parts, out)
+            out = _sum_in_rank_order(parts, self._out(n, be))
             del parts
             self._wait_sends()
         finally:
@@ -515,7 +515,7 @@ class DaskCollective:
 
     def close(self) -> None:
         self._staging = None
-        self._sums = None
+        self._sum = None
         if self._shm:
             _close_segments(self._shm)
         self._shm = False
