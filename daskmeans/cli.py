@@ -201,23 +201,26 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack")
+_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack", "cupyx.scipy.sparse")
+_HTML_IMPORTS = ("jinja2",)
 
 
-def _command_process() -> None:
+def _command_process(dashboard: bool = False) -> None:
     """Settings of the command's own process, made by :func:`run` before Dask loads (never by
     :func:`main`, which may run inside a user's process):
 
     - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host), SciPy's sparse
-      matrices or SciPy's FFT (~0.15 s): it imports them, where installed, only to recognise
-      such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files
-      (SciPy modules that import ``scipy.sparse``, e.g. ``scipy.stats``, and scikit-learn then
-      cannot be imported in this process);
+      matrices or SciPy's FFT (~0.15 s), or CuPy's sparse matrices (~0.03-0.04 s): it imports
+      them, where installed, only to recognise such objects or to offer ``dask.array.fft``
+      over SciPy, and the command reads files (SciPy modules that import ``scipy.sparse``,
+      e.g. ``scipy.stats``, and scikit-learn then cannot be imported in this process);
+    - without a ``dashboard``, nor Jinja (~0.02 s): Dask and distributed load it only for
+      their HTML views (notebook reprs, the dashboard's pages), which the command never shows;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
       and its cluster closes) stay out of the command's output, where errors are one line;
       the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins.
     """
-    for name in _OPTIONAL_IMPORTS:
+    for name in _OPTIONAL_IMPORTS + (() if dashboard else _HTML_IMPORTS):
         if name not in sys.modules:
             sys.modules[name] = None  # `import name` raises ImportError here: Dask goes on without it
     os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "critical")
@@ -450,8 +453,10 @@ def run() -> None:
     output closed and renamed into place by then; Python's own shutdown (the in-process
     cluster's threads, CUDA's teardown, freeing every module) took ~0.6 s of a command on a GPU
     host, so it is skipped (``os._exit``) once the streams are flushed."""
-    _command_process()
-    rc = main()
+    argv = sys.argv[1:]
+    args = _parser().parse_args(argv)  # usage errors, --help and --version end here, as in main()
+    _command_process(dashboard=getattr(args, "dashboard", False))
+    rc = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)

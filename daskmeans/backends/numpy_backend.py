@@ -43,6 +43,19 @@ def pinned(block: Any) -> numpy.ndarray:
     return asarray(block)
 
 
+def page_lock(a: numpy.ndarray) -> Any:
+    """Nothing to lock on the host: returns the no-op unlock."""
+    return _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+def add_host(acc: numpy.ndarray, part: numpy.ndarray) -> None:
+    acc += part
+
+
 def to_numpy(a: Any, out: numpy.ndarray | None = None, blocking: bool = True) -> numpy.ndarray:
     if out is None:
         return numpy.asarray(a)

@@ -44,6 +44,16 @@ class Backend(Protocol):
     def pinned(self, block: Any) -> Any:
         """A host copy of ``block`` kept by the ``host`` tier (page-locked for a GPU)."""
 
+    def page_lock(self, a: Any) -> Any:
+        """Page-lock the existing host array ``a`` in place (memory another process shares, for
+        one), so that copies between it and a GPU run at the link's speed; returns the callable
+        that unlocks it, to be called before ``a``'s memory goes. A no-op on the host, and
+        where the driver refuses (the copies then only take longer)."""
+
+    def add_host(self, acc: Any, part: Any) -> None:
+        """``acc += part`` for a 1-D int64 array ``acc`` of the backend and a host array
+        ``part`` of its size (on a GPU, ``part`` is copied over on the current stream)."""
+
     def staged(self, blocks: list) -> Iterator[Any]:
         """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
         the next while the current one's kernels run); each valid until the next is asked for."""

@@ -389,7 +389,7 @@ class DaskCollective:
         n = int(buf.size)
         if self.size > 1 and self.spec.shared_memory and 8 * n >= self.shm_min_bytes:
             if self._shm is None:  # decided once, by all ranks together: they take the same path
-                self._shm = self._shm_open(n)
+                self._shm = self._shm_open(n, buf)
             if self._shm and n <= self._shm[0]:
                 return self._allreduce_shm(buf)
         return self._allreduce_comms(buf)
@@ -452,10 +452,14 @@ class DaskCollective:
         flags[self.rank] = int(ok)
         return bool(self._allreduce_comms(flags).all())
 
-    def _shm_open(self, n: int) -> Any:
+    def _shm_open(self, n: int, buf: Any) -> Any:
         """Two segments per rank (alternate calls write alternate ones) for buffers of up to
         ``n`` values, each mapped by every rank; False where any rank cannot create its own
-        or map another's (other hosts, no room in /dev/shm, shared memory switched off)."""
+        or map another's (other hosts, no room in /dev/shm, shared memory switched off). For
+        GPU buffers (``buf``'s backend) every segment is page-locked: the device copies to and
+        from them directly."""
+        from ..backends import get_backend
+
         mine: list = []
         peers: dict = {}
         ok = False
@@ -479,17 +483,22 @@ class DaskCollective:
             for seg in mine:  # every rank has mapped them (or given up): the files can go
                 seg.unlink()
             if not ok:
-                _close_segments((n, mine, peers))
-        return (n, mine, peers) if ok else False
+                _close_segments((n, mine, peers, []))
+        if not ok:
+            return False
+        be = get_backend(buf)
+        return n, mine, peers, [be.page_lock(seg.array) for seg in mine + [s for ss in peers.values() for s in ss]]
 
     def _allreduce_shm(self, buf: Any) -> Any:
         """Each rank writes its buffer to its segment and tells the others, then sums every
-        rank's segment in rank order: the same integers as through the comms."""
+        rank's segment in rank order: the same integers as through the comms. A GPU rank adds
+        the peers' segments to its own buffer on the device, each copied straight from the
+        page-locked segment (integer sums: the same in any order); the host only signals."""
         from ..backends import get_backend
 
         be = get_backend(buf)
         n = int(buf.size)
-        _, mine, peers = self._shm
+        _, mine, peers, _ = self._shm
         seq, self.seq = self.seq, self.seq + 1
         # A segment written at call s is read by the peers during call s; it is written again
         # at call s + 2 at the earliest, after every rank has finished call s + 1 (so call s).
@@ -504,14 +513,23 @@ class DaskCollective:
                 loop.call_soon_threadsafe(q.put_nowait, (tag + (self.rank,), np.zeros(0, np.int64)))
             for src in peers:
                 self._take(tag + (src,))
-            parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n] for r in range(self.size)]
-            out = _sum_in_rank_order(parts, self._out(n, be))
-            del parts
+            if be.name == "numpy":
+                parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n]
+                         for r in range(self.size)]
+                out = _sum_in_rank_order(parts, self._out(n, be))
+                del parts
+            else:
+                # The copies are queued on the stream that writes this rank's segment at the next
+                # call, after them: a peer's segment is read before this rank says it wrote its
+                # own for the next call, and so before the peer can write that one again.
+                out = be.xp.array(buf, copy=True)
+                for r in sorted(peers):
+                    be.add_host(out, peers[r][parity].array[:n])
             self._wait_sends()
         finally:
             for fut in self._sends:
                 fut.cancel()
-        return out if be.name == "numpy" else be.asarray(out)
+        return out
 
     def close(self) -> None:
         self._staging = None
@@ -533,8 +551,11 @@ def _sum_in_rank_order(parts: list, out: np.ndarray) -> np.ndarray:
 
 
 def _close_segments(state: tuple) -> None:
-    """Unmap a rank's own and its peers' segments (``(n, own, {peer: segments})``)."""
-    _, mine, peers = state
+    """Unlock, then unmap, a rank's own and its peers' segments (``(n, own, {peer: segments},
+    unlocks)``)."""
+    _, mine, peers, unlocks = state
+    for unlock in unlocks:
+        unlock()
     for seg in mine + [seg for segs in peers.values() for seg in segs]:
         seg.close()
 

@@ -148,10 +148,12 @@ def test_help_imports_neither_dask_nor_numpy():
 
 def test_the_command_skips_dask_optional_imports(blobs, tmp_path):
     """Dask imports xarray (~0.35 s with pandas), SciPy's sparse matrices and SciPy's FFT
-    (~0.15 s) where installed, to recognise such objects: the command's own process never
-    needs them. With a stand-in xarray installed and an import hook logging every attempt to
-    load them (``sitecustomize``), a plain ``import dask.array`` tries all three; the command
-    (``python -m daskmeans fit``) none."""
+    (~0.15 s), CuPy's sparse matrices and Jinja where installed, to recognise such objects or
+    for HTML views: the command's own process never needs them. With a stand-in xarray
+    installed and an import hook logging every attempt to load them (``sitecustomize``), a
+    plain ``import dask.array`` tries all of them (CuPy's sparse module, or the ``cupyx``
+    package that would hold it where CuPy is absent); the command (``python -m daskmeans fit``)
+    none."""
     import subprocess
     import sys
 
@@ -163,7 +165,9 @@ def test_the_command_skips_dask_optional_imports(blobs, tmp_path):
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: xarray\nVersion: 2099.1.0\n")
     log = tmp_path / "tried"
-    optional = ("xarray", "scipy.sparse", "scipy.fftpack")
+    import importlib.util
+
+    optional = ("xarray", "scipy.sparse", "scipy.fftpack", "jinja2", "cupyx", "cupyx.scipy.sparse")
     # Called only for a name not already in sys.modules: a name the command marked absent
     # fails before any finder is asked.
     (site / "sitecustomize.py").write_text(
@@ -182,10 +186,33 @@ def test_the_command_skips_dask_optional_imports(blobs, tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         return set(log.read_text().split())
 
-    assert tried(["-c", "import dask.array"]) == set(optional)  # the premise: Dask does import them
+    premise = tried(["-c", "import dask.array"])  # Dask does import them
+    assert {"xarray", "scipy.sparse", "scipy.fftpack", "jinja2"} <= premise
+    assert premise & {"cupyx", "cupyx.scipy.sparse"}
     _, path = blobs
-    assert tried(["-m", "daskmeans", "fit", path, "--k", "4", "-q", "-o", str(tmp_path / "m.zarr")]) == set()
+    # Where CuPy is installed, it loads the ``cupyx`` package itself (not its sparse module).
+    own = {"cupyx"} if importlib.util.find_spec("cupy") is not None else set()
+    assert tried(["-m", "daskmeans", "fit", path, "--k", "4", "-q", "-o", str(tmp_path / "m.zarr")]) <= own
     assert (tmp_path / "m.zarr").exists()
+
+
+@pytest.mark.parametrize("argv, jinja", [(["fit", "x.npy", "--k", "2"], False),
+                                         (["fit", "x.npy", "--k", "2", "--dashboard"], True),
+                                         (["fit", "x.npy", "--k", "2", "--dash"], True)])  # argparse's prefix
+def test_the_command_keeps_jinja_for_a_dashboard_only(argv, jinja):
+    """The command's process goes without Jinja (Dask's HTML views) unless it serves Dask's
+    dashboard, whose pages need it: as ``run`` sets it up from the command line."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("jinja2")
+    code = ("from daskmeans import cli\n"
+            f"args = cli._parser().parse_args({argv!r})\n"
+            "cli._command_process(dashboard=args.dashboard)\n"
+            "try:\n    import jinja2\nexcept ImportError:\n    print('JINJA False')\nelse:\n    print('JINJA True')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["JINJA", str(jinja)]
 
 
 def test_a_fit_from_npy_writes_its_model_without_zarr_python(tmp_path):

@@ -1,6 +1,8 @@
 """GPU tests (run with ``pytest -m gpu`` on a CUDA host): the CuPy backend against a float64
 NumPy reference, and the whole pipeline on a LocalCUDACluster against the CPU path."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -601,6 +603,35 @@ def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
         a[...] = 7
         g = cupy.asarray(a)
         np.testing.assert_array_equal(cupy.asnumpy(g), np.full(want, 7, dtype))
+
+
+def test_page_lock_a_shared_mapping_and_add_it_on_the_device():
+    """page_lock registers a shared-memory mapping with CUDA (it reads as host memory CUDA
+    knows) and its unlock releases it; add_host adds a host int64 array, locked or not, to a
+    device array exactly (wrapping as int64 does)."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.engine import shm
+
+    if not shm.room_for(1 << 22):
+        pytest.skip("needs /dev/shm with room")
+    seg = shm.Segment(f"{shm.SHM_DIR}/daskmeans-test-lock-{os.getpid()}", 1 << 18, create=True)
+    try:
+        seg.array[...] = np.arange(1 << 18, dtype=np.int64) * (2**50)
+        unlock = cb.page_lock(seg.array)
+        assert cupy.cuda.runtime.pointerGetAttributes(seg.array.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+        acc = cupy.full(1 << 18, 2**62, cupy.int64)
+        cb.add_host(acc, seg.array)
+        cb.add_host(acc, np.ones(1 << 18, np.int64))  # ordinary host memory too
+        want = np.full(1 << 18, 2**62, np.int64)
+        want += seg.array  # int64 wraps on overflow, on both sides
+        want += 1
+        np.testing.assert_array_equal(cupy.asnumpy(acc), want)
+        unlock()
+        assert cupy.cuda.runtime.pointerGetAttributes(seg.array.ctypes.data).type != cupy.cuda.runtime.memoryTypeHost
+    finally:
+        seg.close()
 
 
 def test_queued_copy_to_the_host_and_marks():

@@ -80,40 +80,54 @@ def test_nccl_is_chosen_between_gpu_workers():
         assert choose_collective(c, p, "dask") == "dask"
 
 
-def _cupy_allreduce(rank, spec, n):
-    """One all-reduce of this rank's buffer as a CuPy array: the sum on the host, and whether
-    it went through shared memory."""
+def _cupy_allreduce(rank, spec, n, calls=1):
+    """``calls`` all-reduces of this rank's buffers (CuPy arrays, different each call, the
+    next one queued before the last one's sum is read): the sums on the host, whether they
+    went through shared memory, and whether every segment was page-locked."""
     import cupy
     from distributed import get_worker
 
     from daskmeans.engine import collective as coll
 
     c = coll.open_collective(spec, rank, get_worker())
-    buf = cupy.asarray(np.random.default_rng([rank, n]).integers(-(2**60), 2**60, n, dtype=np.int64))
-    out = c.allreduce(buf)
-    assert isinstance(out, cupy.ndarray)
-    return cupy.asnumpy(out), bool(c._shm)
+    outs = []
+    for call in range(calls):
+        buf = cupy.asarray(np.random.default_rng([rank, n, call]).integers(-(2**60), 2**60, n, dtype=np.int64))
+        out = c.allreduce(buf)
+        assert isinstance(out, cupy.ndarray)
+        outs.append(out)
+    locked = bool(c._shm) and all(
+        cupy.cuda.runtime.pointerGetAttributes(seg.array.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+        for seg in c._shm[1] + [s for ss in c._shm[2].values() for s in ss])
+    return [cupy.asnumpy(o) for o in outs], bool(c._shm), locked
 
 
 def test_dask_collective_sums_cupy_buffers_through_shared_memory_and_the_comms():
-    """Two worker processes on one host: a 2 MB CuPy buffer goes through shared memory (where
-    /dev/shm has room), 1,000 values through the comms; both sums are exact."""
+    """Two worker processes on one host: 2 MB CuPy buffers go through shared memory (where
+    /dev/shm has room), page-locked and summed on the device, five calls in a row (each
+    segment written again while the peers' copies of the last call may be queued);
+    1,000 values go through the comms; every sum is exact."""
     from distributed import Client
 
     from daskmeans.engine import collective as coll
     from daskmeans.engine import shm
 
+    calls = 5
     with _cluster("0,0") as lc, Client(lc) as c:
         c.run(coll.install_mailbox)
         ws = sorted(c.nthreads())
         for n in (1000, 2**18):
             spec = coll.CollectiveSpec(f"t-gpu-{n}", 0, tuple(ws), "dask", timeout=60)
-            outs = c.gather([c.submit(_cupy_allreduce, r, spec, n, workers=[w], pure=False) for r, w in enumerate(ws)])
+            outs = c.gather([c.submit(_cupy_allreduce, r, spec, n, calls, workers=[w], pure=False)
+                             for r, w in enumerate(ws)])
             c.run(coll.release, spec.fit_id)
-            want = sum(np.random.default_rng([r, n]).integers(-(2**60), 2**60, n, dtype=np.int64) for r in range(2))
-            for out, shared in outs:
-                np.testing.assert_array_equal(out, want)
+            for sums, shared, locked in outs:
+                for call, out in enumerate(sums):
+                    want = sum(np.random.default_rng([r, n, call]).integers(-(2**60), 2**60, n, dtype=np.int64)
+                               for r in range(2))
+                    np.testing.assert_array_equal(out, want)
                 assert shared == (n == 2**18 and shm.room_for(2 * 8 * n))
+                assert locked == shared
 
 
 def _nccl_queued(rank, spec, n):
