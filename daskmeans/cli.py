@@ -201,7 +201,7 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack", "cupyx.scipy.sparse")
+_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack")
 _HTML_IMPORTS = ("jinja2",)
 
 
@@ -210,10 +210,11 @@ def _command_process(dashboard: bool = False) -> None:
     :func:`main`, which may run inside a user's process):
 
     - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host), SciPy's sparse
-      matrices or SciPy's FFT (~0.15 s), or CuPy's sparse matrices (~0.03-0.04 s): it imports
-      them, where installed, only to recognise such objects or to offer ``dask.array.fft``
-      over SciPy, and the command reads files (SciPy modules that import ``scipy.sparse``,
-      e.g. ``scipy.stats``, and scikit-learn then cannot be imported in this process);
+      matrices or SciPy's FFT (~0.15 s): it imports them, where installed, only to recognise
+      such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files
+      (SciPy modules that import ``scipy.sparse``, e.g. ``scipy.stats``, and scikit-learn then
+      cannot be imported in this process). CuPy's sparse matrices stay: CuPy loads ``cupyx``
+      at its first ufunc call, and ``cupyx`` imports them;
     - without a ``dashboard``, nor Jinja (~0.02 s): Dask and distributed load it only for
       their HTML views (notebook reprs, the dashboard's pages), which the command never shows;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted

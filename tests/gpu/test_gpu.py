@@ -174,7 +174,11 @@ def test_cupy_matches_numpy_backend_on_ties():
 
 
 def test_cli_fit_gpu_agrees_with_cpu(tmp_path):
-    """`daskmeans fit` on a LocalCUDACluster (CuPy chunks) vs the CPU path, same data and init."""
+    """`daskmeans fit` on the GPU (CuPy chunks) vs the CPU path, same data and init; each fit
+    is the command itself (``python -m daskmeans``: its process as users get it)."""
+    import subprocess
+    import sys
+
     import zarr
 
     from daskmeans.cli import main
@@ -191,7 +195,8 @@ def test_cli_fit_gpu_agrees_with_cpu(tmp_path):
                 "--backend", backend, "-o", model, "--labels", labels, "-q"]
         if backend == "cpu":
             argv += ["--workers", "2"]
-        assert main(argv) == 0
+        p = subprocess.run([sys.executable, "-m", "daskmeans", *argv], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
         g = zarr.open_group(model, mode="r")
         res[backend] = (zarr.open_group(labels, mode="r")["labels"][:], float(g.attrs["inertia"]), g.attrs["backend"])
     assert res["gpu"][2] == "cupy" and res["cpu"][2] == "numpy"
