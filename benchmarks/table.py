@@ -100,7 +100,9 @@ def commands(docs: dict[str, dict]) -> str:
                          _time(sk) if sk else "", f"{e['wall_s'] / sk:.2f}" if sk else ""])
             pairs.append((run, e.get("commit", doc.get("commit"))))
         sources.append(f"{_source(name)}, {_commits(pairs)}")
-    lead = ("**Whole command** (`daskmeans fit` as a subprocess, wall clock: median of 3 with a warm kernel cache, "
+    repeats = sorted({len(e.get("walls_s") or [0, 0, 0]) for doc in docs.values() for e in doc["problems"].values()})
+    lead = ("**Whole command** (`daskmeans fit` as a subprocess, wall clock: median of "
+            f"{' or '.join(map(str, repeats))} runs with a warm kernel cache, "
             "and once with an empty one) against scikit-learn's script doing the same (start, imports, load, fit; "
             f"{'; '.join(sources)}):")
     return lead + "\n\n" + _table(["host", "problem", "warm", "empty kernel cache", "scikit-learn's script",
