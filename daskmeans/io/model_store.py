@@ -175,15 +175,22 @@ def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[in
 
 def _run_writes(writes: list) -> None:
     """Run the block writes: on the distributed client when there is one (cancelled if the
-    wait is interrupted), else on Dask's default scheduler."""
+    wait is interrupted), else on Dask's threads, returning or raising once none still runs
+    (Dask's threaded scheduler raises at the first failure while other writes go on, which
+    would then write into the directory the caller is removing)."""
     import dask
+    from concurrent.futures import ThreadPoolExecutor
 
     try:
         from distributed import get_client
 
         client = get_client()
     except (ImportError, ValueError):
-        dask.compute(*writes)
+        pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="daskmeans-write")
+        try:
+            dask.compute(*writes, scheduler="threads", pool=pool)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         return
     fut = client.compute(dask.delayed(_done, pure=False)(*writes))
     try:

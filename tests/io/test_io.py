@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dask.array as da
 import numpy as np
@@ -44,6 +45,31 @@ def test_zarr_array(tmp_path, data, zarr_format):
     # never smaller than one Zarr chunk
     assert read(path, chunk_bytes=8).chunks[0] == (50,) * 20
     assert read(path, chunk_bytes="4000B").chunks[0] == (100,) * 10
+
+
+@pytest.mark.parametrize("layout", ["rows", "rows-and-columns", "shards"])
+def test_zarr_rows_are_read_object_by_object_on_threads(tmp_path, layout, monkeypatch):
+    """A block's rows come from every stored object they touch, read on the readers' threads
+    (one call per object: 7-row chunks, 7 x 2 chunks, or 21-row shards of 7-row chunks), for
+    ranges on and off the objects' edges; a corrupt object is a DataError naming the rows."""
+    from daskmeans.io import ranges, readers
+
+    calls = []
+    monkeypatch.setattr(readers, "in_threads", lambda fn, items: (calls.append(len(items)), ranges.in_threads(fn, items)))
+    x = np.random.default_rng(1).standard_normal((100, 5)).astype(np.float32)
+    path = str(tmp_path / "x.zarr")
+    kw = {"rows": {"chunks": (7, 5)}, "rows-and-columns": {"chunks": (7, 2)},
+          "shards": {"chunks": (7, 5), "shards": (21, 5)}}[layout]
+    zarr.create_array(path, data=x, **kw)
+    step = 21 if layout == "shards" else 7
+    for a, b in ((0, 100), (0, 7), (3, 4), (5, 30), (6, 22), (63, 100), (99, 100)):
+        calls.clear()
+        np.testing.assert_array_equal(readers._zarr_block(path, "", a, b), x[a:b])
+        assert calls == [len(range(a // step, -(-b // step)))]
+    with open(os.path.join(path, "c", "1", "0"), "wb") as f:
+        f.write(b"not a chunk")
+    with pytest.raises(DataError, match=r"cannot read rows 0 to 99 of .*x\.zarr"):
+        readers._zarr_block(path, "", 0, 100)
 
 
 @pytest.mark.parametrize("zarr_format", [3, 2])
@@ -517,15 +543,23 @@ def test_write_array_2d_readable_and_failure_leaves_nothing(tmp_path, monkeypatc
     model_store.write_array(da.from_array(data, chunks=(300, 5)), path)
     np.testing.assert_array_equal(read(path).compute(), data)
 
+    running = []
+
     def third_block_fails(block, block_info=None):
-        if block_info[0]["chunk-location"][0] == 2:
+        i = block_info[0]["chunk-location"][0]
+        if i == 2:
             raise RuntimeError("worker died")
+        running.append(i)
+        time.sleep(0.2)  # still under way when the third block fails
+        running.remove(i)
         return block
 
-    # The other blocks are written (or being written) when one fails: all of it goes.
+    # The other blocks are written (or being written) when one fails: the error comes once
+    # none is still under way, and all of it goes.
     failing = da.from_array(data, chunks=(300, 5)).map_blocks(third_block_fails, dtype=data.dtype)
     with pytest.raises(RuntimeError, match="worker died"):
         model_store.write_array(failing, str(tmp_path / "y.zarr"))
+    assert running == []
     assert listing(tmp_path) == ["x.zarr"]
 
 
