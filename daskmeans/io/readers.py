@@ -20,7 +20,7 @@ import numpy as np
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
-from .ranges import in_threads, read_into
+from .ranges import read_into
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
 
@@ -333,20 +333,10 @@ def _zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray
                     f"Zarr chunk {full} of {path} is missing (rows {i * zrows} to "
                     f"{min((i + 1) * zrows, int(arr.shape[0])) - 1}): the store is incomplete"
                 )
-    # Zarr decodes one stored object after another for a read of many: its rows are read
-    # object by object on the readers' threads instead (decompression releases the GIL).
-    bounds = [start] + list(range((start // zrows + 1) * zrows, stop, zrows)) + [stop]
-    out = np.empty((stop - start, d), arr.dtype)
-
-    def piece(i: int) -> None:
-        a, b = bounds[i], bounds[i + 1]
-        out[a - start:b - start] = arr[a:b]
-
     try:
-        in_threads(piece, range(len(bounds) - 1))
+        return np.asarray(arr[start:stop])
     except Exception as e:  # a corrupt chunk: a codec error names no row
         raise DataError(f"cannot read rows {start} to {stop - 1} of {path}: {type(e).__name__}: {e}") from None
-    return out
 
 
 def _store_has(arr: Any, key: str) -> bool:
