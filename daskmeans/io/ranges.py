@@ -1,4 +1,5 @@
-"""Byte ranges of a file read into memory by several threads at once.
+"""Byte ranges of a file read into memory by several threads at once (and the threads, for
+other readers' pieces).
 
 One thread reading a chunk through a memory map takes a page fault per few pages of the file
 and of the new array: about 1.6 GB/s from the page cache on an H100 host, a third of a second
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Callable, Sequence
 
 from ..errors import DataError
 
@@ -48,14 +50,19 @@ def read_into(path: str, offset: int, buf: memoryview) -> None:
                                     f"(a truncated file)")
                 view, at = view[got:], at + got
 
-        starts = range(0, n, PIECE_BYTES)
-        if len(starts) <= 1:
-            for a in starts:
-                piece(a)
-        else:
-            futs = [_pool().submit(piece, a) for a in starts]
-            wait(futs)  # no piece may still read from the descriptor once it is closed
-            for f in futs:
-                f.result()
+        in_threads(piece, range(0, n, PIECE_BYTES))  # returns once no piece reads the descriptor
     finally:
         os.close(fd)
+
+
+def in_threads(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
+    """``fn(item)`` for every item, on the readers' threads (in this thread for a single one);
+    returns once every call has returned, then raises the first failure's exception."""
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    futs = [_pool().submit(fn, item) for item in items]
+    wait(futs)  # none still runs: the caller may free what they write to or read from
+    for f in futs:
+        f.result()

@@ -20,6 +20,7 @@ import numpy as np
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
+from . import zarr_chunks
 from .ranges import read_into
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -333,8 +334,11 @@ def _zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray
                     f"Zarr chunk {full} of {path} is missing (rows {i * zrows} to "
                     f"{min((i + 1) * zrows, int(arr.shape[0])) - 1}): the store is incomplete"
                 )
+    lay = zarr_chunks.layout(arr)
     try:
-        return np.asarray(arr[start:stop])
+        return zarr_chunks.read_rows(lay, start, stop) if lay is not None else np.asarray(arr[start:stop])
+    except DataError:
+        raise
     except Exception as e:  # a corrupt chunk: a codec error names no row
         raise DataError(f"cannot read rows {start} to {stop - 1} of {path}: {type(e).__name__}: {e}") from None
 

@@ -63,8 +63,104 @@ def test_zarr_block_rows_on_and_off_the_stored_objects_edges(tmp_path, layout):
         np.testing.assert_array_equal(readers._zarr_block(path, "", a, b), x[a:b])
     with open(os.path.join(path, "c", "1", "0"), "wb") as f:
         f.write(b"not a chunk")
-    with pytest.raises(DataError, match=r"cannot read rows 0 to 99 of .*x\.zarr"):
+    # Chunks are decoded by daskmeans (naming the chunk) or, sharded, by zarr-python (the rows).
+    msg = r"cannot read rows 0 to 99 of .*x\.zarr" if layout == "shards" else r"Zarr chunk .*x\.zarr/c/1/0 is damaged"
+    with pytest.raises(DataError, match=msg):
         readers._zarr_block(path, "", 0, 100)
+
+
+def _zarr_v3(path, x, chunks, compressors):
+    return zarr.create_array(path, data=x, chunks=chunks, compressors=compressors)
+
+
+def _zarr_v2(path, x, chunks, compressor, **kw):
+    z = zarr.create_array(path, shape=x.shape, dtype=x.dtype, chunks=chunks, zarr_format=2,
+                          compressors=compressor, **kw)
+    z[:] = x
+    return z
+
+
+@pytest.mark.parametrize("fmt, codec, direct", [
+    (3, None, True), (3, "zstd", True), (3, "zstd-checksum", True), (3, "blosc", True), (3, "gzip", False),
+    (2, None, True), (2, "zstd", True), (2, "blosc", True), (2, "zlib", False),
+])
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i2", "u1"])
+def test_zarr_chunks_decoded_directly_equal_zarr_pythons_reads(tmp_path, fmt, codec, direct, dtype):
+    """Chunks decompressed by daskmeans straight into the rows (local store, plain layouts)
+    give zarr-python's values bit for bit: formats 3 and 2, each codec taken, row and column
+    chunks, edge chunks, ranges on and off the chunks' edges; other codecs are read by
+    zarr-python (no layout)."""
+    import numcodecs
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    from daskmeans.io import readers, zarr_chunks
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((103, 7)) * 50).astype(dtype)
+    v3 = {None: None, "zstd": ZstdCodec(level=3), "zstd-checksum": ZstdCodec(level=1, checksum=True),
+          "blosc": BloscCodec(cname="lz4"), "gzip": GzipCodec()}
+    v2 = {None: None, "zstd": numcodecs.Zstd(level=1), "blosc": numcodecs.Blosc(), "zlib": numcodecs.Zlib()}
+    for chunks in ((10, 7), (10, 3), (103, 7), (200, 8)):
+        path = str(tmp_path / f"x-{chunks[0]}-{chunks[1]}.zarr")
+        z = _zarr_v3(path, x, chunks, v3[codec]) if fmt == 3 else _zarr_v2(path, x, chunks, v2[codec])
+        arr = zarr.open_array(path, mode="r")
+        assert (zarr_chunks.layout(arr) is not None) == direct
+        for a, b in ((0, 103), (0, 10), (3, 4), (9, 31), (10, 20), (95, 103), (102, 103)):
+            got = readers._zarr_block(path, "", a, b)
+            assert got.dtype == x.dtype
+            np.testing.assert_array_equal(got, np.asarray(z[a:b]))
+            np.testing.assert_array_equal(got, x[a:b])
+
+
+def test_zarr_layouts_left_to_zarr_python(tmp_path):
+    """Big-endian values, Fortran order and filters (format 2) and sharding (format 3) are not
+    decoded by daskmeans, and still read right."""
+    import numcodecs
+
+    from daskmeans.io import readers, zarr_chunks
+
+    x = np.arange(60, dtype="f8").reshape(20, 3)
+    cases = {"big-endian": dict(dtype=">f8"), "fortran": dict(order="F"),
+             "filters": dict(filters=[numcodecs.Delta(dtype="f8")])}
+    for name, kw in cases.items():
+        path = str(tmp_path / f"{name}.zarr")
+        z = zarr.create_array(path, shape=x.shape, chunks=(7, 3), zarr_format=2, **{"dtype": "f8", **kw})
+        z[:] = x
+        assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is None, name
+        np.testing.assert_array_equal(readers._zarr_block(path, "", 2, 17), x[2:17])
+    path = str(tmp_path / "sharded.zarr")
+    zarr.create_array(path, data=x, chunks=(7, 3), shards=(14, 3))
+    assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is None
+    np.testing.assert_array_equal(readers._zarr_block(path, "", 2, 17), x[2:17])
+
+
+@pytest.mark.parametrize("codec", [None, "zstd", "blosc"])
+def test_a_zarr_chunk_of_the_wrong_size_is_an_error(tmp_path, codec):
+    """A chunk file cut short, or one that decompresses to fewer bytes than a chunk (another
+    array's chunk copied in), is a DataError naming the chunk, never rows of garbage."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    from daskmeans.io import readers
+
+    x = np.arange(200, dtype="f4").reshape(40, 5)
+    comp = {None: None, "zstd": ZstdCodec(), "blosc": BloscCodec()}[codec]
+    path, small = str(tmp_path / "x.zarr"), str(tmp_path / "small.zarr")
+    zarr.create_array(path, data=x, chunks=(10, 5), compressors=comp)
+    zarr.create_array(small, data=x[:8], chunks=(8, 5), compressors=comp)  # 8-row chunks
+    chunk = os.path.join(path, "c", "1", "0")
+    with open(os.path.join(small, "c", "0", "0"), "rb") as f:
+        other = f.read()
+    with open(chunk, "wb") as f:
+        f.write(other)
+    with pytest.raises(DataError, match=r"Zarr chunk .*x\.zarr/c/1/0 (holds 160 bytes of values, 200 expected|is damaged)"):
+        readers._zarr_block(path, "", 0, 40)
+    with open(chunk, "wb") as f:
+        f.write(other[: len(other) // 2])
+    with pytest.raises(DataError, match=r"x\.zarr"):
+        readers._zarr_block(path, "", 0, 40)
+    open(chunk, "wb").close()  # an empty file
+    with pytest.raises(DataError, match=r"Zarr chunk .*x\.zarr/c/1/0 holds 0 bytes of values, 200 expected"):
+        readers._zarr_block(path, "", 0, 40)
 
 
 @pytest.mark.parametrize("zarr_format", [3, 2])
