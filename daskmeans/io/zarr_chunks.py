@@ -138,27 +138,32 @@ def _fill(codec: Any, f: Any, dest: np.ndarray, path: str) -> None:
     elif on_disk == 0:
         got = 0
     else:
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            got = _decode(codec, data, dest, path)
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system that maps no files
+            got = _decode(codec, f.read(), dest, path)
+        else:
+            with data:
+                got = _decode(codec, data, dest, path)
     if got != size:
         raise DataError(f"Zarr chunk {path} holds {got} bytes of values, {size} expected: the chunk is damaged")
 
 
 def _decode(codec: Any, data: Any, dest: np.ndarray, path: str) -> int:
-    """Decompress ``data`` into ``dest`` where it states its size and that size is
-    ``dest``'s; returns the size it decompresses to."""
+    """Decompress ``data`` into ``dest``; returns the size it decompresses to. Straight into
+    ``dest`` where its header states ``dest``'s size; otherwise (a header without the size,
+    or several Zstd frames, whose first states only its own) on its own, then checked."""
     try:
-        got = _content_size(codec, data)
+        stated = _content_size(codec, data)
     except ValueError as e:
         raise DataError(f"Zarr chunk {path} is damaged: {e}") from None
-    if got is None:  # a frame that does not say its size: decompressed on its own, then checked
-        raw = np.frombuffer(codec.decode(data), np.uint8)
-        got = raw.size
-        if got == dest.size:
-            dest[...] = raw
-    elif got == dest.size:
+    if stated == dest.size:
         codec.decode(data, out=dest)
-    return got
+        return stated
+    raw = np.frombuffer(codec.decode(data), np.uint8)
+    if raw.size == dest.size:
+        dest[...] = raw
+    return raw.size
 
 
 def _content_size(codec: Any, data: Any) -> int | None:

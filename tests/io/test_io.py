@@ -134,6 +134,33 @@ def test_zarr_layouts_left_to_zarr_python(tmp_path):
     np.testing.assert_array_equal(readers._zarr_block(path, "", 2, 17), x[2:17])
 
 
+def test_zarr_chunks_of_several_zstd_frames_and_unmappable_files_are_read(tmp_path, monkeypatch):
+    """A zstd chunk written as two frames (the first header states only its own size) reads
+    as zarr-python reads it; where files cannot be mapped in memory, chunks are read whole."""
+    import mmap
+
+    import numcodecs
+
+    from daskmeans.io import readers, zarr_chunks
+
+    x = np.arange(200, dtype="f4").reshape(40, 5)
+    path = str(tmp_path / "x.zarr")
+    zarr.create_array(path, data=x, chunks=(10, 5), compressors=zarr.codecs.ZstdCodec())
+    raw = x[10:20].tobytes()
+    z = numcodecs.Zstd()
+    with open(os.path.join(path, "c", "1", "0"), "wb") as f:
+        f.write(z.encode(np.frombuffer(raw[:120], np.uint8)) + z.encode(np.frombuffer(raw[120:], np.uint8)))
+    assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is not None
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(path, mode="r")[:]), x)
+    np.testing.assert_array_equal(readers._zarr_block(path, "", 0, 40), x)
+
+    def no_mapping(*args, **kwargs):
+        raise OSError("mmap: operation not supported")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    np.testing.assert_array_equal(readers._zarr_block(path, "", 3, 37), x[3:37])
+
+
 @pytest.mark.parametrize("codec", [None, "zstd", "blosc"])
 def test_a_zarr_chunk_of_the_wrong_size_is_an_error(tmp_path, codec):
     """A chunk file cut short, or one that decompresses to fewer bytes than a chunk (another
