@@ -302,6 +302,10 @@ class DaskCollective:
         # Shared-memory segments: None until the first large buffer, then (n, own segments by
         # parity, {peer rank: its segments}) or False (some rank cannot share memory).
         self._shm: Any = None
+        # Held while this rank's task copies between the device and page-locked segments, and
+        # by close() (the client's release, on the worker's event loop, may come while an
+        # aborted task still runs): the segments are unlocked and unmapped after the copies.
+        self._shm_lock = threading.Lock()
 
     def _pieces(self, n: int, owner: int) -> list[tuple[int, int]]:
         """The element ranges of ``owner``'s slice of a buffer of ``n`` elements, piece by piece.
@@ -487,7 +491,14 @@ class DaskCollective:
         if not ok:
             return False
         be = get_backend(buf)
-        return n, mine, peers, [be.page_lock(seg.array) for seg in mine + [s for ss in peers.values() for s in ss]]
+        unlocks: list = []
+        try:
+            for seg in mine + [s for ss in peers.values() for s in ss]:
+                unlocks.append(be.page_lock(seg.array))
+        except BaseException:
+            _close_segments((n, mine, peers, unlocks))
+            raise
+        return n, mine, peers, unlocks
 
     def _allreduce_shm(self, buf: Any) -> Any:
         """Each rank writes its buffer to its segment and tells the others, then sums every
@@ -503,7 +514,9 @@ class DaskCollective:
         # A segment written at call s is read by the peers during call s; it is written again
         # at call s + 2 at the earliest, after every rank has finished call s + 1 (so call s).
         parity = seq % 2
-        be.to_numpy(buf, out=mine[parity].array[:n])
+        with self._shm_lock:
+            self._check_open()
+            be.to_numpy(buf, out=mine[parity].array[:n])
         tag = (self.spec.fit_id, self.spec.epoch, seq, 2, 0)
         loop = self.worker.loop.asyncio_loop
         self._sends = []
@@ -522,21 +535,28 @@ class DaskCollective:
                 # The copies are queued on the stream that writes this rank's segment at the next
                 # call, after them: a peer's segment is read before this rank says it wrote its
                 # own for the next call, and so before the peer can write that one again.
-                out = be.xp.array(buf, copy=True)
-                for r in sorted(peers):
-                    be.add_host(out, peers[r][parity].array[:n])
+                with self._shm_lock:
+                    self._check_open()
+                    out = be.xp.array(buf, copy=True)
+                    for r in sorted(peers):
+                        be.add_host(out, peers[r][parity].array[:n])
             self._wait_sends()
         finally:
             for fut in self._sends:
                 fut.cancel()
         return out
 
+    def _check_open(self) -> None:
+        if not self._shm:
+            raise CollectiveAborted(f"rank {self.rank} of fit {self.spec.fit_id}: the collective was closed")
+
     def close(self) -> None:
         self._staging = None
         self._sum = None
-        if self._shm:
-            _close_segments(self._shm)
-        self._shm = False
+        with self._shm_lock:  # after any copy in flight from the task's thread has been queued
+            state, self._shm = self._shm, False
+            if state:
+                _close_segments(state)
 
 
 def _sum_in_rank_order(parts: list, out: np.ndarray) -> np.ndarray:
@@ -552,12 +572,18 @@ def _sum_in_rank_order(parts: list, out: np.ndarray) -> np.ndarray:
 
 def _close_segments(state: tuple) -> None:
     """Unlock, then unmap, a rank's own and its peers' segments (``(n, own, {peer: segments},
-    unlocks)``)."""
+    unlocks)``): every one of them, then the first failure is raised."""
     _, mine, peers, unlocks = state
+    errors = []
     for unlock in unlocks:
-        unlock()
+        try:
+            unlock()
+        except Exception as e:  # a CUDA error: the segments are still unmapped
+            errors.append(e)
     for seg in mine + [seg for segs in peers.values() for seg in segs]:
         seg.close()
+    if errors:
+        raise errors[0]
 
 
 class NcclCollective:

@@ -151,14 +151,18 @@ def _fill(codec: Any, f: Any, dest: np.ndarray, path: str) -> None:
 
 def _decode(codec: Any, data: Any, dest: np.ndarray, path: str) -> int:
     """Decompress ``data`` into ``dest``; returns the size it decompresses to. Straight into
-    ``dest`` where its header states ``dest``'s size; otherwise (a header without the size,
-    or several Zstd frames, whose first states only its own) on its own, then checked."""
+    ``dest`` where its header states ``dest``'s size; refused without decompressing where the
+    header states more (or, Blosc, any other size); otherwise (no stated size, a leading
+    skippable frame, or several Zstd frames, whose first states only its own) on its own,
+    then checked."""
     try:
-        stated = _content_size(codec, data)
+        stated, whole = _content_size(codec, data)
     except ValueError as e:
         raise DataError(f"Zarr chunk {path} is damaged: {e}") from None
     if stated == dest.size:
         codec.decode(data, out=dest)
+        return stated
+    if stated is not None and (whole or stated > dest.size):
         return stated
     raw = np.frombuffer(codec.decode(data), np.uint8)
     if raw.size == dest.size:
@@ -166,24 +170,30 @@ def _decode(codec: Any, data: Any, dest: np.ndarray, path: str) -> int:
     return raw.size
 
 
-def _content_size(codec: Any, data: Any) -> int | None:
-    """The decompressed size a chunk's header states (Blosc, Zstd), or None where a Zstd frame
-    omits it; a ValueError for a header that cannot be one."""
+def _content_size(codec: Any, data: Any) -> tuple[int | None, bool]:
+    """The decompressed size a chunk's header states, or None, and whether that is the whole
+    chunk's (Blosc) or possibly only its first frame's (Zstd); a ValueError for a header that
+    cannot be one."""
     import numcodecs
 
     if isinstance(codec, numcodecs.Blosc):
         # The 16-byte Blosc header: version, version of the codec, flags, type size, then the
         # uncompressed bytes, block size and compressed bytes (uint32, little-endian).
-        if len(data) < 16 or struct.unpack_from("<I", data, 12)[0] != len(data):
-            raise ValueError("its Blosc header does not match its size")
-        return int(struct.unpack_from("<I", data, 4)[0])
-    return _zstd_content_size(data)
+        if len(data) < 16 or struct.unpack_from("<I", data, 12)[0] > len(data):
+            raise ValueError("it is shorter than its Blosc header says")
+        return int(struct.unpack_from("<I", data, 4)[0]), True
+    return _zstd_content_size(data), False
 
 
 def _zstd_content_size(data: Any) -> int | None:
     """Frame_Content_Size of the Zstandard frame ``data`` starts with (RFC 8878, 3.1.1.1), or
-    None where the frame leaves it out."""
-    if len(data) < 6 or struct.unpack_from("<I", data)[0] != 0xFD2FB528:
+    None where the frame leaves it out or ``data`` starts with a skippable frame."""
+    if len(data) < 6:
+        raise ValueError("it is too short for a Zstandard frame")
+    magic = struct.unpack_from("<I", data)[0]
+    if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame (RFC 8878, 3.1.2)
+        return None
+    if magic != 0xFD2FB528:
         raise ValueError("it is not a Zstandard frame")
     fhd = data[4]
     fcs_flag, single_segment, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3

@@ -126,3 +126,25 @@ def test_dask_collective_wait_ends_on_timeout(client3):
     with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s"):
         fut.result(timeout=30)
     client3.run(coll.release, "t-timeout")
+
+
+def test_closing_segments_unmaps_all_of_them_when_an_unlock_fails(tmp_path):
+    """Every segment is unlocked and unmapped, the first unlock's failure raised after."""
+    import uuid
+
+    if not shm.room_for(1 << 20):
+        pytest.skip("needs /dev/shm with room")
+    segs = [shm.Segment(f"{shm.SHM_DIR}/daskmeans-test-{uuid.uuid4().hex}", 10, create=True) for _ in range(3)]
+    called = []
+
+    def unlock(i, fail):
+        def f():
+            called.append(i)
+            if fail:
+                raise RuntimeError(f"unlock {i} failed")
+        return f
+
+    with pytest.raises(RuntimeError, match="unlock 0 failed"):
+        coll._close_segments((10, segs[:1], {1: segs[1:]}, [unlock(0, True), unlock(1, True), unlock(2, False)]))
+    assert called == [0, 1, 2]
+    assert all(seg.array is None for seg in segs)

@@ -161,6 +161,52 @@ def test_zarr_chunks_of_several_zstd_frames_and_unmappable_files_are_read(tmp_pa
     np.testing.assert_array_equal(readers._zarr_block(path, "", 3, 37), x[3:37])
 
 
+def test_zarr_chunks_zarr_python_reads_are_read(tmp_path):
+    """Valid if unusual chunks read as zarr-python reads them: a Zstd chunk led by a skippable
+    frame, a Blosc chunk followed by spare bytes."""
+    import struct
+
+    import numcodecs
+
+    from daskmeans.io import readers
+
+    x = np.arange(200, dtype="f4").reshape(40, 5)
+    for name, comp, chunk in (
+        ("skippable", zarr.codecs.ZstdCodec(),
+         struct.pack("<II", 0x184D2A50, 3) + b"abc" + numcodecs.Zstd().encode(x[10:20].tobytes())),
+        ("spare", zarr.codecs.BloscCodec(), None),
+    ):
+        path = str(tmp_path / f"{name}.zarr")
+        zarr.create_array(path, data=x, chunks=(10, 5), compressors=comp)
+        file = os.path.join(path, "c", "1", "0")
+        if chunk is None:
+            with open(file, "rb") as f:
+                chunk = f.read() + bytes(7)
+        with open(file, "wb") as f:
+            f.write(chunk)
+        np.testing.assert_array_equal(np.asarray(zarr.open_array(path, mode="r")[:]), x)
+        np.testing.assert_array_equal(readers._zarr_block(path, "", 0, 40), x)
+
+
+def test_a_zarr_chunk_claiming_more_than_a_chunk_is_refused_unread(tmp_path, monkeypatch):
+    """A Zstd header stating more bytes than a chunk holds (a damaged size field: here 1 TiB)
+    is refused from the header, without decompressing to that size."""
+    import struct
+
+    import numcodecs
+
+    from daskmeans.io import readers
+
+    x = np.arange(200, dtype="f4").reshape(40, 5)
+    path = str(tmp_path / "x.zarr")
+    zarr.create_array(path, data=x, chunks=(10, 5), compressors=zarr.codecs.ZstdCodec())
+    with open(os.path.join(path, "c", "1", "0"), "wb") as f:  # single segment, 8-byte size field
+        f.write(struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", 1 << 40) + bytes(16))
+    monkeypatch.setattr(numcodecs.Zstd, "decode", lambda *a, **k: pytest.fail("decompressed"))
+    with pytest.raises(DataError, match=r"c/1/0 holds 1099511627776 bytes of values, 200 expected"):
+        readers._zarr_block(path, "", 10, 20)  # that chunk alone
+
+
 @pytest.mark.parametrize("codec", [None, "zstd", "blosc"])
 def test_a_zarr_chunk_of_the_wrong_size_is_an_error(tmp_path, codec):
     """A chunk file cut short, or one that decompresses to fewer bytes than a chunk (another
