@@ -20,13 +20,15 @@ from ..errors import DataError
 PIECE_BYTES = 8 << 20
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+_ON_POOL = threading.local()  # set on the pool's threads: their own pieces run in place
 
 
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="daskmeans-read")
+            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="daskmeans-read",
+                                       initializer=setattr, initargs=(_ON_POOL, "on", True))
         return _POOL
 
 
@@ -56,9 +58,11 @@ def read_into(path: str, offset: int, buf: memoryview) -> None:
 
 
 def in_threads(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
-    """``fn(item)`` for every item, on the readers' threads (in this thread for a single one);
-    returns once every call has returned, then raises the first failure's exception."""
-    if len(items) <= 1:
+    """``fn(item)`` for every item, on the readers' threads (in this thread for a single one, or
+    where this thread is one of them: a piece that waited for pieces of its own on the same
+    threads could wait forever); returns once every call has returned, then raises the first
+    failure's exception."""
+    if len(items) <= 1 or getattr(_ON_POOL, "on", False):
         for item in items:
             fn(item)
         return

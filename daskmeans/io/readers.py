@@ -345,15 +345,13 @@ def _zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray
 
 def _store_has(arr: Any, key: str) -> bool:
     """Whether the store of ``arr`` holds chunk ``key`` (a file test for local stores)."""
-    import zarr.storage
-
-    sp = arr.store_path
-    full = "/".join(p for p in (sp.path, key) if p)
-    if isinstance(sp.store, zarr.storage.LocalStore):
-        return os.path.exists(os.path.join(str(sp.store.root), *full.split("/")))
+    local = zarr_chunks.chunk_file(arr, key)
+    if local is not None:
+        return os.path.exists(local)
     from zarr.core.sync import sync  # other stores' API is async only
 
-    return bool(sync(sp.store.exists(full)))
+    sp = arr.store_path
+    return bool(sync(sp.store.exists("/".join(p for p in (sp.path, key) if p))))
 
 
 def _array_paths(group: Any, prefix: str = "") -> list[str]:

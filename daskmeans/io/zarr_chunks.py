@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .ranges import in_threads
+from .ranges import in_threads, read_into
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,6 @@ class Layout:
     ----------
     array : zarr.Array
         The opened array (its chunk keys).
-    root : str
-        The array's directory.
     chunks : tuple of int
         Rows and columns of a chunk (edge chunks are stored whole, padded).
     codec : numcodecs codec or None
@@ -45,7 +43,6 @@ class Layout:
     """
 
     array: Any
-    root: str
     chunks: tuple[int, int]
     codec: Any
 
@@ -53,10 +50,8 @@ class Layout:
 def layout(arr: Any) -> Layout | None:
     """How to read ``arr``'s chunks directly, or None where zarr-python should."""
     import numcodecs
-    import zarr.storage
 
-    sp = arr.store_path
-    if not isinstance(sp.store, zarr.storage.LocalStore) or getattr(arr, "shards", None) is not None:
+    if chunk_file(arr, "") is None or getattr(arr, "shards", None) is not None:
         return None
     dtype = np.dtype(arr.dtype)
     if dtype.itemsize > 1 and (dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder != "little")):
@@ -81,8 +76,18 @@ def layout(arr: Any) -> Layout | None:
             codec = meta.compressor
     if codec is False:
         return None
-    root = os.path.join(str(sp.store.root), *[p for p in sp.path.split("/") if p])
-    return Layout(arr, root, (int(arr.chunks[0]), int(arr.chunks[1])), codec)
+    return Layout(arr, (int(arr.chunks[0]), int(arr.chunks[1])), codec)
+
+
+def chunk_file(arr: Any, key: str) -> str | None:
+    """The file of ``arr``'s stored object ``key`` where its store is a local directory
+    (None for other stores)."""
+    import zarr.storage
+
+    sp = arr.store_path
+    if not isinstance(sp.store, zarr.storage.LocalStore):
+        return None
+    return os.path.join(str(sp.store.root), *[p for p in f"{sp.path}/{key}".split("/") if p])
 
 
 def read_rows(lay: Layout, start: int, stop: int) -> np.ndarray:
@@ -107,11 +112,10 @@ def read_rows(lay: Layout, start: int, stop: int) -> np.ndarray:
         r0, c0 = i * zrows, j * zcols
         a, b = max(start, r0), min(stop, r0 + zrows, n)
         c1 = min(d, c0 + zcols)
-        path = os.path.join(lay.root, *arr.metadata.encode_chunk_key((i, j)).split("/"))
+        path = chunk_file(arr, arr.metadata.encode_chunk_key((i, j)))
         whole = zcols == d and a == r0 and b == r0 + zrows  # the chunk is rows a:b of out, as stored
         dest = out[a - start:b - start].reshape(-1).view(np.uint8) if whole else np.empty(chunk_bytes, np.uint8)
-        with open(path, "rb") as f:
-            _fill(lay.codec, f, dest, path)
+        _fill(lay.codec, path, dest)
         if not whole:
             out[a - start:b - start, c0:c1] = dest.view(dtype).reshape(zrows, zcols)[a - r0:b - r0, : c1 - c0]
 
@@ -119,32 +123,27 @@ def read_rows(lay: Layout, start: int, stop: int) -> np.ndarray:
     return out
 
 
-def _fill(codec: Any, f: Any, dest: np.ndarray, path: str) -> None:
-    """``dest`` (the bytes of one whole chunk) from the chunk file ``f``: read into it, or
+def _fill(codec: Any, path: str, dest: np.ndarray) -> None:
+    """``dest`` (the bytes of one whole chunk) from the chunk file ``path``: read into it, or
     decompressed into it from the file's pages mapped in memory (no copy of the compressed
     bytes; as with any reader, a file cut short while it is read is not survived); a
     DataError unless the chunk holds exactly ``dest``'s size."""
-    size, on_disk = dest.size, os.fstat(f.fileno()).st_size
+    size, on_disk = dest.size, os.path.getsize(path)
     if codec is None:
         got = on_disk
         if got == size:
-            view = memoryview(dest)
-            while view:
-                n = f.readinto(view)
-                if not n:
-                    got = size - len(view)
-                    break
-                view = view[n:]
+            read_into(path, 0, memoryview(dest))
     elif on_disk == 0:
         got = 0
     else:
-        try:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # a file system that maps no files
-            got = _decode(codec, f.read(), dest, path)
-        else:
-            with data:
-                got = _decode(codec, data, dest, path)
+        with open(path, "rb") as f:
+            try:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):  # a file system that maps no files
+                got = _decode(codec, f.read(), dest, path)
+            else:
+                with data:
+                    got = _decode(codec, data, dest, path)
     if got != size:
         raise DataError(f"Zarr chunk {path} holds {got} bytes of values, {size} expected: the chunk is damaged")
 

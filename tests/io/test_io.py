@@ -453,6 +453,25 @@ def test_a_range_past_the_end_of_the_file_is_a_data_error(tmp_path, monkeypatch)
         ranges.read_into(str(tmp_path / "short"), 90, memoryview(bytearray(150)))
 
 
+def test_pieces_of_pieces_on_the_readers_threads_complete(tmp_path, monkeypatch):
+    """Work split on the readers' threads whose pieces split again (raw Zarr chunks read by
+    byte ranges, more chunks than threads) completes, each inner split in its own thread."""
+    import threading
+
+    from daskmeans.io import ranges, readers
+
+    monkeypatch.setattr(ranges, "PIECE_BYTES", 256)  # each 10 x 8 float64 chunk: 3 pieces
+    x = np.random.default_rng(3).standard_normal((400, 8))
+    path = str(tmp_path / "x.zarr")
+    zarr.create_array(path, data=x, chunks=(10, 8), compressors=None)  # 40 chunks
+    got = []
+    t = threading.Thread(target=lambda: got.append(readers._zarr_block(path, "", 0, 400)), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the readers' threads wait for each other"
+    np.testing.assert_array_equal(got[0], x)
+
+
 def test_npy_integer_chunk_bytes_counts_float_size(tmp_path):
     """Regression (fixed): integer data is read as float64, and in-memory arrays and Zarr size their
     chunks by the float64 itemsize; .npy uses the file's itemsize (readers._read_npy:
