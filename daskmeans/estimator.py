@@ -353,25 +353,37 @@ class KMeans:
             tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
             if tiers.chunk_rows:
                 X = split_rows(X, tiers.chunk_rows)
-            rows = max(balance_chunks(X, len(client.nthreads())).chunks[0])  # as place() will cut them
-            warm_kernels(client, backend, self.n_clusters, d, X.dtype, self.precision, rows)
-        with phase("place"):
-            placement = place(client, X, backend, w, tiers.tier)
-
-        def replan() -> Placement:
-            return place(client, X, backend, w, tiers.tier)
+            # The fit's chunking, fixed here for the whole fit: a worker lost later places the
+            # same chunks on the workers left (never re-split), so no statistic kept per chunk
+            # changes meaning mid-fit.
+            X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
+            w = None if w is None else w.rechunk((X.chunks[0],))
+            warm_kernels(client, backend, self.n_clusters, d, X.dtype, self.precision, max(X.chunks[0]))
+        placement: Placement | None = None
 
         def survive(step: Callable[[Placement], Any]) -> Any:
-            """``step(placement)``, placing the data again on the workers left when one is
-            lost meanwhile (the loop does the same within itself)."""
+            """``step(placement)``, placing the data (again, in the same chunks, on the workers
+            left) when a worker is lost before or during it (the loop does the same within
+            itself)."""
             nonlocal placement
+            last = None
             for _ in range(_MAX_REPLANS):
                 try:
+                    if placement is None:
+                        placement = place(client, X, backend, w, tiers.tier, balance=False)
                     return step(placement)
                 except WorkerLost as lost:
                     last = lost.args[0]
-                    placement = replan()
+                    placement = None
             raise DaskmeansError(f"workers kept leaving the cluster ({_MAX_REPLANS} times; last {last})")
+
+        def replan() -> Placement:
+            nonlocal placement
+            placement = None
+            return survive(lambda p: p)
+
+        with phase("place"):
+            survive(lambda p: p)
 
         try:
             with phase("moments"):

@@ -190,6 +190,8 @@ def place(
     backend: str,
     sample_weight: da.Array | None = None,
     tier: str = "device",
+    *,
+    balance: bool = True,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -200,10 +202,17 @@ def place(
     X : dask array, shape (n, d), one chunk along columns
     backend : "numpy" or "cupy"
     sample_weight : dask array, shape (n,), chunked like X's rows, optional
-    tier : "device", "host" or "storage" (see :class:`Shard`; :func:`daskmeans.budget.plan`
+    tier : "device", "host" or "storage" (see :class:`Shard`; :func:`daskmeans.engine.plan.plan`
         chooses)
+    balance : bool, default True
+        Cut ``X`` first so that every worker gets a near-equal share (:func:`balance_chunks`).
+        A fit balances once and places its chunks with ``False``, also again on the workers
+        left after a loss: its chunking is fixed, so every statistic kept per chunk (the
+        loop's inertia slots, the labels' layout) means the same before and after the loss.
     """
-    X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
+    X = X.rechunk({1: -1})
+    if balance:
+        X = balance_chunks(X, len(client.nthreads()))
     resident = X if tier == "storage" else to_backend(X, backend if tier == "device" else "numpy")
     arrays = [] if tier == "storage" else [resident]
     if sample_weight is not None:

@@ -37,6 +37,7 @@ the final centroids.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -210,6 +211,8 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         buf[lay.sums] += out["sums"].reshape(-1)
         buf[lay.weights] += out["weights"]
         buf[lay.counts] += out["counts"]
+        if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
+            raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks")
         fv[lay.inertia + cid] = out["inertia"]
         # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
         buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
@@ -590,6 +593,8 @@ def run_lloyd(
             if new:
                 client.run(coll.install_mailbox, workers=sorted(new))
                 workers_seen |= new
+            # The buffer's layout (one inertia slot per chunk) follows the placement it runs on.
+            fit = dataclasses.replace(fit, n_chunks=len(placement.row_chunks), n_samples=placement.n_samples)
             spec = _spec(client, placement, fit_id, epoch, choose_collective(client, placement, collective))
             try:
                 results = _segments(client, placement, spec, fit, start, history, callback, saver)
