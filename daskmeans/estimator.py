@@ -22,6 +22,7 @@ from .backends import PRECISIONS, backend_name, get_backend
 from .dask_cluster import check_paths_on_workers, resolve_backend
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .seeding import resolve_init
+from .io.checkpoint import check_fingerprint
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights, split_rows
 from .backends.grid import Grid
@@ -256,7 +257,7 @@ class KMeans:
             raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
 
     def _read_checkpoint(self) -> dict:
-        from .io.model_store import read_checkpoint
+        from .io.checkpoint import read_checkpoint
 
         if self.checkpoint is None:
             raise DaskmeansError("resume=True needs checkpoint=PATH (--checkpoint)")
@@ -271,12 +272,13 @@ class KMeans:
             "tol": self.tol, "metric": self.metric,
             "precision": self.precision, "weighted": weighted,
             "max_abs": [float(v) for v in moments["max_abs"]],
+            "digest": moments["digest"],
         }
 
     def _saver(self, fingerprint: dict) -> Callable | None:
         if self.checkpoint is None:
             return None
-        from .io.model_store import write_checkpoint
+        from .io.checkpoint import write_checkpoint
 
         path = os.fspath(self.checkpoint)
 
@@ -387,15 +389,16 @@ class KMeans:
 
         try:
             with phase("moments"):
-                moments = survive(lambda p: data_moments(client, p))
+                # A checkpoint written or resumed names the data by its content digest.
+                moments = survive(lambda p: data_moments(client, p, digest=self.checkpoint is not None))
             tol_abs = float(np.mean(moments["var"])) * float(self.tol)
             grid = Grid(moments["max_abs"], moments["weight"])
             seed = seed_of(self.random_state)
             seeds = np.random.SeedSequence(seed).generate_state(self.n_init)
-            fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None)
+            fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None) if self.checkpoint else None
             start = None
             if ck is not None:
-                _check_fingerprint(self.checkpoint, ck["fingerprint"], fingerprint)
+                check_fingerprint(self.checkpoint, ck["fingerprint"], fingerprint, ck["iteration"], self.max_iter)
                 start = Start(ck["iteration"], ck["centroids"], ck["prev"], ck["history"])
             best = None
             for run in range(self.n_init):
@@ -647,20 +650,6 @@ def _labels_array(states: list, row_chunks: tuple, layout: list) -> da.Array:
                 dask.delayed(_state_labels, pure=True)(state, j), shape=(row_chunks[cid],), dtype=np.int32
             )
     return da.concatenate([pieces[i] for i in range(len(row_chunks))])
-
-
-def _check_fingerprint(path: Any, saved: dict, now: dict) -> None:
-    """Refuse a checkpoint written for other data or parameters, naming what differs."""
-    from .io.model_store import _jsonable
-
-    saved, now = _jsonable(saved), _jsonable(now)
-    diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    if diff:
-        what = "; ".join(
-            f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" if k != "max_abs" else "the data's values differ"
-            for k in diff
-        )
-        raise DataError(f"checkpoint {path} is for another fit ({what}): remove it or fit without resume")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -47,6 +47,7 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
+from ..backends.digest import block_digest, combine
 from ..backends.grid import Grid
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
@@ -376,14 +377,20 @@ def _final_labels(shard: Shard) -> FinalLabels:
 # ---------------------------------------------------------------- moments (one pass, before a fit)
 
 
-def _moments(shard: Shard) -> dict:
+def _moments(shard: Shard, digest: bool = False) -> dict:
     """Row count, per-feature mean, M2 and largest absolute value (float64), total weight,
-    the first non-finite row if any, and whether any weight is negative (one pass)."""
+    the first non-finite row if any, and whether any weight is negative (one pass); with
+    ``digest``, also the content digests of the rows and of the weights
+    (:mod:`daskmeans.backends.digest`)."""
     be = shard.be
     xp = be.xp
     n, mean, m2, max_abs, wsum = 0, None, None, None, 0.0
     bad, n_bad, bad_w, n_bad_w, neg_w = None, 0, None, 0, False
+    dx = dw = 0
     for _, off, block, w in shard.items():
+        if digest:
+            dx += block_digest(xp, block, off)
+            dw += 0 if w is None else block_digest(xp, w, off)
         mb, m2b, mab, bad_row = be.moments(block)
         if bad_row is not None:  # rare: count them for the message
             n_bad += int((~xp.isfinite(block)).sum())
@@ -410,7 +417,7 @@ def _moments(shard: Shard) -> dict:
             m2 = m2 + m2b + delta**2 * n * nb / tot
             n = tot
     return {"n": n, "mean": mean, "m2": m2, "bad": bad, "n_bad": n_bad, "bad_w": bad_w, "n_bad_w": n_bad_w,
-            "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum}
+            "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum, "digest": combine(dx), "wdigest": combine(dw)}
 
 
 def _first(a: int | None, b: int | None) -> int | None:
@@ -437,6 +444,8 @@ def _merge_moments(items: list) -> dict:
             "neg_w": acc["neg_w"] or it["neg_w"],
             "max_abs": np.maximum(acc["max_abs"], it["max_abs"]),
             "wsum": acc["wsum"] + it["wsum"],
+            "digest": combine(acc["digest"], it["digest"]),
+            "wdigest": combine(acc["wdigest"], it["wdigest"]),
         }
     return acc
 
@@ -454,10 +463,12 @@ def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, preci
     client.run(_warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
 
 
-def data_moments(client: Client, placement: Placement) -> dict:
+def data_moments(client: Client, placement: Placement, digest: bool = False) -> dict:
     """Mean, variance and largest absolute value per feature (float64) and the total weight,
-    in one pass; raises on NaN/inf (in X or the weights) and on negative weights."""
-    futs = submit_per_shard(client, placement, _moments, name="daskmeans-moments")
+    in one pass; raises on NaN/inf (in X or the weights) and on negative weights. With
+    ``digest``: also ``digest``, the data's content digest (rows and weights) as 32 hex
+    digits, the same for any chunking and placement."""
+    futs = submit_per_shard(client, placement, _moments, [digest] * len(placement.shards), name="daskmeans-moments")
     (res,) = gather(client, [client.submit(_merge_moments, futs, pure=False)], placement)
     if res["bad"] is not None:
         raise DataError(
@@ -471,8 +482,11 @@ def data_moments(client: Client, placement: Placement) -> dict:
         raise DataError("sample_weight has negative values: weights should be >= 0")
     if res["wsum"] <= 0:
         raise DataError("sample_weight sums to zero: at least one weight should be > 0")
-    return {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
-            "weight": res["wsum"]}
+    out = {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
+           "weight": res["wsum"]}
+    if digest:
+        out["digest"] = f"{res['digest']:016x}{res['wdigest']:016x}"
+    return out
 
 
 # ---------------------------------------------------------------- the client's side

@@ -243,3 +243,84 @@ def test_a_signal_dropped_in_a_finaliser_prints_no_traceback(capsys):
         sys.unraisablehook = hook
     err = capsys.readouterr().err
     assert "Terminated" not in err and "ValueError: a real bug" in err, err
+
+
+# ------------------------------------------------------- what a checkpoint resumes is verified
+
+
+@pytest.fixture(scope="module")
+def saved(problem):
+    """A checkpoint of the problem's fit, interrupted at iteration 3."""
+    ck = problem / "ck-verify.zarr"
+    rc, err = _interrupt_at(_argv(problem, "m-v.zarr", "--checkpoint", str(ck), "--checkpoint-every", "1"), 3,
+                            signal.SIGINT)
+    assert rc == 130, err
+    return ck
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _resume_fails(problem, ck, data="x.zarr", out="m-bad.zarr"):
+    argv = _argv(problem, out, "--checkpoint", str(ck), "--resume")
+    argv[argv.index(str(problem / "x.zarr"))] = str(problem / data)
+    rc, err = _run(argv)
+    assert rc == 1, err
+    assert "Traceback" not in err, err
+    assert not (problem / out).exists()
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("daskmeans: error: ") and not any("error" in ln for ln in lines[:-1]), err
+    return lines[-1]
+
+
+def test_resume_on_other_data_of_the_same_shape_and_range_is_refused(problem, saved):
+    """Most rows changed, the same shape, dtype and per-feature largest |value|: the content
+    digest differs (a fingerprint of shape and range alone accepted this)."""
+    x = zarr.open_array(str(problem / "x.zarr"), mode="r")[:]
+    y = x.copy()
+    rng = np.random.default_rng(0)
+    keep = np.abs(y).argmax(axis=0)  # the rows holding each feature's largest |value| stay
+    rows = np.setdiff1d(np.arange(len(y)), keep)
+    y[rows] = rng.permutation(y[rows])  # the same values, in other rows
+    assert np.array_equal(np.abs(y).max(axis=0), np.abs(x).max(axis=0))
+    zarr.create_array(str(problem / "y.zarr"), data=y, chunks=(2500, 8), overwrite=True)
+    line = _resume_fails(problem, saved, data="y.zarr")
+    assert "is for another fit (the data's values differ)" in line, line
+
+
+def _attrs_edit(ck, edit):
+    import json
+
+    meta = ck / "zarr.json"
+    doc = json.loads(meta.read_text())
+    edit(doc["attributes"])
+    meta.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("damage", ["iteration-huge", "iteration-negative", "nan-centroid", "garbage-history",
+                                    "transposed"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(problem, saved, tmp_path, damage):
+    ck = _copy(saved, tmp_path / "ck.zarr")
+    if damage == "iteration-huge":
+        _attrs_edit(ck, lambda a: a.update(iteration=10**6))
+    elif damage == "iteration-negative":
+        _attrs_edit(ck, lambda a: a.update(iteration=-5))
+    elif damage == "garbage-history":
+        _attrs_edit(ck, lambda a: a.update(history=[{"iteration": "x"}, 7]))
+    elif damage == "nan-centroid":
+        g = zarr.open_group(str(ck), mode="r+")
+        c = g["centroids"][:]
+        c[2, 3] = np.nan
+        g["centroids"][:] = c
+    else:  # the centroids transposed: (D, K)
+        g = zarr.open_group(str(ck), mode="r+")
+        c = g["centroids"][:]
+        del g["centroids"]
+        g.create_array("centroids", data=np.ascontiguousarray(c.T))
+    line = _resume_fails(problem, ck)
+    assert f"checkpoint {ck} is damaged: its checksum does not match its contents" in line, line

@@ -209,7 +209,7 @@ def test_a_segment_reports_the_slowest_ranks_kernel_time():
 def test_kernel_seconds_is_the_slowest_ranks(client, data, tmp_path):
     """Each rank times its own kernels; the history keeps the slowest rank's time whichever
     worker is slower, and so do the checkpoints (their history comes from one rank's state)."""
-    from daskmeans.io.model_store import read_checkpoint
+    from daskmeans.io.checkpoint import read_checkpoint
 
     a, b = sorted(client.nthreads())
     X = da.from_array(data, chunks=(1000, -1))

@@ -1,0 +1,153 @@
+"""Checkpoints: a fit's restart point, written atomically and verified before it is resumed.
+
+A checkpoint is a Zarr group (``centroids``, ``prev`` arrays; JSON attributes) like a model.
+What it resumes must be what it was written for, so reading one checks, before any work:
+
+- its own integrity: a SHA-256 over its attributes and the arrays' bytes (``checksum``), so
+  a damaged or hand-edited checkpoint is refused rather than resumed;
+- its consistency: the iteration count, a history of one well-formed entry per iteration,
+  finite centroids of the fingerprint's shape;
+- against the fit (:func:`check_fingerprint`): the parameters, the data's shape and dtype,
+  and a content digest of the data (:mod:`daskmeans.backends.digest`), which a change of
+  values that keeps the shape cannot pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+from .model_store import _jsonable, _open, write_group
+from .paths import FORMATS, atomic_dir
+
+CHECKPOINT_FORMAT = FORMATS["checkpoint"]
+# 2: the checksum and the data's content digest (a version-1 checkpoint has neither).
+CHECKPOINT_VERSION = 2
+
+# Every history entry has these numbers (the loop's per-iteration statistics).
+_HISTORY_KEYS = ("iteration", "inertia", "shift", "reassigned", "n_empty")
+
+
+def _checksum(attrs: dict, arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over the attributes (canonical JSON, without the checksum) and each array's
+    name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in attrs.items() if k != "checksum"}, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.ndarray | None,
+                     history: list, fingerprint: dict) -> None:
+    """Write a fit's restart point atomically.
+
+    Parameters
+    ----------
+    path : str
+    iteration : int
+        Completed iterations (>= 1).
+    centroids : ndarray (K, D) float64
+        Centroids after ``iteration`` iterations.
+    prev : ndarray (K, D) float64 or None
+        Centroids one iteration before (they restore the labels that count reassigned rows).
+    history : list of dict
+        Statistics of iterations 1..iteration.
+    fingerprint : dict
+        What the checkpoint is valid for (:func:`check_fingerprint`).
+    """
+    arrays = {"centroids": np.asarray(centroids, np.float64)}
+    if prev is not None:
+        arrays["prev"] = np.asarray(prev, np.float64)
+    attrs = _jsonable({
+        "format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION, "iteration": int(iteration),
+        "history": history, "fingerprint": fingerprint,
+    })
+    attrs["checksum"] = _checksum(attrs, arrays)
+    with atomic_dir(path, kind="checkpoint") as tmp:
+        write_group(tmp, arrays, attrs)
+
+
+def read_checkpoint(path: str) -> dict:
+    """``{"iteration", "centroids", "prev", "history", "fingerprint"}`` of a checkpoint,
+    verified (checksum, consistency); a DataError that says what is wrong otherwise."""
+    g, attrs = _open(path, CHECKPOINT_FORMAT, "checkpoint", f"no checkpoint at {path}: run without --resume to start one")
+    bad = f"checkpoint {path} is damaged"
+    version = attrs.get("format_version")
+    if version != CHECKPOINT_VERSION:
+        raise DataError(f"checkpoint {path} has format_version={version!r}, this daskmeans resumes only "
+                        f"{CHECKPOINT_VERSION}: remove it or fit without resume")
+    try:
+        arrays = {name: np.asarray(g[name][...]) for name in ("centroids", "prev") if name in g}
+    except Exception as e:
+        raise DataError(f"{bad}: its arrays cannot be read ({e})") from None
+    if "centroids" not in arrays:
+        raise DataError(f"{bad}: it has no centroids array")
+    if attrs.get("checksum") != _checksum(dict(attrs), arrays):
+        raise DataError(f"{bad}: its checksum does not match its contents (changed after it was written); "
+                        "remove it or fit without resume")
+    out = {"iteration": attrs.get("iteration"), "centroids": arrays["centroids"], "prev": arrays.get("prev"),
+           "history": attrs.get("history"), "fingerprint": attrs.get("fingerprint")}
+    problem = _inconsistency(out)
+    if problem:
+        raise DataError(f"{bad}: {problem}")
+    out["history"] = list(out["history"])
+    out["fingerprint"] = dict(out["fingerprint"])
+    return out
+
+
+def _inconsistency(ck: dict) -> str | None:
+    """What makes a checkpoint's contents contradict themselves, or None."""
+    it, fp, hist = ck["iteration"], ck["fingerprint"], ck["history"]
+    if not isinstance(fp, dict):
+        return "its fingerprint is not a record"
+    if not isinstance(it, int) or isinstance(it, bool) or it < 1:
+        return f"iteration={it!r} should be an integer >= 1"
+    shape = (fp.get("n_clusters"), fp.get("n_features"))
+    for name in ("centroids", "prev"):
+        a = ck[name]
+        if a is None:
+            continue
+        if a.shape != shape:
+            return f"{name} have shape {a.shape}, should be (n_clusters, n_features) = {shape}"
+        if a.dtype != np.float64 or not np.isfinite(a).all():
+            return f"{name} should be finite float64 values"
+    if ck["prev"] is None:
+        return "the centroids of the iteration before (prev) are missing"
+    if not isinstance(hist, list) or len(hist) != it:
+        n = len(hist) if isinstance(hist, list) else type(hist).__name__
+        return f"its history has {n} entries, should have one per completed iteration ({it})"
+    for i, h in enumerate(hist, 1):
+        if not isinstance(h, dict) or any(not _number(h.get(k)) for k in _HISTORY_KEYS):
+            return f"history entry {i} should be a record of numbers {', '.join(_HISTORY_KEYS)}"
+        if h["iteration"] != i:
+            return f"history entry {i} is numbered {h['iteration']!r}"
+    return None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_fingerprint(path: Any, saved: dict, now: dict, iteration: int, max_iter: int) -> None:
+    """Refuse a checkpoint written for other data or parameters, naming what differs, and
+    one that is already past ``max_iter``."""
+    saved, now = _jsonable(saved), _jsonable(now)
+    diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if diff:
+        what = "; ".join(dict.fromkeys(
+            f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" if k not in ("max_abs", "digest")
+            else "the data's values differ" for k in diff
+        ))
+        raise DataError(f"checkpoint {os.fspath(path)} is for another fit ({what}): remove it or fit without resume")
+    if iteration > max_iter:
+        raise DataError(f"checkpoint {os.fspath(path)} is at iteration {iteration}, past max_iter={max_iter}: "
+                        "raise --max-iter or fit without resume")
