@@ -25,7 +25,7 @@ from .seeding import resolve_init
 from .io.checkpoint import check_fingerprint
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights, split_rows
-from .backends.grid import Grid
+from .backends.grid import Grid, check_resolution
 from .engine.loop import Start, data_moments, run_lloyd, warm_kernels
 from .engine.plan import plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
@@ -412,6 +412,8 @@ class KMeans:
                             client, p, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor))
                     if self.metric == "cosine":
                         c0 = unit_centroids(np.asarray(c0, np.float64))
+                if run == 0:
+                    check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
                 with phase("iterations"):
                     res = run_lloyd(
                         client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, grid=grid,

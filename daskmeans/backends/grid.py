@@ -114,6 +114,67 @@ class Grid:
         return xp.ldexp(iweights.astype(xp.float64), self.wexp)
 
 
+# A centroid's value is the mean of values each rounded by at most half a step: the step must
+# stay below this fraction of a feature's typical magnitude for the sums to be trusted.
+RESOLUTION = 2.0**-12
+
+
+def check_resolution(grid: Grid, typical: np.ndarray, n_samples: int) -> None:
+    """Refuse data whose fixed-point grid is too coarse for its typical values.
+
+    A feature's step is set by its largest absolute value times the total weight (so that
+    no sum overflows): one huge value among ordinary ones (1e18 among values near 1) makes
+    the step larger than the ordinary values themselves, which then all round to zero and
+    give wrong centroids silently.
+
+    Parameters
+    ----------
+    grid : Grid
+    typical : ndarray (d,)
+        A robust magnitude of each feature (the median |value| of the initial centroids,
+        which are rows of the data or close to them); features where it is 0 are skipped.
+    n_samples : int
+
+    Raises
+    ------
+    DataError
+        Naming the first feature whose step exceeds ``RESOLUTION`` times its typical value.
+    """
+    from ..errors import DataError
+
+    step = np.ldexp(1.0, grid.exps)
+    typical = np.asarray(typical, np.float64)
+    bad = np.flatnonzero((typical > 0) & (step > RESOLUTION * typical))
+    if bad.size:
+        j = int(bad[0])
+        raise DataError(
+            f"feature {j} spans too wide a range for exact sums: over {n_samples} rows its largest |value| sets the "
+            f"sums' step to {step[j]:.3g}, and its typical |value| {typical[j]:.3g} should be at least "
+            f"{1 / RESOLUTION:.0f} steps; rescale, clip or drop the outlying values ({bad.size} feature(s) affected)"
+        )
+
+
+def check_range(max_abs: np.ndarray, dtype: Any) -> None:
+    """Refuse data whose squared row norms can overflow the distances' dtype (the kernels
+    compute ``|x|^2 - 2 x.c + |c|^2`` in the data's dtype).
+
+    Raises
+    ------
+    DataError
+    """
+    from ..errors import DataError
+
+    with np.errstate(over="ignore"):
+        bound = float(np.sum(np.square(np.asarray(max_abs, np.float64))))
+    limit = float(np.finfo(dtype).max) / 4
+    if not bound <= limit:
+        raise DataError(
+            f"X's values are too large for {np.dtype(dtype).name} distances: a row's squared norm can reach "
+            f"{bound:.3g} (from each feature's largest |value|), above {limit:.3g}; rescale the data"
+            + (" or use float64 data" if np.dtype(dtype) == np.float32 else "")
+        )
+
+
 def _xp(a: Any) -> Any:
     from . import get_backend
 

@@ -48,7 +48,7 @@ from distributed import Client, get_worker
 
 from .. import config
 from ..backends.digest import block_digest, combine
-from ..backends.grid import Grid
+from ..backends.grid import Grid, check_range
 from ..errors import DaskmeansError, DataError
 from ..metric import inertia_scale, unit_centroids
 from ..placement import Placement, Shard, WorkerLost, gather, submit_per_shard, watch
@@ -482,6 +482,7 @@ def data_moments(client: Client, placement: Placement, digest: bool = False) -> 
         raise DataError("sample_weight has negative values: weights should be >= 0")
     if res["wsum"] <= 0:
         raise DataError("sample_weight sums to zero: at least one weight should be > 0")
+    check_range(res["max_abs"], placement.dtype)
     out = {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
            "weight": res["wsum"]}
     if digest:
