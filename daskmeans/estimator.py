@@ -27,7 +27,7 @@ from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights, split_rows
 from .backends.grid import Grid, check_resolution
 from .engine.loop import Start, data_moments, run_lloyd, warm_kernels
-from .engine.plan import plan
+from .engine.plan import iteration_warning, plan
 from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
 from .placement import TIERS, Placement, WorkerLost, balance_chunks, place, to_backend
 from .progress import Progress
@@ -353,6 +353,9 @@ class KMeans:
                 check_paths_on_workers(client, read=[path])
             backend = resolve_backend(client, self.backend, backend_name(X))
             tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
+            slow = iteration_warning(n, self.n_clusters, d, self.max_iter, tiers, len(client.nthreads()))
+            if slow:
+                warnings.warn(slow, DaskmeansWarning, stacklevel=2)
             if tiers.chunk_rows:
                 X = split_rows(X, tiers.chunk_rows)
             # The fit's chunking, fixed here for the whole fit: a worker lost later places the

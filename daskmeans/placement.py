@@ -235,12 +235,15 @@ def place(
     owner = _balance(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
     xf = [by_key[k] for k in xkeys] if tier != "storage" else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
+    # The moves and shards go to their workers, or (loose restrictions) anywhere once their
+    # worker is gone: a result made from a shard later (the labels) is then made again from
+    # the data on a worker left, never waits for one that is gone.
     for i, w in enumerate(owner):
         if w != holders[i]:  # move the chunk: one transfer, once per fit
             if xf[i] is not None:
-                xf[i] = client.submit(_identity, xf[i], workers=[w], allow_other_workers=False, pure=False)
+                xf[i] = client.submit(_identity, xf[i], workers=[w], allow_other_workers=True, pure=False)
             if wf is not None:
-                wf[i] = client.submit(_identity, wf[i], workers=[w], allow_other_workers=False, pure=False)
+                wf[i] = client.submit(_identity, wf[i], workers=[w], allow_other_workers=True, pure=False)
     per_worker: dict[str, list[int]] = {}
     for i, w in enumerate(owner):
         per_worker.setdefault(w, []).append(i)
@@ -269,13 +272,19 @@ def place(
                 readers,
                 *args,
                 workers=[w],
-                allow_other_workers=False,
+                allow_other_workers=True,
                 pure=False,
                 key=f"daskmeans-shard-{_token()}",
             )
         )
-    # Pinned tasks: a lost worker would stall them forever. The shards stay where they are.
-    watch(client, shards, [w for w, _ in groups], fetch=False)
+    # A worker lost meanwhile is a WorkerLost (the fit places its data again), not a shard
+    # made elsewhere: each rank's shard must live on its rank's worker.
+    ranks = [w for w, _ in groups]
+    watch(client, shards, ranks, fetch=False)
+    where = client.who_has(shards)
+    astray = [w for f, w in zip(shards, ranks) if w not in where.get(f.key, ())]
+    if astray:
+        raise WorkerLost(astray)
     return Placement(
         shards=shards,
         workers=[w for w, _ in groups],

@@ -22,7 +22,7 @@ lazily so that importing daskmeans never needs a GPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 
@@ -196,6 +196,7 @@ def assign(
     prev_labels: Any = None,
     out_labels: Any = None,
     grid: Grid | None = None,
+    interrupt: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -214,6 +215,9 @@ def assign(
     grid : Grid, optional
         The fixed-point grid of the sums (a fit's, the same for every block); by default the
         block's own.
+    interrupt : callable, optional
+        Called once before the block's kernels are queued (they run asynchronously: a
+        block's work is not cut short once queued).
 
     Returns
     -------
@@ -224,6 +228,8 @@ def assign(
     """
     import cupy
 
+    if interrupt is not None:
+        interrupt()
     labels = out_labels if out_labels is not None else cupy.empty(X.shape[0], cupy.int32)
     out = _run(X, p, sample_weight, prev_labels, labels, None, want_sums, grid)
     out["labels"] = labels

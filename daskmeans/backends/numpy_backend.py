@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 
@@ -180,6 +180,7 @@ def assign(
     prev_labels: numpy.ndarray | None = None,
     out_labels: numpy.ndarray | None = None,
     grid: Grid | None = None,
+    interrupt: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -199,6 +200,8 @@ def assign(
     grid : Grid, optional
         The fixed-point grid of the sums (a fit's, the same for every block); by default the
         block's own.
+    interrupt : callable, optional
+        Called before each tile (it raises to stop early).
 
     Returns
     -------
@@ -226,6 +229,8 @@ def assign(
     inertia = 0.0
     reassigned = 0
     for s, e, g, lab in _tiles(X, p):
+        if interrupt is not None:
+            interrupt()
         prev = _workspace(e - s, k, X.dtype).no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
         inertia, r_t = cpu_kernels.tile_stats(
             g, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums, weights, counts,

@@ -7,7 +7,7 @@ with the same parameters. Shapes: ``X`` is one block ``(n, d)``, centroids ``(K,
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 from .grid import Grid
 
@@ -68,12 +68,14 @@ class Backend(Protocol):
         (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`."""
 
     def assign(self, X: Any, p: Any, sample_weight: Any = None, want_sums: bool = True,
-               prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None) -> dict[str, Any]:
+               prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None,
+               interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
         """Labels ``(n,)`` int32 of the nearest centroids (exact distances, lowest index on
         ties), ``inertia``, ``reassigned`` (rows whose label differs from ``prev_labels``),
         ``rechecked``; with ``want_sums`` the per-cluster ``sums`` ``(K, d)`` and ``weights``
         ``(K,)`` as int64 multiples of ``grid``'s steps, ``counts`` ``(K,)`` int64 and the
-        ``grid``."""
+        ``grid``. ``interrupt`` is called between the kernel's pieces of work (it raises to
+        stop a long call early: a fit interrupted or aborted)."""
 
     def update_centroids(self, isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple[Any, Any]:
         """``(new, shift)``: centroids ``(K, d)`` float64 from combined integer sums (``old``

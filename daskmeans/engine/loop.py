@@ -134,12 +134,14 @@ def _slot(shard: Shard, iteration: int) -> list | None:
     return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
 
 
-def _labels_under(shard: Shard, centroids: Any, precision: str, be: Any) -> tuple[list, list]:
-    """Labels and per-chunk inertia (0-d or float) of every local chunk under ``centroids``."""
+def _labels_under(shard: Shard, centroids: Any, precision: str, be: Any,
+                  interrupt: Callable[[], None] | None = None) -> tuple[list, list]:
+    """Labels and per-chunk inertia (0-d or float) of every local chunk under ``centroids``
+    (``interrupt``: see :func:`_iterate`)."""
     prep = be.prepare(centroids, shard.dtype, precision)
     labels, inertia = [], []
     for _, _, block, w in shard.items():
-        out = be.assign(block, prep, w, want_sums=False)
+        out = be.assign(block, prep, w, want_sums=False, interrupt=interrupt)
         labels.append(out["labels"])
         inertia.append(out["inertia"])
     return labels, inertia
@@ -179,9 +181,12 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
     return merged[:n_far]
 
 
-def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float) -> dict:
+def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float,
+             interrupt: Callable[[], None] | None = None) -> dict:
     """One Lloyd iteration on this rank; returns its statistics (identical on every rank but
-    the timings: ``kernel_seconds`` is this rank's)."""
+    the timings: ``kernel_seconds`` is this rank's). ``interrupt`` is called between the
+    kernels' pieces of work and raises once the client gave up on the fit (an interrupt, a
+    lost worker): an iteration of minutes stops within a tile, not at its end."""
     be = shard.be
     xp = be.xp
     t_start = time.perf_counter()
@@ -205,7 +210,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     for j, (cid, _, block, w) in enumerate(shard.items()):
         out = be.assign(
             block, prep, w, want_sums=True, prev_labels=None if prev is None else prev[j],
-            out_labels=None if out_slot is None else out_slot[j], grid=fit.grid,
+            out_labels=None if out_slot is None else out_slot[j], grid=fit.grid, interrupt=interrupt,
         )
         labels.append(out["labels"])
         # Integers on the fit's grid: the total does not depend on chunking or placement.
@@ -309,6 +314,11 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     be = shard.be
     xp = be.xp
     comm = coll.open_collective(spec, rank, worker)
+    box = coll.mailbox(worker)
+
+    def interrupt() -> None:  # the client gave up (interrupt, lost worker): stop here
+        box.check(spec.fit_id, spec.epoch)
+
     if start is not None:
         st = LoopState(
             spec.fit_id, start.iteration, xp.asarray(start.centroids, dtype=xp.float64),
@@ -318,17 +328,16 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
             # After a re-placement: the labels of the iteration before, so that "reassigned"
             # (and with it the stop rule) is what an undisturbed run sees.
             st.prev = xp.asarray(start.prev, dtype=xp.float64)
-            shard.labels[(start.iteration - 1) % 2] = _labels_under(shard, st.prev, fit.precision, be)[0]
+            shard.labels[(start.iteration - 1) % 2] = _labels_under(shard, st.prev, fit.precision, be, interrupt)[0]
         shard.loop = st
     st = shard.loop
     st.segment_start = (st.iteration, st.centroids, st.prev, len(st.history))
     st.running = True
     seg_t0 = time.perf_counter()
     history = []
-    box = coll.mailbox(worker)
     while not st.done and st.iteration < fit.max_iter:
-        box.check(spec.fit_id, spec.epoch)  # the client gave up (interrupt, lost worker): stop here
-        stats = _iterate(shard, st, fit, comm, seg_t0)
+        interrupt()
+        stats = _iterate(shard, st, fit, comm, seg_t0, interrupt)
         end = stats.pop("_end_segment")
         history.append(stats)
         st.done = stats["reassigned"] == 0 or stats["shift"] <= fit.tol_abs
@@ -340,7 +349,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         "done": st.done or st.iteration >= fit.max_iter,
     }
     if result["done"]:
-        labels, inertia = _labels_under(shard, st.centroids, fit.precision, be)
+        labels, inertia = _labels_under(shard, st.centroids, fit.precision, be, interrupt)
         shard.final = FinalLabels(labels)
         # Per-chunk inertia (float64 bits, summed on the client in chunk order) and the
         # cluster sizes (int64), in one collective.
@@ -370,8 +379,14 @@ def _restart_state(shard: Shard) -> Start | None:
     return Start(it, be.to_numpy(cen), None if prev is None else be.to_numpy(prev), st.history[:n_hist])
 
 
-def _final_labels(shard: Shard) -> FinalLabels:
-    return shard.final
+def _final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
+    """The labels the final pass left in ``shard``; computed under the final ``centroids``
+    (the same labels) where the shard was made again after its worker was lost."""
+    final = getattr(shard, "final", None)
+    if final is None:
+        be = shard.be
+        final = FinalLabels(_labels_under(shard, be.asarray(np.asarray(centroids, np.float64)), precision, be)[0])
+    return final
 
 
 # ---------------------------------------------------------------- moments (one pass, before a fit)
@@ -639,13 +654,24 @@ def run_lloyd(
         with contextlib.suppress(Exception):
             client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
     res0 = results[0]
-    final = submit_per_shard(client, placement, _final_labels, name="daskmeans-labels")
+    final = _final_states(client, placement, np.asarray(res0["centroids"]), precision)
     last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
     return LloydResult(
         np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
         last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
         np.asarray(res0["sizes"], np.int64),
     )
+
+
+def _final_states(client: Client, placement: Placement, centroids: np.ndarray, precision: str) -> list:
+    """Futures of each rank's :class:`FinalLabels`, on the rank's worker, or anywhere once
+    it is gone (made again from the data there: labels never wait for a lost worker)."""
+    c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
+    return [
+        client.submit(_final_labels, shard, c, precision, workers=[w], allow_other_workers=True, pure=False,
+                      key=f"daskmeans-labels-{uuid.uuid4().hex}")
+        for shard, w in zip(placement.shards, placement.workers)
+    ]
 
 
 class _Checkpointer:

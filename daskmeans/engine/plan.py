@@ -41,6 +41,8 @@ class TierPlan:
     host_budget: int
     device_budget: int | None
     chunk_rows: int | None = None  # rows per chunk to place (chunks cut to fit the budget), or as read
+    iteration_seconds: float | None = None  # a floor on one iteration's time (the GEMM at the workers' rate)
+    flop_rate: float | None = None  # the slowest worker's GEMM rate (FLOP/s), measured or nominal
 
     def describe(self) -> str:
         dev = "" if self.device_budget is None else f", device budget {format_bytes(self.device_budget)}"
@@ -72,7 +74,44 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
         if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
             free = min(free + pool.free_bytes(), limit - pool.used_bytes())
         device = int(free) if device_memory_limit is None else int(device_memory_limit)
-    return {"host": int(host), "device": device}
+    return {"host": int(host), "device": device, "flops": _gemm_rate() if device is None else GPU_NOMINAL_FLOPS}
+
+
+# A GPU's GEMM rate for the preflight estimate: nominal (measuring would start cuBLAS during
+# planning); the estimate only needs the order of magnitude.
+GPU_NOMINAL_FLOPS = 50e12
+
+
+def _gemm_rate() -> float:
+    """This CPU worker's float32 GEMM rate (FLOP/s): the best of a few 256^3 products, a few
+    milliseconds, under the BLAS thread limit the worker's tasks run with."""
+    import time
+
+    import numpy as np
+
+    a = np.ones((256, 256), np.float32)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * 256**3 / max(best, 1e-9)
+
+
+def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n_workers: int) -> str | None:
+    """A warning when a fit may run for more than ``daskmeans.warn-hours`` hours (the floor
+    of one iteration, its GEMM of 2 N K D operations at the workers' rate, times
+    ``max_iter``), else None."""
+    if plan.iteration_seconds is None:
+        return None
+    total = plan.iteration_seconds * max_iter
+    hours = float(config.get("warn-hours"))
+    if total <= hours * 3600:
+        return None
+    return (f"this fit may take up to {total / 3600:.1f} h: each of up to max_iter={max_iter} iterations computes "
+            f"2 x N x K x D = {2.0 * n * k * d:.3g} floating-point operations, at least {plan.iteration_seconds:.3g} s "
+            f"on {n_workers} worker(s) at {plan.flop_rate / 1e9:.3g} GFLOP/s each; fewer clusters, a sample of the "
+            f"rows or a lower max_iter shorten it")
 
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str) -> int:
@@ -170,7 +209,9 @@ def plan(
             f"tier='host' needs {format_bytes(share)} of host memory per worker, more than its budget "
             f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
         )
-    return TierPlan(tier, share, working, host_budget, device_budget, cut)
+    rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None
+    seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
+    return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)
 
 
 def _bytes(value: int | str | None, key: str) -> int | None:

@@ -341,3 +341,17 @@ def test_telemetry_per_iteration(client, data):
     for h in km.history_:
         assert h["imbalance"] >= 1.0
         assert h["gb_per_s"] == pytest.approx(data.nbytes / h["seconds"] / 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("rows", [1334, 4000])
+def test_labels_outlive_a_worker_lost_after_the_fit(data, rows):
+    """The labels the final pass left on a worker that is then lost are made again from the
+    data on a worker left (the same labels: those of the final centroids), instead of
+    waiting forever for a task pinned to the lost worker."""
+    X = da.from_array(data, chunks=(rows, -1))
+    with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:
+        km = KMeans(10, init=data[:10].astype(np.float64), max_iter=5, client=c).fit(X)
+        expected = km.predict(data)
+        _kill_one(c, 1)
+        labels = c.compute(km.labels_).result(timeout=120)
+    np.testing.assert_array_equal(labels, expected)

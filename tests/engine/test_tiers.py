@@ -100,3 +100,34 @@ def test_budget_values_are_validated(client, value, message):
 
     with pytest.raises(InvalidParameterError, match=message):
         KMeans(3, memory_limit=value, client=client).fit(np.ones((10, 2)))
+
+
+def test_a_fit_that_may_take_hours_is_announced(client):
+    """K = 200000 x D = 64 over 250000 rows is 6.4e12 operations an iteration (2 N K D): at
+    50 GFLOP/s on 2 workers, max_iter=300 of them take ~5.3 h, which the fit says before it
+    starts; under the hour it says nothing. Through a fit, with the threshold lowered."""
+    import dataclasses
+    import warnings
+
+    import dask
+
+    from daskmeans.engine.plan import TierPlan, iteration_warning
+    from daskmeans.errors import DaskmeansWarning
+
+    n, k, d = 250_000, 200_000, 64
+    rate = 50e9
+    p = TierPlan("host", 1, 1, 1, None, None, 2.0 * n * k * d / (rate * 2), rate)
+    msg = iteration_warning(n, k, d, 300, p, 2)
+    assert msg.startswith("this fit may take up to 5.3 h: each of up to max_iter=300 iterations computes "
+                          "2 x N x K x D = 6.4e+12 floating-point operations, at least 64 s on 2 worker(s) at "
+                          "50 GFLOP/s each"), msg
+    assert iteration_warning(n, k, d, 5, p, 2) is None  # 320 s
+    assert iteration_warning(n, k, d, 5, dataclasses.replace(p, iteration_seconds=None), 2) is None
+
+    x = np.random.default_rng(0).random((2000, 4))
+    with dask.config.set({"daskmeans.warn-hours": 1e-12}):
+        with pytest.warns(DaskmeansWarning, match=r"this fit may take up to .* at [0-9.e+]+ GFLOP/s each"):
+            KMeans(4, random_state=0, max_iter=2, client=client).fit(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DaskmeansWarning)
+        KMeans(4, random_state=0, max_iter=2, client=client).fit(x)
