@@ -1,8 +1,10 @@
 """``daskmeans`` command line: parse, preflight, call the Python API, report.
 
-Expected failures (bad input, bad parameters, unreachable scheduler) print one line
-``daskmeans: error: ...`` and exit 1 (usage errors exit 2), never a traceback; outputs are
-written atomically so a failure leaves nothing partial behind.
+Expected failures (bad input, bad parameters, unreachable scheduler, an output that cannot
+be written) print one line ``daskmeans: error: ...`` and exit 1, never a traceback; usage
+errors (an unknown option, a value out of range) print one line and exit 2. Each output is
+locked for the whole command (a second writer is refused) and written atomically: a failure
+leaves nothing partial behind and every previous output as it was.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -23,13 +26,28 @@ from . import __version__
 from .options import METRICS, PRECISIONS
 from .progress import Progress
 from .timing import Phases
+from .validation import float_option, int_option, size_option
+
+_SEED = dict(low=0, high=2**32 - 1)  # numpy's seeds
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (``daskmeans fit: error: --k 0: should be an
+    integer >= 1``, exit 2): the option validators' messages name the option and value
+    themselves, so argparse's ``argument --k:`` prefix is dropped from them."""
+
+    def error(self, message: str):
+        m = re.match(r"argument ([^:]+): ", message)
+        if m and message[m.end():].startswith(tuple(f"{flag} " for flag in m.group(1).split("/"))):
+            message = message[m.end():]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="array inside a Zarr group")
     p.add_argument("--columns", help="CSV: comma-separated feature columns to keep (names or positions)")
     p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
-    p.add_argument("--chunk-bytes", help="target bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, "
+    p.add_argument("--chunk-bytes", type=size_option("--chunk-bytes"), help="target bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, "
                                          "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
 
 
@@ -42,7 +60,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", metavar="PEM", help="TLS: the client's certificate")
     p.add_argument("--tls-key", metavar="PEM", help="TLS: the client's private key")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
-    p.add_argument("--workers", type=int, help="local CPU cluster: number of workers (default: one per core)")
+    p.add_argument("--workers", type=int_option("--workers"), help="local CPU cluster: number of workers (default: one per core)")
     p.add_argument("--dashboard", action="store_true",
                    help="local cluster: serve Dask's dashboard (needs bokeh; about a second to start)")
     p.add_argument("--collective", choices=("auto", "nccl", "dask"), default=None,
@@ -51,19 +69,19 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="daskmeans", description="Distributed, out-of-core k-means on Dask (GPU or CPU).")
+    ap = _Parser(prog="daskmeans", description="Distributed, out-of-core k-means on Dask (GPU or CPU).")
     ap.add_argument("--version", action="version", version=f"daskmeans {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     f = sub.add_parser("fit", help="fit a model to DATA (.zarr, .csv or .npy)")
     f.add_argument("data")
-    f.add_argument("--k", type=int, required=True, help="number of clusters")
+    f.add_argument("--k", type=int_option("--k"), required=True, help="number of clusters")
     f.add_argument("-o", "--output", default="model.zarr", help="model to write (Zarr group; default model.zarr)")
     f.add_argument("--init", default="k-means||", help="k-means|| (default), k-means++, random, or a .npy of centroids")
-    f.add_argument("--n-init", type=int, default=1)
-    f.add_argument("--max-iter", type=int, default=300)
-    f.add_argument("--tol", type=float, default=1e-4)
-    f.add_argument("--seed", type=int, default=None)
+    f.add_argument("--n-init", type=int_option("--n-init"), default=1)
+    f.add_argument("--max-iter", type=int_option("--max-iter"), default=300)
+    f.add_argument("--tol", type=float_option("--tol"), default=1e-4)
+    f.add_argument("--seed", type=int_option("--seed", **_SEED), default=None)
     f.add_argument("--metric", choices=METRICS, default="euclidean",
                    help="cosine: spherical k-means (unit rows and centroids)")
     f.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -72,11 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--tier", choices=("auto", "device", "host", "storage"), default="auto",
                    help="where workers keep the rows: GPU memory, host memory, or re-read from the file each pass "
                         "(default auto: the first that fits the budgets)")
-    f.add_argument("--memory-limit", metavar="SIZE", help="host memory per worker for resident data (e.g. 8GiB; default auto)")
-    f.add_argument("--device-memory-limit", metavar="SIZE", help="GPU memory per worker (e.g. 40GiB; default auto)")
+    f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
+    f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
+                   help="GPU memory per worker (e.g. 40GiB; default auto)")
     f.add_argument("--checkpoint", metavar="CKPT.zarr",
                    help="write the fit's restart point here every --checkpoint-every iterations and on Ctrl-C/SIGTERM")
-    f.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="iterations between checkpoints (default 10)")
+    f.add_argument("--checkpoint-every", type=int_option("--checkpoint-every"), default=10, metavar="N", help="iterations between checkpoints (default 10)")
     f.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data and parameters)")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     f.add_argument("--timings", metavar="FILE.json",
@@ -104,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("model")
     pl.add_argument("data", nargs="?", help="also draw a PCA projection of a sample of these rows, coloured by cluster")
     pl.add_argument("-o", "--output", required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
-    pl.add_argument("--sample", type=int, default=None, metavar="N",
+    pl.add_argument("--sample", type=int_option("--sample"), default=None, metavar="N",
                     help="rows of DATA drawn (default 20000)")
     pl.add_argument("--overwrite", action="store_true")
     _add_data_args(pl)
@@ -112,13 +131,13 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="write synthetic data")
     gs = g.add_subparsers(dest="kind", required=True)
     b = gs.add_parser("blobs", help="isotropic Gaussian blobs, written chunk by chunk to Zarr")
-    b.add_argument("--n", type=int, required=True, help="rows")
-    b.add_argument("--d", type=int, required=True, help="features")
-    b.add_argument("--centers", type=int, required=True)
-    b.add_argument("--std", type=float, default=1.0)
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--n", type=int_option("--n"), required=True, help="rows")
+    b.add_argument("--d", type=int_option("--d"), required=True, help="features")
+    b.add_argument("--centers", type=int_option("--centers"), required=True)
+    b.add_argument("--std", type=float_option("--std"), default=1.0)
+    b.add_argument("--seed", type=int_option("--seed", **_SEED), default=0)
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    b.add_argument("--chunk-rows", type=int)
+    b.add_argument("--chunk-rows", type=int_option("--chunk-rows"))
     b.add_argument("-o", "--output", required=True, metavar="DATA.zarr")
     b.add_argument("--overwrite", action="store_true")
     return ap
@@ -183,7 +202,7 @@ def _gpu_chunk_bytes(args) -> str | None:
         return None
     size = config.get_bytes("gpu-chunk-bytes")
     limit = getattr(args, "device_memory_limit", None)
-    if limit:  # a small device budget holds two chunks in flight among its working set
+    if limit and limit.strip().lower() != "auto":  # a small device budget holds two chunks in flight among its working set
         size = min(size, max(2**20, int(parse_bytes(limit)) // 8))
     return size
 
@@ -235,69 +254,77 @@ def _cmd_fit(args) -> int:
         from .errors import DaskmeansError
         from .estimator import KMeans
         from .io.model_store import write_array
-        from .io.paths import check_output
+        from .io.paths import Outputs
         from .validation import check_n_clusters
 
-    with phase("read"):
-        init = args.init
-        if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
-            raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
-        km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
-                    random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
-                    checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
-                    memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
-        km._validate_params()  # fail fast: before reading data or starting a cluster
-        _check_cluster_args(args)
-        inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
-        check_output(args.output, args.overwrite, inputs)
-        check_output(args.labels, args.overwrite, inputs + [args.output])
-        check_output(args.timings, args.overwrite, inputs + [args.output, args.labels])
-        if args.resume and not args.checkpoint:
-            raise DaskmeansError("--resume needs --checkpoint PATH")
-        # A checkpoint is rewritten as the fit goes: it may exist, but never be an input or output.
-        check_output(args.checkpoint, True, inputs + [args.output, args.labels, args.timings])
-        X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
-        check_n_clusters(int(X.shape[0]), args.k)
-        km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
-    with contextlib.ExitStack() as cluster:
-        with phase("cluster"):
-            client = cluster.enter_context(_connect(args))
-            _say(f"daskmeans: {describe(client)}")
-            check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
-        link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
-        _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
-        km.client = client
-        if args.labels:
-            # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
-            threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
-        t0 = time.perf_counter()
-        progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
-        with _config(args), contextlib.closing(progress):
-            try:
-                km.fit(X, callback=progress, resume=args.resume)
-            except KeyboardInterrupt:
-                if getattr(km, "checkpoint_iteration_", None):
-                    _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
-                         f"continue with --resume")
-                raise
-            _check_interrupt()
-        phase.update({f"fit {k}": v for k, v in km.timings_.items()})
-        _say(f"daskmeans: {km.tier_plan_}")
-        _say(
-            f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
-            f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
-        )
-        km.client = None
-        with phase("write"):
+    # Every output is locked from here to the end (another writer is refused) and renamed
+    # into place only once all are written: a failure leaves each previous output as it was.
+    with Outputs() as outputs:
+        with phase("read"):
+            init = args.init
+            if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
+                raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
+            km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
+                        random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
+                        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
+                        memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
+            km._validate_params()  # fail fast: before reading data or starting a cluster
+            _check_cluster_args(args)
+            inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
+            outputs.claim(args.output, "model", args.overwrite, inputs)
+            outputs.claim(args.labels, "labels", args.overwrite, inputs + [args.output])
+            outputs.claim(args.timings, "timings", args.overwrite, inputs + [args.output, args.labels])
+            if args.resume and not args.checkpoint:
+                raise DaskmeansError("--resume needs --checkpoint PATH")
+            # A checkpoint is rewritten as the fit goes, each at once: it may exist (a
+            # checkpoint only), but never be an input or another output.
+            outputs.claim(args.checkpoint, "checkpoint", True, inputs + [args.output, args.labels, args.timings],
+                          defer=False, by="--checkpoint")
+            X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            check_n_clusters(int(X.shape[0]), args.k)
+            km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
+        with contextlib.ExitStack() as cluster:
+            with phase("cluster"):
+                client = cluster.enter_context(_connect(args))
+                _say(f"daskmeans: {describe(client)}")
+                check_paths_on_workers(client, read=[args.data], write=[args.labels] if args.labels else [])
+            link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
+            _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
+            km.client = client
             if args.labels:
-                write_array(km.labels_, args.labels, name="labels")
-                _say(f"daskmeans: labels written to {args.labels}")
-            km.save(args.output)
-        t_close = time.perf_counter()
-    phase.update({"close": time.perf_counter() - t_close})
+                # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
+                threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
+            t0 = time.perf_counter()
+            progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
+            with _config(args), contextlib.closing(progress):
+                try:
+                    km.fit(X, callback=progress, resume=args.resume)
+                except KeyboardInterrupt:
+                    if getattr(km, "checkpoint_iteration_", None):
+                        _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
+                             f"continue with --resume")
+                    raise
+                _check_interrupt()
+            phase.update({f"fit {k}": v for k, v in km.timings_.items()})
+            _say(f"daskmeans: {km.tier_plan_}")
+            _say(
+                f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
+                f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
+            )
+            km.client = None
+            with phase("write"):
+                if args.labels:
+                    write_array(km.labels_, args.labels, name="labels", kind="labels")
+                km.save(args.output)
+            t_close = time.perf_counter()
+        phase.update({"close": time.perf_counter() - t_close})
+        if args.timings:
+            _write_timings(args.timings, phase, time.perf_counter() - t_main, km)
+        _check_interrupt()
+    # Renamed into place: only now are they written.
+    if args.labels:
+        _say(f"daskmeans: labels written to {args.labels}")
     _say(f"daskmeans: model written to {args.output}")
-    if args.timings:
-        _write_timings(args.timings, phase, time.perf_counter() - t_main, km)
     if args.verbose:
         _say(f"daskmeans: {phase.describe()}")
     return 0
@@ -306,56 +333,76 @@ def _cmd_fit(args) -> int:
 def _write_timings(path: str, phase: Phases, main_s: float, km) -> None:
     """The ``--timings`` file: phases in order, the command's seconds from main() on, and the
     iterations' own seconds (the first one's excess over the median is the kernels' compile or
-    load)."""
+    load). Written as the other outputs are (atomically, renamed with them)."""
+    from .io.paths import atomic_file
+
     hist = km.history_
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({
+    doc = {
         "phases": phase.seconds, "main_seconds": main_s, "n_iter": km.n_iter_,
         "iteration_seconds": [h["seconds"] for h in hist],
         "kernel_seconds": [h["kernel_seconds"] for h in hist],
         "backend": km.backend_, "tier": km.tier_,
-    }, f, indent=1)
-    os.replace(tmp, path)
+    }
+    with atomic_file(path, kind="timings") as tmp, open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def _cmd_predict(args) -> int:
     from . import load
     from .dask_cluster import check_paths_on_workers
     from .io.model_store import write_array
-    from .io.paths import check_output
+    from .io.paths import Outputs
     from .validation import check_n_features
 
     _check_cluster_args(args)
-    check_output(args.output, args.overwrite, [args.model, args.data])
-    km = load(args.model)
-    X = _read(args)
-    check_n_features(km.n_features_in_, int(X.shape[1]))
-    with _connect(args) as client:
-        check_paths_on_workers(client, read=[args.data], write=[args.output])
-        km.client = client
-        km.backend_ = args.backend
-        labels = km.predict(X)
+    with Outputs() as outputs:
+        outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
+        km = load(args.model)
+        X = _read(args)
+        check_n_features(km.n_features_in_, int(X.shape[1]))
+        with _connect(args) as client:
+            check_paths_on_workers(client, read=[args.data], write=[args.output])
+            km.client = client
+            km.backend_ = args.backend
+            labels = km.predict(X)
+            _check_interrupt()
+            write_array(labels, args.output, name="labels", kind="labels")
         _check_interrupt()
-        write_array(labels, args.output, name="labels")
     _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
     return 0
 
 
 def _cmd_plot(args) -> int:
     from . import load
-    from .io.paths import check_output
+    from .io.paths import Outputs, atomic_file
     from .io.readers import read
 
-    check_output(args.output, args.overwrite, [args.model, args.data])
-    km = load(args.model)
-    X = None
-    if args.data is not None:
-        X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
-                 drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
-    km.plot(X, path=args.output, sample=args.sample)
+    with Outputs() as outputs:
+        outputs.claim(args.output, "plot", args.overwrite, [args.model, args.data])
+        _check_image_suffix(args.output)
+        km = load(args.model)
+        X = None
+        if args.data is not None:
+            X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
+                     drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+        fig = km.plot(X, sample=args.sample)
+        with atomic_file(args.output, kind="plot") as tmp:
+            fig.savefig(tmp, format=os.path.splitext(args.output)[1].lstrip(".").lower())
     _say(f"daskmeans: report written to {args.output}")
     return 0
+
+
+def _check_image_suffix(path: str) -> None:
+    """Refuse a plot path whose suffix names no image format Matplotlib writes, before any
+    work (and naming the path, not its temporary)."""
+    from . import report
+    from .errors import DaskmeansError
+
+    fig = report._matplotlib().figure.Figure()
+    formats = fig.canvas.get_supported_filetypes()
+    if os.path.splitext(path)[1].lstrip(".").lower() not in formats:
+        raise DaskmeansError(f"cannot write {path}: the suffix should name an image format, one of "
+                                    f"{', '.join('.' + f for f in sorted(formats))}")
 
 
 def _cmd_info(args) -> int:
@@ -389,13 +436,16 @@ def _cmd_info(args) -> int:
 def _cmd_generate(args) -> int:
     from .datasets import make_blobs
     from .io.model_store import write_array
-    from .io.paths import check_output
+    from .io.paths import Outputs
 
-    check_output(args.output, args.overwrite)
-    X, _ = make_blobs(args.n, args.d, args.centers, cluster_std=args.std, random_state=args.seed, dtype=args.dtype, chunk_rows=args.chunk_rows)
-    t0 = time.perf_counter()
-    write_array(X, args.output)
-    _say(f"daskmeans: {args.n} x {args.d} {args.dtype} blobs ({args.centers} centers) written to {args.output} in {time.perf_counter() - t0:.1f} s")
+    with Outputs() as outputs:
+        outputs.claim(args.output, "data", args.overwrite)
+        X, _ = make_blobs(args.n, args.d, args.centers, cluster_std=args.std, random_state=args.seed, dtype=args.dtype,
+                          chunk_rows=args.chunk_rows)
+        t0 = time.perf_counter()
+        write_array(X, args.output, kind="data")
+    _say(f"daskmeans: {args.n} x {args.d} {args.dtype} blobs ({args.centers} centers) written to {args.output} in "
+         f"{time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -449,6 +499,11 @@ def _quiet_dropped_signals():
         sys.unraisablehook = previous
 
 
+# A command whose reader went away (``daskmeans info m.zarr | head``) ends quietly, with the
+# status a shell reports for a tool stopped by SIGPIPE.
+_EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def run() -> None:
     """The ``daskmeans`` command: :func:`main`, then exit at once. The work is done and every
     output closed and renamed into place by then; Python's own shutdown (the in-process
@@ -458,12 +513,18 @@ def run() -> None:
     args = _parser().parse_args(argv)  # usage errors, --help and --version end here, as in main()
     _command_process(dashboard=getattr(args, "dashboard", False))
     rc = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # what is left for a reader that went away
+            rc = rc or _EXIT_BROKEN_PIPE
     os._exit(rc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``) and return its exit status: 0, 1 for
+    an error (one line on stderr), 130 after Ctrl-C, 143 after SIGTERM, 141 when the reader of
+    its output went away; usage errors exit 2 (SystemExit)."""
     args = _parser().parse_args(argv)
     from .errors import DaskmeansError
 
@@ -473,20 +534,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with warnings.catch_warnings(), _quiet_dropped_signals():  # both restored when main() returns
-            warnings.showwarning = _show_warning
-            return {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
-                    "generate": _cmd_generate}[args.command](args)
-    except DaskmeansError as e:
-        _say(f"daskmeans: error: {e}")
-        return 1
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        _say(f"daskmeans: error: {e}")
-        return 1
-    except KeyboardInterrupt as e:
-        term = isinstance(e, Terminated)
-        _say(f"daskmeans: {'terminated' if term else 'interrupted'}")
-        return 143 if term else 130
+        try:
+            with warnings.catch_warnings(), _quiet_dropped_signals():  # both restored when main() returns
+                warnings.showwarning = _show_warning
+                rc = {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
+                      "generate": _cmd_generate}[args.command](args)
+                sys.stdout.flush()  # a reader gone away is found here, not at exit
+                return rc
+        except DaskmeansError as e:
+            _say(f"daskmeans: error: {e}")
+            return 1
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            # The file system's or network's own refusal (a missing or unreadable file, a
+            # full disk outside any output): one line, as any expected failure.
+            _say(f"daskmeans: error: {_os_error_line(e)}")
+            return 1
+        except KeyboardInterrupt as e:
+            term = isinstance(e, Terminated)
+            _say(f"daskmeans: {'terminated' if term else 'interrupted'}")
+            return 143 if term else 130
+    except BrokenPipeError:
+        return _EXIT_BROKEN_PIPE
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def _os_error_line(e: OSError) -> str:
+    """``PATH: reason`` for an OSError about a path, else its own text."""
+    if e.strerror and isinstance(e.filename, (str, os.PathLike)):
+        return f"{os.fspath(e.filename)}: {e.strerror}"
+    return str(e)

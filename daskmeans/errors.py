@@ -24,6 +24,21 @@ class DataTypeError(DataError, TypeError):
     """A value of the data is not a number at all (a dict in an object array, say)."""
 
 
+class OutputError(DaskmeansError, OSError):
+    """An output cannot be written (disk full, read-only file system, no permission...), is
+    being written by another process, or may not be replaced (it exists without
+    ``--overwrite``, or it is not a daskmeans output of the same kind). Also an ``OSError``,
+    so code catching the file system's errors catches it; ``errno`` is the underlying error's
+    where there is one."""
+
+    def __init__(self, message: str, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class NotFittedError(DaskmeansError, AttributeError):
     """A fitted attribute or method was used before ``fit``."""
 

@@ -172,3 +172,75 @@ def check_2d_numeric(shape: Iterable[int], dtype: Any, name: str = "X") -> None:
 def check_n_features(expected: int, got: int, name: str = "X") -> None:
     if expected != got:
         raise DataError(f"{name} has {got} features, but KMeans is expecting {expected} features as input")
+
+
+# ---------------------------------------------------------------- command-line option values
+#
+# argparse ``type=`` callables: a bad value is a usage error (exit 2) before any work, with a
+# message naming the option, the value and what it should be
+# (``--chunk-bytes -1: should be a size > 0 such as 512MiB``).
+
+
+def _option_error(flag: str, value: str, requirement: str) -> Exception:
+    import argparse
+
+    return argparse.ArgumentTypeError(f"{flag} {value}: should be {requirement}")
+
+
+def int_option(flag: str, low: int = 1, high: int | None = None):
+    """An integer option's ``type=``: an int in ``[low, high]`` (``high`` None: no bound)."""
+    requirement = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value, 10)
+        except ValueError:
+            raise _option_error(flag, value, requirement) from None
+        if n < low or (high is not None and n > high):
+            raise _option_error(flag, value, requirement)
+        return n
+
+    parse.__name__ = "integer"  # argparse's name for the type in its own messages
+    return parse
+
+
+def float_option(flag: str, low: float = 0.0):
+    """A real option's ``type=``: a finite number >= ``low``."""
+    import math
+
+    requirement = f"a finite number >= {low:g}"
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise _option_error(flag, value, requirement) from None
+        if not math.isfinite(x) or x < low:
+            raise _option_error(flag, value, requirement)
+        return x
+
+    parse.__name__ = "number"
+    return parse
+
+
+def size_option(flag: str, auto: bool = False):
+    """A byte-size option's ``type=``: a size > 0 in Dask's notation (``512MiB``, ``4GB``,
+    ``1e9``), or ``auto`` where ``auto`` is True; the value is kept as given (it is parsed
+    where it is used)."""
+    requirement = "a size > 0 such as 512MiB" + (" or auto" if auto else "")
+
+    def parse(value: str) -> str:
+        if auto and value.strip().lower() == "auto":
+            return value
+        from dask.utils import parse_bytes  # only when a size is given: the parser stays light
+
+        try:
+            ok = parse_bytes(value) > 0
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise _option_error(flag, value, requirement)
+        return value
+
+    parse.__name__ = "size"
+    return parse

@@ -1,52 +1,27 @@
 """Models on disk: a Zarr group with the centroids as an array and everything else as JSON
-attributes. No pickle. Writes go to a temporary sibling that is renamed into place, so a
-failed write never leaves a partial model behind."""
+attributes. No pickle. Writes go to a temporary sibling that is renamed into place under the
+output's lock (:mod:`daskmeans.io.paths`), so a failed write never leaves a partial model
+behind and two writers never interleave."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import uuid
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
+from .paths import FORMATS, atomic_dir, atomic_file, output_lock  # noqa: F401  (the writers' helpers, here too)
 
-FORMAT = "daskmeans-model"
+FORMAT = FORMATS["model"]
 FORMAT_VERSION = 1
 
 
 def _jsonable(obj: Any) -> Any:
     """Attributes as plain JSON (NumPy scalars and arrays become numbers and lists)."""
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-
-
-def atomic_dir(path: str):
-    """Context manager yielding a temporary directory path that replaces ``path`` on success."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def cm():
-        parent = os.path.dirname(os.path.abspath(path)) or "."
-        if not os.path.isdir(parent):
-            raise DataError(f"cannot write {path}: directory {parent} does not exist")
-        tmp = os.path.join(parent, f".{os.path.basename(path.rstrip('/'))}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            yield tmp
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if os.path.exists(path):
-            old = tmp + ".old"
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-
-    return cm()
 
 
 def _write_json(path: str, doc: dict) -> None:
@@ -93,7 +68,7 @@ def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray 
     arrays = {"cluster_centers": np.asarray(centroids)}
     if sizes is not None:
         arrays["cluster_sizes"] = np.asarray(sizes, np.int64)
-    with atomic_dir(path) as tmp:
+    with atomic_dir(path, kind="model") as tmp:
         write_group(tmp, arrays, _jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs}))
 
 
@@ -128,11 +103,15 @@ def load_model(path: str) -> tuple[np.ndarray, dict, np.ndarray | None]:
     return centers, attrs, sizes
 
 
-def write_array(x, path: str, name: str | None = None) -> None:
+def write_array(x, path: str, name: str | None = None, *, kind: str | None = None) -> None:
     """Write a host-backed Dask array to Zarr at ``path`` (atomically), chunk by chunk.
 
     With ``name`` the array goes into a new group under that name; without, ``path`` is the
     array itself. Nothing larger than one chunk is held in memory.
+
+    ``kind`` ("labels", "data") marks the output as daskmeans' (the attribute ``format``,
+    ``daskmeans-labels`` or ``daskmeans-data``, of the group, or of the array without
+    ``name``), and an existing ``path`` is then replaced only if it is marked the same.
     """
     import dask
     import zarr
@@ -143,11 +122,12 @@ def write_array(x, path: str, name: str | None = None) -> None:
     # with an absent chunk rather than read it as zeros.
     spec = dict(shape=x.shape, chunks=x.chunksize, dtype=x.dtype, config={"write_empty_chunks": True})
     starts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int).tolist() for c in x.chunks]
-    with atomic_dir(path) as tmp:
+    marker = {"format": FORMATS[kind], "format_version": FORMAT_VERSION} if kind else {}
+    with atomic_dir(path, kind=kind) as tmp:
         if name is None:
-            zarr.create_array(tmp, **spec)
+            zarr.create_array(tmp, attributes=marker, **spec)
         else:
-            zarr.open_group(tmp, mode="w").create_array(name, **spec)
+            zarr.open_group(tmp, mode="w", attributes=marker).create_array(name, **spec)
         blocks = x.to_delayed()
         writes = [
             dask.delayed(_write_block, pure=False)(
@@ -204,7 +184,7 @@ def _done(*_: Any) -> None:
     return None
 
 
-CHECKPOINT_FORMAT = "daskmeans-checkpoint"
+CHECKPOINT_FORMAT = FORMATS["checkpoint"]
 
 
 def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.ndarray | None,
@@ -229,7 +209,7 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
     arrays = {"centroids": np.asarray(centroids, np.float64)}
     if prev is not None:
         arrays["prev"] = np.asarray(prev, np.float64)
-    with atomic_dir(path) as tmp:
+    with atomic_dir(path, kind="checkpoint") as tmp:
         write_group(tmp, arrays, _jsonable({
             "format": CHECKPOINT_FORMAT, "format_version": FORMAT_VERSION, "iteration": int(iteration),
             "history": history, "fingerprint": fingerprint,

@@ -1,0 +1,144 @@
+"""Option values checked while the command line is parsed (issue 31): a value that is not a
+number or size, or out of range, is a usage error (exit 2) on one line naming the option, the
+value and what it should be, before anything is read or started; and a reader that goes away
+(``daskmeans info m.zarr | head``) ends the command quietly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from daskmeans.cli import _parser, main
+
+FIT = ["fit", "x.npy", "--k", "3"]
+PREDICT = ["predict", "m.zarr", "x.npy", "-o", "l.zarr"]
+PLOT = ["plot", "m.zarr", "-o", "r.png"]
+GENERATE = ["generate", "blobs", "--n", "10", "--d", "2", "--centers", "2", "-o", "g.zarr"]
+INT = "an integer >= 1"
+SIZE = "a size > 0 such as 512MiB"
+
+BAD = [
+    # (command, option, value, requirement)
+    (["fit", "x.npy"], "--k", "0", INT),
+    (["fit", "x.npy"], "--k", "-3", INT),
+    (["fit", "x.npy"], "--k", "three", INT),
+    (FIT, "--n-init", "0", INT),
+    (FIT, "--max-iter", "0", INT),
+    (FIT, "--max-iter", "2.5", INT),
+    (FIT, "--tol", "-1", "a finite number >= 0"),
+    (FIT, "--tol", "nan", "a finite number >= 0"),
+    (FIT, "--tol", "abc", "a finite number >= 0"),
+    (FIT, "--seed", "-1", "an integer from 0 to 4294967295"),
+    (FIT, "--seed", "4294967296", "an integer from 0 to 4294967295"),
+    (FIT, "--chunk-bytes", "abc", SIZE),
+    (FIT, "--chunk-bytes", "5XB", SIZE),
+    (FIT, "--chunk-bytes", "-1", SIZE),
+    (FIT, "--chunk-bytes", "0", SIZE),
+    (FIT, "--memory-limit", "lots", SIZE + " or auto"),
+    (FIT, "--memory-limit", "0.5", SIZE + " or auto"),  # half a byte: 0
+    (FIT, "--device-memory-limit", "0", SIZE + " or auto"),
+    (FIT, "--checkpoint-every", "0", INT),
+    (FIT, "--workers", "0", INT),
+    (PREDICT, "--chunk-bytes", "-1", SIZE),
+    (PREDICT, "--workers", "-2", INT),
+    (PLOT, "--sample", "0", INT),
+    (PLOT, "--chunk-bytes", "1XB", SIZE),
+    (GENERATE, "--chunk-rows", "0", INT),
+    (GENERATE, "--std", "-0.5", "a finite number >= 0"),
+    (GENERATE, "--std", "inf", "a finite number >= 0"),
+    (GENERATE, "--seed", "-5", "an integer from 0 to 4294967295"),
+    (["generate", "blobs", "--d", "2", "--centers", "2", "-o", "g.zarr"], "--n", "0", INT),
+    (["generate", "blobs", "--n", "10", "--centers", "2", "-o", "g.zarr"], "--d", "x", INT),
+    (["generate", "blobs", "--n", "10", "--d", "2", "-o", "g.zarr"], "--centers", "-1", INT),
+]
+
+
+@pytest.mark.parametrize("argv, option, value, requirement", BAD,
+                         ids=[f"{a[0]} {o} {v}" for a, o, v, _ in BAD])
+def test_a_bad_option_value_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys, argv, option, value,
+                                                      requirement):
+    """``--chunk-bytes abc`` and ``5XB`` were ValueError tracebacks; ``--chunk-bytes -1`` and
+    ``--chunk-rows 0`` were accepted."""
+    monkeypatch.chdir(tmp_path)  # nothing there: a value check that came later would fail otherwise
+    with pytest.raises(SystemExit) as e:
+        main([*argv, option, value])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    command = " ".join(argv[:2] if argv[0] == "generate" else argv[:1])
+    assert err == f"daskmeans {command}: error: {option} {value}: should be {requirement} " \
+                  f"(see daskmeans {command} --help)\n", err
+    assert out == "" and os.listdir(tmp_path) == []
+
+
+GOOD = [
+    (FIT + ["--chunk-bytes", "512MiB", "--memory-limit", "auto", "--device-memory-limit", "40GiB", "--tol", "0",
+            "--seed", "0", "--checkpoint-every", "1", "--workers", "1", "--n-init", "2", "--max-iter", "1"],
+     {"k": 3, "chunk_bytes": "512MiB", "memory_limit": "auto", "device_memory_limit": "40GiB", "tol": 0.0,
+      "seed": 0, "checkpoint_every": 1, "workers": 1, "n_init": 2, "max_iter": 1}),
+    (FIT + ["--chunk-bytes", "1e6", "--seed", "4294967295"], {"chunk_bytes": "1e6", "seed": 2**32 - 1}),
+    (GENERATE + ["--chunk-rows", "5", "--std", "0", "--seed", "7"],
+     {"n": 10, "d": 2, "centers": 2, "chunk_rows": 5, "std": 0.0, "seed": 7}),
+    (PLOT + ["--sample", "1"], {"sample": 1}),
+]
+
+
+@pytest.mark.parametrize("argv, parsed", GOOD)
+def test_good_option_values_are_parsed(argv, parsed):
+    args = vars(_parser().parse_args(argv))
+    assert {k: args[k] for k in parsed} == parsed
+
+
+def test_other_usage_errors_are_one_line_too(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "x.npy"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "daskmeans fit: error: the following arguments are required: --k (see daskmeans fit --help)\n"
+
+
+# ---------------------------------------------------------------- a reader that goes away
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from daskmeans.io.model_store import save_model
+
+    path = tmp_path_factory.mktemp("pipe") / "m.zarr"
+    hist = [{"iteration": i, "inertia": 1.0 / i, "shift": 0.1, "reassigned": 3, "n_empty": 0, "seconds": 0.01}
+            for i in range(1, 3001)]  # ~250 kB of `info` table: more than a pipe holds
+    save_model(str(path), np.zeros((3, 2)), {"inertia": 1.0, "n_iter": 3000, "params": {"max_iter": 3000},
+                                              "history": hist, "dtype": "float64"})
+    return path
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_info_into_a_closed_pipe_ends_quietly(model, flags):
+    """``daskmeans info m.zarr | head``: the reader is gone before the command writes (its end
+    of the pipe closed before the command starts), so every write fails with EPIPE. The
+    command exits 141 (128 + SIGPIPE, a shell's status for a tool SIGPIPE stopped) and prints
+    nothing; it was a BrokenPipeError traceback."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "daskmeans", "info", str(model), *flags], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert p.stderr == "" and p.returncode == 141, p.stderr
+
+
+def test_info_through_head_prints_the_first_lines(model):
+    """Through a real ``head``: the first lines, then (the table is more than the pipe holds)
+    the pipe breaks under the command, which ends quietly."""
+    info = subprocess.Popen([sys.executable, "-m", "daskmeans", "info", str(model)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    head = subprocess.run(["head", "-n", "2"], stdin=info.stdout, capture_output=True, text=True, timeout=120)
+    info.stdout.close()  # head's end only: when head exits, the pipe has no reader
+    err = info.stderr.read().decode()
+    info.wait(timeout=120)
+    assert head.stdout.splitlines()[0].startswith("model ") and len(head.stdout.splitlines()) == 2
+    assert err == "" and info.returncode == 141, err
