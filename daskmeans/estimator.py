@@ -13,30 +13,21 @@ import sys
 import warnings
 from typing import Any, Callable
 
-import dask
 import dask.array as da
 import numpy as np
 
-from . import config
 from .backends import PRECISIONS, backend_name, get_backend
-from .dask_cluster import check_paths_on_workers, resolve_backend
+from .dask_cluster import resolve_backend
+from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
-from .seeding import resolve_init
-from .io.checkpoint import check_fingerprint
 from .io.model_store import load_model, save_model
-from .io.readers import read, read_weights, split_rows
-from .backends.grid import Grid, check_resolution
-from .engine.loop import Start, data_moments, run_lloyd, warm_kernels
-from .engine.plan import iteration_warning, plan
-from .metric import METRICS, check_unit_init, inertia_scale, unit_centroids, unit_rows
-from .placement import TIERS, Placement, WorkerLost, balance_chunks, place, to_backend
+from .io.readers import read, read_weights
+from .metric import METRICS, check_unit_init, inertia_scale, unit_rows
+from .placement import TIERS, to_backend
 from .progress import Progress
 from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
                          check_n_features, seed_of, validate_params)
-
-# Worker losses a fit outlives before its placement or init gives up (the loop has its own).
-_MAX_REPLANS = 8
 
 INIT_NAMES = ("k-means||", "k-means++", "random")
 
@@ -263,31 +254,6 @@ class KMeans:
             raise DaskmeansError("resume=True needs checkpoint=PATH (--checkpoint)")
         return read_checkpoint(os.fspath(self.checkpoint))
 
-    def _fingerprint(self, n: int, d: int, dtype: Any, moments: dict, weighted: bool) -> dict:
-        """What a checkpoint of this fit is valid for (all exact, whatever the cluster)."""
-        init = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
-        return {
-            "n_samples": n, "n_features": d, "dtype": str(np.dtype(dtype)), "n_clusters": self.n_clusters,
-            "init": init, "random_state": self.random_state if isinstance(self.random_state, int) else None,
-            "tol": self.tol, "metric": self.metric,
-            "precision": self.precision, "weighted": weighted,
-            "max_abs": [float(v) for v in moments["max_abs"]],
-            "digest": moments["digest"],
-        }
-
-    def _saver(self, fingerprint: dict) -> Callable | None:
-        if self.checkpoint is None:
-            return None
-        from .io.checkpoint import write_checkpoint
-
-        path = os.fspath(self.checkpoint)
-
-        def save(start: Start) -> None:
-            write_checkpoint(path, start.iteration, start.centroids, start.prev, start.history or [], fingerprint)
-            self.checkpoint_iteration_ = start.iteration
-
-        return save
-
     @property
     def labels_(self) -> da.Array:
         """The training labels (n_samples,) int32: a lazy Dask array over the labels the
@@ -347,100 +313,30 @@ class KMeans:
             w = None if sample_weight is None else read_weights(sample_weight, X)
             if self.metric == "cosine":
                 X = unit_rows(X)
-        with phase("plan"):
-            client = self._client()
-            if path is not None:
-                check_paths_on_workers(client, read=[path])
-            backend = resolve_backend(client, self.backend, backend_name(X))
-            tiers = plan(client, X, backend, self.n_clusters, self.tier, self.memory_limit, self.device_memory_limit)
-            slow = iteration_warning(n, self.n_clusters, d, self.max_iter, tiers, len(client.nthreads()))
-            if slow:
-                warnings.warn(slow, DaskmeansWarning, stacklevel=2)
-            if tiers.chunk_rows:
-                X = split_rows(X, tiers.chunk_rows)
-            # The fit's chunking, fixed here for the whole fit: a worker lost later places the
-            # same chunks on the workers left (never re-split), so no statistic kept per chunk
-            # changes meaning mid-fit.
-            X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
-            w = None if w is None else w.rechunk((X.chunks[0],))
-            warm_kernels(client, backend, self.n_clusters, d, X.dtype, self.precision, max(X.chunks[0]))
-        placement: Placement | None = None
-
-        def survive(step: Callable[[Placement], Any]) -> Any:
-            """``step(placement)``, placing the data (again, in the same chunks, on the workers
-            left) when a worker is lost before or during it (the loop does the same within
-            itself)."""
-            nonlocal placement
-            last = None
-            for _ in range(_MAX_REPLANS):
-                try:
-                    if placement is None:
-                        placement = place(client, X, backend, w, tiers.tier, balance=False)
-                    return step(placement)
-                except WorkerLost as lost:
-                    last = lost.args[0]
-                    placement = None
-            raise DaskmeansError(f"workers kept leaving the cluster ({_MAX_REPLANS} times; last {last})")
-
-        def replan() -> Placement:
-            nonlocal placement
-            placement = None
-            return survive(lambda p: p)
-
-        with phase("place"):
-            survive(lambda p: p)
-
-        try:
-            with phase("moments"):
-                # A checkpoint written or resumed names the data by its content digest.
-                moments = survive(lambda p: data_moments(client, p, digest=self.checkpoint is not None))
-            tol_abs = float(np.mean(moments["var"])) * float(self.tol)
-            grid = Grid(moments["max_abs"], moments["weight"])
-            seed = seed_of(self.random_state)
-            seeds = np.random.SeedSequence(seed).generate_state(self.n_init)
-            fingerprint = self._fingerprint(n, d, X.dtype, moments, w is not None) if self.checkpoint else None
-            start = None
-            if ck is not None:
-                check_fingerprint(self.checkpoint, ck["fingerprint"], fingerprint, ck["iteration"], self.max_iter)
-                start = Start(ck["iteration"], ck["centroids"], ck["prev"], ck["history"])
-            best = None
-            for run in range(self.n_init):
-                if start is not None:
-                    c0 = start.centroids
-                elif init_arr is not None:
-                    c0 = init_arr
-                else:
-                    with phase("init"):
-                        c0 = survive(lambda p: resolve_init(
-                            client, p, self.init, self.n_clusters, int(seeds[run]), self.oversampling_factor))
-                    if self.metric == "cosine":
-                        c0 = unit_centroids(np.asarray(c0, np.float64))
-                if run == 0:
-                    check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
-                with phase("iterations"):
-                    res = run_lloyd(
-                        client, placement, c0, max_iter=self.max_iter, tol_abs=tol_abs, grid=grid,
-                        callback=_numbered(callbacks, run + 1), precision=self.precision, metric=self.metric,
-                        collective=config.get("collective"), replan=replan,
-                        start=start, checkpoint=self._saver(fingerprint), checkpoint_every=self.checkpoint_every,
-                    )
-                if best is None or res.inertia < best.inertia:
-                    best = res
-        finally:
-            del placement  # the shards (and so the persisted data) are released here
+        params = FitParams(
+            self.n_clusters, self.init if init_arr is None else init_arr, self.n_init, self.max_iter, self.tol,
+            seed_of(self.random_state), isinstance(self.random_state, int), self.oversampling_factor, self.backend,
+            self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
+            None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
+        )
+        client = self._client()
+        best = fit_distributed(
+            client, X, params, sample_weight=w, path=path, resume=ck, callback=_fanout(callbacks), phase=phase,
+            on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+        )
         self.cluster_centers_ = best.centroids.astype(X.dtype)
         self.inertia_ = best.inertia
         self.n_iter_ = best.n_iter
         self.history_ = best.history
         self.cluster_sizes_ = best.sizes
         self.n_features_in_ = d
-        self.backend_ = backend
-        self.tier_ = tiers.tier
-        self.tier_plan_ = tiers.describe()
-        self.tol_abs_ = tol_abs
+        self.backend_ = best.backend
+        self.tier_ = best.tier
+        self.tier_plan_ = best.tier_plan
+        self.tol_abs_ = best.tol_abs
         self.converged_ = best.converged
-        self.timings_ = phase.seconds
-        self._labels = (_labels_array(best.states, best.row_chunks, best.layout), client)
+        self.timings_ = best.timings
+        self._labels = (best.labels, client)
         # Fewer distinct points than clusters: some clusters end empty, or (ties between equal
         # centroids split on a GPU) as copies of others. Either way the user should know.
         n_empty = int((best.sizes == 0).sum())
@@ -596,16 +492,14 @@ class KMeans:
 # ---------------------------------------------------------------- block functions
 
 
-def _numbered(callbacks: list[Callable[[dict], None]], run: int) -> Callable[[dict], None] | None:
-    """One callback calling each of ``callbacks`` with the iteration's statistics and the
-    ``run`` (of ``n_init``) added; None where there is none."""
+def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] | None:
+    """One callback calling each of ``callbacks``; None where there is none."""
     if not callbacks:
         return None
 
     def each(stats: dict) -> None:
-        numbered = {**stats, "run": run}
         for c in callbacks:
-            c(numbered)
+            c(stats)
 
     return each
 
@@ -640,21 +534,6 @@ def _transform_block(block, centers, metric):
 def _inertia_block(block, centers, precision):
     be, p = _prep(block, centers, precision)
     return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
-
-
-def _state_labels(state, j):
-    return get_backend(state.labels[j]).to_numpy(state.labels[j])
-
-
-def _labels_array(states: list, row_chunks: tuple, layout: list) -> da.Array:
-    """A lazy int32 array of the labels held by the final step states (in chunk order)."""
-    pieces: dict[int, da.Array] = {}
-    for state, chunk_ids in zip(states, layout):
-        for j, cid in enumerate(chunk_ids):
-            pieces[cid] = da.from_delayed(
-                dask.delayed(_state_labels, pure=True)(state, j), shape=(row_chunks[cid],), dtype=np.int32
-            )
-    return da.concatenate([pieces[i] for i in range(len(row_chunks))])
 
 
 def _same(a: Any, b: Any) -> bool:

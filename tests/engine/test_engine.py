@@ -13,6 +13,7 @@ from sklearn.cluster import KMeans as SKKMeans
 from sklearn.datasets import make_blobs
 
 import daskmeans
+import daskmeans.engine.fit
 import daskmeans.estimator
 from daskmeans import DataError, InvalidParameterError, KMeans, NotFittedError
 from daskmeans.seeding import resolve_init
@@ -481,14 +482,14 @@ def test_verbose_prints_each_iteration_of_each_run(client, randn_small, capsys):
 def lloyd_runs(monkeypatch):
     """The LloydResult of every run_lloyd call made by KMeans.fit, in order."""
     results = []
-    real = daskmeans.estimator.run_lloyd
+    real = daskmeans.engine.fit.run_lloyd
 
     def recording(*args, **kwargs):
         res = real(*args, **kwargs)
         results.append(res)
         return res
 
-    monkeypatch.setattr(daskmeans.estimator, "run_lloyd", recording)
+    monkeypatch.setattr(daskmeans.engine.fit, "run_lloyd", recording)
     return results
 
 

@@ -1,0 +1,274 @@
+"""The fit driver: plan, place, moments, init, the Lloyd loop, the labels; recovery and
+checkpoints. What :class:`daskmeans.KMeans` and the command call once the data is read and the
+parameters are checked.
+
+::
+
+    plan (budgets, tier, chunking fixed for the fit) -> place -> moments (tolerance, grid,
+    digest) -> per run: init -> run_lloyd -> best run -> FitResult (labels lazy on the workers)
+
+Every step that runs tasks on the placement's shards is run through :func:`_Driver.survive`:
+a worker lost before or during it places the same chunks again on the workers left and
+repeats the step (every step is deterministic given its seed, so the result is the same).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import dask
+import dask.array as da
+import numpy as np
+from distributed import Client
+
+from .. import config
+from ..backends import backend_name, get_backend
+from ..backends.grid import Grid, check_resolution
+from ..dask_cluster import check_paths_on_workers, resolve_backend
+from ..errors import DaskmeansError, DaskmeansWarning
+from ..io.checkpoint import check_fingerprint, write_checkpoint
+from ..io.readers import split_rows
+from ..metric import unit_centroids
+from ..placement import Placement, WorkerLost, balance_chunks, place
+from ..seeding import resolve_init
+from ..timing import Phases
+from .loop import Start, data_moments, run_lloyd, warm_kernels
+from .plan import iteration_warning, plan
+
+# Worker losses a fit outlives before its placement or init gives up (the loop has its own).
+MAX_REPLANS = 8
+
+
+@dataclass(frozen=True)
+class FitParams:
+    """Everything a fit needs besides its data and cluster (validated by the caller).
+
+    ``init`` is an init's name or a ``(K, D)`` float64 array; ``seed`` the int every draw
+    comes from (``seed_given``: the user chose it, so a checkpoint records it); ``checkpoint``
+    a path or None; ``collective`` None for the configured one.
+    """
+
+    n_clusters: int
+    init: Any = "k-means||"
+    n_init: int = 1
+    max_iter: int = 300
+    tol: float = 1e-4
+    seed: int = 0
+    seed_given: bool = True
+    oversampling_factor: float = 0.5
+    backend: str = "auto"
+    metric: str = "euclidean"
+    precision: str = "fp32"
+    tier: str = "auto"
+    memory_limit: Any = None
+    device_memory_limit: Any = None
+    checkpoint: str | None = None
+    checkpoint_every: int = 10
+    collective: str | None = None
+
+
+@dataclass
+class FitResult:
+    """The best run of a fit.
+
+    Attributes
+    ----------
+    centroids : ndarray (K, D) float64
+    inertia : float
+    n_iter : int
+    history : list of dict, one per iteration
+    sizes : ndarray (K,) int64
+    converged : bool
+    labels : dask array (n,) int32, lazy, held by the fit's workers
+    backend, tier, tier_plan : str
+    tol_abs : float
+    timings : dict of str to float (seconds of the phases)
+    """
+
+    centroids: np.ndarray
+    inertia: float
+    n_iter: int
+    history: list
+    sizes: np.ndarray
+    converged: bool
+    labels: da.Array
+    backend: str
+    tier: str
+    tier_plan: str
+    tol_abs: float
+    timings: dict = field(default_factory=dict)
+
+
+def fit_distributed(
+    client: Client,
+    X: da.Array,
+    params: FitParams,
+    *,
+    sample_weight: da.Array | None = None,
+    path: str | None = None,
+    resume: dict | None = None,
+    callback: Callable[[dict], None] | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
+    phase: Phases | None = None,
+) -> FitResult:
+    """Fit ``params.n_clusters`` centroids to ``X`` on ``client``'s workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    X : dask array (n, d), float32 or float64 (rows already unit vectors for ``cosine``)
+    params : FitParams
+    sample_weight : dask array (n,), optional
+    path : str, optional
+        The file ``X`` is read from (checked on every worker before any work).
+    resume : dict, optional
+        A checkpoint read by :func:`daskmeans.io.checkpoint.read_checkpoint`: the fit goes on
+        from it once its fingerprint matches this fit's.
+    callback : callable(dict), optional
+        Each iteration's statistics with ``run`` (which of ``n_init``, from 1).
+    on_checkpoint : callable(int), optional
+        Called with the iteration of each checkpoint written.
+    phase : Phases, optional
+        Where the phases' seconds go (plan, place, moments, init, iterations).
+    """
+    phase = phase if phase is not None else Phases()
+    k = params.n_clusters
+    n, d = (int(s) for s in X.shape)
+    with phase("plan"):
+        if path is not None:
+            check_paths_on_workers(client, read=[path])
+        backend = resolve_backend(client, params.backend, backend_name(X))
+        tiers = plan(client, X, backend, k, params.tier, params.memory_limit, params.device_memory_limit)
+        slow = iteration_warning(n, k, d, params.max_iter, tiers, len(client.nthreads()))
+        if slow:
+            warnings.warn(slow, DaskmeansWarning, stacklevel=3)
+        if tiers.chunk_rows:
+            X = split_rows(X, tiers.chunk_rows)
+        # The fit's chunking, fixed here for the whole fit: a worker lost later places the
+        # same chunks on the workers left (never re-split), so no statistic kept per chunk
+        # changes meaning mid-fit.
+        X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
+        w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
+        warm_kernels(client, backend, k, d, X.dtype, params.precision, max(X.chunks[0]))
+    drv = _Driver(client, X, backend, w, tiers.tier)
+    try:
+        with phase("place"):
+            drv.survive(lambda p: p)
+        with phase("moments"):
+            # A checkpoint written or resumed names the data by its content digest.
+            moments = drv.survive(lambda p: data_moments(client, p, digest=params.checkpoint is not None))
+        tol_abs = float(np.mean(moments["var"])) * float(params.tol)
+        grid = Grid(moments["max_abs"], moments["weight"])
+        seeds = np.random.SeedSequence(params.seed).generate_state(params.n_init)
+        fingerprint = _fingerprint(params, n, d, X.dtype, moments, w is not None) if params.checkpoint else None
+        start = None
+        if resume is not None:
+            check_fingerprint(params.checkpoint, resume["fingerprint"], fingerprint, resume["iteration"],
+                              params.max_iter)
+            start = Start(resume["iteration"], resume["centroids"], resume["prev"], resume["history"])
+        best = None
+        for run in range(params.n_init):
+            if start is not None:
+                c0 = start.centroids
+            elif not isinstance(params.init, str):
+                c0 = params.init
+            else:
+                with phase("init"):
+                    c0 = drv.survive(lambda p: resolve_init(
+                        client, p, params.init, k, int(seeds[run]), params.oversampling_factor))
+                if params.metric == "cosine":
+                    c0 = unit_centroids(np.asarray(c0, np.float64))
+            if run == 0:
+                check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
+            with phase("iterations"):
+                res = run_lloyd(
+                    client, drv.placement, c0, max_iter=params.max_iter, tol_abs=tol_abs, grid=grid,
+                    callback=_numbered(callback, run + 1), precision=params.precision, metric=params.metric,
+                    collective=params.collective or config.get("collective"), replan=drv.replan,
+                    start=start, checkpoint=_saver(params, fingerprint, on_checkpoint),
+                    checkpoint_every=params.checkpoint_every,
+                )
+            if best is None or res.inertia < best.inertia:
+                best = res
+    finally:
+        drv.placement = None  # the shards (and so the persisted data) are released here
+    return FitResult(
+        best.centroids, best.inertia, best.n_iter, best.history, best.sizes, best.converged,
+        _labels_array(best.states, best.row_chunks, best.layout), backend, tiers.tier, tiers.describe(), tol_abs,
+        phase.seconds,
+    )
+
+
+class _Driver:
+    """The fit's placement, made again (in the same chunks) on the workers left whenever one
+    is lost."""
+
+    def __init__(self, client: Client, X: da.Array, backend: str, w: da.Array | None, tier: str):
+        self.client, self.X, self.backend, self.w, self.tier = client, X, backend, w, tier
+        self.placement: Placement | None = None
+
+    def survive(self, step: Callable[[Placement], Any]) -> Any:
+        """``step(placement)``, placing the data first (again, on the workers left) when a
+        worker is lost before or during it."""
+        last = None
+        for _ in range(MAX_REPLANS):
+            try:
+                if self.placement is None:
+                    self.placement = place(self.client, self.X, self.backend, self.w, self.tier, balance=False)
+                return step(self.placement)
+            except WorkerLost as lost:
+                last = lost.args[0]
+                self.placement = None
+        raise DaskmeansError(f"workers kept leaving the cluster ({MAX_REPLANS} times; last {last})")
+
+    def replan(self) -> Placement:
+        """A new placement on the workers now present (the loop's hook after a loss)."""
+        self.placement = None
+        return self.survive(lambda p: p)
+
+
+def _fingerprint(params: FitParams, n: int, d: int, dtype: Any, moments: dict, weighted: bool) -> dict:
+    """What a checkpoint of this fit is valid for (all exact, whatever the cluster)."""
+    return {
+        "n_samples": n, "n_features": d, "dtype": str(np.dtype(dtype)), "n_clusters": params.n_clusters,
+        "init": params.init if isinstance(params.init, str) else "array", "random_state": params.seed if params.seed_given else None,
+        "tol": params.tol, "metric": params.metric, "precision": params.precision, "weighted": weighted,
+        "max_abs": [float(v) for v in moments["max_abs"]], "digest": moments["digest"],
+    }
+
+
+def _saver(params: FitParams, fingerprint: dict | None, on_checkpoint: Callable[[int], None] | None) -> Callable | None:
+    if params.checkpoint is None:
+        return None
+
+    def save(start: Start) -> None:
+        write_checkpoint(params.checkpoint, start.iteration, start.centroids, start.prev, start.history or [],
+                         fingerprint)
+        if on_checkpoint is not None:
+            on_checkpoint(start.iteration)
+
+    return save
+
+
+def _numbered(callback: Callable[[dict], None] | None, run: int) -> Callable[[dict], None] | None:
+    """``callback`` given each iteration's statistics with the ``run`` (of ``n_init``) added."""
+    if callback is None:
+        return None
+    return lambda stats: callback({**stats, "run": run})
+
+
+def _state_labels(state: Any, j: int) -> np.ndarray:
+    return get_backend(state.labels[j]).to_numpy(state.labels[j])
+
+
+def _labels_array(states: list, row_chunks: tuple, layout: list) -> da.Array:
+    """A lazy int32 array of the labels held by the final step states (in chunk order)."""
+    pieces: dict[int, da.Array] = {}
+    for state, chunk_ids in zip(states, layout):
+        for j, cid in enumerate(chunk_ids):
+            pieces[cid] = da.from_delayed(
+                dask.delayed(_state_labels, pure=True)(state, j), shape=(row_chunks[cid],), dtype=np.int32
+            )
+    return da.concatenate([pieces[i] for i in range(len(row_chunks))])
