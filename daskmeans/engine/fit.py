@@ -34,7 +34,8 @@ from ..metric import unit_centroids
 from ..placement import Placement, WorkerLost, balance_chunks, place
 from ..seeding import resolve_init
 from ..timing import Phases
-from .loop import Start, data_moments, run_lloyd, warm_kernels
+from .loop import Start, run_lloyd, warm_kernels
+from .moments import data_moments
 from .plan import iteration_warning, plan
 
 # Worker losses a fit outlives before its placement or init gives up (the loop has its own).

@@ -47,11 +47,10 @@ import numpy as np
 from distributed import Client, get_worker
 
 from .. import config
-from ..backends.digest import block_digest, combine
-from ..backends.grid import Grid, check_range
-from ..errors import DaskmeansError, DataError
+from ..backends.grid import Grid
+from ..errors import DaskmeansError
 from ..metric import inertia_scale, unit_centroids
-from ..placement import Placement, Shard, WorkerLost, gather, submit_per_shard, watch
+from ..placement import Placement, Shard, WorkerLost, submit_per_shard, watch
 from . import collective as coll
 
 
@@ -389,82 +388,6 @@ def _final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
     return final
 
 
-# ---------------------------------------------------------------- moments (one pass, before a fit)
-
-
-def _moments(shard: Shard, digest: bool = False) -> dict:
-    """Row count, per-feature mean, M2 and largest absolute value (float64), total weight,
-    the first non-finite row if any, and whether any weight is negative (one pass); with
-    ``digest``, also the content digests of the rows and of the weights
-    (:mod:`daskmeans.backends.digest`)."""
-    be = shard.be
-    xp = be.xp
-    n, mean, m2, max_abs, wsum = 0, None, None, None, 0.0
-    bad, n_bad, bad_w, n_bad_w, neg_w = None, 0, None, 0, False
-    dx = dw = 0
-    for _, off, block, w in shard.items():
-        if digest:
-            dx += block_digest(xp, block, off)
-            dw += 0 if w is None else block_digest(xp, w, off)
-        mb, m2b, mab, bad_row = be.moments(block)
-        if bad_row is not None:  # rare: count them for the message
-            n_bad += int((~xp.isfinite(block)).sum())
-            bad = off + bad_row if bad is None else bad
-        if w is not None:
-            neg_w = neg_w or bool((w < 0).any())
-            nonfinite = xp.flatnonzero(~xp.isfinite(w))
-            if nonfinite.size:
-                n_bad_w += int(nonfinite.size)
-                bad_w = off + int(nonfinite[0]) if bad_w is None else bad_w
-            wsum += float(w.astype(xp.float64).sum())
-        else:
-            wsum += block.shape[0]
-        mab = be.to_numpy(mab)
-        max_abs = mab if max_abs is None else np.maximum(max_abs, mab)
-        nb = block.shape[0]
-        mb, m2b = be.to_numpy(mb), be.to_numpy(m2b)
-        if mean is None:
-            n, mean, m2 = nb, mb, m2b
-        else:  # Chan et al. pairwise update
-            delta = mb - mean
-            tot = n + nb
-            mean = mean + delta * nb / tot
-            m2 = m2 + m2b + delta**2 * n * nb / tot
-            n = tot
-    return {"n": n, "mean": mean, "m2": m2, "bad": bad, "n_bad": n_bad, "bad_w": bad_w, "n_bad_w": n_bad_w,
-            "neg_w": neg_w, "max_abs": max_abs, "wsum": wsum, "digest": combine(dx), "wdigest": combine(dw)}
-
-
-def _first(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _merge_moments(items: list) -> dict:
-    acc = None
-    for it in items:
-        if acc is None:
-            acc = dict(it)
-            continue
-        n, nb = acc["n"], it["n"]
-        delta = it["mean"] - acc["mean"]
-        tot = n + nb
-        acc = {
-            "n": tot,
-            "mean": acc["mean"] + delta * nb / tot,
-            "m2": acc["m2"] + it["m2"] + delta**2 * n * nb / tot,
-            "bad": _first(acc["bad"], it["bad"]),
-            "n_bad": acc["n_bad"] + it["n_bad"],
-            "bad_w": _first(acc["bad_w"], it["bad_w"]),
-            "n_bad_w": acc["n_bad_w"] + it["n_bad_w"],
-            "neg_w": acc["neg_w"] or it["neg_w"],
-            "max_abs": np.maximum(acc["max_abs"], it["max_abs"]),
-            "wsum": acc["wsum"] + it["wsum"],
-            "digest": combine(acc["digest"], it["digest"]),
-            "wdigest": combine(acc["wdigest"], it["wdigest"]),
-        }
-    return acc
-
-
 def _warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int) -> None:
     from ..backends import get_backend
 
@@ -476,33 +399,6 @@ def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, preci
     rows) in the background, and return: the compiles overlap the placement and the moments
     pass instead of delaying the first iteration (an empty kernel cache)."""
     client.run(_warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
-
-
-def data_moments(client: Client, placement: Placement, digest: bool = False) -> dict:
-    """Mean, variance and largest absolute value per feature (float64) and the total weight,
-    in one pass; raises on NaN/inf (in X or the weights) and on negative weights. With
-    ``digest``: also ``digest``, the data's content digest (rows and weights) as 32 hex
-    digits, the same for any chunking and placement."""
-    futs = submit_per_shard(client, placement, _moments, [digest] * len(placement.shards), name="daskmeans-moments")
-    (res,) = gather(client, [client.submit(_merge_moments, futs, pure=False)], placement)
-    if res["bad"] is not None:
-        raise DataError(
-            f"X contains {res['n_bad']} NaN or infinite value(s), the first in row {res['bad']}: clean or drop "
-            f"those rows (in a CSV file, an empty or missing field reads as NaN)"
-        )
-    if res["bad_w"] is not None:
-        raise DataError(f"sample_weight contains {res['n_bad_w']} NaN or infinite value(s), the first at row "
-                        f"{res['bad_w']}: weights should be finite and >= 0")
-    if res["neg_w"]:
-        raise DataError("sample_weight has negative values: weights should be >= 0")
-    if res["wsum"] <= 0:
-        raise DataError("sample_weight sums to zero: at least one weight should be > 0")
-    check_range(res["max_abs"], placement.dtype)
-    out = {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
-           "weight": res["wsum"]}
-    if digest:
-        out["digest"] = f"{res['digest']:016x}{res['wdigest']:016x}"
-    return out
 
 
 # ---------------------------------------------------------------- the client's side
