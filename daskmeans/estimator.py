@@ -22,7 +22,7 @@ from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
-from .metric import METRICS, check_unit_init, inertia_scale, unit_rows
+from .metric import METRICS, get_metric, inertia_scale
 from .placement import TIERS, to_backend
 from .progress import Progress
 from .timing import Phases
@@ -239,7 +239,7 @@ class KMeans:
             )
         if not np.isfinite(arr).all():
             raise DataError("init array contains NaN or infinity")
-        return check_unit_init(arr) if self.metric == "cosine" else arr
+        return get_metric(self.metric).check_init(arr)
 
     def _validate_params(self) -> None:
         """Check every parameter against its constraint (no data, no cluster needed)."""
@@ -311,8 +311,7 @@ class KMeans:
             check_n_clusters(n, self.n_clusters)
             init_arr = self._init_array(d)
             w = None if sample_weight is None else read_weights(sample_weight, X)
-            if self.metric == "cosine":
-                X = unit_rows(X)
+            X = get_metric(self.metric).rows(X)
         params = FitParams(
             self.n_clusters, self.init if init_arr is None else init_arr, self.n_init, self.max_iter, self.tol,
             seed_of(self.random_state), isinstance(self.random_state, int), self.oversampling_factor, self.backend,
@@ -366,8 +365,7 @@ class KMeans:
         # As in fit: a NaN or infinite row has no nearest centroid (and the GPU kernels' top-2
         # states would keep no index for it).
         x = x.map_blocks(_finite_rows, dtype=x.dtype, meta=x._meta)
-        if self.metric == "cosine":
-            x = unit_rows(x)
+        x = get_metric(self.metric).rows(x)
         try:
             backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), backend_name(x))
         except DaskmeansError:
@@ -527,7 +525,7 @@ def _predict_block(block, centers, precision):
 def _transform_block(block, centers, metric):
     be, p = _prep(block, centers)
     d2 = be.to_numpy(be.sqdistances(block, p))
-    out = d2 * inertia_scale(metric) if metric == "cosine" else np.sqrt(d2)
+    out = get_metric(metric).distances(d2)
     return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
 
 

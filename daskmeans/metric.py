@@ -1,7 +1,11 @@
-"""Distance metrics. ``"euclidean"`` is plain k-means; ``"cosine"`` is spherical k-means:
-rows are scaled to unit norm once, centroids are renormalised after every update, and the
-reported inertia is the sum of cosine distances ``1 - cos(x, c) = ||x - c||^2 / 2`` (for unit
-vectors), so the kernels are the Euclidean ones for both metrics."""
+"""Distance metrics, as objects with the hooks a fit calls, registered by name (:data:`REGISTRY`).
+
+``"euclidean"`` is plain k-means; ``"cosine"`` is spherical k-means: rows are scaled to unit
+norm once, centroids are renormalised after every update, and the reported inertia is the sum
+of cosine distances ``1 - cos(x, c) = ||x - c||^2 / 2`` (for unit vectors), so the kernels are
+the Euclidean ones for both metrics. A new metric is one :class:`Metric` subclass and one
+registry entry (its name then also in :data:`daskmeans.options.METRICS`, the CLI's choices).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from .options import METRICS  # noqa: F401  (re-exported)
 
 def inertia_scale(metric: str) -> float:
     """Factor from summed squared Euclidean distances to the metric's inertia."""
-    return 0.5 if metric == "cosine" else 1.0
+    return get_metric(metric).inertia_scale
 
 
 def _nonzero_norms(a: Any, what: str, offset: int = 0) -> Any:
@@ -56,3 +60,65 @@ def unit_centroids(c: Any, fallback: Any = None) -> Any:
 def check_unit_init(c: np.ndarray) -> np.ndarray:
     """An explicit cosine init: rows scaled to unit norm; zero rows are an error."""
     return c / _nonzero_norms(c, "init rows")[:, None]
+
+
+class Metric:
+    """Euclidean k-means: every hook leaves its input as it is."""
+
+    name = "euclidean"
+    inertia_scale = 1.0  # from summed squared Euclidean distances to the metric's inertia
+
+    def rows(self, X: Any) -> Any:
+        """The data ``X`` (n, d) (a lazy Dask array) as the kernels see it."""
+        return X
+
+    def init(self, c: np.ndarray) -> np.ndarray:
+        """Centroids ``(K, d)`` float64 of a named init as the loop starts from them."""
+        return c
+
+    def check_init(self, c: np.ndarray) -> np.ndarray:
+        """A user's explicit initial centroids ``(K, d)`` float64, checked for the metric."""
+        return c
+
+    def update(self, new: Any, old: Any, shift: Any) -> tuple[Any, Any]:
+        """``(centroids, squared shift)`` after an update from ``old`` to ``new``."""
+        return new, shift
+
+    def distances(self, d2: np.ndarray) -> np.ndarray:
+        """The metric's distances from squared Euclidean ones (``transform``)."""
+        return np.sqrt(d2)
+
+
+class Cosine(Metric):
+    """Spherical k-means on unit rows (see the module docstring)."""
+
+    name = "cosine"
+    inertia_scale = 0.5
+
+    def rows(self, X: Any) -> Any:
+        return unit_rows(X)
+
+    def init(self, c: np.ndarray) -> np.ndarray:
+        return unit_centroids(c)
+
+    def check_init(self, c: np.ndarray) -> np.ndarray:
+        return check_unit_init(c)
+
+    def update(self, new: Any, old: Any, shift: Any) -> tuple[Any, Any]:
+        new = unit_centroids(new, old)
+        return new, ((new - old) ** 2).sum()
+
+    def distances(self, d2: np.ndarray) -> np.ndarray:
+        return d2 * self.inertia_scale
+
+
+REGISTRY: dict[str, Metric] = {m.name: m for m in (Metric(), Cosine())}
+assert tuple(REGISTRY) == METRICS, "daskmeans.options.METRICS lists the registry's names"
+
+
+def get_metric(name: str) -> Metric:
+    """The registered metric ``name``."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"metric={name!r} should be one of {', '.join(map(repr, REGISTRY))}") from None

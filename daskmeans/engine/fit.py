@@ -30,7 +30,7 @@ from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..io.readers import split_rows
-from ..metric import unit_centroids
+from ..metric import get_metric
 from ..placement import Placement, WorkerLost, balance_chunks, place
 from ..seeding import resolve_init
 from ..timing import Phases
@@ -179,8 +179,7 @@ def fit_distributed(
                 with phase("init"):
                     c0 = drv.survive(lambda p: resolve_init(
                         client, p, params.init, k, int(seeds[run]), params.oversampling_factor))
-                if params.metric == "cosine":
-                    c0 = unit_centroids(np.asarray(c0, np.float64))
+                c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
             if run == 0:
                 check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
             with phase("iterations"):

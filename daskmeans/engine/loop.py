@@ -49,7 +49,7 @@ from distributed import Client, get_worker
 from .. import config
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
-from ..metric import inertia_scale, unit_centroids
+from ..metric import get_metric, inertia_scale
 from ..placement import Placement, Shard, WorkerLost, submit_per_shard, watch
 from . import collective as coll
 
@@ -250,9 +250,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         isums, iweights = _relocate(isums, iweights, cands, fit.grid, be)
         new, shift = be.update_centroids(isums, iweights, old, fit.grid)
         m_updated = be.mark()
-    if fit.metric == "cosine":
-        new = unit_centroids(new, old)
-        shift = ((new - old) ** 2).sum()
+    new, shift = get_metric(fit.metric).update(new, old, shift)
     shift = float(shift)
     be.wait(m_updated)
     st.prev, st.centroids, st.iteration = old, new, it + 1
