@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks import meta, problems
 
-PROBLEMS = problems.pick("P2", "P3", "P4", "S1", "S2")
+PROBLEMS = problems.pick("P2", "P3", "P4", "S1", "S2", "W14", "W16", "W18")
 LAYOUT = meta.Layout(rows={"results": ("problem",)})
 
 
@@ -106,7 +106,7 @@ def main(argv=None):
         name, (n, d, k) = problem.name, problem.shape
         # P4's fp32 GEMM alone takes seconds: fewer repeats.
         _REPS.clear()
-        if name == "P4":
+        if name in ("P4", "W16", "W18"):
             _REPS.update(reps=3, warm=1)
         # Seeded by the name's hash, which Python salts per process: fresh data each run.
         g = torch.Generator(device="cuda").manual_seed(hash(name) % 2**31)

@@ -42,3 +42,14 @@ def test_by_hand_one_row():
     # mix(mix(0) + 0) = mix(0) = 0.
     assert block_digest(np, np.zeros((1, 1), np.float64), 0) == 0
     assert block_digest(np, np.zeros((0, 3), np.float32), 0) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_gpu_gives_the_cpus_bits(dtype):
+    import cupy
+
+    x = np.random.default_rng(2).standard_normal((40_000, 9)).astype(dtype)
+    assert block_digest(cupy, cupy.asarray(x), 123) == block_digest(np, x, 123)
+    w = np.random.default_rng(3).random(40_000)
+    assert block_digest(cupy, cupy.asarray(w), 5) == block_digest(np, w, 5)
