@@ -132,7 +132,9 @@ def tile_rows(p: Prepared, n: int) -> int:
 def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int) -> int:
     # gemm_prep's copy of a tile (prep_buffer): none in mode 0, 3D float32 columns in mode 2.
     cols, item = (0, 0) if mode == 0 else (3 * d if mode == 2 else d, 2 if mode == 3 else 4)
-    return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, config.get_bytes("gpu-tile-bytes"))
+    return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, config.get_bytes("gpu-tile-bytes"),
+                              gpu_plan.fill_rows(gpu_device.sm_count(gpu_device.device_id())),
+                              config.get_bytes("gpu-tile-bytes-max"))
 
 
 def _select_kernel(dtype: Any, gemm_dtype: Any, rpt: int) -> Any:

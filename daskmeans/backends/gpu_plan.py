@@ -182,12 +182,29 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
     return A, R, B
 
 
-def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int) -> int:
+def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int,
+              min_rows: int = 0, max_bytes: int = 0) -> int:
     """Rows of one GEMM tile: its distances (rows x ``kpad`` of ``out_itemsize``) and its
     rounded inputs (``gemm_prep``'s copy, rows x ``prep_cols`` of ``prep_itemsize``; 0 where the
-    GEMM reads the data itself) each within ``tile_bytes``; at least 32, at most ``n``."""
-    row_bytes = max(kpad * out_itemsize, prep_cols * prep_itemsize)
-    return int(max(32, min(n, tile_bytes // max(1, row_bytes))))
+    GEMM reads the data itself) each within ``tile_bytes``; at least ``min_rows`` where that
+    stays within ``max_bytes`` (wide K: the selection, a warp per row, needs rows enough to fill
+    the GPU; :func:`fill_rows`); at least 32, at most ``n``."""
+    row_bytes = max(1, kpad * out_itemsize, prep_cols * prep_itemsize)
+    rows = max(tile_bytes // row_bytes, min(min_rows, max_bytes // row_bytes))
+    return int(max(32, min(n, rows)))
+
+
+def fill_rows(sm_count: int) -> int:
+    """Rows of a tile that give ``select_rows`` (8 warps a block, a warp per row, two blocks
+    per SM) a row for every warp the GPU holds at once."""
+    return 16 * int(sm_count)
+
+
+def tile_bytes(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int,
+               max_bytes: int, sm_count: int) -> int:
+    """Bytes of one GEMM tile's distances (as :func:`tile_rows` sizes it): for the memory plan."""
+    rows = tile_rows(n, kpad, out_itemsize, prep_cols, prep_itemsize, tile_bytes, fill_rows(sm_count), max_bytes)
+    return rows * max(kpad * out_itemsize, prep_cols * prep_itemsize)
 
 
 def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, precision: str,

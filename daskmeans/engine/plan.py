@@ -74,7 +74,9 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
         if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
             free = min(free + pool.free_bytes(), limit - pool.used_bytes())
         device = int(free) if device_memory_limit is None else int(device_memory_limit)
-    return {"host": int(host), "device": device, "flops": _gemm_rate() if device is None else GPU_NOMINAL_FLOPS}
+        sm_count = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["multiProcessorCount"]
+    return {"host": int(host), "device": device, "flops": _gemm_rate() if device is None else GPU_NOMINAL_FLOPS,
+            "sm_count": int(sm_count) if device is not None else 0}
 
 
 # A GPU's GEMM rate for the preflight estimate: nominal (measuring would start cuBLAS during
@@ -114,17 +116,23 @@ def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n
             f"rows or a lower max_iter shorten it")
 
 
-def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str) -> int:
+def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
+                  sm_count: int = 0) -> int:
     """What one worker's loop needs besides its data: K x D float64 centroids (current,
     previous, new), the iteration buffer (one int64 per sum, sent and received), a chunk's
-    sums and the update's temporaries, the kernels' tiles, two chunks in flight and the labels."""
+    sums and the update's temporaries, the kernels' tiles (on a GPU of ``sm_count`` SMs: wide
+    K grows them, :func:`daskmeans.backends.gpu_plan.tile_rows`), two chunks in flight and the
+    labels."""
     model = k * d * 8 * (3 + 2 + 2) + n_chunks * 8
     # Distance tiles (rows x K float32/64), at most a chunk's rows: two on a GPU (one GEMM
     # overlaps the previous tile's selection) where K x D takes the GEMM regime, one on a CPU.
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
     if backend == "cupy":
         gemm = get_backend("cupy").uses_tiles(k, d)
-        tiles = min(2 * config.get_bytes("gpu-tile-bytes"), 2 * chunk_rows * k * 4) if gemm else 0
+        from ..backends.gpu_plan import tile_bytes
+
+        tiles = 2 * tile_bytes(chunk_rows, -(-k // 4) * 4, 4, 0, 4, config.get_bytes("gpu-tile-bytes"),
+                               config.get_bytes("gpu-tile-bytes-max"), sm_count) if gemm else 0
     else:
         tiles = min(config.get_bytes("tile-bytes"), chunk_rows * (k + d) * 8)
     # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
@@ -188,7 +196,8 @@ def plan(
     chunk_rows = max(X.chunks[0])
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
-    working = working_bytes(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend)
+    sms = max(int(b.get("sm_count") or 0) for b in budgets.values()) if budgets else 0
+    working = working_bytes(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms)
     if working > limit:
         raise DaskmeansError(
             f"K x D = {k} x {d}: the centroids, partial sums and kernel tiles need {format_bytes(working)} per "
