@@ -414,8 +414,8 @@ def _rename_noreplace(src: str, dst: str) -> None:
 def _swap(new: str, path: str) -> None:
     """Put ``new`` at ``path`` in place of its present content, which ends at ``new``: in one
     step where the system can, so the path is never without a whole output."""
-    if not os.path.isdir(path) or os.path.islink(path):
-        os.replace(new, path)  # a file (or link) is replaced atomically by rename itself
+    if not os.path.isdir(new) and not (os.path.isdir(path) and not os.path.islink(path)):
+        os.replace(new, path)  # a file over a file (or link): rename itself replaces atomically
         return
     if _renameat2(new, path, _RENAME_EXCHANGE):
         return
