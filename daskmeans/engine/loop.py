@@ -425,12 +425,25 @@ def choose_collective(client: Client, placement: Placement, requested: str = "au
         return "dask"
     gpu = placement.backend == "cupy"
     nccl_ok = gpu and all(client.run(coll.nccl_available, workers=list(placement.workers)).values())
-    if requested == "nccl" and not nccl_ok:
+    # NCCL needs a GPU of its own per rank: workers sharing one (two processes on one GPU) add
+    # their sums through Dask's comms instead (NCCL would refuse them: invalid usage).
+    devices = list(client.run(_gpu_device, workers=list(placement.workers)).values()) if nccl_ok else []
+    shared = len(set(devices)) < len(devices)
+    if requested == "nccl" and (not nccl_ok or shared):
         raise DaskmeansError(
-            "collective='nccl' needs GPU workers whose CuPy has NCCL (cupy.cuda.nccl.available); "
-            f"backend is {placement.backend}"
+            "collective='nccl' needs GPU workers whose CuPy has NCCL (cupy.cuda.nccl.available), each on a GPU "
+            f"of its own; backend is {placement.backend}" + (", and workers share a GPU" if shared else "")
         )
-    return "nccl" if nccl_ok else "dask"
+    return "nccl" if nccl_ok and not shared else "dask"
+
+
+def _gpu_device() -> tuple:
+    """This worker's GPU: its host and PCI bus id (the same for workers sharing a GPU)."""
+    import socket
+
+    import cupy
+
+    return socket.gethostname(), cupy.cuda.Device().pci_bus_id
 
 
 def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: str) -> coll.CollectiveSpec:

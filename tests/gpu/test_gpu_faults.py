@@ -25,7 +25,7 @@ PHASES = {
     "placement": "daskmeans-shard",
     "init": "daskmeans-kpar-sample",
     "iterations": "daskmeans-segment",
-    "labels": "_state_labels",
+    "labels": "",  # the first task of computing labels_ after the fit, whatever its name
 }
 
 
@@ -85,5 +85,8 @@ def test_a_gpu_worker_killed_in_each_phase_is_recovered_bitwise(problem, referen
         km, labels = _fit(c, problem, phase, tmp_path / "flags")
     assert faultkit.kills(tmp_path / "flags"), f"no worker was killed in the {phase} phase"
     np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
-    assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
+    assert km.n_iter_ == ref.n_iter_
+    # The GPU kernels add a chunk's inertia with float atomics: its last bits vary from run
+    # to run, disturbed or not (as in test_gpu_multi); centroids and labels are bitwise.
+    assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
     np.testing.assert_array_equal(labels, ref_labels)

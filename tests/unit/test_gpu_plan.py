@@ -89,15 +89,15 @@ def test_tile_rows_bound_distances_and_rounded_inputs():
 
 
 def test_wide_k_tiles_grow_to_fill_the_gpu_within_their_cap():
-    # K = 2^18 float32: 1 MiB a row, 256 rows in 256 MiB; 132 SMs want 16 x 132 = 2112 rows.
+    # K = 2^18 float32: 1 MiB a row, 256 rows in 256 MiB; 132 SMs want 64 x 132 = 8448 rows.
     k, mib = 1 << 18, 1 << 20
-    assert plan.fill_rows(132) == 2112
+    assert plan.fill_rows(132) == 8448
     assert plan.tile_rows(2_000_000, k, 4, 0, 4, 256 * mib, 2112, 8 << 30) == 2112
     assert plan.tile_rows(2_000_000, k, 4, 0, 4, 256 * mib, 2112, 1 << 30) == 1024  # the cap: 1 GiB of rows
     assert plan.tile_rows(1000, k, 4, 0, 4, 256 * mib, 2112, 8 << 30) == 1000  # never more rows than the block
     # Narrow K already has rows enough: unchanged (P3: 256 MiB / 20000 bytes).
     assert plan.tile_rows(300_000, 5000, 4, 0, 4, 256 * mib, 2112, 8 << 30) == (256 * mib) // 20_000
-    assert plan.tile_bytes(2_000_000, k, 4, 0, 4, 256 * mib, 8 << 30, 132) == 2112 * mib
+    assert plan.tile_bytes(2_000_000, k, 4, 0, 4, 256 * mib, 4 << 30, 132) == 4096 * mib  # capped
 
 
 def test_occupancy_from_registers_and_shared_memory():
