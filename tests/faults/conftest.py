@@ -1,0 +1,43 @@
+"""Fixtures of the fault-injection tests: the data (12,000 x 5 float32 blobs, 10 centres, as
+.npy, Zarr and in memory) and clusters of real ``dask scheduler`` / ``dask worker`` processes
+(:mod:`faultkit`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import faultkit
+from faultkit import EQUAL, K, N_FEATURES, N_ROWS, Data
+
+
+@pytest.fixture(scope="session")
+def fault_data(tmp_path_factory) -> Data:
+    import zarr
+
+    d = tmp_path_factory.mktemp("fault-data")
+    rng = np.random.default_rng(3)
+    centers = rng.normal(scale=4, size=(K, N_FEATURES))
+    x = (centers[rng.integers(0, K, N_ROWS)] + rng.normal(scale=1.5, size=(N_ROWS, N_FEATURES))).astype(np.float32)
+    data = Data(x, d)
+    np.save(data.npy(), x)
+    for n in EQUAL:
+        zarr.create_array(str(data.zarr(n)), data=x, chunks=(EQUAL[n], N_FEATURES))
+    for kind, n in [("npy", 3), ("npy", 9), ("zarr", 3), ("zarr", 9), ("mem", 7), ("mem", 10)]:
+        assert data.api(kind, n).numblocks[0] == n, (kind, n)
+    return data
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path):
+    """A factory of clusters of their own (``fresh_cluster(nanny=False)``), stopped at the end."""
+    made = []
+
+    def make(nanny: bool = False, n: int = 3) -> faultkit.DaskProcesses:
+        c = faultkit.DaskProcesses(tmp_path / f"cluster{len(made)}", n, nanny)
+        made.append(c)
+        return c.start()
+
+    yield make
+    for c in made:
+        c.stop()
