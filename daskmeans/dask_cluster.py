@@ -25,6 +25,48 @@ from .backends import ALIASES, gpu_available, gpu_count
 from .errors import DaskmeansError
 
 
+class SchedulerLost(DaskmeansError):
+    """The client lost its connection to the scheduler: the fit's tasks and the data placed
+    on the cluster went with it (Dask cancels every future), so the fit cannot go on."""
+
+
+def check_scheduler(client: Client) -> None:
+    """Raise :class:`SchedulerLost` unless ``client`` is connected to its scheduler.
+
+    Dask cancels every future the moment the connection drops, then tries to reconnect for
+    the client's timeout (30 s from the command) before it closes the client; a call to the
+    scheduler meanwhile waits up to its connect timeout (30 s). The work is gone either way:
+    whoever waits on it stops at once, naming the scheduler."""
+    status = getattr(client, "status", "running")
+    if status == "running":
+        return
+    try:
+        address = client.scheduler.address
+    except Exception:  # no scheduler rpc (a client closed before it connected)
+        address = None
+    where = f"scheduler {address}" if address else "scheduler"
+    raise SchedulerLost(
+        f"lost the connection to the {where} (client {status}): it stopped or cannot be reached, and the "
+        f"work on the cluster went with it; run the command again once the scheduler runs"
+    )
+
+
+def close_client(client: Client) -> None:
+    """Close ``client``; one that lost its scheduler without Dask's log of the reconnection it
+    cancels (an error with a traceback, where the command reports the loss in one line)."""
+    if client.status in ("running", "newly-created"):
+        client.close()
+        return
+    log = logging.getLogger("distributed.client")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        with contextlib.suppress(Exception):
+            client.close(timeout=5)
+    finally:
+        log.setLevel(level)
+
+
 def worker_kinds(client: Client) -> tuple[list[str], list[str]]:
     """The addresses of ``client``'s workers that see a CUDA device through CuPy, and the others."""
     res = client.run(gpu_available)
@@ -192,8 +234,18 @@ def connect(
             raise DaskmeansError(f"cannot connect to scheduler {address} (from {source}): {msg}") from None
         try:
             yield client
+        except SchedulerLost:
+            raise
+        except Exception:
+            # Whatever a lost scheduler made fail (a write's cancelled futures, a closed
+            # comm) is that loss, told in one line.
+            try:
+                check_scheduler(client)
+            except SchedulerLost as lost:
+                raise lost from None
+            raise
         finally:
-            client.close()
+            close_client(client)
         return
     if local_uses_gpu(backend):
         if not gpu_available():

@@ -14,7 +14,10 @@ out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chu
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import heapq
+import threading
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from distributed import Client, futures_of, wait
 
 from . import config
 from .backends import backend_name, get_backend
+from .dask_cluster import check_scheduler
 from .errors import DaskmeansError
 from .io.readers import split_rows
 
@@ -369,20 +373,127 @@ class WorkerLost(Exception):
     address: without this, they would wait for it forever."""
 
 
+def _forget_traceback(e: BaseException | None) -> None:
+    """Drop the tracebacks of a caught exception and of those it chains. Distributed's
+    ``sync`` keeps the exception it raises in a local of a frame of its traceback: a cycle,
+    which kept the frames' futures (a placement's shards and their data on the workers, tasks
+    pinned to a lost worker) alive until the next garbage collection."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+
+
 def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
     """Wait up to ``seconds`` for ``futs`` on ``client`` (``wait()`` alone would use the
-    default client, maybe another one)."""
+    default client, maybe another one). Returns early, without raising, when one of them is
+    cancelled (a lost worker's pinned task, a lost scheduler): their statuses tell."""
     try:
         with client.as_current():
             wait(futs, timeout=seconds)
-    except TimeoutError:
-        pass
+    except (TimeoutError, CancelledError) as e:
+        _forget_traceback(e)
 
 
 def gather(client: Client, futs: list, placement: "Placement") -> list:
     """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
     :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone."""
     return watch(client, futs, placement.workers)
+
+
+# How long a look at the worker list may take: a scheduler that died since the client last
+# heard from it refuses connections, and Dask retries them for its connect timeout (30 s).
+_LOOK_SECONDS = 5.0
+
+
+def _workers(client: Client) -> dict | None:
+    """The cluster's workers (address: threads); None when a live scheduler is too busy to
+    answer within :data:`_LOOK_SECONDS`; :class:`SchedulerLost` if the scheduler is gone
+    (also when it goes during the look)."""
+    check_scheduler(client)
+    try:
+        return client.sync(client.scheduler.ncores, callback_timeout=_LOOK_SECONDS)
+    except Exception as e:
+        _forget_traceback(e)
+        check_scheduler(client)  # the connection dropped during the look
+        if isinstance(e, TimeoutError):
+            return None
+        raise
+
+
+def _lost_ranks(client: Client, ranks: set) -> set:
+    """Those of ``ranks`` no longer in the cluster (none when the scheduler does not answer in
+    time: the next look tells); :class:`SchedulerLost` if the scheduler is gone."""
+    alive = _workers(client)
+    return set() if alive is None else ranks - set(alive)
+
+
+# A cluster left without workers this long is given up on: a nanny restarts a killed worker
+# within seconds, and without one the tasks would wait for a worker forever.
+NO_WORKER_SECONDS = 10.0
+
+
+def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WORKER_SECONDS) -> None:
+    """Wait for ``futs``, tasks that any worker may run (a placement's persisted chunks), as
+    ``distributed.wait`` does, but never forever: :class:`SchedulerLost` when the scheduler
+    goes, a :class:`DaskmeansError` when the cluster has had no worker for
+    ``no_worker_seconds``, a task's error raised, a cancellation a DaskmeansError."""
+    empty_since = None
+    while True:
+        wait_a_little(client, futs)
+        status = [f.status for f in futs]
+        if all(s == "finished" for s in status):
+            return
+        if "error" in status:
+            futs[status.index("error")].result()  # raises the task's error
+        if "cancelled" in status:
+            check_scheduler(client)
+            raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
+        workers = _workers(client)
+        now = time.monotonic()
+        if workers is None or workers:
+            empty_since = None
+        elif empty_since is None:
+            empty_since = now
+        elif now - empty_since >= no_worker_seconds:
+            raise DaskmeansError(
+                f"every worker left the cluster and none came back in {no_worker_seconds:.0f} s: there is nothing "
+                f"to place the data on (start workers, or a cluster whose nannies restart them)"
+            )
+
+
+def _fetch(client: Client, futs: list, ranks: set) -> list:
+    """``client.gather(futs)`` of finished futures, watching ``ranks`` meanwhile: a result
+    whose worker goes before it is fetched would be computed again, and a task pinned to that
+    worker would wait for it forever (:class:`WorkerLost` instead; :class:`SchedulerLost`
+    when the scheduler goes)."""
+    import asyncio
+    import concurrent.futures
+
+    done = asyncio.run_coroutine_threadsafe(client.gather(futs, asynchronous=True), client.loop.asyncio_loop)
+    try:
+        while True:
+            try:
+                return done.result(timeout=0.5)
+            except concurrent.futures.TimeoutError as e:
+                _forget_traceback(e)
+            except CancelledError as e:  # a result lost: its worker, or the scheduler, went
+                _forget_traceback(e)
+                lost = _lost_ranks(client, ranks)
+                if not lost:  # the loss may reach the worker list a moment later
+                    time.sleep(0.5)
+                    lost = _lost_ranks(client, ranks)
+                if lost:
+                    client.cancel(futs)
+                    raise WorkerLost(sorted(lost)) from None
+                raise DaskmeansError(f"tasks of the fit were cancelled: {' '.join(str(e).split())}") from None
+            lost = _lost_ranks(client, ranks)
+            if lost:
+                client.cancel(futs)
+                raise WorkerLost(sorted(lost))
+    finally:
+        done.cancel()
 
 
 def watch(
@@ -397,33 +508,36 @@ def watch(
     """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
     those workers; their results (``fetch``), or None.
 
-    A worker gone: ``stop(survivors)``, the tasks cancelled, :class:`WorkerLost`. A task's
-    error: ``stop(workers left)`` (tasks that wait for their peers must not wait for it),
-    then the error; an error of a ``peer_loss`` type (a task that gave up on a lost peer), or
-    a cancellation, first gives a worker's loss time to reach the worker list.
+    A worker gone: ``stop(survivors)``, the tasks cancelled, :class:`WorkerLost`; a task
+    cancelled because its worker went (Dask may forget a task whose pinned dependency was
+    lost) is such a loss too. The scheduler gone: :class:`SchedulerLost` at once (Dask has
+    cancelled every task). A task's error: ``stop(workers left)`` (tasks that wait for their
+    peers must not wait for it), then the error; an error of a ``peer_loss`` type (a task that
+    gave up on a lost peer), or a cancellation, first gives a worker's loss time to reach the
+    worker list.
     """
     ranks = set(workers)
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]  # one look: they change as we go
         if all(s == "finished" for s in status):  # the common case: no scheduler query
-            return client.gather(futs) if fetch else None
-        alive = set(client.nthreads())
-        if not ranks <= alive:
-            if stop is not None and ranks & alive:
-                stop(sorted(ranks & alive))
+            return _fetch(client, futs, ranks) if fetch else None
+        lost = _lost_ranks(client, ranks)
+        if lost:
+            if stop is not None and ranks - lost:
+                stop(sorted(ranks - lost))
             client.cancel(futs)
-            raise WorkerLost(sorted(ranks - alive))
+            raise WorkerLost(sorted(lost))
         if "error" not in status and "cancelled" not in status:
             continue
         failed = futs[status.index("error")] if "error" in status else None
         if failed is None or isinstance(failed.exception(), peer_loss):
             time.sleep(0.5)
-            if not ranks <= set(client.nthreads()):
+            if _lost_ranks(client, ranks):
                 continue
         if stop is not None:
-            stop(sorted(ranks & set(client.nthreads())))
-        if failed is None:  # cancelled from elsewhere (another client, the scheduler, a lost connection)
+            stop(sorted(ranks - _lost_ranks(client, ranks)))
+        if failed is None:  # cancelled from elsewhere (another client, the scheduler)
             raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
         failed.result()  # raises the task's error, with its traceback
 
@@ -435,6 +549,7 @@ def cancel_reason(futs: list) -> str:
             try:
                 f.result(timeout=5)
             except CancelledError as e:
+                _forget_traceback(e)
                 return " ".join(str(e).split())
             except Exception:
                 pass
@@ -442,12 +557,14 @@ def cancel_reason(futs: list) -> str:
 
 
 def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: Sequence, name: str, **kwargs) -> list:
-    """Submit ``fn(shard, *extra)`` once per shard on the shard's worker; returns futures."""
+    """Submit ``fn(shard, *extra)`` once per shard on the shard's worker, with BLAS's threads
+    capped to the worker's (:func:`worker_blas_threads`); returns futures."""
     futs = []
     for i, (shard, w) in enumerate(zip(placement.shards, placement.workers)):
         extra = [a[i] for a in args_per_shard]
         futs.append(
             client.submit(
+                capped_call,
                 fn,
                 shard,
                 *extra,
@@ -461,3 +578,81 @@ def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: 
             )
         )
     return futs
+
+
+# ---------------------------------------------------------------- BLAS threads on the workers
+
+_BLAS_LOCK = threading.Lock()
+_BLAS: dict = {"users": 0, "limiter": None, "controller": None}
+
+
+def _worker_threads() -> int | None:
+    """The calling Dask worker's thread count; None outside a worker's task."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    state = getattr(worker, "state", None)
+    n = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
+    return int(n) if n else None
+
+
+@contextlib.contextmanager
+def worker_blas_threads() -> Iterator[None]:
+    """While the block runs in a Dask worker's task, BLAS's thread pools are capped to the
+    worker's threads (threadpoolctl), restored when the last such block of the process ends.
+
+    A nanny starts its worker with ``OMP_NUM_THREADS=1`` and the like, and the command's
+    in-process workers cap BLAS for as long as their cluster runs
+    (:func:`daskmeans.dask_cluster._local`); a worker started otherwise (``dask worker
+    --no-nanny``, a user's own cluster) runs BLAS on every core from each of its threads:
+    fits 6-14x slower on 2 cores with three such workers. Outside a worker: no effect."""
+    n = _worker_threads()
+    if n is None:
+        yield
+        return
+    with _BLAS_LOCK:
+        if _BLAS["users"] == 0:
+            if _BLAS["controller"] is None:  # the loaded libraries, looked up once (~1 ms)
+                from threadpoolctl import ThreadpoolController
+
+                _BLAS["controller"] = ThreadpoolController()
+            _BLAS["limiter"] = _BLAS["controller"].limit(limits=n, user_api="blas")
+        _BLAS["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS["users"] -= 1
+            if _BLAS["users"] == 0:
+                limiter, _BLAS["limiter"] = _BLAS["limiter"], None
+                limiter.restore_original_limits()
+
+
+def capped_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` under :func:`worker_blas_threads` (an engine task's body)."""
+    with worker_blas_threads():
+        return fn(*args, **kwargs)
+
+
+class blas_capped:
+    """``fn`` run under :func:`worker_blas_threads`: a picklable callable for tasks submitted
+    or mapped outside :func:`submit_per_shard` (``map_blocks`` names its tasks after ``fn``)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with worker_blas_threads():
+            return self.fn(*args, **kwargs)
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.base import tokenize
+
+        return ("daskmeans-blas-capped", tokenize(self.fn))
+
+    def __reduce__(self):
+        return (blas_capped, (self.fn,))
