@@ -23,7 +23,7 @@ from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
 from .metric import METRICS, get_metric, inertia_scale
-from .placement import TIERS, to_backend
+from .placement import TIERS, blas_capped, to_backend
 from .progress import Progress
 from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
@@ -379,7 +379,7 @@ class KMeans:
     def predict(self, X: Any) -> Any:
         """Nearest-centroid labels, int32 (n_samples,); lazy unless ``X`` is a NumPy array."""
         x = self._blocks(X)
-        lab = x.map_blocks(_predict_block, self.cluster_centers_, self.precision, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
+        lab = x.map_blocks(blas_capped(_predict_block), self.cluster_centers_, self.precision, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
         return self._out(X, lab)
 
     def transform(self, X: Any) -> Any:
@@ -387,7 +387,7 @@ class KMeans:
         or ``1 - cos`` for ``metric="cosine"``; lazy unless ``X`` is a NumPy array."""
         x = self._blocks(X)
         k = self.n_clusters
-        out = x.map_blocks(_transform_block, self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)),
+        out = x.map_blocks(blas_capped(_transform_block), self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)),
                            dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
         return self._out(X, out)
 
@@ -399,7 +399,7 @@ class KMeans:
         """Opposite of the inertia of ``X`` under the fitted centroids."""
         x = self._blocks(X)
         parts = x.map_blocks(
-            _inertia_block, self.cluster_centers_, self.precision,
+            blas_capped(_inertia_block), self.cluster_centers_, self.precision,
             chunks=((1,) * x.numblocks[0], (1,)), dtype=np.float64, meta=np.empty((0, 0)),
         )
         return -float(parts.sum().compute()) * inertia_scale(self.metric)

@@ -224,8 +224,8 @@ def place(
     persisted = client.persist(arrays) if arrays else []
     xfuts = futures_of(persisted[0]) if tier != "storage" else []
     wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
-    with client.as_current():  # wait() would use the default client, maybe another one
-        wait(xfuts + (wfuts or []))
+    # Never forever: a lost scheduler, or no worker left, ends the wait in one line.
+    wait_on_cluster(client, xfuts + (wfuts or []))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
     xkeys = list(_row_keys(persisted[0])) if tier != "storage" else [None] * X.numblocks[0]

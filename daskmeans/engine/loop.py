@@ -50,7 +50,7 @@ from .. import config
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
-from ..placement import Placement, Shard, WorkerLost, submit_per_shard, watch
+from ..placement import Placement, Shard, WorkerLost, capped_call, submit_per_shard, watch
 from . import collective as coll
 
 
@@ -550,16 +550,20 @@ def run_lloyd(
                 placement = replan()
                 epoch += 1
     except BaseException:
-        # Interrupted, or a rank failed: no segment may go on running on the others.
-        with contextlib.suppress(Exception):
-            client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
-        if saver.wanted:
-            with contextlib.suppress(Exception):  # never mask the interrupt
-                saver.save(_restart_point(client, placement, [], history))
+        # Interrupted, or a rank failed: no segment may go on running on the others. With the
+        # scheduler gone there is no one to tell, nor a restart point to fetch (each call
+        # would wait for a reconnection).
+        if client.status == "running":
+            with contextlib.suppress(Exception):
+                client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+            if saver.wanted:
+                with contextlib.suppress(Exception):  # never mask the interrupt
+                    saver.save(_restart_point(client, placement, [], history))
         raise
     finally:
-        with contextlib.suppress(Exception):
-            client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+        if client.status == "running":
+            with contextlib.suppress(Exception):
+                client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
     res0 = results[0]
     final = _final_states(client, placement, np.asarray(res0["centroids"]), precision)
     last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
@@ -575,8 +579,8 @@ def _final_states(client: Client, placement: Placement, centroids: np.ndarray, p
     it is gone (made again from the data there: labels never wait for a lost worker)."""
     c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
     return [
-        client.submit(_final_labels, shard, c, precision, workers=[w], allow_other_workers=True, pure=False,
-                      key=f"daskmeans-labels-{uuid.uuid4().hex}")
+        client.submit(capped_call, _final_labels, shard, c, precision, workers=[w], allow_other_workers=True,
+                      pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
         for shard, w in zip(placement.shards, placement.workers)
     ]
 

@@ -23,11 +23,7 @@ class TooSlow(AssertionError):
 CASES = [
     # (what runs when the scheduler dies, the task whose start kills it, starts let pass)
     pytest.param("kmeans||", "daskmeans-kpar-sample", 2, id="kmeans||"),
-    pytest.param("iterations", "daskmeans-segment", 3, id="iterations", marks=pytest.mark.xfail(
-        strict=True, raises=TooSlow, reason=(
-            "engine.loop.run_lloyd's clean-up (client.nthreads(), client.run(coll.abort / coll.release)) waits "
-            "~30 s for Dask's connect timeout on a client that lost its scheduler; it should skip them unless "
-            "client.status == 'running'"))),
+    pytest.param("iterations", "daskmeans-segment", 3, id="iterations"),
     pytest.param("labels-write", "_write_block", 0, id="labels-write"),
 ]
 

@@ -216,9 +216,7 @@ def test_engine_tasks_cap_blas_to_the_worker_threads(cluster, fault_data):
 
 EVERY_WORKER = [
     pytest.param("daskmeans-segment", id="iterations"),
-    pytest.param("daskmeans-shard", id="placement", marks=pytest.mark.xfail(strict=True, raises=Stuck, reason=(
-        "placement.place() waits on the persisted chunks with distributed.wait, forever once no worker is left "
-        "(the fit places its data again after each loss); it should wait with placement.wait_on_cluster"))),
+    pytest.param("daskmeans-shard", id="placement"),
 ]
 
 
