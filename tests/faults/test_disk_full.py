@@ -23,6 +23,7 @@ import textwrap
 import dask
 import numpy as np
 import pytest
+from faultkit import tree
 
 from daskmeans.cli import main
 
@@ -45,12 +46,6 @@ LIMITED = textwrap.dedent("""
 """)
 
 
-def _tree(path) -> dict:
-    path = str(path)
-    if os.path.isfile(path):
-        return {"": open(path, "rb").read()}
-    return {os.path.relpath(os.path.join(r, f), path): open(os.path.join(r, f), "rb").read()
-            for r, _, fs in os.walk(path) for f in fs}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +105,7 @@ def test_disk_full_is_one_line_and_leaves_the_previous_outputs(previous, tmp_pat
         pytest.skip("plot needs matplotlib")
     d = tmp_path / "w"
     shutil.copytree(previous, d)
-    before = {name: _tree(d / name) for name in kept}
+    before = {name: tree(d / name) for name in kept}
     listing = sorted(os.listdir(d))
     p = subprocess.run([sys.executable, "-c", LIMITED, target, *argv], cwd=d, env=ENV, capture_output=True,
                        text=True, timeout=120)
@@ -121,7 +116,7 @@ def test_disk_full_is_one_line_and_leaves_the_previous_outputs(previous, tmp_pat
     assert not any("error" in ln for ln in lines[:-1]), p.stderr
     assert sorted(os.listdir(d)) == listing  # no temporary, no lock file, nothing partial
     for name in kept:
-        assert _tree(d / name) == before[name], name
+        assert tree(d / name) == before[name], name
 
 
 def test_disk_full_from_the_start(previous, tmp_path):
@@ -129,7 +124,7 @@ def test_disk_full_from_the_start(previous, tmp_path):
     fails; the same line."""
     d = tmp_path / "w"
     shutil.copytree(previous, d)
-    before, listing = _tree(d / "g.zarr"), sorted(os.listdir(d))
+    before, listing = tree(d / "g.zarr"), sorted(os.listdir(d))
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
@@ -139,4 +134,4 @@ def test_disk_full_from_the_start(previous, tmp_path):
                        text=True, timeout=120, preexec_fn=limit)
     assert p.returncode == 1, p.stderr
     assert p.stderr.strip() == "daskmeans: error: cannot write g.zarr: File too large", p.stderr
-    assert sorted(os.listdir(d)) == listing and _tree(d / "g.zarr") == before
+    assert sorted(os.listdir(d)) == listing and tree(d / "g.zarr") == before

@@ -24,6 +24,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from faultkit import tree
 
 from daskmeans.cli import main
 from daskmeans.errors import OutputError
@@ -37,13 +38,6 @@ def _leftovers(d) -> list[str]:
     return sorted(n for n in os.listdir(d) if any(s in n for s in LEFTOVERS))
 
 
-def _tree(path) -> dict:
-    """Every file under ``path`` (or the file itself) with its bytes."""
-    path = str(path)
-    if os.path.isfile(path):
-        return {"": open(path, "rb").read()}
-    return {os.path.relpath(os.path.join(r, f), path): open(os.path.join(r, f), "rb").read()
-            for r, _, fs in os.walk(path) for f in fs}
 
 
 @pytest.fixture()
@@ -320,14 +314,14 @@ def test_overwrite_on_a_foreign_path_is_refused_and_its_files_intact(outputs, ca
     _victims(d)
     if victim == "m3.zarr":  # a daskmeans output of another kind
         shutil.copytree(d / "model.zarr", d / "m3.zarr", dirs_exist_ok=True)
-    before = _tree(d / victim)
+    before = tree(d / victim)
     listing = sorted(os.listdir(d))
     rc = main([a.format(d=d) for a in argv])
     err = capsys.readouterr().err
     assert rc == 1, err
     assert err.strip() == (f"daskmeans: error: {d / victim} is not a daskmeans {noun} ({what}): --overwrite replaces "
                            f"only a daskmeans {noun}"), err
-    assert _tree(d / victim) == before
+    assert tree(d / victim) == before
     assert sorted(os.listdir(d)) == listing
 
 
@@ -336,13 +330,13 @@ def test_a_checkpoint_path_holding_a_user_directory_is_refused(outputs, capsys):
     checkpoint."""
     d = outputs
     _victims(d)
-    before = _tree(d / "victim")
+    before = tree(d / "victim")
     rc = main(["fit", str(d / "x.npy"), "--k", "2", "-o", str(d / "m4.zarr"), "--checkpoint", str(d / "victim")])
     err = capsys.readouterr().err
     assert rc == 1, err
     assert err.strip() == (f"daskmeans: error: {d / 'victim'} is not a daskmeans checkpoint ({DIRECTORY}): "
                            "--checkpoint replaces only a daskmeans checkpoint"), err
-    assert _tree(d / "victim") == before and not (d / "m4.zarr").exists()
+    assert tree(d / "victim") == before and not (d / "m4.zarr").exists()
 
 
 def test_save_over_a_user_directory_is_refused(tmp_path):
