@@ -558,14 +558,13 @@ def cancel_reason(futs: list) -> str:
 
 def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: Sequence, name: str, **kwargs) -> list:
     """Submit ``fn(shard, *extra)`` once per shard on the shard's worker, with BLAS's threads
-    capped to the worker's (:func:`worker_blas_threads`); returns futures."""
+    capped to the worker's (:class:`blas_capped`); returns futures."""
     futs = []
     for i, (shard, w) in enumerate(zip(placement.shards, placement.workers)):
         extra = [a[i] for a in args_per_shard]
         futs.append(
             client.submit(
-                capped_call,
-                fn,
+                blas_capped(fn),
                 shard,
                 *extra,
                 # Pinned: a shard never moves (moving it would copy its data, and the step's
@@ -631,15 +630,9 @@ def worker_blas_threads() -> Iterator[None]:
                 limiter.restore_original_limits()
 
 
-def capped_call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` under :func:`worker_blas_threads` (an engine task's body)."""
-    with worker_blas_threads():
-        return fn(*args, **kwargs)
-
-
 class blas_capped:
-    """``fn`` run under :func:`worker_blas_threads`: a picklable callable for tasks submitted
-    or mapped outside :func:`submit_per_shard` (``map_blocks`` names its tasks after ``fn``)."""
+    """``fn`` run under :func:`worker_blas_threads`: the picklable body of every engine task
+    (submitted, or mapped: ``map_blocks`` names its tasks after ``fn``)."""
 
     def __init__(self, fn: Callable):
         self.fn = fn

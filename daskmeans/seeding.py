@@ -18,7 +18,7 @@ from distributed import Client
 from . import config
 from .backends import get_backend
 from .backends.grid import Grid, float_sums
-from .placement import Placement, Shard, capped_call, submit_per_shard
+from .placement import Placement, Shard, blas_capped, submit_per_shard
 from .reduction import tree_reduce
 
 
@@ -363,7 +363,7 @@ def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int
     # A small seeding runs on the host: on a GPU its K dependent steps cost more in kernel
     # loads, the BLAS handle and synchronisations than the arithmetic (2-D blobs, K = 5: ~0.15 s).
     small = k * _trials(k) * m * placement.n_features <= _HOST_KMEANSPP_FLOPS
-    fut = client.submit(capped_call, _seed_sample, _row_parts(client, placement, rows), rows, k, s2,
+    fut = client.submit(blas_capped(_seed_sample), _row_parts(client, placement, rows), rows, k, s2,
                         "numpy" if small else placement.backend, pure=False,
                         key=f"daskmeans-kmeans++-{uuid.uuid4().hex}")
     return _result(client, placement, fut)
@@ -429,7 +429,7 @@ def init_kmeans_parallel(
         # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
         return init_kmeans_plusplus(client, placement, k, seed)
     fut = client.submit(
-        capped_call, _recluster, rounds_drawn, placement.dtype, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
+        blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
         pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
     )
     return _result(client, placement, fut)

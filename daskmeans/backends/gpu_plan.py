@@ -189,7 +189,7 @@ def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsiz
     GEMM reads the data itself) each within ``tile_bytes``; at least ``min_rows`` where that
     stays within ``max_bytes`` (wide K: the selection, a warp per row, needs rows enough to fill
     the GPU; :func:`fill_rows`); at least 32, at most ``n``."""
-    row_bytes = max(1, kpad * out_itemsize, prep_cols * prep_itemsize)
+    row_bytes = _row_bytes(kpad, out_itemsize, prep_cols, prep_itemsize)
     rows = max(tile_bytes // row_bytes, min(min_rows, max_bytes // row_bytes))
     return int(max(32, min(n, rows)))
 
@@ -206,7 +206,12 @@ def tile_bytes(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsi
                max_bytes: int, sm_count: int) -> int:
     """Bytes of one GEMM tile's distances (as :func:`tile_rows` sizes it): for the memory plan."""
     rows = tile_rows(n, kpad, out_itemsize, prep_cols, prep_itemsize, tile_bytes, fill_rows(sm_count), max_bytes)
-    return rows * max(kpad * out_itemsize, prep_cols * prep_itemsize)
+    return rows * _row_bytes(kpad, out_itemsize, prep_cols, prep_itemsize)
+
+
+def _row_bytes(kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int) -> int:
+    """A tile row's bytes: its distances, or its rounded inputs where they are larger."""
+    return max(1, kpad * out_itemsize, prep_cols * prep_itemsize)
 
 
 def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, precision: str,

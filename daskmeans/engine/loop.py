@@ -50,7 +50,7 @@ from .. import config
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
-from ..placement import Placement, Shard, WorkerLost, capped_call, submit_per_shard, watch
+from ..placement import Placement, Shard, WorkerLost, blas_capped, submit_per_shard, watch
 from . import collective as coll
 
 
@@ -579,7 +579,7 @@ def _final_states(client: Client, placement: Placement, centroids: np.ndarray, p
     it is gone (made again from the data there: labels never wait for a lost worker)."""
     c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
     return [
-        client.submit(capped_call, _final_labels, shard, c, precision, workers=[w], allow_other_workers=True,
+        client.submit(blas_capped(_final_labels), shard, c, precision, workers=[w], allow_other_workers=True,
                       pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
         for shard, w in zip(placement.shards, placement.workers)
     ]

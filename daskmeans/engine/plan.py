@@ -74,7 +74,9 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
         if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
             free = min(free + pool.free_bytes(), limit - pool.used_bytes())
         device = int(free) if device_memory_limit is None else int(device_memory_limit)
-        sm_count = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["multiProcessorCount"]
+        from ..backends.gpu_device import sm_count as sms
+
+        sm_count = sms(cupy.cuda.runtime.getDevice())
     return {"host": int(host), "device": device, "flops": _gemm_rate() if device is None else GPU_NOMINAL_FLOPS,
             "sm_count": int(sm_count) if device is not None else 0}
 
