@@ -34,7 +34,8 @@ from ..errors import DataError
 from .grid import Grid
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
-           "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles"]
+           "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
+           "on_host", "working_bytes"]
 
 
 def __getattr__(attr: str) -> Any:
@@ -46,6 +47,7 @@ def __getattr__(attr: str) -> Any:
 
 
 name = "cupy"
+on_host = False
 
 
 def asarray(block: Any, dtype: Any = None) -> Any:
@@ -146,6 +148,17 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,
     if small is not None:
         return Prepared(c, c64, precision, small)  # c64: contiguous, as c
     return gpu_gemm.prepare(c, c64, precision, _layout)
+
+
+def working_bytes(k: int, d: int, rows: int, sm_count: int = 0) -> int:
+    """Two GEMM tiles (one GEMM overlaps the previous tile's selection) where K x D takes the
+    GEMM regime, sized as :func:`.gpu_gemm.tile_rows` sizes them; none in the fused regime."""
+    if not uses_tiles(k, d):
+        return 0
+    from .. import config
+
+    return 2 * gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, config.get_bytes("gpu-tile-bytes"),
+                                   config.get_bytes("gpu-tile-bytes-max"), sm_count)
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:

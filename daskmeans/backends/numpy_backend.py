@@ -25,6 +25,7 @@ from .grid import Grid
 
 name = "numpy"
 xp = numpy
+on_host = True
 
 
 def asarray(block: Any, dtype: Any = None) -> numpy.ndarray:
@@ -74,6 +75,11 @@ def wait(mark: float) -> None:
 
 def elapsed(start: float, end: float) -> float:
     return end - start
+
+
+def working_bytes(k: int, d: int, rows: int, sm_count: int = 0) -> int:
+    """One tile of rows and their K distances (float64 at most), within ``tile-bytes``."""
+    return min(config.get_bytes("tile-bytes"), rows * (k + d) * 8)
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> None:

@@ -16,7 +16,9 @@ from .grid import Grid
 class Backend(Protocol):
     """Pure kernels on one in-memory block (no Dask, no I/O)."""
 
-    name: str  # "numpy" or "cupy"
+    name: str  # the registry's key ("numpy" or "cupy"): for messages, never compared
+    # Capabilities: what the engine asks instead of a backend's name.
+    on_host: bool  # buffers are host NumPy memory (no device budget, no device collective)
 
     @property
     def xp(self) -> Any:
@@ -58,6 +60,11 @@ class Backend(Protocol):
         """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
         the next while the current one's kernels run); each valid until the next is asked for."""
 
+    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0) -> int:
+        """Bytes the kernels allocate for themselves while they assign blocks of up to
+        ``rows`` rows of ``d`` features to ``k`` centroids (distance tiles), on a device of
+        ``sm_count`` multiprocessors (0: unknown): for the memory plan, on the client."""
+
     def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
         """Start, in the background, whatever the kernels of a fit of K x d (blocks of
         ``rows`` rows of ``dtype``) need before their first call (a GPU compiles them); returns
@@ -96,5 +103,10 @@ class Backend(Protocol):
 
 
 def members() -> Iterable[str]:
-    """The names a backend module must define."""
+    """The names a backend module must define (:func:`capabilities` and ``name`` last)."""
     return sorted(n for n in vars(Backend) if not n.startswith("_")) + ["name"]
+
+
+def capabilities() -> dict[str, type]:
+    """The capability attributes a backend module must define, with their types."""
+    return {"on_host": bool}

@@ -423,7 +423,9 @@ def choose_collective(client: Client, placement: Placement, requested: str = "au
         return "single"
     if requested == "dask":
         return "dask"
-    gpu = placement.backend == "cupy"
+    from ..backends import get_backend
+
+    gpu = not get_backend(placement.backend).on_host
     nccl_ok = gpu and all(client.run(coll.nccl_available, workers=list(placement.workers)).values())
     # NCCL needs a GPU of its own per rank: workers sharing one (two processes on one GPU) add
     # their sums through Dask's comms instead (NCCL would refuse them: invalid usage).

@@ -122,21 +122,12 @@ def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
                   sm_count: int = 0) -> int:
     """What one worker's loop needs besides its data: K x D float64 centroids (current,
     previous, new), the iteration buffer (one int64 per sum, sent and received), a chunk's
-    sums and the update's temporaries, the kernels' tiles (on a GPU of ``sm_count`` SMs: wide
-    K grows them, :func:`daskmeans.backends.gpu_plan.tile_rows`), two chunks in flight and the
-    labels."""
+    sums and the update's temporaries, the kernels' own buffers (the backend's
+    ``working_bytes`` for a chunk's rows on a device of ``sm_count`` SMs), two chunks in
+    flight and the labels."""
     model = k * d * 8 * (3 + 2 + 2) + n_chunks * 8
-    # Distance tiles (rows x K float32/64), at most a chunk's rows: two on a GPU (one GEMM
-    # overlaps the previous tile's selection) where K x D takes the GEMM regime, one on a CPU.
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
-    if backend == "cupy":
-        gemm = get_backend("cupy").uses_tiles(k, d)
-        from ..backends.gpu_plan import tile_bytes
-
-        tiles = 2 * tile_bytes(chunk_rows, -(-k // 4) * 4, 4, 0, 4, config.get_bytes("gpu-tile-bytes"),
-                               config.get_bytes("gpu-tile-bytes-max"), sm_count) if gemm else 0
-    else:
-        tiles = min(config.get_bytes("tile-bytes"), chunk_rows * (k + d) * 8)
+    tiles = get_backend(backend).working_bytes(k, d, chunk_rows, sm_count)
     # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
     return int(model + tiles + 2 * chunk_bytes + rows_per_worker * 4 * 3)
 
@@ -171,7 +162,7 @@ def plan(
     """
     if tier not in TIERS:
         raise DaskmeansError(f"tier={tier!r} should be one of {', '.join(map(repr, TIERS))}")
-    gpu = backend == "cupy"
+    gpu = not get_backend(backend).on_host
     if tier == "device" and not gpu:
         raise DaskmeansError("tier='device' needs GPU workers; CPU workers hold data in the 'host' tier")
     mem = _bytes(memory_limit, "memory-limit")
