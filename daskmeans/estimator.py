@@ -25,11 +25,12 @@ from .io.readers import read, read_weights
 from .metric import METRICS, get_metric, inertia_scale
 from .placement import TIERS, blas_capped, to_backend
 from .progress import Progress
+from .seeding import REGISTRY as INITS
 from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
                          check_n_features, seed_of, validate_params)
 
-INIT_NAMES = ("k-means||", "k-means++", "random")
+INIT_NAMES = INITS.keys()  # the registered inits' names (a live view)
 
 
 class KMeans:

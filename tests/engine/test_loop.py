@@ -288,7 +288,7 @@ def test_worker_killed_during_init_is_recovered_bitwise(data, init, monkeypatch)
     """The init's tasks run on the shards, pinned to their workers: a worker killed while
     they run is seen, the data placed again on the workers left, and the init started over
     with the same seed, giving the undisturbed run's model bit for bit."""
-    import daskmeans.seeding as init_module
+    import daskmeans.seeding.rows as init_module
 
     X = da.from_array(data, chunks=(500, -1))
     with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:

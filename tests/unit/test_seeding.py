@@ -9,7 +9,8 @@ import pytest
 
 from daskmeans.backends import numpy_backend
 from daskmeans.placement import Shard
-from daskmeans.seeding import _cand_weights, _par_update, seed_batched
+from daskmeans.seeding.kernels import seed_batched
+from daskmeans.seeding.kmeans_parallel import _cand_weights, _par_update
 
 
 def _shard(X: np.ndarray, cuts: list[int], w: np.ndarray | None = None) -> Shard:
@@ -99,9 +100,63 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
 
 
 def test_rows_gathered_from_the_shards_come_in_the_order_asked():
-    from daskmeans.seeding import _gather_rows
+    from daskmeans.seeding.rows import gather_rows
 
     parts = [(np.array([7, 9]), np.array([[7.0], [9.0]])), (np.array([], np.int64), np.empty((0, 1))),
              (np.array([1, 3, 4]), np.array([[1.0], [3.0], [4.0]]))]
     rows = np.array([9, 1, 4, 7, 3, 9])
-    np.testing.assert_array_equal(_gather_rows(parts, rows)[:, 0], rows.astype(float))
+    np.testing.assert_array_equal(gather_rows(parts, rows)[:, 0], rows.astype(float))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def init_first_rows(client, placement, k, seed, **options):
+    """A test init: the first k rows (registered by the tests below)."""
+    from daskmeans.seeding.rows import take_rows
+
+    return take_rows(client, placement, np.arange(k))
+
+
+@pytest.fixture
+def first_rows(monkeypatch):
+    from daskmeans import seeding
+
+    monkeypatch.setitem(seeding.REGISTRY, "first-rows", seeding.Init("first-rows", __name__, "init_first_rows",
+                                                                      "the first K rows"))
+    return "first-rows"
+
+
+def test_a_registered_init_is_what_the_fit_runs(first_rows, client):
+    """One registry entry makes an init: the estimator accepts its name and the fit starts
+    from its centroids, bit for bit the fit from the same rows given as an array."""
+    from daskmeans import KMeans
+
+    X = np.random.default_rng(4).standard_normal((600, 3))
+    km = KMeans(4, init=first_rows, max_iter=5, tol=0, client=client).fit(X)
+    ref = KMeans(4, init=X[:4], max_iter=5, tol=0, client=client).fit(X)
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    assert km.n_iter_ == ref.n_iter_ == 5
+
+
+def test_unknown_init_names_the_registered_ones():
+    from daskmeans.seeding import get_init
+
+    with pytest.raises(ValueError, match=r"^init='k-medoids' should be one of 'k-means\|\|', 'k-means\+\+', 'random'$"):
+        get_init("k-medoids")
+
+
+def test_every_registered_init_loads_and_the_registry_loads_nothing_heavy():
+    import subprocess
+    import sys
+
+    from daskmeans import seeding
+
+    assert seeding.names()[0] == seeding.DEFAULT == "k-means||"
+    for entry in seeding.REGISTRY.values():
+        assert callable(entry.load()) and entry.summary
+    code = ("import sys, daskmeans.seeding as s\n"
+            "assert s.names()\n"
+            "print(sorted(m for m in ('numpy', 'dask', 'distributed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

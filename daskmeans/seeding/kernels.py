@@ -1,0 +1,159 @@
+"""Seeding kernels on one in-memory array (NumPy or CuPy, through its backend): greedy
+k-means++, k-means++ in batches, and weighted Lloyd iterations. No Dask: the inits' tasks call
+them on a worker."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_backend
+from ..backends.grid import Grid, float_sums
+
+
+def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None) -> Any:
+    """Greedy k-means++ (Arthur & Vassilvitskii 2007, with scikit-learn's local trials).
+
+    Parameters
+    ----------
+    X : array, shape (n, d), NumPy or CuPy
+    k : int, number of centres (<= n)
+    seed : int or SeedSequence
+    sample_weight : array, shape (n,), optional
+
+    Returns
+    -------
+    centers : array, shape (k, d), float64, same library as ``X``
+    """
+    be = get_backend(X)
+    xp = be.xp
+    rng = np.random.default_rng(seed)
+    x = xp.asarray(X, dtype=xp.float64)
+    n = x.shape[0]
+    w = xp.ones(n, xp.float64) if sample_weight is None else xp.asarray(sample_weight, dtype=xp.float64)
+    xsq = (x * x).sum(axis=1)
+    trials = local_trials(k)
+
+    def sqdist(rows):  # (t, n) squared distances from x[rows] to every row
+        c = x[rows]
+        d = (c * c).sum(axis=1)[:, None] - 2 * (c @ x.T) + xsq[None, :]
+        return xp.maximum(d, 0.0)
+
+    wh = be.to_numpy(w)
+    first = int(rng.choice(n, p=wh / wh.sum()))
+    ids = [first]
+    closest = sqdist(xp.asarray([first]))[0]
+    pot = float(closest @ w)
+    for _ in range(1, k):
+        cum = xp.cumsum(w * closest)
+        r = xp.asarray(rng.uniform(size=trials) * pot)
+        cand = xp.minimum(xp.searchsorted(cum, r), n - 1)
+        dist = xp.minimum(closest[None, :], sqdist(cand))
+        pots = dist @ w
+        best = int(xp.argmin(pots))
+        pot = float(pots[best])
+        closest = dist[best]
+        ids.append(int(cand[best]))
+    return x[xp.asarray(ids)]
+
+
+def local_trials(k: int) -> int:
+    """Draws per centre in k-means++ (scikit-learn's ``2 + log(k)``)."""
+    return 2 + int(math.log(k)) if k > 1 else 1
+
+
+def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+    """``m`` rows drawn with probability proportional to ``p`` without replacement
+    (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
+    of probability 0 only when no other row is left. Sorted row indices."""
+    live = np.flatnonzero((p > 0) & ~exclude)
+    if len(live) >= m:
+        key = np.log(u[live]) / p[live]
+        return np.sort(live[np.argpartition(-key, m - 1)[:m]])
+    rest = np.flatnonzero((p <= 0) & ~exclude)
+    return np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: m - len(live)]]]))
+
+
+def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
+                 precision: str = "fp32", batches: int = 128, trials: int | None = None) -> Any:
+    """k-means++ seeding with local trials, in batches: k rows of X.
+
+    Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
+    probability proportional to ``w * d^2`` (the squared distance to the nearest centre so
+    far) and keeps the one that lowers the potential most; k steps depend on each other (40,000
+    at K = 40,000). Here a batch of ``b`` centres draws ``trials * b`` rows without
+    replacement, assigns every row of X to its nearest drawn row, credits each drawn row with
+    the potential its own rows would lose (``w * (d^2 - distance^2)`` where positive), and keeps
+    the ``b`` best. Two draws from one uncovered region split its rows and so its credit,
+    which makes a draw alone in another region win, as greedy steps would. Batches grow 1, 1,
+    2, 4, ... up to ``ceil(k / batches)``; each costs one distance pass of X against its draws
+    and one against its picks.
+
+    Parameters
+    ----------
+    X : array, shape (n, d), NumPy or CuPy, n >= k
+    k : int
+    seed : int or SeedSequence
+    sample_weight : array, shape (n,), optional
+    precision : GEMM precision of the distance passes (labels and distances are exact in all)
+    batches : int, the number of batches of the largest size
+    trials : int, draws per centre (default ``2 + log(k)``, as scikit-learn)
+
+    Returns
+    -------
+    centers : array, shape (k, d), X's dtype and library
+    """
+    be = get_backend(X)
+    xp = be.xp
+    rng = np.random.default_rng(seed)
+    n = X.shape[0]
+    if not 0 < k <= n:
+        raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
+    trials = local_trials(k) if trials is None else int(trials)
+    w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
+    d2 = None
+    chosen = np.zeros(n, bool)
+    picks = []
+    total, cap = 0, max(1, -(-k // batches))
+    while total < k:
+        b = min(max(total, 1), cap, k - total)
+        u = 1.0 - rng.random(n)  # in (0, 1]: log(u) is finite
+        if d2 is None:  # the first centre: a row drawn by weight
+            pick = _draw(w, b, u, chosen)
+        else:
+            p = w * d2
+            draws = _draw(p, min(trials * b, n - total), u, chosen)
+            if len(draws) <= b:
+                pick = draws
+            else:
+                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(draws)], X.dtype, precision))
+                gain = np.bincount(be.to_numpy(lab), weights=w * np.maximum(d2 - be.to_numpy(dn), 0.0),
+                                   minlength=len(draws))
+                pick = np.sort(draws[np.argsort(-gain, kind="stable")[:b]])
+        chosen[pick] = True
+        picks.append(pick)
+        total += b
+        if total < k:
+            dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
+            d2 = dn if d2 is None else np.minimum(d2, dn)
+    return X[xp.asarray(np.concatenate(picks))]
+
+
+def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int, precision: str = "fp32") -> Any:
+    """A few weighted Lloyd iterations on a small in-memory set (the k-means|| recluster):
+    float64 centres ``(k, d)`` from ``centers``; stops early once they no longer move."""
+    be = get_backend(X)
+    xp = be.xp
+    c = xp.asarray(centers, dtype=xp.float64)
+    grid = Grid.for_block(X, sample_weight)
+    for _ in range(n_iter):
+        out = be.assign(X, be.prepare(c, X.dtype, precision), sample_weight, grid=grid)
+        sums, weights = float_sums(out)
+        nonempty = out["counts"] > 0
+        new = xp.where(nonempty[:, None], sums / xp.where(nonempty, weights, 1.0)[:, None], c)
+        if bool((new == c).all()):
+            break
+        c = new
+    return c

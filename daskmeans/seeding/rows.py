@@ -1,0 +1,69 @@
+"""What every init needs from the placed data: rows by global index, gathered from the
+shards that hold them, and per-row random draws that do not depend on the chunking.
+
+The inits submit their tasks on the shards through :data:`submit_per_shard` here (one place
+to watch them: the fault tests kill a worker as the first of them starts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from ..placement import Placement, Shard, gather, submit_per_shard
+
+
+def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host copies of the global ``rows`` (sorted) that fall in this shard."""
+    be = shard.be
+    idx, data = [], []
+    for _, off, block, _ in shard.items():
+        sel = rows[(rows >= off) & (rows < off + block.shape[0])]
+        if len(sel):
+            idx.append(sel)
+            data.append(be.to_numpy(block[be.xp.asarray(sel - off)]))
+    if not idx:
+        return np.empty(0, np.int64), np.empty((0, shard.n_features))
+    return np.concatenate(idx), np.concatenate(data).astype(np.float64)
+
+
+def gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
+    """The rows ``rows`` ``(m, d)``, in that order, from the shards' parts ``(indices, data)``."""
+    idx = np.concatenate([p[0] for p in parts])
+    data = np.concatenate([p[1] for p in parts])
+    pos = np.argsort(idx, kind="stable")  # every row once: where each of ``rows`` sits in ``data``
+    return data[pos[np.searchsorted(idx[pos], rows)]]
+
+
+def row_parts(client: Client, placement: Placement, rows: np.ndarray) -> list:
+    """Futures of each shard's share of ``rows`` (:func:`_take_rows`), for :func:`gather_rows`."""
+    uniq = rows if bool(np.all(rows[1:] > rows[:-1])) else np.unique(rows)
+    return submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
+
+
+def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
+    parts = row_parts(client, placement, rows)
+    return result(client, placement, client.submit(gather_rows, parts, rows, pure=False))
+
+
+def row_uniforms(seed: int, stream: int, start: int, n: int) -> np.ndarray:
+    """Uniform draws in [0, 1) for the global rows ``start .. start + n - 1`` of a stream.
+
+    A row's draw depends on the row alone, not on the chunk or worker holding it, so a seed
+    samples the same rows for any chunking and worker count: a counter-based generator
+    (Philox) jumped to the row. (``phi``, a float sum whose rounding depends on the chunking,
+    can only change a row whose draw lies within an ulp of its probability.)
+    """
+    bg = np.random.Philox(key=np.array([seed, stream], dtype=np.uint64))
+    q, r = divmod(int(start), 4)  # a Philox counter step gives 4 draws
+    bg.advance(q)
+    return np.random.Generator(bg).random(n + r)[r:]
+
+
+def result(client: Client, placement: Placement, fut: Any) -> Any:
+    """``fut``'s result; :class:`~daskmeans.placement.WorkerLost` if a shard's worker goes
+    meanwhile (the caller places the data again and starts the init over)."""
+    return gather(client, [fut], placement)[0]
