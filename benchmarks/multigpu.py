@@ -77,7 +77,8 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
     from distributed import Client
 
     from daskmeans.backends.grid import Grid
-    from daskmeans.engine.loop import choose_collective, run_lloyd
+    from daskmeans.engine.collective import choose_collective
+    from daskmeans.engine.loop import run_lloyd
     from daskmeans.engine.moments import data_moments
     from daskmeans.placement import place
 

@@ -3,8 +3,10 @@
 - the kernels' per-cluster sums are fixed-point integers (:mod:`daskmeans.backends.grid`)
   whose sum does not depend on the order of addition, so a result is bitwise the same for any
   chunking, number of workers and chunk-to-worker placement;
-- :mod:`.collective` combines equal-sized integer buffers across the workers of a fit (NCCL
-  between GPU workers, Dask's own comms between any workers, nothing for one worker);
+- :mod:`.collective` is the registry of the collectives that combine equal-sized integer
+  buffers across the workers of a fit (:mod:`.nccl_collective` between GPU workers,
+  :mod:`.dask_collective` between any workers, nothing for one worker), over the mailbox and
+  protocol they share (:mod:`.mailbox`);
 - :mod:`.loop` is the one Lloyd loop: one long task per worker runs segments of iterations
   over its local rows, the workers combining their partials through a collective every
   iteration; the client sees a segment's statistics, shows progress, and re-plans when a

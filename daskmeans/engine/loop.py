@@ -415,47 +415,10 @@ class LloydResult:
     sizes: np.ndarray  # (K,) int64: rows per cluster under the final centroids
 
 
-def choose_collective(client: Client, placement: Placement, requested: str = "auto") -> str:
-    """``single``, ``nccl`` or ``dask`` for a placement and a requested kind (COLLECTIVES)."""
-    if requested not in coll.COLLECTIVES:
-        raise DaskmeansError(f"collective={requested!r} should be one of {', '.join(map(repr, coll.COLLECTIVES))}")
-    if len(placement.workers) == 1:
-        return "single"
-    if requested == "dask":
-        return "dask"
-    from ..backends import get_backend
-
-    gpu = not get_backend(placement.backend).on_host
-    nccl_ok = gpu and all(client.run(coll.nccl_available, workers=list(placement.workers)).values())
-    # NCCL needs a GPU of its own per rank: workers sharing one (two processes on one GPU) add
-    # their sums through Dask's comms instead (NCCL would refuse them: invalid usage).
-    devices = list(client.run(_gpu_device, workers=list(placement.workers)).values()) if nccl_ok else []
-    shared = len(set(devices)) < len(devices)
-    if requested == "nccl" and (not nccl_ok or shared):
-        raise DaskmeansError(
-            "collective='nccl' needs GPU workers whose CuPy has NCCL (cupy.cuda.nccl.available), each on a GPU "
-            f"of its own; backend is {placement.backend}" + (", and workers share a GPU" if shared else "")
-        )
-    return "nccl" if nccl_ok and not shared else "dask"
-
-
-def _gpu_device() -> tuple:
-    """This worker's GPU: its host and PCI bus id (the same for workers sharing a GPU)."""
-    import socket
-
-    import cupy
-
-    return socket.gethostname(), cupy.cuda.Device().pci_bus_id
-
-
-def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, kind: str) -> coll.CollectiveSpec:
-    nccl_id = None
-    if kind == "nccl":
-        nccl_id = client.submit(coll.nccl_unique_id, workers=[placement.workers[0]], pure=False).result()
-    return coll.CollectiveSpec(
-        fit_id, epoch, tuple(placement.workers), kind, nccl_id, float(config.get_seconds("collective-timeout")),
-        bool(config.get("collective-shared-memory")),
-    )
+def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, requested: str) -> coll.CollectiveSpec:
+    kind = coll.choose_collective(client, placement, requested)
+    return coll.make_spec(client, placement, fit_id, epoch, kind, config.get_seconds("collective-timeout"),
+                          bool(config.get("collective-shared-memory")))
 
 
 def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
@@ -534,7 +497,7 @@ def run_lloyd(
                 workers_seen |= new
             # The buffer's layout (one inertia slot per chunk) follows the placement it runs on.
             fit = dataclasses.replace(fit, n_chunks=len(placement.row_chunks), n_samples=placement.n_samples)
-            spec = _spec(client, placement, fit_id, epoch, choose_collective(client, placement, collective))
+            spec = _spec(client, placement, fit_id, epoch, collective)
             try:
                 results = _segments(client, placement, spec, fit, start, history, callback, saver)
                 break

@@ -1,7 +1,8 @@
-"""The Dask collective (engine.collective.DaskCollective) on real worker processes: exact sums
-for any length and piece size (slices of unequal length, empty ones, several pieces), through
-the comms and through shared memory, calls that never mix, and waits that end when the client
-aborts the fit."""
+"""Collectives: the registry (names, the choice for a placement, the protocol every kind
+satisfies, the client's abort interrupting an open collective), and the Dask collective
+(engine.dask_collective) on real worker processes: exact sums for any length and piece size
+(slices of unequal length, empty ones, several pieces), through the comms and through shared
+memory, calls that never mix, and waits that end when the client aborts the fit."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import pytest
 
 from daskmeans.engine import collective as coll
 from daskmeans.engine import shm
+from daskmeans.engine.dask_collective import _close_segments
+from daskmeans.engine.mailbox import Collective
+from daskmeans.errors import DaskmeansError
+from daskmeans.placement import Placement
 
 
 def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:
@@ -145,6 +150,105 @@ def test_closing_segments_unmaps_all_of_them_when_an_unlock_fails(tmp_path):
         return f
 
     with pytest.raises(RuntimeError, match="unlock 0 failed"):
-        coll._close_segments((10, segs[:1], {1: segs[1:]}, [unlock(0, True), unlock(1, True), unlock(2, False)]))
+        _close_segments((10, segs[:1], {1: segs[1:]}, [unlock(0, True), unlock(1, True), unlock(2, False)]))
     assert called == [0, 1, 2]
     assert all(seg.array is None for seg in segs)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _placement(n_workers: int, backend: str = "numpy") -> Placement:
+    return Placement([None] * n_workers, [f"tcp://w{i}" for i in range(n_workers)],
+                     [(i,) for i in range(n_workers)], (10,) * n_workers, 2, np.dtype(np.float64), backend)
+
+
+def test_the_choices_are_the_registry_names_after_auto():
+    assert coll.COLLECTIVES == ("auto", *coll.REGISTRY) == ("auto", "nccl", "dask")
+
+
+@pytest.mark.parametrize("cls", [coll.SingleRank, coll.DaskCollective, coll.NcclCollective])
+def test_every_collective_has_the_protocol_members(cls):
+    for member in ("allreduce", "wait", "interrupt", "close"):
+        assert callable(getattr(cls, member)), member
+    assert {"allreduce", "wait", "interrupt", "close"} <= {n for n in vars(Collective) if not n.startswith("_")}
+
+
+def test_choice_for_cpu_workers():
+    # No worker is asked anything: host backends never take NCCL.
+    assert coll.choose_collective(None, _placement(1), "nccl") == "single"
+    assert coll.choose_collective(None, _placement(2), "auto") == "dask"
+    assert coll.choose_collective(None, _placement(2), "dask") == "dask"
+    with pytest.raises(DaskmeansError, match=r"^collective='nccl' cannot combine this fit's sums: NCCL needs GPU "
+                                             r"workers; backend is numpy$"):
+        coll.choose_collective(None, _placement(2), "nccl")
+    with pytest.raises(DaskmeansError, match=r"^collective='mpi' should be one of 'auto', 'nccl', 'dask'$"):
+        coll.choose_collective(None, _placement(2), "mpi")
+
+
+def test_a_spec_of_an_unknown_kind_is_refused_on_the_worker(client):
+    spec = coll.CollectiveSpec("t-unknown", 0, ("a",), "mpi")
+    w = sorted(client.nthreads())[0]
+    with pytest.raises(ValueError, match=r"^collective kind='mpi' should be one of 'single', 'nccl', 'dask'$"):
+        client.submit(_open_on_worker, spec, workers=[w], pure=False).result()
+
+
+def _open_on_worker(spec):
+    from distributed import get_worker
+
+    return coll.open_collective(spec, 0, get_worker())
+
+
+class _Recorder:
+    """A collective that records which of its protocol's calls it received."""
+
+    rank, size = 0, 1
+
+    def __init__(self, spec, rank, worker):
+        self.calls = []
+
+    def allreduce(self, buf, wait=True):
+        self.calls.append("allreduce")
+        return buf
+
+    def wait(self):
+        self.calls.append("wait")
+
+    def interrupt(self):
+        self.calls.append("interrupt")
+
+    def close(self):
+        self.calls.append("close")
+
+
+def _register_recorder(dask_worker):
+    coll.REGISTRY["recorder"] = coll.Kind(_Recorder)
+
+
+def _unregister_recorder(dask_worker):
+    coll.REGISTRY.pop("recorder", None)
+
+
+def _calls(spec, dask_worker):
+    c = coll.OPEN.get((dask_worker.address, spec.fit_id, spec.epoch))
+    return None if c is None else list(c.calls)
+
+
+def test_a_registered_kind_is_opened_interrupted_by_abort_and_closed_by_release(client):
+    """One registry entry is all a new collective needs; the client's abort reaches its
+    interrupt() (through the protocol), the end of the fit its close()."""
+    w = sorted(client.nthreads())[0]
+    client.run(coll.install_mailbox, workers=[w])
+    client.run(_register_recorder, workers=[w])
+    try:
+        spec = coll.CollectiveSpec("t-recorder", 0, (w,), "recorder")
+        client.submit(_open_on_worker, spec, workers=[w], pure=False).result()
+        assert client.run(_calls, spec, workers=[w])[w] == []
+        client.run(coll.abort, "t-recorder", epoch=1, workers=[w])  # another placement: not this one
+        assert client.run(_calls, spec, workers=[w])[w] == []
+        client.run(coll.abort, "t-recorder", workers=[w])
+        assert client.run(_calls, spec, workers=[w])[w] == ["interrupt"]
+        client.run(coll.release, "t-recorder", workers=[w])
+        assert client.run(_calls, spec, workers=[w])[w] is None  # closed and forgotten
+    finally:
+        client.run(_unregister_recorder, workers=[w])

@@ -69,7 +69,7 @@ def test_nccl_is_chosen_between_gpu_workers():
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    from daskmeans.engine.loop import choose_collective
+    from daskmeans.engine.collective import choose_collective
     from daskmeans.io.readers import read
     from daskmeans.placement import place
 
