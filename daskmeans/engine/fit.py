@@ -34,7 +34,8 @@ from ..metric import get_metric
 from ..placement import Placement, WorkerLost, balance_chunks, place
 from ..seeding import resolve_init
 from ..timing import Phases
-from .loop import Start, run_lloyd, warm_kernels
+from .driver import run_lloyd, warm_kernels
+from .loop import Start
 from .moments import data_moments
 from .plan import iteration_warning, plan
 

@@ -1,8 +1,8 @@
-"""The one Lloyd loop: one long task per worker, a collective every iteration.
+"""The one Lloyd loop, on the workers: one long task per worker, a collective every iteration.
 
-Per segment (a few iterations, about ``daskmeans.segment-seconds`` long)::
+Per segment (a few iterations, about ``daskmeans.segment-seconds`` long; the client's side is
+:mod:`.driver`)::
 
-    client:   submit run_segment once per worker (rank)  ->  wait, watching for lost workers
     rank r:   for each iteration of the segment:
                   for each local chunk: assign + per-cluster partials (backend kernel, pure)
                       buffer += the chunk's sums, int64 on the fit's grid (backends.grid)
@@ -23,11 +23,8 @@ iteration that re-seeds empty clusters). The host then waits for the collective 
 a lost peer), for the statistics, and for the shift. Each rank times its kernels with
 the backend's marks (CUDA events on a GPU); the client keeps the slowest rank's time.
 
-Centroids stay on the workers between segments; only statistics travel to the client, which
-shows progress after each segment. When a worker is lost the client aborts the segment on the
-others (their collectives raise instead of waiting), re-places the data on the workers left,
-and restarts from the centroids every rank had when the segment began: the result is bitwise
-that of an undisturbed run.
+Centroids stay on the workers between segments, in the shard's :class:`LoopState`, with the
+point the current segment began from (:func:`restart_state`: a lost peer's restart point).
 
 Stopping follows scikit-learn's Lloyd: stop when no label changes or when the summed squared
 centroid shift is at most ``tol_abs``; the final E-step then gives labels and inertia under
@@ -36,21 +33,17 @@ the final centroids.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from distributed import Client, get_worker
+from distributed import get_worker
 
-from .. import config
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
-from ..placement import Placement, Shard, WorkerLost, blas_capped, submit_per_shard, watch
+from ..placement import Shard
 from . import collective as coll
 
 
@@ -365,7 +358,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     return result
 
 
-def _restart_state(shard: Shard) -> Start | None:
+def restart_state(shard: Shard) -> Start | None:
     """Where this rank's last whole segment left the run, on the host (None: it never started
     one)."""
     st = getattr(shard, "loop", None)
@@ -376,7 +369,7 @@ def _restart_state(shard: Shard) -> Start | None:
     return Start(it, be.to_numpy(cen), None if prev is None else be.to_numpy(prev), st.history[:n_hist])
 
 
-def _final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
+def final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
     """The labels the final pass left in ``shard``; computed under the final ``centroids``
     (the same labels) where the shard was made again after its worker was lost."""
     final = getattr(shard, "final", None)
@@ -386,238 +379,8 @@ def _final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
     return final
 
 
-def _warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int) -> None:
+def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int) -> None:
+    """On a worker (``client.run``): start compiling the kernels of a fit (returns at once)."""
     from ..backends import get_backend
 
     get_backend(backend).warm(k, d, np.dtype(dtype), precision, rows)
-
-
-def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int) -> None:
-    """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
-    rows) in the background, and return: the compiles overlap the placement and the moments
-    pass instead of delaying the first iteration (an empty kernel cache)."""
-    client.run(_warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
-
-
-# ---------------------------------------------------------------- the client's side
-
-
-@dataclass
-class LloydResult:
-    centroids: np.ndarray  # (K, D) float64
-    inertia: float
-    n_iter: int
-    history: list
-    states: list  # futures of FinalLabels, one per rank
-    converged: bool
-    layout: list  # global chunk ids of each state's chunks
-    row_chunks: tuple  # rows of each global chunk
-    sizes: np.ndarray  # (K,) int64: rows per cluster under the final centroids
-
-
-def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, requested: str) -> coll.CollectiveSpec:
-    kind = coll.choose_collective(client, placement, requested)
-    return coll.make_spec(client, placement, fit_id, epoch, kind, config.get_seconds("collective-timeout"),
-                          bool(config.get("collective-shared-memory")))
-
-
-def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
-    """Results of one segment's tasks; :class:`WorkerLost` when a rank's worker leaves the
-    cluster, or a rank's error: either way the other ranks' collectives are aborted first."""
-
-    def stop(ranks: list) -> None:
-        client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
-
-    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,))
-
-
-def run_lloyd(
-    client: Client,
-    placement: Placement,
-    centroids: np.ndarray,
-    *,
-    max_iter: int,
-    tol_abs: float,
-    grid: Grid,
-    callback: Callable[[dict], None] | None = None,
-    precision: str = "fp32",
-    metric: str = "euclidean",
-    collective: str = "auto",
-    replan: Callable[[], Placement] | None = None,
-    start: Start | None = None,
-    checkpoint: Callable[[Start], None] | None = None,
-    checkpoint_every: int = 0,
-) -> LloydResult:
-    """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    placement : Placement of the data (see :func:`daskmeans.placement.place`)
-    centroids : ndarray, shape (K, D)
-    max_iter : int
-    tol_abs : float
-        Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times
-        the mean feature variance).
-    grid : Grid
-        The fixed-point grid of the per-cluster sums and weights (from the data's largest
-        absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
-    callback : callable(stats dict), optional
-        Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
-        n_empty, rechecked, imbalance`` (largest cluster over the mean), ``kernel_seconds,
-        seconds, gb_per_s`` (data bytes over seconds)), in order, after each segment.
-    precision : {"fp32", "tf32", "bf16"}
-    metric : {"euclidean", "cosine"}
-        With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
-    collective : {"auto", "nccl", "dask"}
-    replan : callable() -> Placement, optional
-        Places the data again on the workers left after one is lost; without it a lost
-        worker is an error.
-    start : Start, optional
-        Resume after ``start.iteration`` iterations (a checkpoint) instead of from ``centroids``.
-    checkpoint : callable(Start), optional
-        Called with the run's restart point at the end of a segment once ``checkpoint_every``
-        iterations have passed since the last call, and when the run is interrupted.
-    """
-    fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
-    fit = FitSpec(
-        int(max_iter), float(tol_abs), metric, precision, grid,
-        len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
-    )
-    history: list[dict] = list(start.history or []) if start is not None else []
-    start = start if start is not None else Start(0, np.asarray(centroids, np.float64))
-    saver = _Checkpointer(client, checkpoint, checkpoint_every, len(history))
-    epoch = 0
-    workers_seen: set[str] = set()
-    try:
-        while True:
-            new = set(placement.workers) - workers_seen
-            if new:
-                client.run(coll.install_mailbox, workers=sorted(new))
-                workers_seen |= new
-            # The buffer's layout (one inertia slot per chunk) follows the placement it runs on.
-            fit = dataclasses.replace(fit, n_chunks=len(placement.row_chunks), n_samples=placement.n_samples)
-            spec = _spec(client, placement, fit_id, epoch, collective)
-            try:
-                results = _segments(client, placement, spec, fit, start, history, callback, saver)
-                break
-            except WorkerLost as lost:
-                if replan is None:
-                    raise DaskmeansError(f"worker(s) {lost.args[0]} left the cluster during the fit") from None
-                start = _restart_point(client, placement, lost.args[0], history) or start
-                if start.history is not None:
-                    # Iterations a segment finished on every rank but never reported.
-                    for stats in start.history[len(history) :]:
-                        history.append(stats)
-                        if callback is not None:
-                            callback(stats)
-                del history[start.iteration :]
-                placement = replan()
-                epoch += 1
-    except BaseException:
-        # Interrupted, or a rank failed: no segment may go on running on the others. With the
-        # scheduler gone there is no one to tell, nor a restart point to fetch (each call
-        # would wait for a reconnection).
-        if client.status == "running":
-            with contextlib.suppress(Exception):
-                client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
-            if saver.wanted:
-                with contextlib.suppress(Exception):  # never mask the interrupt
-                    saver.save(_restart_point(client, placement, [], history))
-        raise
-    finally:
-        if client.status == "running":
-            with contextlib.suppress(Exception):
-                client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
-    res0 = results[0]
-    final = _final_states(client, placement, np.asarray(res0["centroids"]), precision)
-    last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
-    return LloydResult(
-        np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
-        last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
-        np.asarray(res0["sizes"], np.int64),
-    )
-
-
-def _final_states(client: Client, placement: Placement, centroids: np.ndarray, precision: str) -> list:
-    """Futures of each rank's :class:`FinalLabels`, on the rank's worker, or anywhere once
-    it is gone (made again from the data there: labels never wait for a lost worker)."""
-    c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
-    return [
-        client.submit(blas_capped(_final_labels), shard, c, precision, workers=[w], allow_other_workers=True,
-                      pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
-        for shard, w in zip(placement.shards, placement.workers)
-    ]
-
-
-class _Checkpointer:
-    """Calls the checkpoint hook every ``every`` iterations (at segment ends) and on demand."""
-
-    def __init__(self, client: Client, hook: Callable[[Start], None] | None, every: int, done: int):
-        self.client, self.hook, self.every, self.last = client, hook, max(1, int(every or 1)), done
-        self.wanted = hook is not None
-        self.saved: Start | None = None
-
-    def maybe(self, placement: Placement, history: list) -> None:
-        if self.wanted and len(history) - self.last >= self.every:
-            self.save(_restart_point(self.client, placement, [], history))
-
-    def save(self, start: Start | None) -> None:
-        if start is not None and start.iteration > 0:
-            self.hook(start)
-            self.last, self.saved = start.iteration, start
-
-
-_SCATTER_BYTES = 8 << 20  # a restart point larger than this is scattered, not put in the tasks
-
-
-def _segments(client, placement, spec, fit, start, history, callback, saver=None) -> list:
-    """Segments on one placement until the run is done; their statistics go to ``history``."""
-    first: Any = start
-    if start.centroids.nbytes + (0 if start.prev is None else start.prev.nbytes) > _SCATTER_BYTES:
-        # Large centroids (P4: 146 MiB) go to the workers directly, not inside every task of
-        # the graph through the scheduler.
-        first = client.scatter(start, workers=list(placement.workers), broadcast=True, hash=False)
-    while True:
-        futs = submit_per_shard(
-            client, placement, run_segment, list(range(len(placement.shards))), [spec] * len(placement.shards),
-            [fit] * len(placement.shards), [first] * len(placement.shards), name="daskmeans-segment",
-        )
-        first = None
-        results = _await(client, futs, placement, spec)
-        _report(results, history, callback)
-        if results[0]["done"]:
-            return results
-        if saver is not None:
-            saver.maybe(placement, history)
-
-
-def _report(results: list, history: list, callback: Callable[[dict], None] | None) -> None:
-    """A segment's statistics (rank 0's) into ``history`` and to ``callback``, in order, each
-    with the slowest rank's kernel time."""
-    for i, stats in enumerate(results[0]["history"]):
-        stats["kernel_seconds"] = max(r["kernel_seconds"][i] for r in results)
-        history.append(stats)
-        if callback is not None:
-            callback(stats)
-
-
-def _restart_point(client: Client, placement: Placement, lost: list, history: list) -> Start | None:
-    """The state every rank had when the aborted segment began, from a surviving rank (None:
-    no rank got as far as a segment, so the placement's own start stands). Its statistics are
-    the client's ``history`` where the client has them (a rank's own carry its own kernel
-    times, not the slowest rank's), then the survivor's for iterations never reported."""
-    survivors = [(s, w) for s, w in zip(placement.shards, placement.workers) if w not in lost]
-    if not survivors:
-        raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
-    for shard, w in survivors:
-        try:
-            start = client.submit(_restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
-                timeout=60
-            )
-        except Exception:  # that worker went too: try the next
-            continue
-        if start is not None and start.history is not None:
-            start.history = history[: start.iteration] + start.history[len(history) :]
-        return start
-    raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")

@@ -144,14 +144,14 @@ def test_large_centroids_reach_the_workers_outside_the_graph(client, monkeypatch
     that of centroids sent inside the tasks."""
     import warnings
 
-    from daskmeans.engine import loop
+    from daskmeans.engine import driver
 
     X = da.random.default_rng(0).standard_normal((6000, 700), chunks=(1500, 700)).astype(np.float32)
     init = X[:2100].compute().astype(np.float64)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Sending large graph")
         scattered = KMeans(2100, init=init, max_iter=2, tol=0, client=client).fit(X)
-    monkeypatch.setattr(loop, "_SCATTER_BYTES", 1 << 40)
+    monkeypatch.setattr(driver, "_SCATTER_BYTES", 1 << 40)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         inline = KMeans(2100, init=init, max_iter=2, tol=0, client=client).fit(X)
@@ -193,7 +193,7 @@ def _set_clock(seconds):
 def test_a_segment_reports_the_slowest_ranks_kernel_time():
     """Rank 0's statistics go to the history in order, each with the largest of the ranks'
     kernel times, also where rank 0 is the fastest."""
-    from daskmeans.engine.loop import _report
+    from daskmeans.engine.driver import _report
 
     results = [
         {"history": [{"iteration": 1, "kernel_seconds": 1.0}, {"iteration": 2, "kernel_seconds": 1.5}],

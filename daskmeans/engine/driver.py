@@ -1,0 +1,262 @@
+"""The client's side of the Lloyd loop: segments submitted, progress, recovery, checkpoints.
+
+Per segment::
+
+    client:   submit loop.run_segment once per worker (rank)  ->  wait, watching for lost workers
+              receive rank 0's per-iteration statistics; callback(stats) for each, in order;
+              a checkpoint every ``checkpoint_every`` iterations (at a segment's end)
+
+Centroids stay on the workers between segments; only statistics travel to the client. When a
+worker is lost the client aborts the segment on the others (their collectives raise instead of
+waiting), takes the restart point from a survivor (the centroids every rank had when the
+segment began), places the data again on the workers left, and restarts the segment: the
+result is bitwise that of an undisturbed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from distributed import Client
+
+from .. import config
+from ..backends.grid import Grid
+from ..errors import DaskmeansError
+from ..placement import Placement, WorkerLost, blas_capped, submit_per_shard, watch
+from . import collective as coll
+from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
+
+
+def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int) -> None:
+    """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
+    rows) in the background, and return: the compiles overlap the placement and the moments
+    pass instead of delaying the first iteration (an empty kernel cache)."""
+    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
+
+
+
+
+@dataclass
+class LloydResult:
+    centroids: np.ndarray  # (K, D) float64
+    inertia: float
+    n_iter: int
+    history: list
+    states: list  # futures of FinalLabels, one per rank
+    converged: bool
+    layout: list  # global chunk ids of each state's chunks
+    row_chunks: tuple  # rows of each global chunk
+    sizes: np.ndarray  # (K,) int64: rows per cluster under the final centroids
+
+
+def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, requested: str) -> coll.CollectiveSpec:
+    kind = coll.choose_collective(client, placement, requested)
+    return coll.make_spec(client, placement, fit_id, epoch, kind, config.get_seconds("collective-timeout"),
+                          bool(config.get("collective-shared-memory")))
+
+
+def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
+    """Results of one segment's tasks; :class:`WorkerLost` when a rank's worker leaves the
+    cluster, or a rank's error: either way the other ranks' collectives are aborted first."""
+
+    def stop(ranks: list) -> None:
+        client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
+
+    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,))
+
+
+def run_lloyd(
+    client: Client,
+    placement: Placement,
+    centroids: np.ndarray,
+    *,
+    max_iter: int,
+    tol_abs: float,
+    grid: Grid,
+    callback: Callable[[dict], None] | None = None,
+    precision: str = "fp32",
+    metric: str = "euclidean",
+    collective: str = "auto",
+    replan: Callable[[], Placement] | None = None,
+    start: Start | None = None,
+    checkpoint: Callable[[Start], None] | None = None,
+    checkpoint_every: int = 0,
+) -> LloydResult:
+    """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    placement : Placement of the data (see :func:`daskmeans.placement.place`)
+    centroids : ndarray, shape (K, D)
+    max_iter : int
+    tol_abs : float
+        Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times
+        the mean feature variance).
+    grid : Grid
+        The fixed-point grid of the per-cluster sums and weights (from the data's largest
+        absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
+    callback : callable(stats dict), optional
+        Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
+        n_empty, rechecked, imbalance`` (largest cluster over the mean), ``kernel_seconds,
+        seconds, gb_per_s`` (data bytes over seconds)), in order, after each segment.
+    precision : {"fp32", "tf32", "bf16"}
+    metric : {"euclidean", "cosine"}
+        With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
+    collective : {"auto", "nccl", "dask"}
+    replan : callable() -> Placement, optional
+        Places the data again on the workers left after one is lost; without it a lost
+        worker is an error.
+    start : Start, optional
+        Resume after ``start.iteration`` iterations (a checkpoint) instead of from ``centroids``.
+    checkpoint : callable(Start), optional
+        Called with the run's restart point at the end of a segment once ``checkpoint_every``
+        iterations have passed since the last call, and when the run is interrupted.
+    """
+    fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
+    fit = FitSpec(
+        int(max_iter), float(tol_abs), metric, precision, grid,
+        len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
+    )
+    history: list[dict] = list(start.history or []) if start is not None else []
+    start = start if start is not None else Start(0, np.asarray(centroids, np.float64))
+    saver = _Checkpointer(client, checkpoint, checkpoint_every, len(history))
+    epoch = 0
+    workers_seen: set[str] = set()
+    try:
+        while True:
+            new = set(placement.workers) - workers_seen
+            if new:
+                client.run(coll.install_mailbox, workers=sorted(new))
+                workers_seen |= new
+            # The buffer's layout (one inertia slot per chunk) follows the placement it runs on.
+            fit = dataclasses.replace(fit, n_chunks=len(placement.row_chunks), n_samples=placement.n_samples)
+            spec = _spec(client, placement, fit_id, epoch, collective)
+            try:
+                results = _segments(client, placement, spec, fit, start, history, callback, saver)
+                break
+            except WorkerLost as lost:
+                if replan is None:
+                    raise DaskmeansError(f"worker(s) {lost.args[0]} left the cluster during the fit") from None
+                start = _restart_point(client, placement, lost.args[0], history) or start
+                if start.history is not None:
+                    # Iterations a segment finished on every rank but never reported.
+                    for stats in start.history[len(history) :]:
+                        history.append(stats)
+                        if callback is not None:
+                            callback(stats)
+                del history[start.iteration :]
+                placement = replan()
+                epoch += 1
+    except BaseException:
+        # Interrupted, or a rank failed: no segment may go on running on the others. With the
+        # scheduler gone there is no one to tell, nor a restart point to fetch (each call
+        # would wait for a reconnection).
+        if client.status == "running":
+            with contextlib.suppress(Exception):
+                client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+            if saver.wanted:
+                with contextlib.suppress(Exception):  # never mask the interrupt
+                    saver.save(_restart_point(client, placement, [], history))
+        raise
+    finally:
+        if client.status == "running":
+            with contextlib.suppress(Exception):
+                client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+    res0 = results[0]
+    final = _final_states(client, placement, np.asarray(res0["centroids"]), precision)
+    last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
+    return LloydResult(
+        np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
+        last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
+        np.asarray(res0["sizes"], np.int64),
+    )
+
+
+def _final_states(client: Client, placement: Placement, centroids: np.ndarray, precision: str) -> list:
+    """Futures of each rank's :class:`FinalLabels`, on the rank's worker, or anywhere once
+    it is gone (made again from the data there: labels never wait for a lost worker)."""
+    c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
+    return [
+        client.submit(blas_capped(final_labels), shard, c, precision, workers=[w], allow_other_workers=True,
+                      pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
+        for shard, w in zip(placement.shards, placement.workers)
+    ]
+
+
+class _Checkpointer:
+    """Calls the checkpoint hook every ``every`` iterations (at segment ends) and on demand."""
+
+    def __init__(self, client: Client, hook: Callable[[Start], None] | None, every: int, done: int):
+        self.client, self.hook, self.every, self.last = client, hook, max(1, int(every or 1)), done
+        self.wanted = hook is not None
+        self.saved: Start | None = None
+
+    def maybe(self, placement: Placement, history: list) -> None:
+        if self.wanted and len(history) - self.last >= self.every:
+            self.save(_restart_point(self.client, placement, [], history))
+
+    def save(self, start: Start | None) -> None:
+        if start is not None and start.iteration > 0:
+            self.hook(start)
+            self.last, self.saved = start.iteration, start
+
+
+_SCATTER_BYTES = 8 << 20  # a restart point larger than this is scattered, not put in the tasks
+
+
+def _segments(client, placement, spec, fit, start, history, callback, saver=None) -> list:
+    """Segments on one placement until the run is done; their statistics go to ``history``."""
+    first: Any = start
+    if start.centroids.nbytes + (0 if start.prev is None else start.prev.nbytes) > _SCATTER_BYTES:
+        # Large centroids (P4: 146 MiB) go to the workers directly, not inside every task of
+        # the graph through the scheduler.
+        first = client.scatter(start, workers=list(placement.workers), broadcast=True, hash=False)
+    while True:
+        futs = submit_per_shard(
+            client, placement, run_segment, list(range(len(placement.shards))), [spec] * len(placement.shards),
+            [fit] * len(placement.shards), [first] * len(placement.shards), name="daskmeans-segment",
+        )
+        first = None
+        results = _await(client, futs, placement, spec)
+        _report(results, history, callback)
+        if results[0]["done"]:
+            return results
+        if saver is not None:
+            saver.maybe(placement, history)
+
+
+def _report(results: list, history: list, callback: Callable[[dict], None] | None) -> None:
+    """A segment's statistics (rank 0's) into ``history`` and to ``callback``, in order, each
+    with the slowest rank's kernel time."""
+    for i, stats in enumerate(results[0]["history"]):
+        stats["kernel_seconds"] = max(r["kernel_seconds"][i] for r in results)
+        history.append(stats)
+        if callback is not None:
+            callback(stats)
+
+
+def _restart_point(client: Client, placement: Placement, lost: list, history: list) -> Start | None:
+    """The state every rank had when the aborted segment began, from a surviving rank (None:
+    no rank got as far as a segment, so the placement's own start stands). Its statistics are
+    the client's ``history`` where the client has them (a rank's own carry its own kernel
+    times, not the slowest rank's), then the survivor's for iterations never reported."""
+    survivors = [(s, w) for s, w in zip(placement.shards, placement.workers) if w not in lost]
+    if not survivors:
+        raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
+    for shard, w in survivors:
+        try:
+            start = client.submit(restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
+                timeout=60
+            )
+        except Exception:  # that worker went too: try the next
+            continue
+        if start is not None and start.history is not None:
+            start.history = history[: start.iteration] + start.history[len(history) :]
+        return start
+    raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
