@@ -2,12 +2,18 @@
 
 Every tunable (chunk and tile bytes, reduction fan-in, init sampling) is read through
 :func:`get`; the defaults live in ``daskmeans.yaml`` beside this module.
+
+A worker in another process does not see the client's ``dask.config.set``: every engine task
+carries the client's :func:`snapshot` of the namespace (:class:`daskmeans.placement.blas_capped`)
+and runs under :func:`applied`, so that :func:`get` on the worker answers what the client set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import dask
 import dask.config
@@ -22,15 +28,58 @@ with open(_FN) as _f:
 dask.config.update_defaults(_DEFAULTS)
 
 
+# The settings shipped with the task this thread runs (None: outside an engine task).
+_SHIPPED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("daskmeans_settings", default=None)
+
+
 def get(key: str, default: Any = None) -> Any:
-    """Value of ``daskmeans.<key>`` from dask.config (e.g. ``get("split-every")``); the YAML
-    default where dask.config has none (a ``dask.config.set({"daskmeans.x": ...})`` entered
-    before this module was imported removes the whole namespace when it exits)."""
+    """Value of ``daskmeans.<key>`` (e.g. ``get("split-every")``): the shipped settings' inside
+    an engine task (:func:`applied`), else dask.config's, else the YAML default (a
+    ``dask.config.set({"daskmeans.x": ...})`` entered before this module was imported removes
+    the whole namespace when it exits)."""
+    shipped = _SHIPPED.get()
+    if shipped is not None and key in shipped:
+        return shipped[key]
     if default is None:
         default = _DEFAULTS["daskmeans"]
         for part in key.split("."):
             default = default.get(part) if isinstance(default, dict) else None
     return dask.config.get(f"daskmeans.{key}", default=default)
+
+
+def _flat(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def snapshot() -> dict[str, Any]:
+    """Every ``daskmeans`` setting as :func:`get` answers it here, by dotted key (``tile-bytes``,
+    ``init.rounds``): taken on the client, it travels with each engine task."""
+    shipped = _SHIPPED.get()
+    if shipped is not None:  # inside an engine task: the settings it was given
+        return dict(shipped)
+    values = _flat(_DEFAULTS["daskmeans"])
+    values.update(_flat(dask.config.get("daskmeans", default=None) or {}))
+    return values
+
+
+@contextlib.contextmanager
+def applied(settings: Mapping[str, Any] | None) -> Iterator[None]:
+    """Within the block, and in this thread only, :func:`get` answers from ``settings`` (a
+    :func:`snapshot`, usually the client's); None changes nothing."""
+    if settings is None:
+        yield
+        return
+    token = _SHIPPED.set(dict(settings))
+    try:
+        yield
+    finally:
+        _SHIPPED.reset(token)
 
 
 def get_bytes(key: str) -> int:

@@ -631,21 +631,24 @@ def worker_blas_threads() -> Iterator[None]:
 
 
 class blas_capped:
-    """``fn`` run under :func:`worker_blas_threads`: the picklable body of every engine task
-    (submitted, or mapped: ``map_blocks`` names its tasks after ``fn``)."""
+    """``fn`` run under :func:`worker_blas_threads` and the daskmeans settings of the process
+    that made it (:func:`daskmeans.config.snapshot`, taken here: the client's): the picklable
+    body of every engine task (submitted, or mapped: ``map_blocks`` names its tasks after
+    ``fn``), so that a setting made on the client applies in worker processes too."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, settings: dict | None = None):
         self.fn = fn
+        self.settings = config.snapshot() if settings is None else dict(settings)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with worker_blas_threads():
+        with config.applied(self.settings), worker_blas_threads():
             return self.fn(*args, **kwargs)
 
     def __dask_tokenize__(self) -> Any:
         from dask.base import tokenize
 
-        return ("daskmeans-blas-capped", tokenize(self.fn))
+        return ("daskmeans-blas-capped", tokenize(self.fn), tokenize(sorted(self.settings.items())))
 
     def __reduce__(self):
-        return (blas_capped, (self.fn,))
+        return (blas_capped, (self.fn, self.settings))

@@ -36,7 +36,7 @@ def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, preci
     """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
     rows) in the background, and return: the compiles overlap the placement and the moments
     pass instead of delaying the first iteration (an empty kernel cache)."""
-    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows))
+    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows), config.snapshot())
 
 
 
@@ -52,6 +52,7 @@ class LloydResult:
     layout: list  # global chunk ids of each state's chunks
     row_chunks: tuple  # rows of each global chunk
     sizes: np.ndarray  # (K,) int64: rows per cluster under the final centroids
+    settings: dict  # the daskmeans settings the workers ran with (config.snapshot(), the client's)
 
 
 def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, requested: str) -> coll.CollectiveSpec:
@@ -174,7 +175,7 @@ def run_lloyd(
     return LloydResult(
         np.asarray(res0["centroids"]), float(res0["inertia"]), len(history), history, final,
         last["reassigned"] == 0 or last["shift"] <= tol_abs, placement.chunk_ids, placement.row_chunks,
-        np.asarray(res0["sizes"], np.int64),
+        np.asarray(res0["sizes"], np.int64), res0["settings"],
     )
 
 

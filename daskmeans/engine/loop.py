@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 from distributed import get_worker
 
+from .. import config
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
@@ -354,6 +355,8 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         result["inertia"] = float(np.sum(total[: fit.n_chunks].view(np.float64))) * inertia_scale(fit.metric)
         result["sizes"] = total[fit.n_chunks :] if rank == 0 else None
         result["centroids"] = be.to_numpy(st.centroids) if rank == 0 else None
+        # The settings the rank's kernels read (the client's, shipped with the task).
+        result["settings"] = config.snapshot() if rank == 0 else None
     st.running = False
     return result
 
@@ -379,8 +382,10 @@ def final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
     return final
 
 
-def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int) -> None:
-    """On a worker (``client.run``): start compiling the kernels of a fit (returns at once)."""
+def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, settings: dict | None = None) -> None:
+    """On a worker (``client.run``): start compiling the kernels of a fit (returns at once),
+    chosen under the client's ``settings`` (tile sizes and GEMM modes pick the kernels)."""
     from ..backends import get_backend
 
-    get_backend(backend).warm(k, d, np.dtype(dtype), precision, rows)
+    with config.applied(settings):
+        get_backend(backend).warm(k, d, np.dtype(dtype), precision, rows)
