@@ -1,25 +1,25 @@
 """daskmeans: distributed, out-of-core k-means clustering on Dask, fast on GPUs.
 
 The public names are imported on first use (PEP 562), so that ``daskmeans --help`` and
-``import daskmeans`` do not pay for Dask and distributed until a fit needs them.
+``import daskmeans`` do not pay for Dask and distributed until a fit needs them. The namespace
+is the public API: ``dir(daskmeans)`` lists ``__all__`` (submodules stay importable by name).
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from .errors import DaskmeansError, DaskmeansWarning, DataError, InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # pragma: no cover
+if _typing.TYPE_CHECKING:  # pragma: no cover
     from .estimator import KMeans
     from .io.readers import read
 
+# Public name -> (module, attribute), imported on first use.
 _LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read")}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 
@@ -32,8 +32,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'daskmeans' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
 def load(path: str) -> "KMeans":
-    """Load a model written by :meth:`KMeans.save` (a Zarr group)."""
+    """Load a model written by :meth:`KMeans.save` (a Zarr group).
+
+    Parameters
+    ----------
+    path : str
+        The model's directory.
+
+    Returns
+    -------
+    KMeans
+        Fitted (``labels_`` is not stored: use ``predict``).
+    """
     from .estimator import KMeans
 
     return KMeans.load(path)

@@ -268,7 +268,7 @@ def _cmd_fit(args) -> int:
                         random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
                         memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
-            km._validate_params()  # fail fast: before reading data or starting a cluster
+            km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
             inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
             outputs.claim(args.output, "model", args.overwrite, inputs)
@@ -282,7 +282,7 @@ def _cmd_fit(args) -> int:
                           defer=False, by="--checkpoint")
             X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
             check_n_clusters(int(X.shape[0]), args.k)
-            km._init_array(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
+            km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
         with contextlib.ExitStack() as cluster:
             with phase("cluster"):
                 client = cluster.enter_context(_connect(args))

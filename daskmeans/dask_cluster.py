@@ -8,14 +8,19 @@ cost no process start, no imports in the workers and no transfer of the data bet
 processes (about 1 s of a command on a 2-core machine; several seconds for a GPU worker, which
 would import CuPy and create its CUDA context again): ``auto`` uses them for one GPU, and for
 up to ``local-threads-max-workers`` CPU workers, beyond which the workers' Python work
-(one call per distance tile) would contend for the interpreter lock."""
+(one call per distance tile) would contend for the interpreter lock.
+
+The API (:func:`api_client`, :func:`using_client`) starts the same local cluster when it is
+given no client and finds no default one, once per process, and closes it at exit."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import os
+import threading
 from typing import Iterator
 
 from distributed import Client, LocalCluster
@@ -195,6 +200,7 @@ def connect(
     scheduler_file: str | None = None,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
     dashboard: bool = False,
+    blas_threads: int | None = 1,
 ) -> Iterator[Client]:
     """A client on an existing scheduler, or on a local cluster started (and closed) here.
 
@@ -213,6 +219,9 @@ def connect(
     dashboard : bool, default False
         Serve Dask's dashboard for a local cluster (importing bokeh for it takes about a
         second, more than a small fit).
+    blas_threads : int or None, default 1
+        BLAS threads of this process while a local CPU cluster of in-process workers runs
+        (None: left as they are; engine tasks cap BLAS themselves).
 
     Without ``scheduler`` or ``scheduler_file``, Dask's ``scheduler-address`` setting
     (``DASK_SCHEDULER_ADDRESS``) is used when set, else a local cluster is started.
@@ -266,7 +275,7 @@ def connect(
     else:
         n = n_workers or os.cpu_count() or 1
         if config.local_in_process(n):
-            with _local(n, 1, dashboard) as client:
+            with _local(n, blas_threads, dashboard) as client:
                 yield client
             return
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, **_dashboard(dashboard), silence_logs=logging.CRITICAL)
@@ -314,3 +323,119 @@ def describe(client: Client) -> str:
     gpus, cpus = worker_kinds(client)
     kinds = ", ".join(p for p in (f"{len(gpus)} GPU" if gpus else "", f"{len(cpus)} CPU" if cpus else "") if p)
     return f"scheduler {client.scheduler.address}: {len(gpus) + len(cpus)} worker(s) ({kinds or 'none'})"
+
+
+# ---------------------------------------------------------------- the API's client
+
+# The local cluster the API started in this process, by kind (GPU workers or CPU workers):
+# (pid, its closer, its client). The pid tells a forked child that the cluster is its parent's.
+_API_CLUSTERS: dict[bool, tuple[int, contextlib.ExitStack, Client]] = {}
+_API_LOCK = threading.Lock()
+# The name of the semaphore that lets one fit at a time run from inside a cluster's tasks.
+FIT_SEMAPHORE = "daskmeans-fit"
+
+
+def api_client(client: Client | None = None, backend: str = "auto") -> Client:
+    """The client an estimator given ``client`` works through.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Used as given.
+    backend : {"auto", "cpu", "gpu", "numpy", "cupy"}
+        The kind of local cluster to start when one is needed (as the CLI's ``--backend``).
+
+    Returns
+    -------
+    distributed.Client
+        ``client``; else, inside a Dask task, the worker's client; else the default client;
+        else the client of the local cluster the CLI would start (:func:`connect`), started on
+        first use in this process and reused, made the default client (so a lazy result, such
+        as ``labels_``, computes on it), and closed at exit. A local CPU cluster of that kind
+        has at most ``daskmeans.local-threads-max-workers`` single-threaded workers.
+    """
+    if client is not None:
+        return client
+    from distributed import default_client, get_client
+
+    if in_task():
+        return get_client()
+    try:
+        return default_client()
+    except ValueError:  # no default client: the API starts its own cluster
+        return _local_api_client(backend)
+
+
+@contextlib.contextmanager
+def using_client(client: Client | None = None, backend: str = "auto", *, exclusive: bool = False) -> Iterator[Client]:
+    """:func:`api_client` for the duration of the block, safe inside a Dask task.
+
+    A task that waits on other tasks holds one of its worker's threads: on single-threaded
+    workers the tasks it waits for might never run. Inside a task (``joblib``'s Dask backend
+    running ``GridSearchCV``, or ``client.submit(km.fit, X)``) the block therefore runs in
+    ``distributed.worker_client()``, which gives the thread back to the worker for its
+    duration. With ``exclusive`` (a fit) it also holds the cluster's ``FIT_SEMAPHORE``: a fit
+    runs one long task per worker at once, joined by collectives, and two fits from tasks whose
+    per-worker tasks interleave on single-threaded workers would wait on each other forever;
+    fits from tasks run one after another instead. A fit from outside any task does not take it.
+    """
+    if client is not None or not in_task():
+        yield api_client(client, backend)
+        return
+    from distributed import Semaphore, worker_client
+
+    with worker_client() as wc:
+        if not exclusive:
+            yield wc
+            return
+        with Semaphore(max_leases=1, name=FIT_SEMAPHORE):
+            yield wc
+
+
+def in_task() -> bool:
+    """Whether this thread runs a task of a Dask worker."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def _local_api_client(backend: str) -> Client:
+    gpu = local_uses_gpu(backend)
+    with _API_LOCK:
+        held = _API_CLUSTERS.get(gpu)
+        if held is not None and held[0] == os.getpid() and held[2].status == "running":
+            return held[2]
+        if held is not None and held[0] == os.getpid():  # closed by the user: start afresh
+            _close_quietly(held[1])
+        stack = contextlib.ExitStack()
+        n_workers = None if gpu else min(os.cpu_count() or 1, int(config.get("local-threads-max-workers")))
+        # BLAS is left as it is: this process is the user's, and engine tasks cap BLAS themselves.
+        client = stack.enter_context(connect(None, "gpu" if gpu else "cpu", n_workers, blas_threads=None))
+        if not _API_CLUSTERS:
+            atexit.register(close_api_clusters)
+        _API_CLUSTERS[gpu] = (os.getpid(), stack, client)
+        return client
+
+
+def close_api_clusters() -> None:
+    """Close the local clusters :func:`api_client` started in this process (also run at exit)."""
+    with _API_LOCK:
+        held = [v for v in _API_CLUSTERS.values() if v[0] == os.getpid()]
+        _API_CLUSTERS.clear()
+    for _, stack, _client in held:
+        _close_quietly(stack)
+
+
+def _close_quietly(stack: contextlib.ExitStack) -> None:
+    log = logging.getLogger("distributed")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)  # a cluster closed at exit has nothing left to tell
+    try:
+        with contextlib.suppress(Exception):
+            stack.close()
+    finally:
+        log.setLevel(level)

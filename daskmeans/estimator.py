@@ -1,7 +1,13 @@
 """``KMeans``: the scikit-learn-style front of the engine.
 
 ``__init__`` only stores parameters; ``fit`` validates them (declarative constraints), then the
-data, before any distributed work is submitted.
+data, before any distributed work is submitted. The work itself is the engine's: the fit
+driver (``engine/fit.py``) and inference by blocks (``engine/infer.py``), on the client that
+``dask_cluster.using_client`` gives (the one passed, the default one, or a local cluster
+started once per process).
+
+Outputs follow the input: NumPy, pandas, lists and other in-memory data give NumPy arrays,
+CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Dask arrays.
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ from typing import Any, Callable
 import dask.array as da
 import numpy as np
 
-from .backends import PRECISIONS, backend_name, get_backend
-from .dask_cluster import resolve_backend
+from .backends import PRECISIONS, get_backend
+from .dask_cluster import api_client, using_client
+from .engine import infer
 from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
 from .metric import METRICS, get_metric, inertia_scale
-from .placement import TIERS, blas_capped, to_backend
+from .options import TIERS
 from .progress import Progress
 from .seeding import REGISTRY as INITS
 from .timing import Phases
@@ -81,7 +88,22 @@ class KMeans:
         empty clusters, seconds), as the command line does; 2: also the cluster-size imbalance
         and the throughput.
     client : distributed.Client, optional
-        Defaults to the current client (``distributed.default_client()``).
+        The cluster to work on. Default: inside a Dask task, the worker's client (see
+        below); else the default client (``distributed.default_client()``); else the local
+        cluster the command line starts (one in-process worker per GPU for one GPU, else up
+        to ``daskmeans.local-threads-max-workers`` single-threaded CPU workers; several GPUs:
+        a ``LocalCUDACluster``), started by the first ``fit``, ``predict``, ``transform`` or
+        ``score`` of the process that needs it, reused after, made the default client, and
+        closed at exit. Inside a Dask task (``joblib``'s Dask backend, ``client.submit``) the
+        work runs in ``distributed.worker_client()``, and fits from tasks run one at a time.
+
+    Notes
+    -----
+    Outputs follow the input's kind: NumPy arrays, pandas DataFrames, lists and SciPy sparse
+    matrices give NumPy arrays, CuPy arrays CuPy arrays, and Dask arrays, Dask DataFrames and
+    paths lazy Dask arrays (of NumPy blocks). A DataFrame's column names are kept in
+    ``feature_names_in_`` and checked, as scikit-learn does, by ``predict``, ``transform`` and
+    ``score``.
 
     Attributes
     ----------
@@ -104,6 +126,9 @@ class KMeans:
         workers' budgets and the tier), place, moments (the pass that checks the data and
         sets the tolerance), init, iterations (the Lloyd loop, with its final labels pass).
     n_features_in_ : int
+    feature_names_in_ : ndarray (n_features_in_,) of str
+        The column names of ``X`` in ``fit``, where it had columns (a pandas or Dask
+        DataFrame, or anything with ``columns``) whose names are all strings.
     """
 
     _parameter_constraints = {
@@ -211,17 +236,40 @@ class KMeans:
     # ------------------------------------------------------------ helpers
 
     def _client(self):
-        if self.client is not None:
-            return self.client
-        from distributed import default_client
+        """The client to work on (see ``client``); a local cluster is started where there is none."""
+        return api_client(self.client, self.backend)
 
-        try:
-            return default_client()
-        except ValueError:
-            raise DaskmeansError(
-                "KMeans needs a dask.distributed Client: create one (Client() or "
-                "LocalCUDACluster) or pass client=..."
-            ) from None
+    def check_params(self) -> None:
+        """Check every parameter against its constraint, without data or a cluster.
+
+        Raises
+        ------
+        InvalidParameterError
+            Naming the parameter, its value and the requirement (``n_clusters=0 should be
+            >= 1``); ``fit`` runs the same checks first.
+        """
+        self._validate_params()
+
+    def initial_centroids(self, n_features: int) -> np.ndarray | None:
+        """The explicit initial centroids ``init`` gives, checked for ``n_features`` features.
+
+        Parameters
+        ----------
+        n_features : int
+            The data's number of features.
+
+        Returns
+        -------
+        ndarray (n_clusters, n_features) float64, or None
+            ``init`` as an array (unit rows for ``metric="cosine"``) when it is an array or a
+            .npy path; None for a named init.
+
+        Raises
+        ------
+        DataError
+            The file is missing, or the array has another shape or a NaN or infinity.
+        """
+        return self._init_array(n_features)
 
     def _init_array(self, n_features: int) -> np.ndarray | None:
         init = self.init
@@ -274,6 +322,35 @@ class KMeans:
         if not hasattr(self, "cluster_centers_"):
             raise not_fitted("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
 
+    def _check_feature_names(self, X: Any) -> None:
+        """Compare ``X``'s column names with ``feature_names_in_`` as scikit-learn does: a
+        ValueError when both have names that differ (in name or in order), a warning when
+        only one of them has names."""
+        fitted = getattr(self, "feature_names_in_", None)
+        given = feature_names(X)
+        name = type(self).__name__
+        if fitted is None and given is None:
+            return
+        if fitted is None:
+            warnings.warn(f"X has feature names, but {name} was fitted without feature names", UserWarning,
+                          stacklevel=4)
+            return
+        if given is None:
+            warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature names",
+                          UserWarning, stacklevel=4)
+            return
+        if len(fitted) == len(given) and (fitted == given).all():
+            return
+        message = "The feature names should match those that were passed during fit.\n"
+        unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+        if unseen:
+            message += "Feature names unseen at fit time:\n" + _name_list(unseen)
+        if missing:
+            message += "Feature names seen at fit time, yet now missing:\n" + _name_list(missing)
+        if not unseen and not missing:
+            message += "Feature names must be in the same order as they were in fit.\n"
+        raise DataError(message)
+
     # ------------------------------------------------------------ fit
 
     def fit(
@@ -289,7 +366,8 @@ class KMeans:
 
         Parameters
         ----------
-        X : array (n_samples, n_features) (NumPy, CuPy or Dask) or a path (Zarr/CSV/.npy)
+        X : array (n_samples, n_features) (NumPy, CuPy, Dask; a pandas or Dask DataFrame, whose
+            column names become ``feature_names_in_``) or a path (Zarr/CSV/.npy)
         y : ignored
         sample_weight : array (n_samples,), optional
         callback : callable(dict), optional
@@ -299,7 +377,14 @@ class KMeans:
             Continue from ``checkpoint`` (written by an earlier fit of the same data and
             parameters) instead of initialising.
         """
+        self._fit(X, sample_weight, callback, resume)
+        return self
+
+    def _fit(self, X: Any, sample_weight: Any, callback: Callable[[dict], None] | None, resume: bool,
+             then: Callable[[Any], Any] | None = None) -> Any:
+        """The fit; ``then(client)`` runs after it on the fit's client, its result returned."""
         self._validate_params()
+        names = feature_names(X)
         callbacks = [c for c in (
             Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
             if self.verbose else None, callback) if c is not None]
@@ -319,17 +404,26 @@ class KMeans:
             self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
             None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
         )
-        client = self._client()
-        best = fit_distributed(
-            client, X, params, sample_weight=w, path=path, resume=ck, callback=_fanout(callbacks), phase=phase,
-            on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
-        )
-        self.cluster_centers_ = best.centroids.astype(X.dtype)
+        with using_client(self.client, self.backend, exclusive=True) as client:
+            best = fit_distributed(
+                client, X, params, sample_weight=w, path=path, resume=ck, callback=_fanout(callbacks), phase=phase,
+                on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+            )
+            self._fitted(best, client, d, names, X.dtype)
+            return None if then is None else then(client)
+
+    def _fitted(self, best: Any, client: Any, d: int, names: np.ndarray | None, dtype: Any) -> None:
+        """Set the fitted attributes from the engine's ``FitResult``."""
+        self.cluster_centers_ = best.centroids.astype(dtype)
         self.inertia_ = best.inertia
         self.n_iter_ = best.n_iter
         self.history_ = best.history
         self.cluster_sizes_ = best.sizes
         self.n_features_in_ = d
+        if names is not None:
+            self.feature_names_in_ = names
+        else:  # fitted again on data without names: the old ones no longer apply
+            self.__dict__.pop("feature_names_in_", None)
         self.backend_ = best.backend
         self.tier_ = best.tier
         self.tier_plan_ = best.tier_plan
@@ -346,64 +440,80 @@ class KMeans:
                 f"at the end of the fit {n_empty} of n_clusters={self.n_clusters} clusters are empty and "
                 f"{n_copies} centroids are copies of others: the data has fewer distinct points than clusters "
                 f"(or they are too close together to split)",
-                DaskmeansWarning, stacklevel=2,
+                DaskmeansWarning, stacklevel=4,
             )
-        return self
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
-        """Fit, then return ``labels_`` (computed to NumPy for NumPy input)."""
-        self.fit(X, sample_weight=sample_weight)
-        if isinstance(X, np.ndarray):
-            return self._client().compute(self.labels_).result()
-        return self.labels_
+        """Fit, then return the training labels.
+
+        Returns
+        -------
+        labels : (n_samples,) int32
+            ``labels_``, computed to NumPy (CuPy) for in-memory (CuPy) ``X``, lazy for Dask
+            or path ``X`` (see the class's Notes).
+        """
+        return self._fit(X, sample_weight, None, False, then=lambda client: infer.materialise(client, self.labels_, X))
 
     # ------------------------------------------------------------ inference
 
     def _blocks(self, X: Any) -> da.Array:
+        """``X`` read as a Dask array (n_samples, n_features_in_), its names and width checked."""
         self._check_fitted()
+        self._check_feature_names(X)
         x = read(X)
         check_n_features(self.n_features_in_, int(x.shape[1]))
-        # As in fit: a NaN or infinite row has no nearest centroid (and the GPU kernels' top-2
-        # states would keep no index for it).
-        x = x.map_blocks(_finite_rows, dtype=x.dtype, meta=x._meta)
-        x = get_metric(self.metric).rows(x)
-        try:
-            backend = resolve_backend(self._client(), getattr(self, "backend_", "auto"), backend_name(x))
-        except DaskmeansError:
-            backend = backend_name(x)  # no client: the local threaded scheduler, data's backend
-        return to_backend(x, backend)
-
-    @staticmethod
-    def _out(X: Any, result: da.Array) -> Any:
-        return result.compute() if isinstance(X, np.ndarray) else result
+        return x
 
     def predict(self, X: Any) -> Any:
-        """Nearest-centroid labels, int32 (n_samples,); lazy unless ``X`` is a NumPy array."""
+        """The index of each row's nearest centroid.
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
+
+        Returns
+        -------
+        labels : (n_samples,) int32
+            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
+            ``X``.
+        """
         x = self._blocks(X)
-        lab = x.map_blocks(blas_capped(_predict_block), self.cluster_centers_, self.precision, drop_axis=1, dtype=np.int32, meta=np.empty(0, np.int32))
-        return self._out(X, lab)
+        backend = getattr(self, "backend_", "auto")
+        with using_client(self.client, backend) as client:
+            lab = infer.labels(infer.blocks(client, x, backend, self.metric), self.cluster_centers_, self.precision)
+            return infer.materialise(client, lab, X)
 
     def transform(self, X: Any) -> Any:
-        """Distances to every centroid (n_samples, n_clusters), in X's float dtype: Euclidean,
-        or ``1 - cos`` for ``metric="cosine"``; lazy unless ``X`` is a NumPy array."""
+        """Distances to every centroid: Euclidean, or ``1 - cos`` for ``metric="cosine"``.
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
+
+        Returns
+        -------
+        distances : (n_samples, n_clusters), in X's float dtype
+            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
+            ``X``.
+        """
         x = self._blocks(X)
-        k = self.n_clusters
-        out = x.map_blocks(blas_capped(_transform_block), self.cluster_centers_, self.metric, chunks=(x.chunks[0], (k,)),
-                           dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
-        return self._out(X, out)
+        backend = getattr(self, "backend_", "auto")
+        with using_client(self.client, backend) as client:
+            out = infer.distances(infer.blocks(client, x, backend, self.metric), self.cluster_centers_, self.metric)
+            return infer.materialise(client, out, X)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Fit, then :meth:`transform` ``X``."""
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
     def score(self, X: Any, y: Any = None) -> float:
-        """Opposite of the inertia of ``X`` under the fitted centroids."""
+        """Opposite of the inertia of ``X`` (n_samples, n_features) under the fitted centroids
+        (a float, for any kind of ``X``)."""
         x = self._blocks(X)
-        parts = x.map_blocks(
-            blas_capped(_inertia_block), self.cluster_centers_, self.precision,
-            chunks=((1,) * x.numblocks[0], (1,)), dtype=np.float64, meta=np.empty((0, 0)),
-        )
-        return -float(parts.sum().compute()) * inertia_scale(self.metric)
+        backend = getattr(self, "backend_", "auto")
+        with using_client(self.client, backend) as client:
+            xb = infer.blocks(client, x, backend, self.metric)
+            return -infer.inertia(client, xb, self.cluster_centers_, self.precision) * inertia_scale(self.metric)
 
     def plot(self, X: Any = None, path: str | None = None, sample: int | None = None):
         """A report of the fit: convergence (inertia and shift per iteration), cluster sizes
@@ -459,6 +569,8 @@ class KMeans:
                 "inertia": self.inertia_,
                 "n_iter": self.n_iter_,
                 "n_features_in": self.n_features_in_,
+                "feature_names_in": None if getattr(self, "feature_names_in_", None) is None
+                else [str(n) for n in self.feature_names_in_],
                 "dtype": str(self.cluster_centers_.dtype),
                 "backend": getattr(self, "backend_", None),
                 "tier": getattr(self, "tier_", None),
@@ -481,6 +593,8 @@ class KMeans:
         km.inertia_ = float(attrs["inertia"])
         km.n_iter_ = int(attrs["n_iter"])
         km.n_features_in_ = int(attrs["n_features_in"])
+        if attrs.get("feature_names_in"):
+            km.feature_names_in_ = np.asarray(attrs["feature_names_in"], dtype=object)
         km.history_ = list(attrs.get("history", []))
         km.backend_ = attrs.get("backend") or "auto"
         if sizes is not None:
@@ -503,36 +617,37 @@ def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] |
     return each
 
 
-def _finite_rows(block, block_info=None):
-    """``block`` itself; a row with a NaN or infinity is a DataError naming its global index."""
-    xp = get_backend(block).xp
-    bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
-    if bad.size:
-        offset = block_info[0]["array-location"][0][0] if block_info and block_info.get(0) else 0
-        raise DataError(f"X contains NaN or infinity (first at row {int(bad[0]) + offset}); clean or drop those rows")
-    return block
+def feature_names(X: Any) -> np.ndarray | None:
+    """The column names of ``X`` as scikit-learn takes them: an object array (n_features,) of
+    str when ``X`` has ``columns`` (pandas, Dask or another DataFrame) all named by strings;
+    None for no columns or names that are not strings (a pandas default of 0, 1, ...).
+
+    Raises
+    ------
+    TypeError
+        Names that mix strings and other types, as scikit-learn raises.
+    """
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, (str, os.PathLike)):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    if names.ndim != 1 or len(names) == 0:
+        return None
+    types = sorted({type(v).__qualname__ for v in names})
+    if len(types) > 1 and "str" in types:
+        raise TypeError(
+            f"Feature names are only supported if all input features have string names, but your input has "
+            f"{types} as feature name / column name types. If you want feature names to be stored and validated, "
+            f"you must convert them all to strings, by using X.columns = X.columns.astype(str) for example. "
+            f"Otherwise you can remove feature / column names from your input data, or convert them all to a "
+            f"non-string data type."
+        )
+    return names if types == ["str"] else None
 
 
-def _prep(block, centers, precision="fp32"):
-    be = get_backend(block)
-    return be, be.prepare(centers, block.dtype, precision)
-
-
-def _predict_block(block, centers, precision):
-    be, p = _prep(block, centers, precision)
-    return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
-
-
-def _transform_block(block, centers, metric):
-    be, p = _prep(block, centers)
-    d2 = be.to_numpy(be.sqdistances(block, p))
-    out = get_metric(metric).distances(d2)
-    return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
-
-
-def _inertia_block(block, centers, precision):
-    be, p = _prep(block, centers, precision)
-    return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
+def _name_list(names: list[str], most: int = 5) -> str:
+    """Up to ``most`` names, one ``- name`` line each (scikit-learn's listing)."""
+    return "".join(f"- {n}\n" for n in names[:most]) + ("- ...\n" if len(names) > most else "")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,0 +1,97 @@
+"""Inference with fitted centroids: labels, distances and inertia of new rows, block by block.
+
+What ``KMeans.predict``, ``transform`` and ``score`` run: one task per row chunk of ``X``
+(no placement, no collective: each block needs only the centroids), with BLAS capped to the
+worker's threads. Results are lazy Dask arrays of NumPy blocks; :func:`materialise` computes
+one through the given client when the caller's input was in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from distributed import Client
+
+from ..backends import backend_name, get_backend
+from ..dask_cluster import resolve_backend
+from ..errors import DataError
+from ..metric import get_metric
+from ..placement import blas_capped, to_backend
+
+
+def blocks(client: Client, x: da.Array, requested: str, metric: str) -> da.Array:
+    """``x`` (n, d) ready for the kernels: finite rows checked as each block is computed, rows
+    as ``metric`` takes them (unit rows for cosine), blocks on the backend ``requested``
+    resolves to on ``client``'s workers (``"auto"``: the data's, else the workers' kind)."""
+    # As in fit: a NaN or infinite row has no nearest centroid (and the GPU kernels' top-2
+    # states would keep no index for it).
+    x = x.map_blocks(_finite_rows, dtype=x.dtype, meta=x._meta)
+    x = get_metric(metric).rows(x)
+    return to_backend(x, resolve_backend(client, requested, backend_name(x)))
+
+
+def labels(x: da.Array, centers: np.ndarray, precision: str) -> da.Array:
+    """Nearest-centroid labels (n,) int32 of :func:`blocks`' ``x`` under ``centers`` (k, d)."""
+    return x.map_blocks(blas_capped(_predict_block), centers, precision, drop_axis=1, dtype=np.int32,
+                        meta=np.empty(0, np.int32))
+
+
+def distances(x: da.Array, centers: np.ndarray, metric: str) -> da.Array:
+    """Distances (n, k) in ``x``'s dtype from each row to each of ``centers`` (k, d), as
+    ``metric`` defines them (Euclidean, or ``1 - cos``)."""
+    k = int(centers.shape[0])
+    return x.map_blocks(blas_capped(_transform_block), centers, metric, chunks=(x.chunks[0], (k,)),
+                        dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
+
+
+def inertia(client: Client, x: da.Array, centers: np.ndarray, precision: str) -> float:
+    """The sum over rows of the squared distance (n,) to the nearest of ``centers`` (k, d),
+    added in chunk order, computed on ``client``."""
+    parts = x.map_blocks(blas_capped(_inertia_block), centers, precision, chunks=((1,) * x.numblocks[0], (1,)),
+                         dtype=np.float64, meta=np.empty((0, 0)))
+    return float(parts.sum().compute(scheduler=client))
+
+
+def materialise(client: Client, result: da.Array, like: Any) -> Any:
+    """``result`` computed on ``client`` as an array of ``like``'s kind (NumPy, or CuPy for
+    CuPy ``like``) when ``like`` is in memory; the lazy ``result`` itself when ``like`` is a
+    Dask collection or a path (data that may not fit the client's memory)."""
+    import dask
+
+    if dask.is_dask_collection(like) or isinstance(like, (str, bytes)) or hasattr(like, "__fspath__"):
+        return result
+    return get_backend(like).asarray(result.compute(scheduler=client))
+
+
+def _finite_rows(block, block_info=None):
+    """``block`` itself; a row with a NaN or infinity is a DataError naming its global index."""
+    xp = get_backend(block).xp
+    bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
+    if bad.size:
+        offset = block_info[0]["array-location"][0][0] if block_info and block_info.get(0) else 0
+        raise DataError(f"X contains NaN or infinity (first at row {int(bad[0]) + offset}); clean or drop those rows")
+    return block
+
+
+def _prep(block, centers, precision="fp32"):
+    be = get_backend(block)
+    return be, be.prepare(centers, block.dtype, precision)
+
+
+def _predict_block(block, centers, precision):
+    be, p = _prep(block, centers, precision)
+    return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
+
+
+def _transform_block(block, centers, metric):
+    be, p = _prep(block, centers)
+    d2 = be.to_numpy(be.sqdistances(block, p))
+    out = get_metric(metric).distances(d2)
+    return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
+
+
+def _inertia_block(block, centers, precision):
+    be, p = _prep(block, centers, precision)
+    return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
