@@ -23,12 +23,41 @@ import warnings
 from typing import Sequence
 
 from . import __version__
-from .options import METRICS, PRECISIONS
-from .progress import Progress
+from . import seeding
+from .options import PRECISIONS, TIERS
+from .progress import Progress, Steps, watching
 from .timing import Phases
 from .validation import float_option, int_option, size_option
 
 _SEED = dict(low=0, high=2**32 - 1)  # numpy's seeds
+
+
+class _Registered:
+    """The names of a registry (``module.attribute``, a mapping) as argparse's ``choices``,
+    looked up when argparse first needs them (to check a value, or for a subcommand's
+    ``--help``): the metrics' module loads NumPy, and ``daskmeans --help`` loads nothing heavy."""
+
+    def __init__(self, module: str, attribute: str):
+        self.module, self.attribute = module, attribute
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module, __package__), self.attribute))
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+def _init_help() -> str:
+    names = [f"{n} (default)" if n == seeding.DEFAULT else n for n in seeding.names()]
+    return ", ".join(names) + ", or a .npy file of K x D centroids"
+
+
+def _tier_help() -> str:
+    return ("where workers keep the rows: " + "; ".join(f"{name}: {what}" for name, what in TIERS.items())
+            + " (default auto)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,25 +100,29 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="daskmeans", description="Distributed, out-of-core k-means on Dask (GPU or CPU).")
     ap.add_argument("--version", action="version", version=f"daskmeans {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, help="the command (each has its own --help)")
 
     f = sub.add_parser("fit", help="fit a model to DATA (.zarr, .csv or .npy)")
-    f.add_argument("data")
+    f.add_argument("data", help="the rows to cluster: a .zarr array or group (see --dataset), a .csv or a .npy file")
     f.add_argument("--k", type=int_option("--k"), required=True, help="number of clusters")
     f.add_argument("-o", "--output", default="model.zarr", help="model to write (Zarr group; default model.zarr)")
-    f.add_argument("--init", default="k-means||", help="k-means|| (default), k-means++, random, or a .npy of centroids")
-    f.add_argument("--n-init", type=int_option("--n-init"), default=1)
-    f.add_argument("--max-iter", type=int_option("--max-iter"), default=300)
-    f.add_argument("--tol", type=float_option("--tol"), default=1e-4)
-    f.add_argument("--seed", type=int_option("--seed", **_SEED), default=None)
-    f.add_argument("--metric", choices=METRICS, default="euclidean",
-                   help="cosine: spherical k-means (unit rows and centroids)")
+    f.add_argument("--init", default=seeding.DEFAULT, help=_init_help())
+    f.add_argument("--n-init", type=int_option("--n-init"), default=1, metavar="N",
+                   help="runs from different seeds; the run of lowest inertia is kept (default 1)")
+    f.add_argument("--max-iter", type=int_option("--max-iter"), default=300, metavar="N",
+                   help="most iterations of a run (default 300)")
+    f.add_argument("--tol", type=float_option("--tol"), default=1e-4, metavar="T",
+                   help="stop once the centroids move less than T x the mean feature variance (default 1e-4)")
+    f.add_argument("--seed", type=int_option("--seed", **_SEED), default=None, metavar="S",
+                   help="random seed: the same seed gives the same model for any chunking and worker count "
+                        "(default: a fresh one)")
+    # A metavar: argparse would otherwise list the choices (load the registry) as it adds the option.
+    f.add_argument("--metric", choices=_Registered(".metric", "REGISTRY"), default="euclidean", metavar="NAME",
+                   help="the distance, one of %(choices)s (default euclidean)")
     f.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
-    f.add_argument("--tier", choices=("auto", "device", "host", "storage"), default="auto",
-                   help="where workers keep the rows: GPU memory, host memory, or re-read from the file each pass "
-                        "(default auto: the first that fits the budgets)")
+    f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
     f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
                    help="GPU memory per worker (e.g. 40GiB; default auto)")
@@ -108,38 +141,44 @@ def _parser() -> argparse.ArgumentParser:
     _add_cluster_args(f)
 
     p = sub.add_parser("predict", help="label DATA with a fitted MODEL")
-    p.add_argument("model")
-    p.add_argument("data")
-    p.add_argument("-o", "--output", required=True, metavar="LABELS.zarr")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("model", help="a model written by daskmeans fit")
+    p.add_argument("data", help="the rows to label (.zarr, .csv or .npy), with the model's number of features")
+    p.add_argument("-o", "--output", required=True, metavar="LABELS.zarr",
+                   help="where to write the labels: a Zarr group holding the int32 array 'labels' (one per row)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing labels output")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _add_data_args(p)
     _add_cluster_args(p)
 
     i = sub.add_parser("info", help="describe a fitted MODEL")
-    i.add_argument("model")
+    i.add_argument("model", help="a model written by daskmeans fit")
     i.add_argument("--json", action="store_true", help="print the model's attributes as JSON")
 
     pl = sub.add_parser("plot", help="draw a fitted MODEL: convergence, cluster sizes and, with DATA, a 2-D projection")
-    pl.add_argument("model")
+    pl.add_argument("model", help="a model written by daskmeans fit")
     pl.add_argument("data", nargs="?", help="also draw a PCA projection of a sample of these rows, coloured by cluster")
     pl.add_argument("-o", "--output", required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
     pl.add_argument("--sample", type=int_option("--sample"), default=None, metavar="N",
                     help="rows of DATA drawn (default 20000)")
-    pl.add_argument("--overwrite", action="store_true")
+    pl.add_argument("--overwrite", action="store_true", help="replace an existing image")
     _add_data_args(pl)
 
     g = sub.add_parser("generate", help="write synthetic data")
-    gs = g.add_subparsers(dest="kind", required=True)
+    gs = g.add_subparsers(dest="kind", required=True, help="what to generate")
     b = gs.add_parser("blobs", help="isotropic Gaussian blobs, written chunk by chunk to Zarr")
     b.add_argument("--n", type=int_option("--n"), required=True, help="rows")
     b.add_argument("--d", type=int_option("--d"), required=True, help="features")
-    b.add_argument("--centers", type=int_option("--centers"), required=True)
-    b.add_argument("--std", type=float_option("--std"), default=1.0)
-    b.add_argument("--seed", type=int_option("--seed", **_SEED), default=0)
-    b.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    b.add_argument("--chunk-rows", type=int_option("--chunk-rows"))
-    b.add_argument("-o", "--output", required=True, metavar="DATA.zarr")
-    b.add_argument("--overwrite", action="store_true")
+    b.add_argument("--centers", type=int_option("--centers"), required=True,
+                   help="number of blobs (centres drawn uniformly in [-10, 10] per feature)")
+    b.add_argument("--std", type=float_option("--std"), default=1.0, help="each blob's standard deviation (default 1)")
+    b.add_argument("--seed", type=int_option("--seed", **_SEED), default=0,
+                   help="random seed (default 0); each chunk is drawn from (seed, chunk index)")
+    b.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="the values' type (default float32)")
+    b.add_argument("--chunk-rows", type=int_option("--chunk-rows"), metavar="R",
+                   help="rows per Zarr chunk (default: about daskmeans.chunk-bytes per chunk)")
+    b.add_argument("-o", "--output", required=True, metavar="DATA.zarr", help="the Zarr array to write")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing generated dataset")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress")
     return ap
 
 
@@ -262,15 +301,19 @@ def _cmd_fit(args) -> int:
     with Outputs() as outputs:
         with phase("read"):
             init = args.init
-            if init not in ("k-means||", "k-means++", "random") and not os.path.exists(init):
-                raise DaskmeansError(f"--init {init!r} should be k-means||, k-means++, random or an existing .npy file")
+            if init not in seeding.REGISTRY and not os.path.exists(init):
+                raise DaskmeansError(f"--init {init!r} should be {', '.join(seeding.names())} or an existing .npy file")
             km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
                         random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
                         memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
             km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
-            inputs = [args.data] + ([init] if init not in ("k-means||", "k-means++", "random") else [])
+            # The inputs first: a missing input is the error to report, whatever the outputs.
+            X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            check_n_clusters(int(X.shape[0]), args.k)
+            km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
+            inputs = [args.data] + ([init] if init not in seeding.REGISTRY else [])
             outputs.claim(args.output, "model", args.overwrite, inputs)
             outputs.claim(args.labels, "labels", args.overwrite, inputs + [args.output])
             outputs.claim(args.timings, "timings", args.overwrite, inputs + [args.output, args.labels])
@@ -280,9 +323,6 @@ def _cmd_fit(args) -> int:
             # checkpoint only), but never be an input or another output.
             outputs.claim(args.checkpoint, "checkpoint", True, inputs + [args.output, args.labels, args.timings],
                           defer=False, by="--checkpoint")
-            X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
-            check_n_clusters(int(X.shape[0]), args.k)
-            km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
         with contextlib.ExitStack() as cluster:
             with phase("cluster"):
                 client = cluster.enter_context(_connect(args))
@@ -296,6 +336,7 @@ def _cmd_fit(args) -> int:
                 threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
             t0 = time.perf_counter()
             progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
+            cluster.enter_context(watching(Steps(args.quiet)))  # placing, the init, the labels' write
             with _config(args), contextlib.closing(progress):
                 try:
                     km.fit(X, callback=progress, resume=args.resume)
@@ -306,7 +347,8 @@ def _cmd_fit(args) -> int:
                     raise
                 _check_interrupt()
             phase.update({f"fit {k}": v for k, v in km.timings_.items()})
-            _say(f"daskmeans: {km.tier_plan_}")
+            if args.verbose and args.n_init > 1:
+                _say(f"daskmeans: run {km.best_run_} of {args.n_init} has the lowest inertia: its model is kept")
             _say(
                 f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
                 f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
@@ -356,15 +398,15 @@ def _cmd_predict(args) -> int:
 
     _check_cluster_args(args)
     with Outputs() as outputs:
-        outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
-        km = load(args.model)
+        km = load(args.model)  # the inputs before the output
         X = _read(args)
         check_n_features(km.n_features_in_, int(X.shape[1]))
-        with _connect(args) as client:
+        outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
+        with _connect(args) as client, watching(Steps(args.quiet)):
             check_paths_on_workers(client, read=[args.data], write=[args.output])
             km.client = client
             km.backend_ = args.backend
-            labels = km.predict(X)
+            labels = km.predict(X)  # lazy: computed block by block as they are written
             _check_interrupt()
             write_array(labels, args.output, name="labels", kind="labels")
         _check_interrupt()
@@ -378,13 +420,13 @@ def _cmd_plot(args) -> int:
     from .io.readers import read
 
     with Outputs() as outputs:
-        outputs.claim(args.output, "plot", args.overwrite, [args.model, args.data])
-        _check_image_suffix(args.output)
-        km = load(args.model)
+        km = load(args.model)  # the inputs before the output
         X = None
         if args.data is not None:
             X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
                      drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+        outputs.claim(args.output, "plot", args.overwrite, [args.model, args.data])
+        _check_image_suffix(args.output)
         fig = km.plot(X, sample=args.sample)
         with atomic_file(args.output, kind="plot") as tmp:
             fig.savefig(tmp, format=os.path.splitext(args.output)[1].lstrip(".").lower())
@@ -418,10 +460,15 @@ def _cmd_info(args) -> int:
     print(f"clusters     {centers.shape[0]}  features {centers.shape[1]}  dtype {attrs.get('dtype')}")
     print(f"inertia      {attrs.get('inertia'):.6e}")
     print(f"iterations   {attrs.get('n_iter')}  (max_iter {p.get('max_iter')}, tol {p.get('tol')})")
-    print(f"init         {p.get('init')}  seed {p.get('random_state')}  backend {attrs.get('backend')}")
+    print(f"init         {p.get('init')}  seed {p.get('random_state')}  backend {attrs.get('backend')}  "
+          f"tier {attrs.get('tier')}")
+    if attrs.get("best_run") is not None:
+        print(f"best run     {attrs['best_run']} of {p.get('n_init')} (the lowest inertia of the --n-init runs)")
     if hist:
         print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
     print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
+    print("parameters   " + "  ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+                                      for name, value in p.items()))
     if hist:
         print()
         print(f"{'iter':>5} {'inertia':>14} {'shift':>10} {'reassigned':>11} {'empty':>6} {'imbalance':>9} "
@@ -443,7 +490,8 @@ def _cmd_generate(args) -> int:
         X, _ = make_blobs(args.n, args.d, args.centers, cluster_std=args.std, random_state=args.seed, dtype=args.dtype,
                           chunk_rows=args.chunk_rows)
         t0 = time.perf_counter()
-        write_array(X, args.output, kind="data")
+        with watching(Steps(args.quiet)):  # each block drawn and written
+            write_array(X, args.output, kind="data")
     _say(f"daskmeans: {args.n} x {args.d} {args.dtype} blobs ({args.centers} centers) written to {args.output} in "
          f"{time.perf_counter() - t0:.1f} s")
     return 0

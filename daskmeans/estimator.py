@@ -427,6 +427,7 @@ class KMeans:
         self.backend_ = best.backend
         self.tier_ = best.tier
         self.tier_plan_ = best.tier_plan
+        self.best_run_ = best.best_run
         self.tol_abs_ = best.tol_abs
         self.converged_ = best.converged
         self.timings_ = best.timings
@@ -574,6 +575,7 @@ class KMeans:
                 "dtype": str(self.cluster_centers_.dtype),
                 "backend": getattr(self, "backend_", None),
                 "tier": getattr(self, "tier_", None),
+                "best_run": getattr(self, "best_run_", None),
                 "history": getattr(self, "history_", []),
                 "timings": getattr(self, "timings_", {}),
                 "daskmeans_version": __version__,

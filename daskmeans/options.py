@@ -1,5 +1,19 @@
-"""Names users choose among, in one light module (the CLI's choices load nothing heavy)."""
+"""Choices that belong to no heavier module, in one light module: the command's ``--help``
+reads them without loading NumPy or Dask.
 
-METRICS = ("euclidean", "cosine")
+:data:`TIERS` is the registry of memory tiers (``engine.plan`` chooses one, ``placement``
+places the rows in it): the estimator's ``tier=`` values, the command's ``--tier`` choices and
+its help come from it. The metrics' registry is :data:`daskmeans.metric.REGISTRY`, the inits'
+:data:`daskmeans.seeding.REGISTRY`.
+"""
+
 # GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy_backend).
 PRECISIONS = ("fp32", "tf32", "bf16")
+
+# Where a worker keeps its rows during the iterations: name -> what it means, for the help.
+TIERS: dict[str, str] = {
+    "auto": "the first of device, host, storage that fits the budgets",
+    "device": "GPU memory",
+    "host": "host memory (pinned on a GPU worker, copied to the GPU chunk by chunk each pass)",
+    "storage": "re-read from the source file each pass",
+}

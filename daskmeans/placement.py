@@ -34,9 +34,8 @@ from .backends import backend_name, get_backend
 from .dask_cluster import check_scheduler
 from .errors import DaskmeansError
 from .io.readers import split_rows
-
-
-TIERS = ("auto", "device", "host", "storage")
+from .options import TIERS  # noqa: F401  (the tiers' registry, re-exported)
+from .progress import advance
 
 
 class ChunkReader:
@@ -443,6 +442,7 @@ def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WO
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]
+        advance(status.count("finished"), len(futs))  # chunks placed, for the command's progress
         if all(s == "finished" for s in status):
             return
         if "error" in status:

@@ -1,13 +1,23 @@
-"""A fit's progress for people: a live bar on a terminal, or one line per iteration.
+"""What people see of a command's work: a live bar on a terminal, or plain lines.
 
-Used by the command line (on stderr) and by ``KMeans(verbose=...)`` (on stdout, as in a
-notebook). The statistics are the loop's (see ``KMeans.history_``), plus ``run``.
+:class:`Progress` shows a fit's iterations; it is used by the command line (on stderr) and by
+``KMeans(verbose=...)`` (on stdout, as in a notebook). The statistics are the loop's (see
+``KMeans.history_``), plus ``run``.
+
+:class:`Steps` shows the other long steps of a command (placing the data, the init, writing
+labels, generating data). The code doing a step reports it through :func:`step`,
+:func:`advance` and :func:`note`, which do nothing unless a command watches (:func:`watching`):
+the library itself prints nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import shutil
 import sys
+import time
+from typing import Iterator, TextIO
 
 
 class Progress:
@@ -78,3 +88,111 @@ class Progress:
             self.bar.bar_format = self._format(self.last)
             self.bar.close()
             self.bar = None
+
+
+class Steps:
+    """The long steps of a command besides the iterations, each shown while it runs: a tqdm
+    bar on a terminal (with a count and ETA where the step knows its total), else one line
+    when it ends (``daskmeans: place: 12/12 chunks in 0.53 s``, ``daskmeans: init random in
+    0.20 s``); nothing when ``quiet``.
+    Notes (:func:`note`) are lines, also when ``quiet``.
+
+    Parameters
+    ----------
+    quiet : bool
+    stream : file, default sys.stderr
+    live : bool, optional
+        Whether to draw bars; default: when ``stream`` is a terminal and not ``quiet``.
+    """
+
+    def __init__(self, quiet: bool, stream: TextIO | None = None, live: bool | None = None):
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.live = (not quiet and self.stream.isatty()) if live is None else live
+        self.name: str | None = None
+        self.bar = None
+
+    def start(self, name: str, total: int | None, unit: str) -> None:
+        self.name, self.total, self.unit, self.done, self.t0 = name, total, unit, 0, time.perf_counter()
+        if self.live and not self.quiet:
+            from tqdm import tqdm
+
+            size = shutil.get_terminal_size()
+            # A step of unknown length shows the time it has taken.
+            fmt = None if total is not None else "{desc}: {elapsed}"
+            self.bar = tqdm(total=total, desc=name, unit=f" {unit}" if unit else "it", file=self.stream,
+                            leave=True, ncols=size.columns, nrows=size.lines, bar_format=fmt)
+
+    def advance(self, done: int, total: int | None = None) -> None:
+        if self.name is None:
+            return
+        if total is not None and total != self.total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
+                self.bar.bar_format = None  # now with its count and ETA
+                self.bar.refresh()
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done = done
+
+    def end(self) -> None:
+        if self.name is None:
+            return
+        seconds = time.perf_counter() - self.t0
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif not self.quiet:
+            count = f": {self.done}/{self.total}" + (f" {self.unit}" if self.unit else "") if self.total else ""
+            print(f"daskmeans: {self.name}{count} in {seconds:.2f} s", file=self.stream, flush=True)
+        self.name = None
+
+    def note(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+_watcher: contextvars.ContextVar[Steps | None] = contextvars.ContextVar("daskmeans_steps", default=None)
+
+
+@contextlib.contextmanager
+def watching(steps: Steps) -> Iterator[Steps]:
+    """Show the steps reported in this context (a command's) with ``steps``."""
+    token = _watcher.set(steps)
+    try:
+        yield steps
+    finally:
+        steps.end()
+        _watcher.reset(token)
+
+
+@contextlib.contextmanager
+def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
+    """A long step named ``name``, of ``total`` units (chunks, rounds, blocks) if known.
+    A step inside another (one the caller knows nothing of) leaves the outer one shown."""
+    steps = _watcher.get()
+    if steps is None or steps.name is not None:
+        yield
+        return
+    steps.start(name, total, unit)
+    try:
+        yield
+    finally:
+        steps.end()
+
+
+def advance(done: int, total: int | None = None) -> None:
+    """``done`` units of the step under way are done (of ``total``, where it is known only now)."""
+    steps = _watcher.get()
+    if steps is not None:
+        steps.advance(done, total)
+
+
+def note(line: str) -> None:
+    """A line for the person watching the command (nothing outside one)."""
+    steps = _watcher.get()
+    if steps is not None:
+        steps.note(line)

@@ -14,6 +14,7 @@ repeats the step (every step is deterministic given its seed, so the result is t
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..io.readers import split_rows
 from ..metric import get_metric
 from ..placement import Placement, WorkerLost, balance_chunks, place
+from ..progress import note, step
 from ..seeding import resolve_init
 from ..timing import Phases
 from .driver import run_lloyd, warm_kernels
@@ -87,6 +89,8 @@ class FitResult:
     backend, tier, tier_plan : str
     tol_abs : float
     timings : dict of str to float (seconds of the phases)
+    best_run : int
+        Which of the ``n_init`` runs (from 1) gave this result.
     """
 
     centroids: np.ndarray
@@ -101,6 +105,7 @@ class FitResult:
     tier_plan: str
     tol_abs: float
     timings: dict = field(default_factory=dict)
+    best_run: int = 1
 
 
 def fit_distributed(
@@ -156,9 +161,13 @@ def fit_distributed(
         warm_kernels(client, backend, k, d, X.dtype, params.precision, max(X.chunks[0]))
     drv = _Driver(client, X, backend, w, tiers.tier)
     try:
-        with phase("place"):
+        with phase("place"), step("place", unit="chunks"):
             drv.survive(lambda p: p)
-        with phase("moments"):
+        # The tier line, with the largest share a worker was given (the plan's is a bound).
+        rows = max(sum(drv.placement.row_chunks[i] for i in ids) for ids in drv.placement.chunk_ids)
+        tiers = dataclasses.replace(tiers, share=rows * d * X.dtype.itemsize)
+        note(f"daskmeans: {tiers.describe()}")
+        with phase("moments"), step("moments (one pass over the data)"):
             # A checkpoint written or resumed names the data by its content digest.
             moments = drv.survive(lambda p: data_moments(client, p, digest=params.checkpoint is not None))
         tol_abs = float(np.mean(moments["var"])) * float(params.tol)
@@ -177,7 +186,8 @@ def fit_distributed(
             elif not isinstance(params.init, str):
                 c0 = params.init
             else:
-                with phase("init"):
+                of = f" (run {run + 1}/{params.n_init})" if params.n_init > 1 else ""
+                with phase("init"), step(f"init {params.init}{of}", unit="steps"):
                     c0 = drv.survive(lambda p: resolve_init(
                         client, p, params.init, k, int(seeds[run]), params.oversampling_factor))
                 c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
@@ -192,13 +202,13 @@ def fit_distributed(
                     checkpoint_every=params.checkpoint_every,
                 )
             if best is None or res.inertia < best.inertia:
-                best = res
+                best, best_run = res, run + 1
     finally:
         drv.placement = None  # the shards (and so the persisted data) are released here
     return FitResult(
         best.centroids, best.inertia, best.n_iter, best.history, best.sizes, best.converged,
         _labels_array(best.states, best.row_chunks, best.layout), backend, tiers.tier, tiers.describe(), tol_abs,
-        phase.seconds,
+        phase.seconds, best_run,
     )
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .paths import FORMATS, atomic_dir, atomic_file, output_lock  # noqa: F401  (the writers' helpers, here too)
+from ..progress import advance, step
+from .paths import FORMATS, atomic_dir, atomic_file, describe, output_lock  # noqa: F401  (the writers' helpers, here too)
 
 FORMAT = FORMATS["model"]
 FORMAT_VERSION = 1
@@ -73,11 +74,15 @@ def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray 
 
 
 def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
-    """``(group, attrs)`` of a daskmeans Zarr group of format ``fmt``, else a DataError."""
+    """``(group, attrs)`` of a daskmeans Zarr group of format ``fmt``, else a DataError: one
+    that says what the path holds instead (data, labels, a plain Zarr array...)."""
     import zarr
 
     if not os.path.exists(path):
         raise DataError(missing)
+    found = describe(path)
+    if found != f"a daskmeans {what}":
+        raise DataError(f"{path} is not a daskmeans {what}: it is {found}")
     try:
         g = zarr.open_group(path, mode="r")
         attrs = dict(g.attrs)
@@ -112,6 +117,7 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
     ``kind`` ("labels", "data") marks the output as daskmeans' (the attribute ``format``,
     ``daskmeans-labels`` or ``daskmeans-data``, of the group, or of the array without
     ``name``), and an existing ``path`` is then replaced only if it is marked the same.
+    The blocks written are the step ``write <kind>`` of a command's progress.
     """
     import dask
     import zarr
@@ -135,7 +141,8 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
             )
             for idx in np.ndindex(*x.numblocks)
         ]
-        _run_writes(writes)
+        with step(f"write {kind or 'array'}", total=len(writes), unit="blocks"):
+            _run_writes(writes)
 
 
 def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[int, ...]) -> None:
@@ -154,10 +161,11 @@ def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[in
 
 
 def _run_writes(writes: list) -> None:
-    """Run the block writes: on the distributed client when there is one (cancelled if the
-    wait is interrupted), else on Dask's threads, returning or raising once none still runs
-    (Dask's threaded scheduler raises at the first failure while other writes go on, which
-    would then write into the directory the caller is removing)."""
+    """Run the block writes, each counted as done (:func:`daskmeans.progress.advance`): on the
+    distributed client when there is one (the writes not started are cancelled at the first
+    failure or interruption), else on Dask's threads, returning or raising once none still
+    runs (Dask's threaded scheduler raises at the first failure while other writes go on,
+    which would then write into the directory the caller is removing)."""
     import dask
     from concurrent.futures import ThreadPoolExecutor
 
@@ -166,19 +174,33 @@ def _run_writes(writes: list) -> None:
 
         client = get_client()
     except (ImportError, ValueError):
+        from dask.callbacks import Callback
+        from dask.utils import key_split
+
+        written = 0
+
+        def posttask(key, *_: Any) -> None:  # called in this thread, by the threaded scheduler's loop
+            nonlocal written
+            if key_split(key) == "write_block":  # _write_block's tasks (key_split drops the underscore)
+                written += 1
+                advance(written)
+
         pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="daskmeans-write")
         try:
-            dask.compute(*writes, scheduler="threads", pool=pool)
+            with Callback(posttask=posttask):
+                dask.compute(*writes, scheduler="threads", pool=pool)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         return
-    fut = client.compute(dask.delayed(_done, pure=False)(*writes))
+    from distributed import as_completed
+
+    futs = client.compute(writes)
     try:
-        fut.result()
+        for written, fut in enumerate(as_completed(futs), 1):
+            if fut.status == "error":
+                fut.result()  # raises the write's error
+            advance(written)
+        client.gather(futs)
     except BaseException:
-        client.cancel(fut, force=True)  # the writes not yet started are dropped with it
+        client.cancel(futs, force=True)  # the writes not yet started are dropped with them
         raise
-
-
-def _done(*_: Any) -> None:
-    return None

@@ -17,6 +17,7 @@ from distributed import Client
 from .. import config
 from ..backends import get_backend
 from ..placement import Placement, Shard, blas_capped
+from ..progress import advance
 from ..reduction import tree_reduce
 from . import rows
 from .kernels import seed_batched, weighted_lloyd
@@ -181,6 +182,7 @@ def init_kmeans_parallel(
         )
         new = samples
         rounds_drawn.append(new)
+        advance(r, rounds + 1)  # the rounds, then the recluster
     if new is not None:  # the last round's draws
         states, offset = fold(states, new, offset)
     weights = tree_reduce(
@@ -191,8 +193,11 @@ def init_kmeans_parallel(
     if n_cand < k:
         # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
         return init_kmeans_plusplus(client, placement, k, seed)
+    advance(rounds, rounds + 1)
     fut = client.submit(
         blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
         pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
     )
-    return result(client, placement, fut)
+    centers = result(client, placement, fut)
+    advance(rounds + 1)
+    return centers

@@ -8,6 +8,7 @@ import pytest
 import zarr
 
 from daskmeans.cli import main
+from terminal import on_a_terminal
 
 
 def run(capsys, *argv):
@@ -296,34 +297,12 @@ def test_info_prints_the_history_table(blobs, capsys, tmp_path):
     assert all(float(r[5]) >= 1.0 and float(r[7]) > 0 for r in rows)
 
 
-def _on_a_terminal(argv: list[str]) -> str:
-    """Run ``argv`` with stdout and stderr on a pseudo-terminal; everything it wrote."""
-    import pty
-    import subprocess
-
-    main_fd, child_fd = pty.openpty()
-    p = subprocess.Popen(argv, stdout=child_fd, stderr=child_fd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    os.close(child_fd)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(main_fd, 65536)
-        except OSError:  # the terminal closed: the command ended
-            break
-        if not chunk:
-            break
-        out += chunk
-    assert p.wait(timeout=300) == 0, out
-    os.close(main_fd)
-    return out.decode()
-
-
 def test_progress_is_a_bar_on_a_terminal(blobs):
     import re
     import sys
 
     d, data = blobs
-    out = _on_a_terminal([sys.executable, "-m", "daskmeans", "fit", data, "--k", "4", "--seed", "0", "--n-init", "2",
+    out = on_a_terminal([sys.executable, "-m", "daskmeans", "fit", data, "--k", "4", "--seed", "0", "--n-init", "2",
                           "--workers", "2", "-o", str(d / "bar.zarr")])
     assert "iter    1" not in out  # no log lines: the bar
     for run in (1, 2):
