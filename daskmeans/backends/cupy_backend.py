@@ -35,7 +35,7 @@ from .grid import Grid
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "working_bytes"]
+           "on_host", "tile_setting", "working_bytes"]
 
 
 def __getattr__(attr: str) -> Any:
@@ -48,6 +48,7 @@ def __getattr__(attr: str) -> Any:
 
 name = "cupy"
 on_host = False
+tile_setting = "gpu-tile-bytes"
 
 
 def asarray(block: Any, dtype: Any = None) -> Any:

@@ -26,6 +26,7 @@ from .grid import Grid
 name = "numpy"
 xp = numpy
 on_host = True
+tile_setting = "tile-bytes"
 
 
 def asarray(block: Any, dtype: Any = None) -> numpy.ndarray:

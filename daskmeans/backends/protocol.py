@@ -19,6 +19,7 @@ class Backend(Protocol):
     name: str  # the registry's key ("numpy" or "cupy"): for messages, never compared
     # Capabilities: what the engine asks instead of a backend's name.
     on_host: bool  # buffers are host NumPy memory (no device budget, no device collective)
+    tile_setting: str  # the daskmeans setting that bounds the kernels' tiles (working_bytes)
 
     @property
     def xp(self) -> Any:
@@ -109,4 +110,4 @@ def members() -> Iterable[str]:
 
 def capabilities() -> dict[str, type]:
     """The capability attributes a backend module must define, with their types."""
-    return {"on_host": bool}
+    return {"on_host": bool, "tile_setting": str}

@@ -31,10 +31,14 @@ from ..backends import get_backend
 from ..errors import DaskmeansError
 from ..placement import Placement
 from .dask_collective import DaskCollective
-from .mailbox import (  # noqa: F401  (re-exported: the engine's one door to collectives)
+from .mailbox import (  # re-exported: the engine's one door to collectives
     OPEN, Collective, CollectiveAborted, CollectiveSpec, abort, install_mailbox, mailbox, release,
 )
 from .nccl_collective import NcclCollective, gpu_device, nccl_available, nccl_unique_id
+
+__all__ = ["COLLECTIVES", "REGISTRY", "SINGLE", "Collective", "CollectiveAborted", "CollectiveSpec", "DaskCollective",
+           "Kind", "NcclCollective", "SingleRank", "abort", "choose_collective", "install_mailbox", "mailbox",
+           "make_spec", "nccl_unique_id", "open_collective", "release"]
 
 
 class SingleRank:

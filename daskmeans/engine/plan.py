@@ -118,18 +118,44 @@ def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n
             f"rows or a lower max_iter shorten it")
 
 
+def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
+                  sm_count: int = 0) -> dict[str, int]:
+    """What one worker's loop needs besides its data, part by part (bytes): ``model``, K x D
+    float64 centroids (current, previous, new), the iteration buffer (one int64 per sum, sent
+    and received), a chunk's sums and the update's temporaries; ``tiles``, the kernels' own
+    buffers (the backend's ``working_bytes`` for a chunk's rows on a device of ``sm_count``
+    SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
+    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32)."""
+    chunk_rows = max(1, chunk_bytes // max(1, d * 4))
+    return {
+        "model": k * d * 8 * (3 + 2 + 2) + n_chunks * 8,
+        "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count)),
+        "chunks": 2 * chunk_bytes,
+        "labels": rows_per_worker * 4 * 3,
+    }
+
+
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
                   sm_count: int = 0) -> int:
-    """What one worker's loop needs besides its data: K x D float64 centroids (current,
-    previous, new), the iteration buffer (one int64 per sum, sent and received), a chunk's
-    sums and the update's temporaries, the kernels' own buffers (the backend's
-    ``working_bytes`` for a chunk's rows on a device of ``sm_count`` SMs), two chunks in
-    flight and the labels."""
-    model = k * d * 8 * (3 + 2 + 2) + n_chunks * 8
-    chunk_rows = max(1, chunk_bytes // max(1, d * 4))
-    tiles = get_backend(backend).working_bytes(k, d, chunk_rows, sm_count)
-    # Two chunks in flight: the host tier's copy buffers (one being filled, one computed on).
-    return int(model + tiles + 2 * chunk_bytes + rows_per_worker * 4 * 3)
+    """The sum of :func:`working_parts`."""
+    return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count).values()))
+
+
+def _too_small(k: int, d: int, parts: dict[str, int], limit: int, memory: str, flag: str, chunk_rows: int,
+               file_chunks: bool, rows: int, tile_setting: str) -> str:
+    """The preflight's refusal: each part of the working set with what shrinks it, largest first."""
+    chunks = (f"the file's chunks of {chunk_rows} rows, read whole: store it in smaller chunks" if file_chunks
+              else f"chunks of {chunk_rows} rows, cut to an eighth of the budget")
+    named = [
+        (parts["chunks"], f"two chunks in flight {format_bytes(parts['chunks'])} ({chunks})"),
+        (parts["labels"], f"labels of up to {rows} rows {format_bytes(parts['labels'])} (more workers)"),
+        (parts["tiles"], f"kernel tiles {format_bytes(parts['tiles'])} (daskmeans.{tile_setting})"),
+        (parts["model"], f"centroids and partial sums {format_bytes(parts['model'])} (fewer clusters or features)"),
+    ]
+    named.sort(key=lambda p: -p[0])  # stable: ties keep the order above
+    return (f"K x D = {k} x {d}: the loop needs {format_bytes(sum(parts.values()))} per worker besides its data, "
+            f"more than its {memory} memory budget {format_bytes(limit)} ({flag}): "
+            + ", ".join(text for _, text in named) + "; or a larger budget")
 
 
 def plan(
@@ -190,15 +216,16 @@ def plan(
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
     sms = max(int(b.get("sm_count") or 0) for b in budgets.values()) if budgets else 0
-    working = working_bytes(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms)
+    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms)
+    working = sum(parts.values())
     if working > limit:
-        raise DaskmeansError(
-            f"K x D = {k} x {d}: the centroids, partial sums and kernel tiles need {format_bytes(working)} per "
-            f"worker, more than its {'device' if gpu else 'host'} memory budget {format_bytes(limit)} ({flag}); "
-            f"use fewer clusters or features, or a larger budget"
-        )
+        raise DaskmeansError(_too_small(k, d, parts, limit, "device" if gpu else "host", flag, chunk_rows,
+                                        chunk_rows > cap, min(n, rows), get_backend(backend).tile_setting))
     fits_device = gpu and share + working <= device_budget
-    fits_host = share <= host_budget
+    # Host memory holds the data and, on a host backend, the loop's working set beside it: where
+    # the budget holds the working set but not both, the storage tier streams the data.
+    host_need = share + (0 if gpu else working)
+    fits_host = host_need <= host_budget
     if tier == "auto":
         tier = "device" if fits_device else "host" if fits_host else "storage"
     elif tier == "device" and not fits_device:
@@ -207,8 +234,9 @@ def plan(
             f"{format_bytes(device_budget)} (--device-memory-limit): use tier 'host' or 'storage', or more GPUs"
         )
     elif tier == "host" and not fits_host:
+        loop = "" if gpu else f" ({format_bytes(share)} of data, {format_bytes(working)} for the loop)"
         raise DaskmeansError(
-            f"tier='host' needs {format_bytes(share)} of host memory per worker, more than its budget "
+            f"tier='host' needs {format_bytes(host_need)} of host memory per worker{loop}, more than its budget "
             f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
         )
     rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None

@@ -74,21 +74,72 @@ def test_storage_tier_refuses_data_held_in_the_client(client, store):
 
 def test_forced_host_tier_too_small_is_refused(client, store):
     d, _ = store
-    with pytest.raises(DaskmeansError, match=r"tier='host' needs 1\d\.\d+ MiB of host memory per worker, more than "
+    with pytest.raises(DaskmeansError, match=r"tier='host' needs \d+\.\d+ MiB of host memory per worker \(\d+\.\d+ MiB "
+                                             r"of data, \d+\.\d+ MiB for the loop\), more than "
                                              r"its budget 12\.00 MiB \(--memory-limit\): use tier 'storage'"):
         KMeans(12, tier="host", memory_limit="12MiB", client=client).fit(str(d / "x.zarr"))
 
 
-def test_preflight_names_the_numbers_and_the_flag(store, capsys):
-    d, _ = store
-    rc = main(["fit", str(d / "x.zarr"), "--k", "60000", "--memory-limit", "64MiB", "--workers", "1",
-               "-o", str(d / "never.zarr")])
+def _refusal(args, capsys):
+    rc = main(args)
     err = capsys.readouterr().err
     assert rc == 1, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("daskmeans: error: K x D = 60000 x 16: the centroids, partial sums and kernel tiles need ")
-    assert "more than its host memory budget 64.00 MiB (--memory-limit)" in last and "Traceback" not in err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_preflight_names_the_centroids_when_they_are_the_cost(store, capsys):
+    d, _ = store
+    # 400,000 rows read as one chunk, cut to 125,000 rows (an eighth of 64 MiB, in whole file
+    # chunks of 25,000); K x D x 8 bytes x 7 of centroids and sums.
+    last = _refusal(["fit", str(d / "x.zarr"), "--k", "60000", "--memory-limit", "64MiB", "--workers", "1",
+                     "-o", str(d / "never.zarr")], capsys)
+    assert last == (
+        "daskmeans: error: K x D = 60000 x 16: the loop needs 72.11 MiB per worker besides its data, more than its "
+        "host memory budget 64.00 MiB (--memory-limit): centroids and partial sums 51.27 MiB (fewer clusters or "
+        "features), two chunks in flight 15.26 MiB (chunks of 125000 rows, cut to an eighth of the budget), labels "
+        "of up to 400000 rows 4.58 MiB (more workers), kernel tiles 1.00 MiB (daskmeans.tile-bytes); or a larger "
+        "budget")
     assert not os.path.exists(d / "never.zarr")
+
+
+@pytest.fixture(scope="module")
+def coarse(tmp_path_factory):
+    """200,000 x 16 float32 stored in two chunks of 100,000 rows (6.4 MB each)."""
+    d = tmp_path_factory.mktemp("coarse")
+    x = np.random.default_rng(4).standard_normal((200_000, 16)).astype(np.float32)
+    zarr.create_array(str(d / "x.zarr"), data=x, chunks=(100_000, 16))
+    return d
+
+
+def test_preflight_names_the_files_chunks_when_they_are_the_cost(coarse, capsys):
+    """K = 8, D = 16 under 10 MiB (issue 33): fewer clusters would not help; the file's chunks,
+    read whole (two in flight: 2 x 6.4 MB), are the cost, and the message says so first."""
+    last = _refusal(["fit", str(coarse / "x.zarr"), "--k", "8", "--memory-limit", "10MiB", "--workers", "1",
+                     "-o", str(coarse / "never.zarr")], capsys)
+    assert last == (
+        "daskmeans: error: K x D = 8 x 16: the loop needs 15.50 MiB per worker besides its data, more than its host "
+        "memory budget 10.00 MiB (--memory-limit): two chunks in flight 12.21 MiB (the file's chunks of 100000 rows, "
+        "read whole: store it in smaller chunks), labels of up to 200000 rows 2.29 MiB (more workers), kernel tiles "
+        "1.00 MiB (daskmeans.tile-bytes), centroids and partial sums 7.02 kiB (fewer clusters or features); or a "
+        "larger budget")
+    assert not os.path.exists(coarse / "never.zarr")
+
+
+def test_storage_is_chosen_where_the_budget_holds_the_loop_but_not_the_data_too(client, tmp_path):
+    """Per worker (2 workers): 7.68 MB of data fits 11 MiB, and so does the loop's 5.06 MB, but
+    not both: the storage tier, with the host tier's result."""
+    x = np.random.default_rng(5).standard_normal((200_000, 16)).astype(np.float32)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(10_000, 16))
+    init = x[:8].astype(np.float64)
+    ref = KMeans(8, init=init, tol=0, max_iter=5, client=client).fit(str(tmp_path / "x.zarr"))
+    km = KMeans(8, init=init, tol=0, max_iter=5, memory_limit="11MiB", client=client).fit(str(tmp_path / "x.zarr"))
+    assert (ref.tier_, km.tier_) == ("host", "storage")
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    with pytest.raises(DaskmeansError, match=r"^tier='host' needs 12\.15 MiB of host memory per worker \(7\.32 MiB "
+                                             r"of data, 4\.82 MiB for the loop\), more than its budget 11\.00 MiB "
+                                             r"\(--memory-limit\): use tier 'storage', or more workers$"):
+        KMeans(8, init=init, max_iter=5, tier="host", memory_limit="11MiB", client=client).fit(str(tmp_path / "x.zarr"))
 
 
 @pytest.mark.parametrize("value, message", [
