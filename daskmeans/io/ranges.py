@@ -1,5 +1,6 @@
-"""Byte ranges of a file read into memory by several threads at once (and the threads, for
-other readers' pieces).
+"""Byte ranges of a file read into memory by several threads at once, and the threads that
+readers split their work over: a few for reads (:func:`in_threads`), one per core for parsing
+(:func:`on_cores`).
 
 One thread reading a chunk through a memory map takes a page fault per few pages of the file
 and of the new array: about 1.6 GB/s from the page cache on an H100 host, a third of a second
@@ -13,23 +14,51 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from ..errors import DataError
 
+T = TypeVar("T")
+
 PIECE_BYTES = 8 << 20
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-_ON_POOL = threading.local()  # set on the pool's threads: their own pieces run in place
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="daskmeans-read",
-                                       initializer=setattr, initargs=(_ON_POOL, "on", True))
-        return _POOL
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; a nanny's ``OMP_NUM_THREADS=1``
+    is about BLAS, not these threads)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+class _Pool:
+    """Threads made on first use, shared by every task of the process; a thread of the pool
+    that splits work over the same pool runs it in place (waiting for its own pieces on a full
+    pool could wait forever)."""
+
+    def __init__(self, name: str, size: Callable[[], int]) -> None:
+        self._name, self._size = name, size
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
+        """``[fn(item) for item in items]`` on the pool's threads; returns once every call has
+        returned, then raises the first failure's exception."""
+        if len(items) <= 1 or getattr(self._local, "on", False):
+            return [fn(item) for item in items]
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._size(), thread_name_prefix=self._name,
+                                                    initializer=setattr, initargs=(self._local, "on", True))
+        futs = [self._executor.submit(fn, item) for item in items]
+        wait(futs)  # none still runs: the caller may free what they write to or read from
+        return [f.result() for f in futs]
+
+
+_READERS = _Pool("daskmeans-read", lambda: min(8, os.cpu_count() or 1))
+_CORES = _Pool("daskmeans-parse", cores)
 
 
 def read_into(path: str, offset: int, buf: memoryview) -> None:
@@ -58,15 +87,13 @@ def read_into(path: str, offset: int, buf: memoryview) -> None:
 
 
 def in_threads(fn: Callable[[Any], None], items: Sequence[Any]) -> None:
-    """``fn(item)`` for every item, on the readers' threads (in this thread for a single one, or
-    where this thread is one of them: a piece that waited for pieces of its own on the same
-    threads could wait forever); returns once every call has returned, then raises the first
-    failure's exception."""
-    if len(items) <= 1 or getattr(_ON_POOL, "on", False):
-        for item in items:
-            fn(item)
-        return
-    futs = [_pool().submit(fn, item) for item in items]
-    wait(futs)  # none still runs: the caller may free what they write to or read from
-    for f in futs:
-        f.result()
+    """``fn(item)`` for every item, on the readers' threads (a few: reads, decompression);
+    returns once every call has returned, then raises the first failure's exception."""
+    _READERS.map(fn, items)
+
+
+def on_cores(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
+    """``[fn(item) for item in items]`` on a thread per core (work that holds a core: parsing,
+    counting), whatever Dask's threads are (one per in-process worker); returns once every
+    call has returned, then raises the first failure's exception."""
+    return _CORES.map(fn, items)

@@ -52,7 +52,7 @@ def test_zarr_block_rows_on_and_off_the_stored_objects_edges(tmp_path, layout):
     """A block's rows, for ranges on and off the edges of the stored objects (7-row chunks,
     7 x 2 chunks, 21-row shards of 7-row chunks); a corrupt object is a DataError naming the
     rows."""
-    from daskmeans.io import readers
+    from daskmeans.io import zarr_reader
 
     x = np.random.default_rng(1).standard_normal((100, 5)).astype(np.float32)
     path = str(tmp_path / "x.zarr")
@@ -60,13 +60,13 @@ def test_zarr_block_rows_on_and_off_the_stored_objects_edges(tmp_path, layout):
           "shards": {"chunks": (7, 5), "shards": (21, 5)}}[layout]
     zarr.create_array(path, data=x, **kw)
     for a, b in ((0, 100), (0, 7), (3, 4), (5, 30), (6, 22), (63, 100), (99, 100)):
-        np.testing.assert_array_equal(readers._zarr_block(path, "", a, b), x[a:b])
+        np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", a, b), x[a:b])
     with open(os.path.join(path, "c", "1", "0"), "wb") as f:
         f.write(b"not a chunk")
     # Chunks are decoded by daskmeans (naming the chunk) or, sharded, by zarr-python (the rows).
     msg = r"cannot read rows 0 to 99 of .*x\.zarr" if layout == "shards" else r"Zarr chunk .*x\.zarr/c/1/0 is damaged"
     with pytest.raises(DataError, match=msg):
-        readers._zarr_block(path, "", 0, 100)
+        zarr_reader.zarr_block(path, "", 0, 100)
 
 
 def _zarr_v3(path, x, chunks, compressors):
@@ -93,7 +93,7 @@ def test_zarr_chunks_decoded_directly_equal_zarr_pythons_reads(tmp_path, fmt, co
     import numcodecs
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
-    from daskmeans.io import readers, zarr_chunks
+    from daskmeans.io import zarr_chunks, zarr_reader
 
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((103, 7)) * 50).astype(dtype)
@@ -106,7 +106,7 @@ def test_zarr_chunks_decoded_directly_equal_zarr_pythons_reads(tmp_path, fmt, co
         arr = zarr.open_array(path, mode="r")
         assert (zarr_chunks.layout(arr) is not None) == direct
         for a, b in ((0, 103), (0, 10), (3, 4), (9, 31), (10, 20), (95, 103), (102, 103)):
-            got = readers._zarr_block(path, "", a, b)
+            got = zarr_reader.zarr_block(path, "", a, b)
             assert got.dtype == x.dtype
             np.testing.assert_array_equal(got, np.asarray(z[a:b]))
             np.testing.assert_array_equal(got, x[a:b])
@@ -117,7 +117,7 @@ def test_zarr_layouts_left_to_zarr_python(tmp_path):
     decoded by daskmeans, and still read right."""
     import numcodecs
 
-    from daskmeans.io import readers, zarr_chunks
+    from daskmeans.io import zarr_chunks, zarr_reader
 
     x = np.arange(60, dtype="f8").reshape(20, 3)
     cases = {"big-endian": dict(dtype=">f8"), "fortran": dict(order="F"),
@@ -127,11 +127,11 @@ def test_zarr_layouts_left_to_zarr_python(tmp_path):
         z = zarr.create_array(path, shape=x.shape, chunks=(7, 3), zarr_format=2, **{"dtype": "f8", **kw})
         z[:] = x
         assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is None, name
-        np.testing.assert_array_equal(readers._zarr_block(path, "", 2, 17), x[2:17])
+        np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", 2, 17), x[2:17])
     path = str(tmp_path / "sharded.zarr")
     zarr.create_array(path, data=x, chunks=(7, 3), shards=(14, 3))
     assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is None
-    np.testing.assert_array_equal(readers._zarr_block(path, "", 2, 17), x[2:17])
+    np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", 2, 17), x[2:17])
 
 
 def test_zarr_chunks_of_several_zstd_frames_and_unmappable_files_are_read(tmp_path, monkeypatch):
@@ -141,7 +141,7 @@ def test_zarr_chunks_of_several_zstd_frames_and_unmappable_files_are_read(tmp_pa
 
     import numcodecs
 
-    from daskmeans.io import readers, zarr_chunks
+    from daskmeans.io import zarr_chunks, zarr_reader
 
     x = np.arange(200, dtype="f4").reshape(40, 5)
     path = str(tmp_path / "x.zarr")
@@ -152,13 +152,13 @@ def test_zarr_chunks_of_several_zstd_frames_and_unmappable_files_are_read(tmp_pa
         f.write(z.encode(np.frombuffer(raw[:120], np.uint8)) + z.encode(np.frombuffer(raw[120:], np.uint8)))
     assert zarr_chunks.layout(zarr.open_array(path, mode="r")) is not None
     np.testing.assert_array_equal(np.asarray(zarr.open_array(path, mode="r")[:]), x)
-    np.testing.assert_array_equal(readers._zarr_block(path, "", 0, 40), x)
+    np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", 0, 40), x)
 
     def no_mapping(*args, **kwargs):
         raise OSError("mmap: operation not supported")
 
     monkeypatch.setattr(mmap, "mmap", no_mapping)
-    np.testing.assert_array_equal(readers._zarr_block(path, "", 3, 37), x[3:37])
+    np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", 3, 37), x[3:37])
 
 
 def test_zarr_chunks_zarr_python_reads_are_read(tmp_path):
@@ -168,7 +168,7 @@ def test_zarr_chunks_zarr_python_reads_are_read(tmp_path):
 
     import numcodecs
 
-    from daskmeans.io import readers
+    from daskmeans.io import zarr_reader
 
     x = np.arange(200, dtype="f4").reshape(40, 5)
     for name, comp, chunk in (
@@ -185,7 +185,7 @@ def test_zarr_chunks_zarr_python_reads_are_read(tmp_path):
         with open(file, "wb") as f:
             f.write(chunk)
         np.testing.assert_array_equal(np.asarray(zarr.open_array(path, mode="r")[:]), x)
-        np.testing.assert_array_equal(readers._zarr_block(path, "", 0, 40), x)
+        np.testing.assert_array_equal(zarr_reader.zarr_block(path, "", 0, 40), x)
 
 
 def test_a_zarr_chunk_claiming_more_than_a_chunk_is_refused_unread(tmp_path, monkeypatch):
@@ -195,7 +195,7 @@ def test_a_zarr_chunk_claiming_more_than_a_chunk_is_refused_unread(tmp_path, mon
 
     import numcodecs
 
-    from daskmeans.io import readers
+    from daskmeans.io import zarr_reader
 
     x = np.arange(200, dtype="f4").reshape(40, 5)
     path = str(tmp_path / "x.zarr")
@@ -204,7 +204,7 @@ def test_a_zarr_chunk_claiming_more_than_a_chunk_is_refused_unread(tmp_path, mon
         f.write(struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", 1 << 40) + bytes(16))
     monkeypatch.setattr(numcodecs.Zstd, "decode", lambda *a, **k: pytest.fail("decompressed"))
     with pytest.raises(DataError, match=r"c/1/0 holds 1099511627776 bytes of values, 200 expected"):
-        readers._zarr_block(path, "", 10, 20)  # that chunk alone
+        zarr_reader.zarr_block(path, "", 10, 20)  # that chunk alone
 
 
 @pytest.mark.parametrize("codec", [None, "zstd", "blosc"])
@@ -213,7 +213,7 @@ def test_a_zarr_chunk_of_the_wrong_size_is_an_error(tmp_path, codec):
     array's chunk copied in), is a DataError naming the chunk, never rows of garbage."""
     from zarr.codecs import BloscCodec, ZstdCodec
 
-    from daskmeans.io import readers
+    from daskmeans.io import zarr_reader
 
     x = np.arange(200, dtype="f4").reshape(40, 5)
     comp = {None: None, "zstd": ZstdCodec(), "blosc": BloscCodec()}[codec]
@@ -226,14 +226,14 @@ def test_a_zarr_chunk_of_the_wrong_size_is_an_error(tmp_path, codec):
     with open(chunk, "wb") as f:
         f.write(other)
     with pytest.raises(DataError, match=r"Zarr chunk .*x\.zarr/c/1/0 (holds 160 bytes of values, 200 expected|is damaged)"):
-        readers._zarr_block(path, "", 0, 40)
+        zarr_reader.zarr_block(path, "", 0, 40)
     with open(chunk, "wb") as f:
         f.write(other[: len(other) // 2])
     with pytest.raises(DataError, match=r"x\.zarr"):
-        readers._zarr_block(path, "", 0, 40)
+        zarr_reader.zarr_block(path, "", 0, 40)
     open(chunk, "wb").close()  # an empty file
     with pytest.raises(DataError, match=r"Zarr chunk .*x\.zarr/c/1/0 holds 0 bytes of values, 200 expected"):
-        readers._zarr_block(path, "", 0, 40)
+        zarr_reader.zarr_block(path, "", 0, 40)
 
 
 @pytest.mark.parametrize("zarr_format", [3, 2])
@@ -429,16 +429,16 @@ def test_npy_blocks_are_read_in_parallel_pieces_exactly(tmp_path, monkeypatch):
     """A block is read by positional reads of several pieces (threads), the last one short,
     from the header's end on: the same values as the memory map, for any block bounds."""
     from daskmeans.io import ranges
-    from daskmeans.io.readers import _npy_block
+    from daskmeans.io.npy_reader import npy_block
 
     monkeypatch.setattr(ranges, "PIECE_BYTES", 1000)  # 1 row = 28 B: pieces cut rows too
     a = np.random.default_rng(0).random((1003, 7)).astype(np.float32)
     np.save(tmp_path / "a.npy", a)
     for start, stop in ((0, 1003), (1, 2), (17, 990), (1002, 1003)):
-        np.testing.assert_array_equal(_npy_block(str(tmp_path / "a.npy"), start, stop), a[start:stop])
+        np.testing.assert_array_equal(npy_block(str(tmp_path / "a.npy"), start, stop), a[start:stop])
     f = np.asfortranarray(a.astype(np.float64))
     np.save(tmp_path / "f.npy", f)
-    np.testing.assert_array_equal(_npy_block(str(tmp_path / "f.npy"), 5, 500), f[5:500])
+    np.testing.assert_array_equal(npy_block(str(tmp_path / "f.npy"), 5, 500), f[5:500])
 
 
 def test_a_range_past_the_end_of_the_file_is_a_data_error(tmp_path, monkeypatch):
@@ -458,14 +458,14 @@ def test_pieces_of_pieces_on_the_readers_threads_complete(tmp_path, monkeypatch)
     byte ranges, more chunks than threads) completes, each inner split in its own thread."""
     import threading
 
-    from daskmeans.io import ranges, readers
+    from daskmeans.io import ranges, zarr_reader
 
     monkeypatch.setattr(ranges, "PIECE_BYTES", 256)  # each 10 x 8 float64 chunk: 3 pieces
     x = np.random.default_rng(3).standard_normal((400, 8))
     path = str(tmp_path / "x.zarr")
     zarr.create_array(path, data=x, chunks=(10, 8), compressors=None)  # 40 chunks
     got = []
-    t = threading.Thread(target=lambda: got.append(readers._zarr_block(path, "", 0, 400)), daemon=True)
+    t = threading.Thread(target=lambda: got.append(zarr_reader.zarr_block(path, "", 0, 400)), daemon=True)
     t.start()
     t.join(60)
     assert not t.is_alive(), "the readers' threads wait for each other"
@@ -474,7 +474,7 @@ def test_pieces_of_pieces_on_the_readers_threads_complete(tmp_path, monkeypatch)
 
 def test_npy_integer_chunk_bytes_counts_float_size(tmp_path):
     """Regression (fixed): integer data is read as float64, and in-memory arrays and Zarr size their
-    chunks by the float64 itemsize; .npy uses the file's itemsize (readers._read_npy:
+    chunks by the float64 itemsize; .npy uses the file's itemsize (npy_reader.open_npy:
     ``rows_per_chunk(d, mm.dtype.itemsize, cb)``), so an int32 file gets chunks twice the
     requested bytes (uint8: 8x)."""
     a = np.arange(5000, dtype=np.int32).reshape(1000, 5)
@@ -843,9 +843,10 @@ def test_csv_blank_lines_anywhere(tmp_path, monkeypatch, suffix):
 
     import dask
 
-    import daskmeans.io.readers as readers
+    from daskmeans.io import csv_reader
 
-    monkeypatch.setattr(readers, "_COUNT_BYTES", 7)  # line breaks counted 7 bytes a task
+    monkeypatch.setattr(csv_reader, "_COUNT_BYTES", 7)  # line breaks counted 7 bytes a call
+    monkeypatch.setattr(csv_reader, "_PIECE_BYTES", 5)  # a piece parsed per line or so
     rows = [f"{i},{-i - 0.5}" for i in range(300)]
     text = "a,b\n\n" + "".join(r + ("\n\n\r\n" if i % 7 == 0 else "\n") for i, r in enumerate(rows)) + "\n\r\n \n\t\n"
     path = str(tmp_path / f"b{suffix}")
@@ -934,3 +935,153 @@ def test_csv_changed_after_read_is_refused(tmp_path):
         f.write("1,2\n")
     with pytest.raises(DataError, match=r"x.csv changed since it was opened: \d+ bytes, was \d+"):
         X.compute()
+
+
+def test_csv_columns_as_a_comma_separated_string(labelled_csv, data):
+    """``drop_columns="id,label"`` names two columns (as the CLI's --drop-columns), not one
+    per character; a single name or position is one column."""
+    data = data.astype(np.float32)
+    np.testing.assert_array_equal(read(labelled_csv, drop_columns="label").compute(), data)
+    np.testing.assert_array_equal(read(labelled_csv, drop_columns="label, e").compute(), data[:, :4])
+    np.testing.assert_array_equal(read(labelled_csv, drop_columns="2,e").compute(), data[:, :4])
+    np.testing.assert_array_equal(read(labelled_csv, columns="e,a").compute(), data[:, [4, 0]])
+    np.testing.assert_array_equal(read(labelled_csv, columns=4).compute(), data[:, [3]])
+    with pytest.raises(DataError, match=r"column 'zz' is not in .*t\.csv"):
+        read(labelled_csv, drop_columns="label,zz")
+
+
+def _correctly_rounded_f32(text: str) -> np.float32:
+    """The float32 nearest the decimal ``text`` (ties to even), from exact rational arithmetic."""
+    from fractions import Fraction
+
+    exact = Fraction(text)
+    guess = np.float32(float(exact))
+    best = None
+    for cand in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))):
+        err = abs(Fraction(float(cand)) - exact)
+        if best is None or err < best[0] or (err == best[0] and int(cand.view(np.uint32)) % 2 == 0):
+            best = (err, cand)
+    return best[1]
+
+
+def test_csv_values_parse_straight_to_float32_exactly(tmp_path):
+    """Text is parsed straight to float32, correctly rounded: float32 values written as pyarrow
+    writes them (shortest text) or with 9 digits come back bit for bit, extremes included
+    (subnormals, the largest, -0), and decimals of 17 digits give their nearest float32 (a
+    float64 parse then a cast can round twice)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((3000, 6)) * 10.0 ** rng.integers(-40, 38, (3000, 6))).astype(np.float32)
+    x[0] = [np.finfo(np.float32).max, np.finfo(np.float32).tiny, np.float32(1e-45), -0.0, 1, -np.finfo(np.float32).max]
+    x = x[:, :6]
+    pcsv.write_csv(pa.table({f"f{j}": x[:, j] for j in range(6)}), tmp_path / "arrow.csv")
+    got = read(str(tmp_path / "arrow.csv"), chunk_bytes=20_000)
+    assert got.numblocks[0] > 4
+    np.testing.assert_array_equal(got.compute().view(np.uint32), x.view(np.uint32))
+    np.savetxt(tmp_path / "g9.csv", x, delimiter=",", fmt="%.9g")
+    np.testing.assert_array_equal(read(str(tmp_path / "g9.csv")).compute().view(np.uint32), x.view(np.uint32))
+    texts = [[f"{v:.16e}" for v in row] for row in rng.standard_normal((400, 3)) * 10.0 ** rng.integers(-30, 30, (400, 3))]
+    (tmp_path / "d17.csv").write_text("".join(",".join(r) + "\n" for r in texts))
+    expected = np.array([[_correctly_rounded_f32(t) for t in r] for r in texts], np.float32)
+    np.testing.assert_array_equal(read(str(tmp_path / "d17.csv")).compute().view(np.uint32), expected.view(np.uint32))
+    # float64: the same text to the nearest double, as NumPy parses it
+    np.testing.assert_array_equal(read(str(tmp_path / "d17.csv"), dtype="float64").compute(),
+                                  np.array([[float(t) for t in r] for r in texts]))
+
+
+@pytest.mark.parametrize("piece_bytes", [40, 1000, 8 << 20])
+def test_csv_pieces_of_a_block_read_as_one(tmp_path, monkeypatch, piece_bytes):
+    """A block parsed in pieces of whole lines (a few per core) reads the same whatever the
+    pieces: rows in order, a piece pandas reads (a short row, ``' 1.5 '``) beside pieces
+    pyarrow reads, and a bad cell or a line of whitespace named by its line in the file."""
+    from daskmeans.io import csv_reader
+
+    monkeypatch.setattr(csv_reader, "_PIECE_BYTES", piece_bytes)
+    lines = [f"{i},{i}.25,{-2 * i}" for i in range(3000)]
+    lines[1500] = "7,  8.5"
+    lines[2900] = "None, 1.5 ,3"
+    (tmp_path / "p.csv").write_text("a,b,c\n" + "\n".join(lines) + "\n")
+    X = read(str(tmp_path / "p.csv"))
+    assert X.numblocks[0] == 1
+    expected = np.array([[i, i + 0.25, -2 * i] for i in range(3000)], np.float32)
+    expected[1500], expected[2900] = [7, 8.5, np.nan], [np.nan, 1.5, 3]
+    np.testing.assert_array_equal(X.compute(), expected)
+    np.testing.assert_array_equal(read(str(tmp_path / "p.csv"), columns="c,a,c").compute(), expected[:, [2, 0, 2]])
+    monkeypatch.setattr(csv_reader, "_PIECE_BYTES", max(piece_bytes, 20_000))  # 1.3 MB: 65 pieces or fewer
+    n = 120_000  # past the sample parsed in the client
+    late = [f"{i},{i}.5" for i in range(n)]
+    late[n - 10] = f"{n},word"
+    (tmp_path / "late.csv").write_text("a,b\n" + "\n".join(late) + "\n")
+    with pytest.raises(DataError, match=rf"column 'b' of .*late.csv is not numeric \(line {n - 10 + 2} has 'word'\)"):
+        read(str(tmp_path / "late.csv")).compute()
+    late[n - 10] = "   "
+    (tmp_path / "ws.csv").write_text("a,b\n" + "\n".join(late) + "\n")
+    with pytest.raises(DataError, match=rf"ws.csv: line {n - 10 + 2} holds whitespace alone"):
+        read(str(tmp_path / "ws.csv")).compute()
+
+
+def test_csv_block_is_parsed_on_several_cores_from_one_thread(tmp_path, monkeypatch):
+    """One Dask thread (a worker of one thread, as for one GPU) parses a block on several
+    threads at once: two pieces wait for each other, which one thread alone cannot do."""
+    import threading
+
+    from daskmeans.io import csv_reader, ranges
+
+    if ranges.cores() < 2:
+        pytest.skip("one core")
+    monkeypatch.setattr(csv_reader, "_PIECE_BYTES", 1000)
+    both, calls, lock = threading.Barrier(2, timeout=30), [], threading.Lock()
+    parse = csv_reader._parse_block
+
+    def meeting(buf, spec, first_line):
+        with lock:
+            calls.append(threading.current_thread().name)
+            first_two = len(calls) <= 2
+        if first_two:
+            both.wait()  # a BrokenBarrierError after 30 s if the pieces run one after another
+        return parse(buf, spec, first_line)
+
+    monkeypatch.setattr(csv_reader, "_parse_block", meeting)
+    x = np.random.default_rng(2).standard_normal((2000, 4)).astype(np.float32)
+    path = _write_csv(tmp_path / "x.csv", x, fmt="%.9g")
+    np.testing.assert_array_equal(read(path).compute(scheduler="synchronous"), x)
+    assert len(set(calls[:2])) == 2 and all(c.startswith("daskmeans-parse") for c in calls)
+
+
+def test_formats_are_a_registry(tmp_path, monkeypatch, data):
+    """A format is an entry of readers.FORMATS (suffixes, open function, its options): a raw
+    float32 format added here is read by read(), with an option of its own, and split again
+    from its file; an option of another format is refused naming the formats that take it."""
+    from daskmeans.io import blocks, readers
+
+    def raw_block(path, d, start, stop):
+        return np.fromfile(path, np.float32, count=(stop - start) * d, offset=start * d * 4).reshape(-1, d)
+
+    def open_raw(path, chunk_bytes, dtype=None, *, width=None):
+        n = os.path.getsize(path) // (4 * width)
+        return blocks.row_blocks(raw_block, (path, width), n, width, np.float32,
+                                 blocks.rows_per_chunk(width, 4, chunk_bytes), align=1)
+
+    raw = readers.Format("raw", (".f32",), open_raw, options=("width",))
+    monkeypatch.setattr(readers, "FORMATS", readers.FORMATS + (raw,))
+    x = data.astype(np.float32)
+    x.tofile(tmp_path / "x.f32")
+    assert readers.format_of(str(tmp_path / "x.f32")) is raw
+    X = read(str(tmp_path / "x.f32"), chunk_bytes=4000, width=5)
+    assert X.chunks[0] == (200,) * 5
+    np.testing.assert_array_equal(X.compute(), x)
+    parts = readers.split_rows(X, 100)
+    assert parts.chunks[0] == (100,) * 10
+    np.testing.assert_array_equal(parts.compute(), x)
+    with pytest.raises(DataError, match=r"delimiter=';' applies to CSV input only, not to .*x\.f32"):
+        read(str(tmp_path / "x.f32"), delimiter=";", width=5)
+    path = _write_csv(tmp_path / "x.csv", x)
+    with pytest.raises(DataError, match=r"dataset='a' applies to Zarr input only, not to .*x\.csv"):
+        read(path, dataset="a")
+    with pytest.raises(DataError, match=r"width=5 applies to raw input only, not to .*x\.csv"):
+        read(path, width=5)
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match=r"read\(\) got an unexpected keyword argument 'width'"):
+        read(path, width=5)

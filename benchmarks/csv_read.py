@@ -1,0 +1,140 @@
+"""``python -m benchmarks.csv_read``: reading P1 from CSV, against pyarrow's own floor.
+
+Writes P1 (1e6 x 100 float32, scikit-learn's ``make_classification``; standard normal where
+scikit-learn is missing) as ``pyarrow.csv.write_csv`` writes it (a quoted header, each value
+its shortest float32 text: about 1.09 GB) into a temporary folder, then times, ``--repeats``
+times each, alternating:
+
+- ``floor``: ``pyarrow.csv.read_csv`` of the whole file, every column float32, on all cores,
+  and the table's one row-major copy (what any reader must at least do);
+- ``daskmeans``: ``daskmeans.read(path, chunk_bytes=...)`` (the header, the layout and the row
+  counts) and its ``.compute()`` on a local cluster of in-process single-threaded workers, as
+  the command starts one for one GPU (``--workers 1``, ``--chunk-bytes`` the command's
+  ``gpu-chunk-bytes``).
+
+Prints one JSON document (``--out PATH`` writes it too): the medians, the file's bytes, and
+``parse_gbps`` (the file's bytes over ``read`` + ``compute``, the whole read) next to the
+floor's.
+
+    python -m benchmarks.csv_read [--rows 1000000] [--cols 100] [--workers 1] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _data(rows: int, cols: int) -> tuple[np.ndarray, str]:
+    """The rows to write and what they are."""
+    try:
+        from sklearn.datasets import make_classification
+    except ImportError:
+        x = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+        return x, "standard normal (scikit-learn missing)"
+    x = make_classification(n_samples=rows, n_features=cols, random_state=0)[0].astype(np.float32)
+    return x, "P1: make_classification, seed 0" if (rows, cols) == (1_000_000, 100) else "make_classification, seed 0"
+
+
+def write_csv(path: str, x: np.ndarray) -> None:
+    """``x`` as ``pyarrow.csv.write_csv`` writes a table of float32 columns ``f0``, ``f1``, ..."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    pcsv.write_csv(pa.table({f"f{j}": x[:, j] for j in range(x.shape[1])}), path)
+
+
+def floor(path: str, cols: int) -> np.ndarray:
+    """The whole file parsed by pyarrow on all cores to float32, as one row-major array."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    names = [f"f{j}" for j in range(cols)]
+    table = pcsv.read_csv(path, read_options=pcsv.ReadOptions(use_threads=True, block_size=1 << 20),
+                          convert_options=pcsv.ConvertOptions(column_types={n: pa.float32() for n in names}))
+    return table.to_tensor(row_major=True).to_numpy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.csv_read", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--cols", type=int, default=100)
+    ap.add_argument("--workers", type=int, default=1, help="in-process single-threaded workers (the command's one GPU: 1)")
+    ap.add_argument("--chunk-bytes", default=None, help="text per block (default: daskmeans.gpu-chunk-bytes)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the temporary folder goes (default: the system's)")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+
+    import logging
+
+    import dask
+    import pyarrow as pa
+    from distributed import Client, LocalCluster
+
+    import daskmeans
+    from daskmeans import config
+
+    cb = args.chunk_bytes or config.get("gpu-chunk-bytes")
+    x, what = _data(args.rows, args.cols)
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        path = os.path.join(folder, "p1.csv")
+        t0 = time.perf_counter()
+        write_csv(path, x)
+        write_s = time.perf_counter() - t0
+        size = os.path.getsize(path)
+        times: dict[str, list[float]] = {"floor": [], "read": [], "compute": []}
+        quiet = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
+        with dask.config.set(quiet), LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=False,
+                                                  dashboard_address=":0", scheduler_kwargs={"dashboard": False},
+                                                  silence_logs=logging.CRITICAL) as cluster, Client(cluster):
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                ref = floor(path, args.cols)
+                times["floor"].append(time.perf_counter() - t0)
+                del ref
+                t0 = time.perf_counter()
+                arr = daskmeans.read(path, chunk_bytes=cb)
+                t1 = time.perf_counter()
+                got = arr.compute()
+                t2 = time.perf_counter()
+                times["read"].append(t1 - t0)
+                times["compute"].append(t2 - t1)
+                if not np.array_equal(got, x):
+                    print("daskmeans.read gave other values than the rows written", file=sys.stderr)
+                    return 1
+                del got
+    med = {k: statistics.median(v) for k, v in times.items()}
+    whole = med["read"] + med["compute"]
+    doc = {
+        "benchmark": "csv_read", "data": what, "rows": args.rows, "cols": args.cols, "file_bytes": size,
+        "write_s": round(write_s, 3), "workers": args.workers, "chunk_bytes": str(cb), "cpus": os.cpu_count(),
+        "pyarrow": pa.__version__, "repeats": args.repeats,
+        "floor_s": round(med["floor"], 3), "floor_gbps": round(size / med["floor"] / 1e9, 3),
+        "read_s": round(med["read"], 3), "compute_s": round(med["compute"], 3), "whole_s": round(whole, 3),
+        "parse_gbps": round(size / whole / 1e9, 3),
+        "all_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+    }
+    try:
+        from benchmarks import meta
+
+        doc.update(commit=meta.commit(), date=meta.now(), device=meta.device_name())
+    except ImportError:  # run as a file, outside the repository's root
+        pass
+    text = json.dumps(doc, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""What every reader shares: float dtypes, rows per chunk, and Dask arrays of row blocks that a
+reader can cut again (:func:`split_rows`) by reading its file again in other blocks."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import dask.array as da
+import numpy as np
+
+from .. import config
+from ..errors import DataError, InvalidParameterError
+
+
+def float_dtype(dtype: Any) -> np.dtype:
+    """float32/float64 stay; float16 becomes float32; integers and bools become float64."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return np.dtype(np.float64) if dt.itemsize >= 8 else np.dtype(np.float32)
+    if dt.kind in "iub":
+        return np.dtype(np.float64)
+    raise DataError(f"X should be numeric, got dtype {dt}")
+
+
+def float_dtype_arg(dtype: Any, what: str = "dtype") -> np.dtype:
+    """``dtype`` as float32 or float64; anything else is an InvalidParameterError naming it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in ("float32", "float64"):
+        raise InvalidParameterError(f"{what}={dtype!r} should be float32 or float64")
+    return dt
+
+
+def rows_per_chunk(n_features: int, itemsize: int, chunk_bytes: int | None = None, align: int = 1) -> int:
+    """Rows in one chunk of about ``chunk_bytes``, a multiple of ``align`` (at least ``align``)."""
+    cb = chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes")
+    rows = max(1, int(cb) // max(1, n_features * itemsize))
+    return max(align, rows // align * align)
+
+
+def non_numeric(dtypes: Any) -> list[tuple[str, str]]:
+    """``(column, dtype)`` of the columns of a pandas ``dtypes`` Series that are not numbers
+    (booleans are not)."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    return [(c, str(t)) for c, t in dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
+
+
+# Arrays as a reader returned them from a file, by Dask name: how to read them again in other
+# row chunks. Splitting a chunk with rechunk would read the whole chunk once per part (the
+# storage tier re-reads every part every pass); read again, each part reads only its rows.
+_SOURCES: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+_MAX_SOURCES = 64
+
+
+def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype: Any, rows: int,
+               align: int) -> da.Array:
+    """A Dask array of ``fn(*args, start, stop)`` blocks of ``rows`` rows (the last shorter).
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(*args, start, stop) -> ndarray (stop - start, d)`` of ``dtype``: reads rows
+        ``start:stop`` of the file (``args`` name it: only they travel in the graph).
+    n, d : int
+        The file's rows and columns.
+    rows : int
+        Rows per block.
+    align : int
+        Blocks that :func:`split_rows` cuts again hold a multiple of this many rows (the
+        file's own chunks).
+
+    Returns
+    -------
+    dask.array.Array, shape (n, d)
+    """
+    from dask import delayed
+
+    blocks = [
+        da.from_delayed(delayed(fn, pure=True)(*args, s, min(s + rows, n)), shape=(min(s + rows, n) - s, d), dtype=dtype)
+        for s in range(0, n, rows)
+    ]
+    x = da.concatenate(blocks, axis=0)
+    remember(x.name, (fn, args, n, d, np.dtype(dtype), align, np.dtype(dtype)))
+    return x
+
+
+def source(name: str) -> tuple | None:
+    """How the array of Dask name ``name`` is read again (see :func:`remember`), or None."""
+    return _SOURCES.get(name)
+
+
+def remember(name: str, src: tuple) -> None:
+    """Keep ``src`` = ``(fn, args, n, d, dtype, align, out_dtype)`` as how the array of Dask
+    name ``name`` is read again (the last 64 arrays are kept)."""
+    _SOURCES[name] = src
+    while len(_SOURCES) > _MAX_SOURCES:
+        _SOURCES.popitem(last=False)
+
+
+def split_rows(x: da.Array, rows: int) -> da.Array:
+    """``x`` in chunks of about ``rows`` rows: read again from its file in those chunks when
+    ``x`` is what a reader returned for a file (rows rounded to the file's own chunks),
+    else rechunked."""
+    src = _SOURCES.get(x.name)
+    if src is None:
+        return x.rechunk({0: rows})
+    fn, args, n, d, dtype, align, out_dtype = src
+    y = row_blocks(fn, args, n, d, dtype, max(align, rows // align * align), align)
+    return y.astype(out_dtype) if y.dtype != out_dtype else y

@@ -1,0 +1,521 @@
+"""Numeric CSV (also ``.tsv``, ``.txt``, and compressed ``.csv.gz``, ``.bz2``, ``.xz``) as a
+Dask array of row chunks, parsed straight to float32 (or float64) on every core.
+
+A plain file is cut into blocks of about ``chunk-bytes`` of text, each starting just after a
+line break. Before any parsing, tasks count each block's line breaks (several times faster than
+parsing) so that the array's chunk lengths are known and the file is parsed once. The task
+that reads a block cuts it again into pieces of whole lines and parses them with pyarrow's
+C++ parser on a thread per core (:func:`daskmeans.io.ranges.on_cores`), each piece straight
+into its rows of the block: a worker with one Dask thread (one GPU) still parses on every
+core, and a nanny's ``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not
+matter. A compressed file cannot be cut: it is one block, its line breaks counted while it is
+decompressed. A piece with a cell pyarrow refuses (a short row, a value pandas reads and
+pyarrow does not) goes to pandas' parser, which reads it or names the line and the cell.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, NamedTuple, Sequence
+
+import dask.array as da
+import numpy as np
+
+from .. import config
+from ..errors import DataError
+from .blocks import float_dtype_arg, non_numeric
+from .ranges import cores, on_cores
+
+SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
+
+_COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+_COUNT_BYTES = 16 << 20  # text one counting call scans: its temporaries stay in the tens of MB
+_PIECE_BYTES = 8 << 20  # at most this much text per parsed piece: its rows stay in the caches
+_MIN_PIECE_BYTES = 1 << 20  # a block is cut into a piece per core, down to pieces of this size
+_SAMPLE_BYTES = 1 << 20  # the head parsed in the client for the columns' names and types
+# Cells read as NaN: pandas' default na_values, given to pyarrow too so that both parsers agree.
+_NA_VALUES = ("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+              "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null")
+
+
+class _CsvSpec(NamedTuple):
+    """How a task reads a block of a CSV file (small: it travels in every task)."""
+
+    path: str
+    size: int  # bytes of the file when read() opened it: the block offsets hold for these only
+    mtime_ns: int  # only in the tasks' Dask names: a rewritten file gets new keys
+    compression: str | None  # "gzip", "bz2", "lzma" or None
+    delimiter: str  # " " stands for runs of whitespace, as in read()
+    n_columns: int
+    keep: tuple[int, ...]  # positions of the columns read, in the array's order
+    names: tuple[str, ...]  # their names, for messages (positions as strings without a header)
+    dtype: str  # "float32" or "float64"
+    block_size: int  # pyarrow's largest row: several of the longest lines of the sample
+    count_bytes: int  # text per counting call (_COUNT_BYTES)
+    piece_bytes: int  # most text per parsed piece (_PIECE_BYTES)
+
+
+def column_list(value: str | int | Sequence[str | int] | None) -> list[str | int] | None:
+    """``columns``/``drop_columns`` as a list: ``"id,label"`` is two names (spaces around
+    them dropped), a single name or position is one."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [s.strip() for s in value.split(",")]
+    if isinstance(value, (int, np.integer)):
+        return [int(value)]
+    return list(value)
+
+
+def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, *,
+             columns: str | Sequence[str | int] | None = None, drop_columns: str | Sequence[str | int] | None = None,
+             delimiter: str | None = None) -> da.Array:
+    """A CSV file as a Dask array of row chunks of about ``chunk_bytes`` bytes of text each
+    (default ``daskmeans.chunk-bytes``), their lengths known.
+
+    Parameters
+    ----------
+    path : str
+        An absolute path.
+    chunk_bytes : int, optional
+        Text per block (a compressed file is one block).
+    dtype : numpy.dtype, optional
+        float32 or float64, what the text is parsed to; default ``daskmeans.csv-dtype``.
+    columns, drop_columns : str or sequence of str or int, optional
+        Columns to keep, or to drop, by name or position; a string is a comma-separated list.
+    delimiter : str, optional
+        Guessed from the first line if omitted (comma, tab, semicolon, else runs of spaces).
+
+    Returns
+    -------
+    dask.array.Array, shape (n_rows, n_columns_kept), ``dtype``
+    """
+    import dask
+    from dask import delayed
+
+    if dtype is None:
+        dtype = float_dtype_arg(config.get("csv-dtype"), "daskmeans.csv-dtype")
+    columns, drop_columns = column_list(columns), column_list(drop_columns)
+    delim, header = _guess_layout(path, delimiter)
+    compression = _COMPRESSION.get(os.path.splitext(path)[1].lower())
+    head, whole = _head(path, compression)
+    start = (head.find(b"\n") + 1 or len(head)) if header else 0  # the first data byte
+    first_line = 2 if header else 1  # line numbers in messages count the header
+    # The sample ends at a line break unless it is the whole file.
+    sample = head[start:] if whole else head[start : max(start, head.rfind(b"\n") + 1)]
+    names, keep = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
+    longest = max((len(s) for s in sample.split(b"\n")), default=0)
+    st = os.stat(path)
+    spec = _CsvSpec(path, st.st_size, st.st_mtime_ns, compression, delim, len(names), tuple(keep),
+                    tuple(names[k] for k in keep), dtype.name, min(2**30, max(1 << 20, 8 * longest)),
+                    _COUNT_BYTES, _PIECE_BYTES)
+    # Blocks (first byte, end, line breaks, rows) over the data: from ``start`` to the line
+    # break after the last cell that is not whitespace (lines of whitespace after it are no rows).
+    if compression:
+        ((breaks, rows, stop),) = dask.compute(delayed(_count_stream, pure=True)(spec, start))
+        layout = [(start, stop, breaks, rows)]
+    else:
+        stop, unended = _data_end(path, start, st.st_size)
+        bounds = _block_bounds(path, start, stop, chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes"))
+        (counts,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
+        layout = [(b, e, breaks, rows) for (b, e), (breaks, rows) in zip(bounds, counts)]
+        if layout:  # the last line, with no line break, is a row too
+            layout[-1] = (*layout[-1][:3], layout[-1][3] + unended)
+    blocks, line = [], first_line
+    for b, e, breaks, rows in layout:
+        if rows:
+            blocks.append(da.from_delayed(delayed(_csv_block, pure=True)(spec, b, e, line, rows),
+                                          shape=(rows, len(keep)), dtype=dtype))
+        line += breaks
+    if not blocks:  # a header and no rows: refused by name in read()
+        return da.zeros((0, len(keep)), dtype=dtype)
+    return da.concatenate(blocks, axis=0)
+
+
+def _guess_layout(path: str, delimiter: str | None) -> tuple[str, bool]:
+    """(delimiter, has_header) from the first line: a header has a non-numeric field."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(os.path.splitext(path)[1].lower(), open)
+    with opener(path, "rt") as f:
+        first = f.readline().strip()
+    if not first:
+        raise DataError(f"{path} is empty")
+    if delimiter is None:
+        counts = {d: first.count(d) for d in (",", "\t", ";")}
+        delimiter = max(counts, key=counts.get) if max(counts.values()) > 0 else " "
+    fields = [s.strip().strip('"') for s in (first.split() if delimiter == " " else first.split(delimiter))]
+
+    def numeric(s: str) -> bool:
+        try:
+            float(s)
+            return True
+        except ValueError:
+            return s == ""
+
+    # A non-numeric data file also "has a header" by this test; the dtype check after
+    # parsing then names the offending column.
+    return delimiter, not all(numeric(s) for s in fields)
+
+
+def _open_text(path: str, compression: str | None) -> Any:
+    """The file's bytes, decompressed (a binary file object)."""
+    if compression is None:
+        return open(path, "rb")
+    return __import__(compression).open(path, "rb")
+
+
+def _head(path: str, compression: str | None) -> tuple[bytes, bool]:
+    """The first ``_SAMPLE_BYTES`` or more of the (decompressed) file, up to 64 times that to
+    hold a few lines, and whether that is the whole file. A DataError if its lines end with
+    CR alone (classic Mac OS): the rows are counted by their LF."""
+    with _open_text(path, compression) as f:
+        head = f.read(_SAMPLE_BYTES)
+        while head.count(b"\n") < 3 and len(head) < 64 * _SAMPLE_BYTES:
+            more = f.read(len(head))
+            if not more:
+                break
+            head += more
+        whole = not f.read(1)
+    cr, lf = head.find(b"\r"), head.find(b"\n")
+    if cr >= 0 and head[cr + 1 : cr + 2] != b"\n" and (lf < 0 or cr < lf):
+        raise DataError(f"{path} ends its lines with CR alone (classic Mac OS), not LF or CRLF: convert it, "
+                        f"e.g. tr '\\r' '\\n' < old.csv > new.csv")
+    return head, whole
+
+
+def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: list | None,
+                 drop_columns: list | None, first_line: int) -> tuple[list[str], list[int]]:
+    """(the file's column names, positions of the columns to read) from a sample of its first
+    lines; a DataError names a non-numeric column to read and its first such cell."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(io.BytesIO(sample), sep=_pandas_sep(delim), header=0 if header else None)
+    except Exception as e:
+        raise DataError(f"cannot read {path} as CSV: {str(e).strip()}") from None
+    names = [str(c) for c in df.columns]
+    df.columns = names
+    kept = _select(names, columns, drop_columns, path)
+    bad = non_numeric(df[kept].dtypes)
+    if bad:
+        c, t = bad[0]
+        data = sample[sample.find(b"\n") + 1 :] if header else sample
+        where = _first_non_numeric(data, delim, len(names), names.index(c), first_line)
+        raise _not_numeric(path, c, where or f"dtype {t}")
+    return names, [names.index(c) for c in kept]
+
+
+def _select(names: list[str], columns: list | None, drop_columns: list | None, path: str) -> list[str]:
+    """The names of the columns to read: ``columns`` in their order, or every column but
+    ``drop_columns`` (names, or positions as ints or digit strings)."""
+    def resolve(spec) -> str:
+        s = str(spec)
+        if s in names:
+            return s
+        if s.lstrip("-").isdigit():
+            i = int(s)
+            if -len(names) <= i < len(names):
+                return names[i]
+        raise DataError(f"column {spec!r} is not in {path}; columns: {names}")
+
+    if columns is not None and drop_columns is not None:
+        raise DataError("give columns or drop_columns, not both")
+    if columns is not None:
+        keep = [resolve(c) for c in columns]
+    else:
+        drop = {resolve(c) for c in (drop_columns or [])}
+        keep = [c for c in names if c not in drop]
+    if not keep:
+        raise DataError(f"no columns left to cluster in {path}")
+    return keep
+
+
+def _pandas_sep(delim: str) -> str:
+    return r"\s+" if delim == " " else delim
+
+
+def _not_numeric(path: str, column: str, what: str) -> DataError:
+    return DataError(f"column {column!r} of {path} is not numeric ({what}); select features with "
+                     f"--columns or --drop-columns")
+
+
+# ---------------------------------------------------------------- layout: blocks and their rows
+
+
+def _find_break(a: np.ndarray, pos: int, stop: int) -> int:
+    """The index of the first line break in ``a[pos:stop]`` (bytes), or -1."""
+    width = 1 << 16
+    while pos < stop:
+        end = min(stop, pos + width)
+        hit = np.flatnonzero(a[pos:end] == 10)
+        if hit.size:
+            return pos + int(hit[0])
+        pos, width = end, width * 2
+    return -1
+
+
+def _line_cuts(a: np.ndarray, start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    """Ranges ``[b, e)`` that tile ``a[start:stop]`` (bytes), cut after the first line break
+    from each multiple of ``size`` (from ``start``) on: pieces of about ``size`` in whole lines."""
+    if start >= stop:
+        return []
+    size, cuts = max(1, size), [start]
+    while True:  # the next multiple of size past the last cut (a line may span several)
+        nl = _find_break(a, start + ((cuts[-1] - start) // size + 1) * size - 1, stop)
+        if nl < 0 or nl + 1 >= stop:
+            break
+        cuts.append(nl + 1)
+    return list(zip(cuts, cuts[1:] + [stop]))
+
+
+def _block_bounds(path: str, start: int, stop: int, blocksize: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[b, e)`` of the file that tile ``start:stop`` in blocks of about
+    ``blocksize`` in whole lines."""
+    if start >= stop:
+        return []
+    return _line_cuts(np.memmap(path, dtype=np.uint8, mode="r"), start, stop, blocksize)
+
+
+def _count_rows(a: np.ndarray, start: int, stop: int) -> tuple[int, int]:
+    """(line breaks in ``a[start:stop]``, rows they end): a break ends no row where its line
+    is blank (empty, or a lone CR), as both parsers skip those. Bytes before ``a[0]`` count
+    as a line break (a line starts there)."""
+    idx = np.flatnonzero(a[start:stop] == 10)
+    if idx.size == 0:
+        return 0, 0
+    idx += start
+    p1, p2 = a[np.maximum(idx - 1, 0)], a[np.maximum(idx - 2, 0)]
+    p1[idx < 1] = 10
+    p2[idx < 2] = 10
+    blank = (p1 == 10) | ((p1 == 13) & (p2 == 10))
+    return int(idx.size), int(idx.size - np.count_nonzero(blank))
+
+
+def _count_all(a: np.ndarray, start: int, stop: int, step: int) -> tuple[int, int]:
+    """:func:`_count_rows` of ``a[start:stop]``, ``step`` bytes a call, on every core."""
+    parts = on_cores(lambda s: _count_rows(a, s, min(s + step, stop)), range(start, stop, max(1, step)))
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _check_size(spec: _CsvSpec) -> None:
+    size = os.path.getsize(spec.path)
+    if size != spec.size:
+        raise DataError(f"{spec.path} changed since it was opened: {size} bytes, was {spec.size}; read it again")
+
+
+def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
+    """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
+    _check_size(spec)
+    return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
+
+
+def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
+    """(end of the data, 1 if its last line has no line break else 0): the data ends with the
+    line break after its last byte that is not whitespace, or at that byte."""
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = size
+        while pos > start:  # back over trailing whitespace, 64 KiB at a time
+            lo = max(start, pos - (1 << 16))
+            kept = len(mm[lo:pos].rstrip())
+            if kept:
+                end = lo + kept
+                nl = mm.find(b"\n", end)
+                return (nl + 1, 0) if nl >= 0 else (end, 1)
+            pos = lo
+    return start, 0
+
+
+def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
+    """(line breaks, rows, end of the data) of a compressed file's decompressed text from byte
+    ``start`` (the data ends as in :func:`_data_end`)."""
+    breaks = rows = 0
+    pos, ctx = 0, np.full(2, 10, np.uint8)  # ctx: the 2 bytes before the chunk
+    end, trail = start, b""  # after the last byte that is not whitespace; the whitespace after it
+    with _open_text(spec.path, spec.compression) as f:
+        while chunk := f.read(spec.count_bytes):
+            skip, pos = max(0, start - pos), pos + len(chunk)
+            a = np.concatenate([ctx, np.frombuffer(chunk, np.uint8)])
+            ctx = a[-2:].copy()
+            if skip >= len(chunk):
+                continue
+            n, r = _count_rows(a, 2 + skip, len(a))
+            breaks, rows = breaks + n, rows + r
+            kept = len(chunk[skip:].rstrip())
+            if kept:
+                end, trail = pos - len(chunk) + skip + kept, chunk[skip + kept :]
+            else:
+                trail += chunk[skip:]
+    if end == start:
+        return 0, 0, start
+    lines = trail.split(b"\n")
+    if len(lines) == 1:  # the last line has no line break
+        return breaks, rows + 1, end
+    # The trail's first break ends the last row; the lines after it hold whitespace alone and
+    # were counted as rows unless empty.
+    extra = lines[1:-1]
+    return breaks - len(extra), rows - sum(t not in (b"", b"\r") for t in extra), end + len(lines[0]) + 1
+
+
+# ---------------------------------------------------------------- parsing a block
+
+
+def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int) -> np.ndarray:
+    """Bytes ``start:stop`` of the (decompressed) file parsed: an array (rows, len(spec.keep))
+    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``.
+
+    The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
+    (so that every piece knows where its rows go), then each is parsed into its rows.
+    """
+    if spec.compression is None:
+        import pyarrow as pa
+
+        _check_size(spec)
+        f = pa.memory_map(spec.path)
+        f.seek(start)
+        a = np.frombuffer(f.read_buffer(stop - start), np.uint8)  # no copy: the file's pages, mapped
+    else:
+        with _open_text(spec.path, spec.compression) as f:
+            a = np.frombuffer(f.read(), np.uint8)[start:stop]
+    n = len(a)
+    size = min(spec.piece_bytes, max(_MIN_PIECE_BYTES, -(-n // cores())))
+    pieces = _line_cuts(a, 0, n, size)
+    counts = on_cores(lambda p: _count_rows(a, *p), pieces)
+    counts[-1] = (counts[-1][0], counts[-1][1] + _unended(a, *pieces[-1]))
+    offsets = np.cumsum([0] + [c[1] for c in counts]).tolist()
+    if offsets[-1] != rows:  # the same bytes counted otherwise when the file was opened
+        raise DataError(f"{spec.path} changed since it was opened: {offsets[-1]} rows in bytes {start} to {stop}, "
+                        f"{rows} when it was opened; read it again")
+    lines = np.cumsum([first_line] + [c[0] for c in counts]).tolist()  # the file's line of each piece
+    out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
+
+    def parse(i: int) -> None:
+        b, e = pieces[i]
+        got = _parse_block(a[b:e], spec, lines[i])
+        if got.shape[0] != offsets[i + 1] - offsets[i]:  # the parser skipped or joined lines the count took for rows
+            raise DataError(f"{spec.path}: {_odd_line(a[b:e], lines[i])} ({got.shape[0]} rows of values where "
+                            f"{offsets[i + 1] - offsets[i]} lines that are not empty were counted)")
+        out[offsets[i] : offsets[i + 1]] = got
+
+    on_cores(parse, range(len(pieces)))
+    return out
+
+
+def _unended(a: np.ndarray, start: int, stop: int) -> int:
+    """1 if ``a[start:stop]`` ends in a line without a line break that is not blank, else 0."""
+    if stop <= start or a[stop - 1] == 10:
+        return 0
+    lo = stop
+    while lo > start:  # back to the last line break, 64 KiB at a time
+        lo2 = max(start, lo - (1 << 16))
+        hit = np.flatnonzero(a[lo2:lo] == 10)
+        if hit.size:
+            lo = lo2 + int(hit[-1]) + 1
+            break
+        lo = lo2
+    return int(bytes(a[lo:stop]).strip() != b"")
+
+
+def _odd_line(buf: Any, first_line: int) -> str:
+    """Where a piece's rows and its counted lines part: its first line of whitespace alone."""
+    lines = bytes(buf).rstrip(b"\n").split(b"\n")
+    for i, text in enumerate(lines):
+        if text.strip() == b"" and text not in (b"", b"\r"):
+            return f"line {first_line + i} holds whitespace alone, which cannot be read: delete it"
+    return f"lines {first_line} to {first_line + len(lines) - 1} hold a line break inside quotes, which cannot be read"
+
+
+def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int) -> np.ndarray:
+    """``buf`` (bytes: whole lines of the file, no header) parsed, on the calling thread:
+    pyarrow's parser where it reads every cell; else pandas' (short rows, and cells such as
+    ``' 1'`` or ``'None'``)."""
+    cols = tuple(dict.fromkeys(spec.keep))  # a column asked for twice is parsed once
+    out = None
+    if len(spec.delimiter) == 1:
+        import pyarrow as pa
+
+        try:
+            out = _parse_arrow(buf, spec, cols)
+        except pa.ArrowInvalid:
+            pass
+        # Whitespace runs: pyarrow splits on each space, so a run reads as an empty cell (NaN).
+        if out is not None and spec.delimiter == " " and np.isnan(out).any():
+            out = None
+    if out is None:
+        out = _parse_pandas(buf, spec, cols, first_line)
+        if cols != spec.keep:
+            out = out[:, [cols.index(k) for k in spec.keep]]
+    return out
+
+
+def _parse_arrow(buf: np.ndarray, spec: _CsvSpec, cols: tuple[int, ...]) -> np.ndarray:
+    """``buf`` parsed by pyarrow on this thread: (rows, len(spec.keep)) of ``spec.dtype``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    names = [f"f{i}" for i in range(spec.n_columns)]  # unique, whatever the header holds
+    typ = pa.float32() if spec.dtype == "float32" else pa.float64()
+    table = pcsv.read_csv(
+        pa.py_buffer(buf),
+        read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=spec.block_size),
+        parse_options=pcsv.ParseOptions(delimiter=spec.delimiter),
+        convert_options=pcsv.ConvertOptions(column_types={names[c]: typ for c in cols},
+                                            include_columns=[names[c] for c in cols], null_values=list(_NA_VALUES)),
+    )
+    if cols != spec.keep:  # the array's order, a column asked for twice given twice
+        table = table.select([cols.index(k) for k in spec.keep])
+    if table.num_rows and hasattr(table, "to_tensor"):  # one row-major copy, in C++
+        return table.to_tensor(null_to_nan=True, row_major=True).to_numpy()
+    out = np.empty((table.num_rows, len(spec.keep)), dtype=spec.dtype)
+    row = 0
+    for batch in table.to_batches():  # older pyarrow: a batch per pyarrow block
+        if batch.num_rows:
+            out[row : row + batch.num_rows] = batch.to_tensor(null_to_nan=True, row_major=True).to_numpy()
+            row += batch.num_rows
+    return out
+
+
+def _parse_pandas(buf: Any, spec: _CsvSpec, cols: tuple[int, ...], first_line: int) -> np.ndarray:
+    """``buf`` parsed by pandas: (rows, len(cols)) of ``spec.dtype``, or a DataError naming the
+    file's line (and the column and cell of a value that is no number)."""
+    import re
+
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(io.BytesIO(buf), sep=_pandas_sep(spec.delimiter), header=None,
+                         names=range(spec.n_columns), usecols=list(cols), dtype=spec.dtype)
+    except pd.errors.ParserError as e:  # e.g. "Expected 2 fields in line 4, saw 3": the file's line
+        msg = re.sub(r"line (\d+)", lambda m: f"line {int(m.group(1)) + first_line - 1}", str(e).strip())
+        raise DataError(f"cannot read {spec.path} as CSV: {msg}") from None
+    except ValueError as e:  # a cell that is no number
+        for c in cols:
+            where = _first_non_numeric(buf, spec.delimiter, spec.n_columns, c, first_line)
+            if where:
+                raise _not_numeric(spec.path, spec.names[spec.keep.index(c)], where) from None
+        raise DataError(f"{spec.path} has a non-numeric value after line {first_line}: "
+                        f"{str(e).strip().splitlines()[0]}") from None
+    return np.ascontiguousarray(df[list(cols)].to_numpy(dtype=spec.dtype))
+
+
+def _first_non_numeric(data: Any, delim: str, n_columns: int, column: int, first_line: int) -> str | None:
+    """``line N has 'x'`` for the first cell of column ``column`` in ``data`` (lines of the
+    file from line ``first_line``, no header) that is neither a number, nor empty, nor a NaN
+    marker; None if there is none."""
+    import pandas as pd
+
+    try:
+        cells = pd.read_csv(io.BytesIO(data), sep=_pandas_sep(delim), header=None, names=range(n_columns),
+                            usecols=[column], dtype=str, keep_default_na=False, skip_blank_lines=False)[column]
+    except Exception:
+        return None
+    cells = cells.fillna("").str.strip()
+    bad = cells[(cells != "") & ~cells.isin(_NA_VALUES) & pd.to_numeric(cells, errors="coerce").isna()]
+    if bad.empty:
+        return None
+    return f"line {int(bad.index[0]) + first_line} has {bad.iloc[0]!r}"

@@ -1,0 +1,70 @@
+"""Data already in memory: NumPy and CuPy arrays, lists, pandas and Dask DataFrames, SciPy
+sparse matrices, as Dask arrays of row chunks (sparse rows densified chunk by chunk)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from ..errors import DaskmeansWarning, DataError, DataTypeError
+from ..validation import check_2d_numeric
+from .blocks import float_dtype, non_numeric, rows_per_chunk
+
+
+def is_dataframe(a: Any) -> bool:
+    return type(a).__name__ == "DataFrame" and hasattr(a, "dtypes") and hasattr(a, "columns")
+
+
+def from_dataframe(df: Any, cb: int | None) -> da.Array:
+    """A pandas or Dask DataFrame of numeric columns (any other column is refused by name)."""
+    bad = non_numeric(df.dtypes)
+    if bad:
+        raise DataError(f"column {bad[0][0]!r} of the DataFrame is not numeric (dtype {bad[0][1]}): pass its numeric "
+                        f"columns, e.g. df.select_dtypes('number')")
+    if isinstance(df, __import__("pandas").DataFrame):
+        return from_memory(df.to_numpy(), cb)
+    return df.to_dask_array(lengths=True)  # a Dask DataFrame: its partitions' lengths, one pass
+
+
+def is_sparse(a: Any) -> bool:
+    return type(a).__module__.startswith("scipy.sparse") and hasattr(a, "toarray")
+
+
+def _densify(block: Any) -> np.ndarray:
+    return np.asarray(block.toarray())
+
+
+def from_sparse(a: Any, cb: int | None) -> da.Array:
+    """A SciPy sparse matrix, densified chunk by chunk (each chunk of about ``chunk-bytes``
+    dense bytes)."""
+    a = a.tocsr()
+    check_2d_numeric(a.shape, a.dtype)
+    n, d = a.shape
+    rows = rows_per_chunk(d, float_dtype(a.dtype).itemsize, cb)
+    blocks = [da.from_delayed(__import__("dask").delayed(_densify)(a[s : s + rows]), shape=(min(rows, n - s), d),
+                              dtype=a.dtype) for s in range(0, n, rows)]
+    return da.concatenate(blocks, axis=0)
+
+
+def from_memory(a: Any, cb: int | None) -> da.Array:
+    if a.dtype == object:
+        a = _object_to_float(a)
+    check_2d_numeric(getattr(a, "shape", ()), a.dtype)
+    rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
+    # asarray=False keeps CuPy blocks as CuPy (da.from_array would otherwise call np.asarray)
+    return da.from_array(a, chunks=(rows, a.shape[1]), asarray=False)
+
+
+def _object_to_float(a: np.ndarray) -> np.ndarray:
+    """An object array of numbers as float64 (as NumPy and scikit-learn take it)."""
+    try:
+        out = np.asarray(a, dtype=np.float64)
+    except TypeError as e:  # a value that is no number at all (a dict)
+        raise DataTypeError(f"X has dtype object and a value that is not a number: {e}") from None
+    except ValueError as e:  # a string that is not a number
+        raise DataError(f"X has dtype object and a value that is not a number: {e}") from None
+    warnings.warn("X is object: converted to float64 for clustering", DaskmeansWarning, stacklevel=4)
+    return out
