@@ -179,7 +179,6 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DATA.zarr", help="the Zarr array to write")
     b.add_argument("--overwrite", action="store_true", help="replace an existing generated dataset")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    importlib.import_module(".sweep", __package__).add_parser(sub, _add_data_args, _add_cluster_args)
     return ap
 
 
@@ -441,8 +440,7 @@ def _check_image_suffix(path: str) -> None:
     from . import report
     from .errors import DaskmeansError
 
-    fig = report._matplotlib().figure.Figure()
-    formats = fig.canvas.get_supported_filetypes()
+    formats = report.image_formats()
     if os.path.splitext(path)[1].lstrip(".").lower() not in formats:
         raise DaskmeansError(f"cannot write {path}: the suffix should name an image format, one of "
                                     f"{', '.join('.' + f for f in sorted(formats))}")
@@ -587,8 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with warnings.catch_warnings(), _quiet_dropped_signals():  # both restored when main() returns
                 warnings.showwarning = _show_warning
                 rc = {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
-                      "generate": _cmd_generate,
-                      "sweep": importlib.import_module(".sweep", __package__).run_command}[args.command](args)
+                      "generate": _cmd_generate}[args.command](args)
                 sys.stdout.flush()  # a reader gone away is found here, not at exit
                 return rc
         except DaskmeansError as e:

@@ -27,6 +27,21 @@ def _matplotlib():
     return matplotlib
 
 
+def image_formats() -> dict[str, str]:
+    """The image formats Matplotlib writes: suffix (no dot) -> description."""
+    return _matplotlib().figure.Figure().canvas.get_supported_filetypes()
+
+
+def cluster_colours(clusters: np.ndarray, k: int) -> np.ndarray:
+    """RGBA colours ``(n, 4)`` of the clusters ``clusters`` (n,) of a K-cluster model, the
+    same in every panel: tab20 up to 20 clusters, else spread over the hsv wheel."""
+    mpl = _matplotlib()
+    clusters = np.asarray(clusters)
+    if k <= 20:
+        return mpl.colormaps["tab20"](clusters % 20)
+    return mpl.colormaps["hsv"](clusters / max(k - 1, 1))
+
+
 def sample_rows(x: Any, n: int, seed: int = 0) -> np.ndarray:
     """Up to ``n`` rows of the Dask array ``x`` drawn without replacement, as NumPy, in row order
     (only the chunks holding them are read)."""
@@ -74,36 +89,44 @@ def figure(history: list[dict], sizes: np.ndarray | None, centers: np.ndarray,
     ax = axs["convergence"]
     it = [h["iteration"] for h in history]
     ax.plot(it, [h["inertia"] for h in history], "o-", ms=3, color="C0", label="inertia")
+    ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))  # iterations are whole
     ax.set_xlabel("iteration")
     ax.set_ylabel("inertia", color="C0")
     ax.set_title("convergence")
-    moved = [(i, h["shift"]) for i, h in zip(it, history) if h["shift"] > 0]  # a shift of 0 has no log
-    if moved:
+    if history:
+        shifts = np.array([h["shift"] for h in history], np.float64)
         shift = ax.twinx()
-        shift.semilogy(*zip(*moved), "s-", ms=3, color="C1", label="shift")
+        shift.plot(it, shifts, "s-", ms=3, color="C1", label="shift")
+        # Logarithmic above the smallest shift that moved, linear below it: a last shift of 0
+        # (nothing moved) is drawn at the bottom, where a log axis would drop it.
+        moved = shifts[shifts > 0]
+        shift.set_yscale("symlog", linthresh=float(moved.min()) if moved.size else 1.0)
+        shift.set_ylim(bottom=0)
         shift.set_ylabel("centroid shift (sum of squares)", color="C1")
     if not history:
         ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
 
     if "sizes" in axs:
         ax = axs["sizes"]
-        order = np.sort(np.asarray(sizes))[::-1]
-        if k <= 64:
-            ax.bar(np.arange(k), order, color="C2")
+        which = np.argsort(-np.asarray(sizes), kind="stable")  # largest first
+        order = np.asarray(sizes)[which]
+        if k <= 64:  # each bar in its cluster's colour, as in the projection
+            ax.bar(np.arange(k), order, color=cluster_colours(which, k))
+            ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
         else:  # thousands of bars are a solid block: the sorted sizes as a curve
             ax.plot(np.arange(k), order, color="C2")
-            ax.set_yscale("symlog", linthresh=1)
+            if order.max() > 100 * max(order.min(), 1):  # a log scale only where sizes span decades
+                ax.set_yscale("symlog", linthresh=1)
         ax.axhline(order.mean(), color="k", lw=0.8, ls="--")  # the mean
         ax.set_xlabel("cluster (largest first)")
         ax.set_ylabel("rows")
-        ax.set_title(f"cluster sizes: mean {order.mean():.4g} (dashed), largest {order.max() / max(order.mean(), 1e-300):.2f}x")
+        ax.set_title(f"cluster sizes: mean {order.mean():.4g} (dashed),\n"
+                     f"largest {order.max() / max(order.mean(), 1e-300):.2f}x")
 
     if "projection" in axs:
         ax = axs["projection"]
         p, c, explained = projection(sample, centers)
-        cmap = mpl.colormaps["tab20" if k <= 20 else "hsv"]
-        ax.scatter(p[:, 0], p[:, 1], c=np.asarray(labels) % cmap.N if k <= 20 else np.asarray(labels) / max(k - 1, 1),
-                   cmap=cmap, s=2, alpha=0.5, linewidths=0, rasterized=True)
+        ax.scatter(p[:, 0], p[:, 1], c=cluster_colours(labels, k), s=2, alpha=0.5, linewidths=0, rasterized=True)
         ax.scatter(c[:, 0], c[:, 1], marker="x", c="k", s=40 if k <= 200 else 4, linewidths=1.2, label="centroids")
         ax.set_xlabel(f"PC1 ({100 * explained[0]:.0f}% of variance)")
         ax.set_ylabel(f"PC2 ({100 * explained[1]:.0f}% of variance)")
@@ -122,7 +145,7 @@ def write(fig: Any, path: str) -> None:
     import uuid
 
     fmt = os.path.splitext(path)[1].lstrip(".").lower()
-    formats = fig.canvas.get_supported_filetypes()
+    formats = image_formats()
     if fmt not in formats:
         raise DaskmeansError(f"cannot write {path}: the suffix should name an image format, one of "
                              f"{', '.join('.' + f for f in sorted(formats))}")

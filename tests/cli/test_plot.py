@@ -77,3 +77,77 @@ def test_cli_plot_errors_are_one_line_and_leave_nothing(fitted, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("daskmeans: error: " + message.format(d=d, t=tmp_path)) and "\n" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exists.png"]
+
+
+# ---------------------------------------------------------------- the panels' details
+
+
+def _history(shifts):
+    return [{"iteration": i + 1, "inertia": 100.0 / (i + 1), "shift": s} for i, s in enumerate(shifts)]
+
+
+def _draw(fig):
+    """``fig`` drawn on an Agg canvas (ticks and text extents are known once drawn)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+def test_a_short_fit_has_whole_iteration_ticks_and_its_zero_shift_drawn():
+    from daskmeans import report
+
+    fig = _draw(report.figure(_history([4.0, 0.5, 0.0]), np.array([5, 3]), np.zeros((2, 2))))
+    conv = next(ax for ax in fig.axes if ax.get_title() == "convergence")
+    lo, hi = conv.get_xlim()
+    ticks = [t for t in conv.get_xticks() if lo <= t <= hi]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    shift = next(ax for ax in fig.axes if ax.get_ylabel().startswith("centroid shift"))
+    x, y = shift.lines[0].get_data()
+    assert list(y) == [4.0, 0.5, 0.0]  # the last shift, 0, is a point of the line
+    lo, hi = shift.get_ylim()
+    assert lo <= 0.0 < hi  # and inside the axis
+    pixels = shift.transData.transform(np.c_[x, y])
+    assert np.isfinite(pixels).all()
+
+
+def test_size_bars_have_their_clusters_colours_as_in_the_projection():
+    from daskmeans import report
+
+    sizes = np.array([10, 40, 25, 5])
+    rng = np.random.default_rng(0)
+    sample = rng.standard_normal((40, 3))
+    labels = np.arange(40) % 4
+    fig = _draw(report.figure(_history([1.0]), sizes, rng.standard_normal((4, 3)), sample, labels))
+    bars = next(ax for ax in fig.axes if ax.get_title().startswith("cluster sizes")).patches
+    assert [b.get_height() for b in bars] == [40, 25, 10, 5]
+    projection = next(ax for ax in fig.axes if ax.get_title().endswith("PCA"))
+    points = projection.collections[0].get_facecolors()[:, :3]
+    for bar, cluster in zip(bars, [1, 2, 0, 3]):  # largest first
+        np.testing.assert_allclose(bar.get_facecolor()[:3], points[labels == cluster][0])
+    assert len({tuple(b.get_facecolor()) for b in bars}) == 4
+
+
+@pytest.mark.parametrize("sizes", [np.full(500, 40) + np.arange(500) % 7,  # near-equal
+                                   np.r_[np.full(499, 3), 100_000]])  # sizes spanning decades
+def test_sizes_panel_has_y_ticks_at_k_500(sizes):
+    from daskmeans import report
+
+    fig = _draw(report.figure(_history([1.0]), sizes, np.zeros((500, 2))))
+    ax = next(ax for ax in fig.axes if ax.get_title().startswith("cluster sizes"))
+    lo, hi = ax.get_ylim()
+    shown = [t for t in ax.get_yticks() if lo <= t <= hi]
+    assert len(shown) >= 2, (ax.get_yscale(), ax.get_yticks(), (lo, hi))
+
+
+def test_the_model_only_plot_shows_every_title_whole(fitted, tmp_path):
+    d, km = fitted
+    fig = load(str(d / "m.zarr")).plot(None)
+    renderer = _draw(fig).canvas.get_renderer()  # the Agg canvas's
+    box = fig.bbox
+    for text in [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]:
+        ext = text.get_window_extent(renderer)
+        assert box.x0 <= ext.x0 and ext.x1 <= box.x1 and box.y0 <= ext.y0 and ext.y1 <= box.y1, text.get_text()
+    axes = sorted((ax for ax in fig.axes if ax.get_title()), key=lambda ax: ax.get_position().x0)
+    for left, right in zip(axes, axes[1:]):  # no title runs into its neighbour's
+        assert left.title.get_window_extent(renderer).x1 < right.title.get_window_extent(renderer).x0
