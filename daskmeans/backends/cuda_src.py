@@ -76,7 +76,7 @@ _LOCK = threading.Lock()
 def _ctype(dtype: Any) -> str:
     import numpy
 
-    return {"float32": "float", "float64": "double"}[numpy.dtype(dtype).name]
+    return {"float32": "float", "float64": "double", "float16": "half"}[numpy.dtype(dtype).name]
 
 
 def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threads: int,
@@ -180,13 +180,20 @@ def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: 
     1.51 / 1.49 / 1.59; see docs/performance.md for the variants dropped); ``rows_per_thread`` (1, 2
     or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
     ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
-    (profiling scripts vary them)."""
-    t, gt = _ctype(dtype), _ctype(gemm_dtype)
-    vec = 4 if gt == "float" else 2
+    (profiling scripts vary them). A float16 ``gemm_dtype`` (gemm_prep's MODE 4 tiles) reads
+    eight values per vector and scales them by the kernel's ``gsc``."""
+    import numpy
+
+    t = _ctype(dtype)
     if sum_min_blocks is None:
         # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
         sum_min_blocks = 4 if t == "float" else 3
-    head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
+    if numpy.dtype(gemm_dtype) == numpy.float16:  # eight float16 values per 16-byte vector
+        head = f"#define T {t}\n#define GH 1\n#define GT float\n#define GV uint4\n#define VEC 8\n#define B {batch}\n"
+    else:
+        gt = _ctype(gemm_dtype)
+        vec = 4 if gt == "float" else 2
+        head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
     head += f"#define SS_MINB {sum_min_blocks}\n#define CH {chains}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
@@ -201,11 +208,11 @@ def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ..
     label_block_offsets, label_bases)`` for data of ``dtype`` and a GEMM tile of
     ``gemm_dtype`` (see :func:`select_source`)."""
     m = _select_module(dtype, gemm_dtype, batch)
-    return m[:5] + m[9:]
+    return m[:5] + m[10:]
 
 
 def prep_kernel(dtype: Any, mode: int) -> Any:
-    """``gemm_prep`` of ``mode`` (0-3, see the source) for data of ``dtype``."""
+    """``gemm_prep`` of ``mode`` (0-4, see the source) for data of ``dtype``."""
     return _select_module(dtype, dtype)[5 + mode]
 
 
@@ -215,7 +222,7 @@ def _select_key(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple:
 
 def _compile_select(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
     names = ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
-             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3", "label_block_offsets", "label_bases")
+             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3", "gemm_prep4", "label_block_offsets", "label_bases")
     return _functions(_select_key(dtype, gemm_dtype, batch), select_source(dtype, gemm_dtype, batch), names)
 
 

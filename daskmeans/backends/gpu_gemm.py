@@ -23,7 +23,7 @@ from .gpu_device import ptr
 from .gpu_plan import CSQ_PAD, Prepared
 from .gpu_sums import label_sums
 
-_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16BF = 0, 1, 14  # cudaDataType_t (library_types.h)
+_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14  # cudaDataType_t (library_types.h)
 
 
 def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
@@ -35,14 +35,17 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
     mode = _gemm_mode(precision, gemm64)
-    kpad = -(-k // 4) * 4
+    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4  # whole 16-byte vectors of the tile's rows
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
     smax = 0.0
+    cexp = 0
     if mode:
+        if mode == 4:
+            cexp = gpu_plan.half_scales(1.0, _max_abs(c), d)[1]
         rsq = cupy.empty(kpad, cupy.float64)
         ab = prep_buffer(kpad, d, mode)
-        prep(a, mode, 1, ab, None, rsq, None, (0.0, 0.0, 0.0))
+        prep(a, mode, 1, ab, None, rsq, None, (0.0, 0.0, 0.0), 2.0**cexp)
         a = ab
         smax = float(cupy.sqrt(rsq.max()))
     sq = (c64 * c64).sum(axis=1)
@@ -50,24 +53,31 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
     csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
-    return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout)
+    return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
+                    cexp)
+
+
+def _max_abs(X: Any) -> float:
+    """The largest ``|x|`` of ``X`` (two reductions: no temporary of X's size)."""
+    return float(max(X.max(), -X.min())) if X.size else 0.0
 
 
 def _gemm_mode(precision: str, gemm64: bool) -> int:
     return gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
-                              gpu_device.compute_capability(gpu_device.device_id()))
+                              gpu_device.compute_capability(gpu_device.device_id()), config.get("gpu-tf32-gemm"))
 
 
-def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple) -> None:
+def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple, scale: float = 1.0) -> None:
     """``gemm_prep`` on the rows of ``X`` (see cuda_src): the GEMM's rounded copy in ``out``
-    (mode > 0), per-row ``||x||^2`` / ``||x - xb||^2`` / error bounds where arrays are given."""
+    (mode > 0; mode 4: of ``X`` times ``scale``, a power of two), per-row ``||x||^2`` /
+    ``||x - xb||^2`` / error bounds where arrays are given."""
     import cupy
 
     rows, d = X.shape
     kern = cuda_src.prep_kernel(X.dtype, mode)
     nb = int(max(1, min(32 * gpu_device.sm_count(gpu_device.device_id()), -(-rows // 32))))  # 8 warps x 4 rows
     kern((nb,), (256,), (X, cupy.int64(rows), cupy.int32(d), cupy.int32(cen), ptr(out),
-                         ptr(sq), ptr(rsq), ptr(eb), *(numpy.float64(e) for e in err)))
+                         ptr(sq), ptr(rsq), ptr(eb), *(numpy.float64(e) for e in err), numpy.float32(scale)))
 
 
 def prep_buffer(rows: int, d: int, mode: int) -> Any:
@@ -76,11 +86,29 @@ def prep_buffer(rows: int, d: int, mode: int) -> Any:
 
     if mode == 0:
         return None
-    return cupy.empty((rows, 3 * d if mode == 2 else d), cupy.uint16 if mode == 3 else cupy.float32)
+    return cupy.empty((rows, 3 * d if mode == 2 else d), cupy.uint16 if mode in (3, 4) else cupy.float32)
 
 
-def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
-    """``out[:rows] = -2 xt a^T`` (rows x Kpad, row-major) on the current stream; with ``ldr``,
+def row_scales(p: Prepared, X: Any) -> tuple[tuple, float, float, float]:
+    """``(err, alpha, xscale, gsc)`` of a block ``X`` (n, D): the bound's coefficients, the
+    GEMM's alpha, the rows' scale for ``gemm_prep`` and the factor the selection reads the tile
+    with. Mode 4 takes powers of two that keep the float16 inputs and output in range (the
+    centroids' 2^cexp bounds their largest magnitude by 2^(14 - cexp)); the bound gains the
+    output's subnormal floor. Other modes: ``(p.err, -2, 1, 1)``."""
+    if p.mode != 4:
+        return p.err, -2.0, 1.0, 1.0
+    xe, _, o = gpu_plan.half_scales(_max_abs(X), 2.0 ** (14 - p.cexp), X.shape[1])
+    err = (p.err[0], p.err[1], p.err[2] + gpu_plan.half_output_floor(o))
+    return err, -2.0 * 2.0 ** -(xe + p.cexp + o), 2.0**xe, 2.0**o
+
+
+def tile_dtype(p: Prepared) -> Any:
+    """The GEMM tile's dtype: float16 in mode 4, else that of the squared norms."""
+    return numpy.dtype(numpy.float16) if p.mode == 4 else p.csq.dtype
+
+
+def gemm(p: Prepared, xt, out, ldr: int | None = None, alpha: float = -2.0) -> None:
+    """``out[:rows] = alpha xt a^T`` (rows x Kpad, row-major) on the current stream; with ``ldr``,
     column-major instead (``out[k * ldr + r]``). ``xt`` (rows x D') is the tile as the GEMM
     reads it: the data for ``p.mode`` 0, else ``gemm_prep``'s copy."""
     import cupy
@@ -91,12 +119,14 @@ def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
     h = device.get_cublas_handle()
     cublas.setStream(h, cupy.cuda.get_current_stream().ptr)
     if p.centroids.dtype == cupy.float64:
-        scal = numpy.array([-2.0, 0.0])
+        scal = numpy.array([alpha, 0.0])
         ab, ct, comp = _CUDA_R_64F, _CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F
     else:
-        scal = numpy.array([-2.0, 0.0], numpy.float32)
+        scal = numpy.array([alpha, 0.0], numpy.float32)
         ct, comp = _CUDA_R_32F, cublas.CUBLAS_COMPUTE_32F
         ab = _CUDA_R_16BF if p.mode == 3 else _CUDA_R_32F
+        if p.mode == 4:  # float16 in and out, float32 accumulation
+            ab = ct = _CUDA_R_16F
         if p.mode in (1, 2):
             comp = cublas.CUBLAS_COMPUTE_32F_FAST_TF32
     bptr = xt.data.ptr
@@ -126,12 +156,12 @@ def gemm(p: Prepared, xt, out, ldr: int | None = None) -> None:
 def tile_rows(p: Prepared, n: int) -> int:
     """Rows of one GEMM tile for a block of ``n`` rows (:func:`.gpu_plan.tile_rows` within
     ``daskmeans.gpu-tile-bytes``)."""
-    return _tile_rows(n, p.a.shape[0], p.centroids.shape[1], p.mode, p.csq.dtype.itemsize)
+    return _tile_rows(n, p.a.shape[0], p.centroids.shape[1], p.mode, tile_dtype(p).itemsize)
 
 
 def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int) -> int:
     # gemm_prep's copy of a tile (prep_buffer): none in mode 0, 3D float32 columns in mode 2.
-    cols, item = (0, 0) if mode == 0 else (3 * d if mode == 2 else d, 2 if mode == 3 else 4)
+    cols, item = (0, 0) if mode == 0 else (3 * d if mode == 2 else d, 2 if mode in (3, 4) else 4)
     return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, config.get_bytes("gpu-tile-bytes"),
                               gpu_plan.fill_rows(gpu_device.sm_count(gpu_device.device_id())),
                               config.get_bytes("gpu-tile-bytes-max"))
@@ -146,9 +176,10 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
     ``dtype`` (the selection as :func:`run` picks it, ``gemm_prep`` and the sums), for
     :func:`.cupy_backend.warm`."""
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    kpad = -(-k // 4) * 4
-    gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float32)
-    rows = _tile_rows(n, kpad, d, _gemm_mode(precision, gemm64), gdt.itemsize)
+    mode = _gemm_mode(precision, gemm64)
+    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
+    gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
+    rows = _tile_rows(n, kpad, d, mode, gdt.itemsize)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),
                                  precision)
     return [lambda: _select_kernel(dtype, gdt, rpt), lambda: cuda_src.select_kernels(dtype, dtype)]
@@ -161,7 +192,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     n, d = X.shape
     k = p.k
     kpad = p.a.shape[0]
-    gdt = p.csq.dtype
+    gdt = tile_dtype(p)
     dev = gpu_device.device_id()
     rows = tile_rows(p, n)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(dev), p.precision, p.layout)
@@ -179,6 +210,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
     xbufs = [prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
     eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
+    err, alpha, xscale, gsc = row_scales(p, X)
     start = main.record()
     gs.wait_event(start)
     ss.wait_event(start)
@@ -197,8 +229,8 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
             if freed[i] is not None:
                 gs.wait_event(freed[i])
             xt = X[s0:s1] if xbufs[i] is None else xbufs[i][:m]
-            prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], p.err)
-            gemm(p, xt, bufs[i] if rpt else g, ldr if rpt else None)
+            prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], err, xscale)
+            gemm(p, xt, bufs[i] if rpt else g, ldr if rpt else None, alpha)
             ready = gs.record()
         with ss:
             ss.wait_event(ready)
@@ -213,7 +245,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
                 lead + (p.csq, X[s0:s1], cupy.int32(d), cupy.int64(m), p.centroids, eb[s0:s1], exact,
                  ptr(None if w is None else w[s0:s1]), ptr(None if prev is None else prev[s0:s1]),
                  ptr(None if labels is None else labels[s0:s1]), ptr(None if d2 is None else d2[s0:s1]),
-                 stat),
+                 stat) + (() if rpt else (numpy.float32(gsc),)),
             )
             freed[i] = ss.record()
     from cupy.cuda import cublas, device

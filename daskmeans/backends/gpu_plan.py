@@ -24,6 +24,7 @@ TINY = 2.0**-100  # gemm_prep flushes smaller inputs to zero (cuda/select.cu)
 SMALL_CENTROIDS = ("auto", "registers", "shared")
 SELECT_LAYOUTS = ("auto", "rows", "cols1", "cols2", "cols4")
 FP32_GEMMS = ("auto", "sgemm", "3xtf32")
+TF32_GEMMS = ("auto", "tf32", "fp16")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ class Prepared:
     a: Any = None
     csq: Any = None
     err: tuple = (0.0, 0.0, 0.0)
-    mode: int = 0  # GEMM inputs, as gemm_prep's MODE: 0 as given, 1 TF32, 2 split TF32 (3D), 3 bf16
+    mode: int = 0  # GEMM inputs, as gemm_prep's MODE: 0 as given, 1 TF32, 2 split TF32 (3D), 3 bf16, 4 fp16
     layout: str = "auto"
+    cexp: int = 0  # mode 4: the centroids were multiplied by 2^cexp (max |c| 2^cexp <= 2^14)
 
     @property
     def k(self) -> int:
@@ -121,10 +123,17 @@ def occupancy(num_regs: int, static_shared: int, threads: int, shared: int) -> i
 # ------------------------------------------------------------------ the GEMM regime
 
 
-def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90") -> int:
+def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90",
+              tf32_gemm: str = "auto") -> int:
     """How the GEMM reads its inputs (``gemm_prep`` MODE): 0 as given (float64 data, or fp32
     through cuBLAS's fp32 GEMM), 1 rounded to TF32, 2 split TF32 (three TF32 products in one
-    GEMM of depth 3D, fp32-accurate), 3 rounded to bfloat16.
+    GEMM of depth 3D, fp32-accurate), 3 rounded to bfloat16, 4 scaled by a power of two and
+    rounded to float16 (TF32's 10-bit mantissa), the GEMM writing float16.
+
+    tf32 precision takes mode 4 where ``tf32_gemm`` is "fp16" or "auto": the tile it writes
+    and the selection reads is half the bytes, which is the cost of wide K at short D (the
+    GEMM there is bound by writing its output, not by its arithmetic); the float16 rounding of
+    the output is part of the certified error bound (:func:`error_bound`).
 
     fp32 precision takes split TF32 where ``fp32_gemm`` says "3xtf32", or "auto" on
     A100/H100/B100-class GPUs (compute capability 8.0, 9.0, 10.0), whose TF32 tensor cores run
@@ -136,7 +145,8 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
     if gemm64:
         return 0
     if precision == "tf32":
-        return 1
+        Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
+        return 1 if tf32_gemm == "tf32" else 4
     if precision == "bf16":
         return 3
     Options(FP32_GEMMS).check("gpu-fp32-gemm", fp32_gemm)
@@ -159,7 +169,10 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
     of their magnitudes (twice the classical ``D u``: tensor-core adders may truncate); ``G``
     carries the factor 2 of ``-2 x.c``. Rounding ``||c||^2`` and adding it to ``G`` add ``u (2
     ||x|| cmax + 2 cmax^2)``. Absolute terms cover the flush of inputs below 2^-100 and
-    products underflowing float32. A 10% margin covers the second-order terms."""
+    products underflowing float32. A 10% margin covers the second-order terms. Mode 4 also
+    rounds ``G`` (at most ``2 ||xb|| M``) to the nearest float16 (cuBLAS's epilogue; a GPU test
+    checks it on every element of a tile), within ``2^-11 |G|`` plus an absolute term that
+    depends on the tile's scale (:func:`half_output_floor`)."""
     u = 2.0**-53 if gemm64 else 2.0**-24
     m = 3 if mode == 2 else 1
     g = 2 * m * d * u
@@ -173,6 +186,9 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
     else:
         a = S + g * M
         r = M + g * M
+        if mode == 4:  # |G| <= 2 ||xb|| M (1 + g), rounded to nearest float16: half an ulp
+            a += 2.0**-11 * M * (1 + g)
+            r += 2.0**-11 * M * (1 + g)
     A = 1.1 * (2 * a + 2.2 * u * cmax)
     R = 1.1 * 2 * r
     B = 1.1 * 2.2 * u * cmax * cmax
@@ -180,6 +196,29 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
         A += 2.2 * d**0.5 * TINY
         B += 2.2 * d**0.5 * TINY * M + 4.4 * m * d * 2.0**-126
     return A, R, B
+
+
+def half_output_floor(scale_exp: int) -> float:
+    """The bound's absolute term for a float16 GEMM tile read as ``2^scale_exp`` times its
+    values: half float16's subnormal spacing 2^-24 (rounding to nearest near zero), scaled,
+    with the 10% margin of :func:`error_bound`."""
+    return 1.1 * 2.0 ** (scale_exp - 25)
+
+
+def half_scales(xmax: float, cmax_abs: float, d: int) -> tuple[int, int, int]:
+    """Power-of-two exponents ``(a, b, o)`` of a mode-4 GEMM: the rows are multiplied by 2^a and
+    the centroids by 2^b before rounding to float16 (largest magnitudes ``xmax`` and
+    ``cmax_abs`` at most 2^14: float16 holds up to 65504), and the GEMM writes ``-2 x.c`` times
+    2^-o, which stays within 2^15 since ``|x.c| <= d xmax cmax_abs``."""
+    import math
+
+    def exp_of(v: float) -> int:  # smallest e with v <= 2^e (v > 0)
+        return math.frexp(v)[1] if v > 0 and math.isfinite(v) else 0
+
+    a = 14 - exp_of(xmax)
+    b = 14 - exp_of(cmax_abs)
+    o = exp_of(2.0 * d * xmax * cmax_abs) - 15 if xmax > 0 and cmax_abs > 0 else 0
+    return a, b, o
 
 
 def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int,

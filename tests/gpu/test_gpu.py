@@ -270,12 +270,14 @@ GEMM_SHAPES = [(513, 130, 170), (20000, 33, 300), (2000, 61, 1500), (3000, 64, 2
 def _path(path):
     """``(dask config, selection layout)`` forcing a GEMM-regime path: cuBLAS tiles with the
     row-major (warp per row) or column-major (1, 2 or 4 rows per thread) selection; "+sgemm":
-    fp32 precision through cuBLAS's fp32 GEMM instead of split TF32."""
+    fp32 precision through cuBLAS's fp32 GEMM instead of split TF32; "+tf32": tf32 precision
+    through TF32 inputs and a float32 tile instead of scaled float16 (fp32 precision unchanged)."""
     layout, _, gemm = path.partition("+")
-    return {"daskmeans.gpu-fp32-gemm": gemm or "3xtf32"}, layout
+    return {"daskmeans.gpu-fp32-gemm": gemm if gemm == "sgemm" else "3xtf32",
+            "daskmeans.gpu-tf32-gemm": "tf32" if gemm == "tf32" else "fp16"}, layout
 
 
-GEMM_PATHS = ["rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm"]
+GEMM_PATHS = ["rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm", "rows+tf32"]
 
 
 @pytest.mark.parametrize("n,d,k", GEMM_SHAPES)
@@ -309,6 +311,61 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, po
     _check_sums(out, X, w, lab, sums)
     assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
     np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+
+
+def test_float16_gemm_rounds_its_output_to_nearest():
+    """The mode-4 bound takes cuBLAS's float32 -> float16 conversion of the tile as rounding to
+    nearest (half an ulp): the float16 GEMM of the same float16 inputs against its float32
+    output, on every element (round-towards-zero or a second rounding would exceed it)."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_gemm
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(0, 1, (4096, 64)).astype(np.float32)
+    C = rng.normal(0, 1, (1024, 64))
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fp16"}):
+        p = be.prepare(C, np.float32, "tf32")
+    Xg = cupy.asarray(X)
+    xt = gpu_gemm.prep_buffer(len(X), 64, 4)
+    _, alpha, xscale, _ = gpu_gemm.row_scales(p, Xg)
+    gpu_gemm.prep(Xg, 4, 0, xt, None, None, None, (0.0, 0.0, 0.0), xscale)
+    g16 = cupy.empty((len(X), p.a.shape[0]), cupy.float16)
+    gpu_gemm.gemm(p, xt, g16, alpha=alpha)
+    xh, ah = xt.view(cupy.float16).astype(cupy.float64), p.a.view(cupy.float16).astype(cupy.float64)
+    ref = alpha * (xh @ ah.T)  # float64: the float32 accumulation's error is far below float16's
+    got = g16.astype(cupy.float64)
+    # half an ulp of float16 (2^-11 relative; 2^-25 absolute below the normal range), and the
+    # float32 accumulation of 64 products (64 x 2^-24 relative to the sum of magnitudes)
+    acc = 64 * 2.0**-24 * abs(alpha) * (cupy.abs(xh) @ cupy.abs(ah).T)
+    assert bool((cupy.abs(got - ref) <= 2.0**-11 * cupy.abs(ref) + 2.0**-25 + acc).all())
+    assert float((cupy.abs(got - ref) / (2.0**-11 * cupy.abs(ref) + 2.0**-25 + acc)).max()) > 0.5
+
+
+@pytest.mark.parametrize("scale", [1e-15, 1.0, 1e15])
+@pytest.mark.parametrize("tf32_gemm", ["fp16", "tf32"])
+def test_tf32_labels_exact_at_any_scale(scale, tf32_gemm):
+    """tf32 precision through scaled float16 inputs and tile (mode 4) or TF32 (mode 1): exact
+    labels and distances on data far from float16's range (1e-15, 1e15), rows of mixed norms
+    (1e-3 to 30 times), and a centroid far out."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+
+    X, C, rng = _data(5000, 96, 700, np.float32, seed=11)
+    X *= rng.choice([1e-3, 1.0, 30.0], (len(X), 1)).astype(np.float32)
+    C[0] *= 1e4
+    X, C = (X * scale).astype(np.float32), C * scale
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": tf32_gemm}):
+        p = be.prepare(C, np.float32, "tf32")
+        assert p.mode == (4 if tf32_gemm == "fp16" else 1)
+        lab, d2 = be.min_sqdist(cupy.asarray(X), p)
+    ref, _, _, _, d2_ref = _ref(X, C.astype(np.float32))
+    np.testing.assert_array_equal(cupy.asnumpy(lab), ref)
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-30 * scale**2)
 
 
 @pytest.mark.parametrize("hist_max_k", [0, 1 << 30])
@@ -370,7 +427,7 @@ def _round_mantissa(x, keep):
     return np.where(np.abs(x) < 2.0**-100, np.float32(0), out)
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [1, 2, 3, 4])
 @pytest.mark.parametrize("cen", [0, 1])
 def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     """gemm_prep's rounded copy (TF32 / split TF32 / bf16) against a NumPy reference, on values
@@ -392,10 +449,17 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     xg = cupy.asarray(x)
     out = gpu_gemm.prep_buffer(len(x), d, mode)
     sq, rsq, eb = (cupy.empty(len(x), cupy.float64) for _ in range(3))
-    gpu_gemm.prep(xg, mode, cen, out, sq, rsq, eb, (0.5, 3.0, 0.25))
-    xb = _round_mantissa(x, keep)
+    scale = 2.0**-3  # mode 4: float16 of x / 8 (the ties above stay ties, x[1, 1] is subnormal there)
+    gpu_gemm.prep(xg, mode, cen, out, sq, rsq, eb, (0.5, 3.0, 0.25), scale)
+    if mode == 4:
+        h = np.where(np.abs(x) < 2.0**-100, np.float32(0), x * np.float32(scale)).astype(np.float16)
+        xb = (h.astype(np.float32) / np.float32(scale)).astype(np.float32)
+    else:
+        xb = _round_mantissa(x, keep)
     xs = np.where(np.abs(x) < 2.0**-100, np.float32(0), x - xb)
-    if mode == 3:
+    if mode == 4:
+        np.testing.assert_array_equal(cupy.asnumpy(out).view(np.float16), h)
+    elif mode == 3:
         got = (cupy.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
         np.testing.assert_array_equal(got, xb)
     elif mode == 1:
@@ -412,10 +476,11 @@ def test_gemm_prep_rounds_to_nearest_even_and_splits_exactly(mode, cen):
     np.testing.assert_allclose(cupy.asnumpy(eb), ref_eb, rtol=1e-14)
 
 
-@pytest.mark.parametrize("precision,fp32_gemm,mode", [("fp32", "sgemm", 0), ("fp32", "3xtf32", 2), ("tf32", None, 1),
-                                                      ("bf16", None, 3)])
+@pytest.mark.parametrize("precision,fp32_gemm,mode", [("fp32", "sgemm", 0), ("fp32", "3xtf32", 2), ("tf32", "tf32", 1),
+                                                      ("bf16", None, 3), ("tf32", "fp16", 4)])
 @pytest.mark.parametrize("offset", [0.0, 50.0])
-def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offset):
+@pytest.mark.parametrize("scale", [1.0, 1e-15, 1e15])
+def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offset, scale):
     """The certified bound the selection relies on: for every row and every centroid,
     ``|fl(G + csq) - (||c||^2 - 2 x.c)| <= eb(row)``, G from the real cuBLAS call, the right
     side in float64; on rows of mixed scales, centred and not (offset). TF32/bf16 bounds use
@@ -428,19 +493,24 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
 
     rng = np.random.default_rng(int(offset) + len(precision))
     n, d, k = 3000, 77, 300
-    X = (rng.normal(0, 1, (n, d)) * rng.choice([1e-3, 1.0, 30.0], (n, 1)) + offset).astype(np.float32)
-    C = X[rng.choice(n, k, replace=False)].astype(np.float64) + rng.normal(0, 0.1, (k, d))
-    with dask.config.set({"daskmeans.gpu-fp32-gemm": fp32_gemm or "auto"}):
+    X = ((rng.normal(0, 1, (n, d)) * rng.choice([1e-3, 1.0, 30.0], (n, 1)) + offset) * scale).astype(np.float32)
+    C = X[rng.choice(n, k, replace=False)].astype(np.float64) + rng.normal(0, 0.1 * scale, (k, d))
+    gemms = {"daskmeans.gpu-fp32-gemm": fp32_gemm if precision == "fp32" else "auto",
+             "daskmeans.gpu-tf32-gemm": fp32_gemm if precision == "tf32" else "auto"}
+    with dask.config.set(gemms):
         p = be.prepare(C, np.float32, precision)
     assert p.mode == mode
     Xg = cupy.asarray(X)
     xt = gpu_gemm.prep_buffer(n, d, p.mode)
     eb = cupy.empty(n, cupy.float64)
-    gpu_gemm.prep(Xg, p.mode, 0, xt, None, None, eb, p.err)
-    G = cupy.empty((n, p.a.shape[0]), cupy.float32)
-    gpu_gemm.gemm(p, Xg if xt is None else xt, G)
+    coef, alpha, xscale, gsc = gpu_gemm.row_scales(p, Xg)
+    gpu_gemm.prep(Xg, p.mode, 0, xt, None, None, eb, coef, xscale)
+    G = cupy.empty((n, p.a.shape[0]), gpu_gemm.tile_dtype(p))
+    gpu_gemm.gemm(p, Xg if xt is None else xt, G, alpha=alpha)
     cupy.cuda.Device().synchronize()
-    v = (G[:, :k] + p.csq[None, :k]).astype(cupy.float64)  # the float32 sum the selection takes
+    assert bool(cupy.isfinite(G).all())  # mode 4: the float16 tile never overflows
+    # the float32 sum the selection takes
+    v = (G[:, :k].astype(cupy.float32) * cupy.float32(gsc) + p.csq[None, :k]).astype(cupy.float64)
     c32 = p.centroids.astype(cupy.float64)
     exact = (c32 * c32).sum(1)[None, :] - 2.0 * Xg.astype(cupy.float64) @ c32.T
     err = cupy.abs(v - exact).max(axis=1)
@@ -453,8 +523,9 @@ def test_gemm_error_bound_holds_for_every_pair(precision, fp32_gemm, mode, offse
         # (rounded to nearest either way): the actual residuals are ~0.4 of the worst case.
         u_in = 2.0**-10 if precision == "tf32" else 2.0**-8
         worst = 4 * u_in * cupy.sqrt((Xg.astype(cupy.float64) ** 2).sum(1)) * float(cupy.sqrt((c32 * c32).sum(1).max()))
-        ratio = float(((bound - p.err[2]) / worst).max())
-        assert ratio < (0.35 if precision == "tf32" else 0.7), ratio
+        ratio = float(((bound - coef[2]) / worst).max())
+        # mode 4 adds the float16 output's rounding, 2^-11 of |G| <= 2 ||x|| M
+        assert ratio < (0.35 if mode == 1 else 0.7), ratio
 
 
 @pytest.mark.parametrize("k,d", [(3, 2), (1000, 100), (3000, 400)])  # one block; many; > 1024 x 256 values

@@ -1,7 +1,42 @@
 
-// Compile-time: T (data type), GT (GEMM output type), GV (its 16-byte vector), VEC (lanes of GV).
+// Compile-time: T (data type), GT (the type values are compared in), GV (the GEMM tile's 16-byte
+// vector), VEC (its lanes), GS (the tile's element), CV (VEC squared norms). GH: the tile holds float16 values
+// (gemm_prep MODE 4), scaled by the kernel's gsc on reading; CV is then two float4.
 // B (vectors per lane per batch: B * 32 * VEC values of a row), CH (top-3 states per lane,
 // select_rows) and SS_MINB (sorted_sums' blocks per SM) come from select_source.
+// float16 conversions (PTX: no header needed under NVRTC), round to nearest even.
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+#ifdef GH
+typedef unsigned short GS;  // the tile's element: float16 bits
+struct f8 { float4 a, b; };
+typedef f8 CV;
+__device__ __forceinline__ GV vinf() { return make_uint4(0x7c007c00u, 0x7c007c00u, 0x7c007c00u, 0x7c007c00u); }
+__device__ __forceinline__ CV cvinf() {
+    const float i = __int_as_float(0x7f800000);
+    return CV{make_float4(i, i, i, i), make_float4(i, i, i, i)};
+}
+__device__ __forceinline__ GT comp(const GV& v, int e) {
+    const unsigned w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+    return h2f((unsigned short)((e & 1) ? w >> 16 : w & 0xffffu));
+}
+__device__ __forceinline__ GT ccomp(const CV& v, int e) {
+    const float4& h = e < 4 ? v.a : v.b;
+    const int f = e & 3;
+    return f == 0 ? h.x : f == 1 ? h.y : f == 2 ? h.z : h.w;
+}
+#define GSCALE(x) ((x) * gsc)
+#else
+typedef GT GS;
+typedef GV CV;
 __device__ __forceinline__ GV vinf() {
     const GT i = (GT)__longlong_as_double(0x7ff0000000000000ll);
 #if VEC == 4
@@ -10,6 +45,7 @@ __device__ __forceinline__ GV vinf() {
     return make_double2(i, i);
 #endif
 }
+__device__ __forceinline__ CV cvinf() { return vinf(); }
 __device__ __forceinline__ GT comp(const GV& v, int e) {
 #if VEC == 4
     return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
@@ -17,12 +53,17 @@ __device__ __forceinline__ GT comp(const GV& v, int e) {
     return e == 0 ? v.x : v.y;
 #endif
 }
+__device__ __forceinline__ GT ccomp(const CV& v, int e) { return comp(v, e); }
+#define GSCALE(x) (x)
+#endif
 // GEMM inputs of a row tile and each row's certified error bound (a warp per row, lanes over
 // D). gemm_prep<MODE>, MODE 0: no rounded copy (the GEMM reads X itself: fp32 SGEMM, float64);
 // 1: xb = X rounded to TF32 (to nearest even; the tensor cores then take xb exactly);
 // 2: split TF32, out = [xb | xb | xs] per row (xs = x - xb exactly), or [xb | xs | xb]
 // when CEN (the centroid side): one TF32 GEMM of inner dimension 3D sums xb.cb + xb.cs +
-// xs.cb, fp32-accurate up to xs.cs; 3: xb rounded to bfloat16, written as its bits.
+// xs.cb, fp32-accurate up to xs.cs; 3: xb rounded to bfloat16, written as its bits; 4: x PS
+// (PS a power of two that keeps the values in range) rounded to float16 (TF32's 10-bit
+// mantissa), written as its bits, xb = that value / PS.
 // Values below TINY in magnitude flush to zero (so no input or residual is subnormal for the
 // tensor cores); the bound's absolute terms cover them. Per row: ||x||^2 and ||x - xb||^2
 // (float64, optional) and eb = eA ||x|| + eR ||x - xb|| + eB (optional).
@@ -40,7 +81,7 @@ template <int M>
 __device__ __forceinline__ void prep_rows(const T* __restrict__ X, long long rows, int D, int cen,
                                           void* __restrict__ out, double* __restrict__ sq,
                                           double* __restrict__ rsq, double* __restrict__ eb,
-                                          double eA, double eR, double eB) {
+                                          double eA, double eR, double eB, float ps) {
     const int lane = threadIdx.x & 31;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
     float* o = (float*)out;
@@ -66,10 +107,20 @@ __device__ __forceinline__ void prep_rows(const T* __restrict__ X, long long row
                     if constexpr (M != 0) {
                         if (r0 + a < rows && j < D) {
                             const long long r = r0 + a;
-                            const float f = (float)v[a][u], b = round_mant(f, M == 3 ? 7 : 10);
-                            const float e = fabsf(f) < TINY ? 0.0f : f - b;  // exact (Sterbenz)
+                            const float f = (float)v[a][u];
+                            float b;
+                            if constexpr (M == 4) {
+                                const unsigned short hb = f2h(fabsf(f) < TINY ? 0.0f : f * ps);
+                                b = h2f(hb) / ps;  // exact: ps is a power of two
+                                h[r * D + j] = hb;
+                            } else {
+                                b = round_mant(f, M == 3 ? 7 : 10);
+                            }
+                            // exact: Sterbenz, or b = 0, or both on float16's subnormal grid
+                            const float e = fabsf(f) < TINY ? 0.0f : f - b;
                             q[a] = fma((double)e, (double)e, q[a]);
                             if constexpr (M == 1) o[r * D + j] = b;
+                            else if constexpr (M == 4) {}
                             else if constexpr (M == 3) h[r * D + j] = (unsigned short)(__float_as_uint(b) >> 16);
                             else {
                                 float* t = o + r * 3 * D;
@@ -97,12 +148,13 @@ __device__ __forceinline__ void prep_rows(const T* __restrict__ X, long long row
 #ifndef RPT
 #define PREP(M) extern "C" __global__ void __launch_bounds__(256, 3) gemm_prep##M( \
         const T* __restrict__ X, long long rows, int D, int cen, void* __restrict__ out, double* __restrict__ sq, \
-        double* __restrict__ rsq, double* __restrict__ eb, double eA, double eR, double eB) { \
-    prep_rows<M>(X, rows, D, cen, out, sq, rsq, eb, eA, eR, eB); }
+        double* __restrict__ rsq, double* __restrict__ eb, double eA, double eR, double eB, float ps) { \
+    prep_rows<M>(X, rows, D, cen, out, sq, rsq, eb, eA, eR, eB, ps); }
 PREP(0)
 PREP(1)
 PREP(2)
 PREP(3)
+PREP(4)
 #endif  // !RPT
 
 // Certify and re-rank: the one place a row's winner is decided from its top-2 and third value
@@ -152,7 +204,7 @@ __device__ __forceinline__ int exact_winner(const T* __restrict__ x, const T* __
 // batch t+1 (possibly the next row's first, with its x) is loaded before batch t is compared,
 // so a warp always has a batch in flight, also while it merges and certifies a row.
 extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
-        const GT* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
+        const GS* __restrict__ G, int ldg,          // rows x ldg tile, ldg % VEC == 0
         const GT* __restrict__ csq,                 // ldg squared norms, +inf past K
         const T* __restrict__ X, int D, long long rows,
         const T* __restrict__ C,                    // K x D centroids (data dtype)
@@ -160,11 +212,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         int exact,                                  // 1: the winner's exact distance here (inertia, d2)
         const double* __restrict__ w,
         const int* prev, int* labels,               // may alias (so neither is __restrict__)
-        double* __restrict__ d2, double* __restrict__ stat) {   // stat: inertia, reassigned, rechecked
+        double* __restrict__ d2, double* __restrict__ stat,     // stat: inertia, reassigned, rechecked
+        float gsc) {                                // GH: G = gsc x the tile's float16 values
     const int lane = threadIdx.x & 31;
     const long long nwarp = ((long long)gridDim.x * blockDim.x) >> 5;
     const int nv = ldg / VEC, nbat = (nv + 32 * B - 1) / (32 * B);
-    const GV* cq = (const GV*)csq;
+    const CV* cq = (const CV*)csq;
     const GT inf = (GT)__longlong_as_double(0x7ff0000000000000ll);
     double inert = 0.0, moved = 0.0, checked = 0.0;
     // CH independent top-3 states per lane (value e of vector b feeds state (b VEC + e) % CH),
@@ -196,10 +249,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
         #pragma unroll
         for (int b = 0; b < B; ++b) {
             const int q = bt * 32 * B + 32 * b + lane;
-            const GV cv = q < nv ? cq[q] : vinf();
+            const CV cv = q < nv ? cq[q] : cvinf();
             #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const GT v = comp(cur[b], e) + comp(cv, e);
+                const GT v = GSCALE(comp(cur[b], e)) + ccomp(cv, e);
                 const int c = (b * VEC + e) % CH;
                 ins3_sel(v, q * VEC + e, b1[c], i1[c], b2[c], i2[c], b3[c]);
             }
@@ -218,9 +271,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) select_rows(
                 best = exact_winner<VEC>(X + r * D, C, D, lane, thr, sure, (double)b3[0], i1[0], i2[0], nv,
                                          [&](int q, double (&v)[VEC]) {
                                              const bool ok = q < nv;
-                                             const GV gv = ok ? g[q] : vinf(), cv = ok ? cq[q] : vinf();
+                                             const GV gv = ok ? g[q] : vinf();
+                                             const CV cv = ok ? cq[q] : cvinf();
                                              #pragma unroll
-                                             for (int e = 0; e < VEC; ++e) v[e] = (double)(comp(gv, e) + comp(cv, e));
+                                             for (int e = 0; e < VEC; ++e) v[e] = (double)(GSCALE(comp(gv, e)) + ccomp(cv, e));
                                          }, bd);
                 checked += sure ? 0.0 : 1.0;
             }
