@@ -1,0 +1,135 @@
+"""The seams of issue 32, read from the syntax trees: the command line uses only public names
+of the package's other modules and objects, and the estimator holds no Dask scheduling (its
+fit is ``engine/fit.py``'s, its inference ``engine/infer.py``'s)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "daskmeans")
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def source_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module an ``ImportFrom`` in ``package`` (a module's package) names."""
+    if not node.level:
+        return node.module or ""
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def is_module(name: str) -> bool:
+    try:
+        return isinstance(importlib.import_module(name), types.ModuleType)
+    except ImportError:
+        return False
+
+
+def private_uses(source: str, package: str = "daskmeans") -> list[str]:
+    """What ``source`` (a module of ``package``) uses of other modules' or objects' private
+    names: ``from x import _name``; ``module._name`` where ``module`` is one of the package's
+    modules; ``obj._name`` on anything but ``self``/``cls`` (its own classes) and modules
+    outside the package (``os._exit``)."""
+    tree = ast.parse(source)
+    ours: set[str] = set()  # names bound to the package's modules
+    theirs: set[str] = set()  # names bound to other modules
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound = a.asname or a.name.split(".")[0]
+                (ours if a.name.split(".")[0] == package else theirs).add(bound)
+        elif isinstance(node, ast.ImportFrom):
+            mod = source_module(node, package)
+            for a in node.names:
+                if private(a.name):
+                    found.append(f"line {node.lineno}: from {mod} import {a.name}")
+                if is_module(f"{mod}.{a.name}"):
+                    (ours if mod.split(".")[0] == package else theirs).add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner in ("self", "cls") or (owner in theirs and owner not in ours):
+                continue
+            what = f"module {owner}" if owner in ours else f"object {ast.unparse(node.value)}"
+            found.append(f"line {node.lineno}: {ast.unparse(node)} ({what})")
+    return found
+
+
+def test_the_cli_uses_no_private_name_of_another_module():
+    with open(os.path.join(PACKAGE, "cli.py")) as f:
+        assert private_uses(f.read()) == []
+
+
+@pytest.mark.parametrize("snippet", [
+    "from .estimator import _fanout",
+    "from daskmeans.io.paths import _held_guard",
+    "from . import report\nreport._matplotlib()",
+    "import daskmeans.report as r\nr._matplotlib()",
+    "from .estimator import KMeans\nkm = KMeans(2)\nkm._validate_params()",
+    "def f(km):\n    return km._init_array(3)",
+    "def f(km):\n    return km._labels",
+])
+def test_the_check_finds_each_kind_of_private_use(snippet):
+    assert len(private_uses(snippet)) == 1
+
+
+@pytest.mark.parametrize("snippet", [
+    "import os\nos._exit(0)",
+    "import sys\nsys._getframe()",
+    "class P:\n    def f(self):\n        return self._names()",
+    "from . import __version__",
+    "km.check_params()\nkm.initial_centroids(3)",
+])
+def test_the_check_allows_public_names_own_classes_and_other_libraries(snippet):
+    assert private_uses(snippet) == []
+
+
+# What schedules work on a cluster: futures, placement, collectives, the loop and its driver.
+SCHEDULING_MODULES = ("distributed", "daskmeans.placement", "daskmeans.reduction", "daskmeans.engine.loop",
+                      "daskmeans.engine.driver", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
+                      "daskmeans.engine.dask_collective", "daskmeans.engine.nccl_collective",
+                      "daskmeans.engine.moments", "daskmeans.engine.plan")
+SCHEDULING_CALLS = {"submit", "scatter", "persist", "gather", "map", "run", "wait", "result", "replicate",
+                    "rebalance", "as_completed", "get_client", "default_client", "worker_client", "secede", "rejoin",
+                    "publish_dataset"}
+
+
+def scheduling_in(source: str) -> list[str]:
+    """Imports of the scheduling modules and calls of cluster operations in ``source`` (a
+    module of the package, at ``daskmeans/``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [source_module(node, "daskmeans")]
+            found += [f"line {node.lineno}: imports {m}" for m in mods
+                      if any(m == s or m.startswith(s + ".") for s in SCHEDULING_MODULES)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SCHEDULING_CALLS:
+            found.append(f"line {node.lineno}: {ast.unparse(node.func)}()")
+    return found
+
+
+def test_the_estimator_holds_no_scheduling():
+    with open(os.path.join(PACKAGE, "estimator.py")) as f:
+        assert scheduling_in(f.read()) == []
+
+
+@pytest.mark.parametrize("snippet", [
+    "from .placement import place",
+    "from distributed import wait",
+    "from .engine.collective import open_collective",
+    "client.submit(f, x)",
+    "futures = client.scatter(x)",
+    "x = x.persist()",
+])
+def test_the_scheduling_check_finds_each_kind(snippet):
+    assert len(scheduling_in(snippet)) == 1
