@@ -15,11 +15,14 @@ from .blocks import float_dtype, non_numeric, rows_per_chunk
 
 
 def is_dataframe(a: Any) -> bool:
+    """Whether ``a`` is a pandas or Dask DataFrame (by duck type: neither is imported here)."""
     return type(a).__name__ == "DataFrame" and hasattr(a, "dtypes") and hasattr(a, "columns")
 
 
 def from_dataframe(df: Any, cb: int | None) -> da.Array:
-    """A pandas or Dask DataFrame of numeric columns (any other column is refused by name)."""
+    """A pandas or Dask DataFrame of numeric columns (any other column is refused by name) as
+    a Dask array (n_rows, n_columns): a pandas frame in chunks of about ``cb`` bytes, a Dask
+    frame in its partitions."""
     bad = non_numeric(df.dtypes)
     if bad:
         raise DataError(f"column {bad[0][0]!r} of the DataFrame is not numeric (dtype {bad[0][1]}): pass its numeric "
@@ -30,6 +33,7 @@ def from_dataframe(df: Any, cb: int | None) -> da.Array:
 
 
 def is_sparse(a: Any) -> bool:
+    """Whether ``a`` is a SciPy sparse matrix or array."""
     return type(a).__module__.startswith("scipy.sparse") and hasattr(a, "toarray")
 
 
@@ -38,8 +42,8 @@ def _densify(block: Any) -> np.ndarray:
 
 
 def from_sparse(a: Any, cb: int | None) -> da.Array:
-    """A SciPy sparse matrix, densified chunk by chunk (each chunk of about ``chunk-bytes``
-    dense bytes)."""
+    """A SciPy sparse matrix (n_rows, n_columns) as a Dask array, densified chunk by chunk
+    (each chunk of about ``cb`` dense bytes; default ``daskmeans.chunk-bytes``)."""
     a = a.tocsr()
     check_2d_numeric(a.shape, a.dtype)
     n, d = a.shape
@@ -50,6 +54,9 @@ def from_sparse(a: Any, cb: int | None) -> da.Array:
 
 
 def from_memory(a: Any, cb: int | None) -> da.Array:
+    """A 2-D NumPy or CuPy array (n_rows, n_columns) as a Dask array of row chunks of about
+    ``cb`` bytes (as the float data it becomes), CuPy blocks kept on the GPU; an object array
+    of numbers becomes float64."""
     if a.dtype == object:
         a = _object_to_float(a)
     check_2d_numeric(getattr(a, "shape", ()), a.dtype)
