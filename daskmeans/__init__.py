@@ -14,9 +14,12 @@ __version__ = "0.1.0"
 if _typing.TYPE_CHECKING:  # pragma: no cover
     from .estimator import KMeans
     from .io.readers import read
+    from .minibatch import MiniBatchKMeans
+    from .sweep import sweep
 
 # Public name -> (module, attribute), imported on first use.
-_LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read")}
+_LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read"),
+         "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", "sweep")}
 
 
 def __getattr__(name: str) -> object:
@@ -54,5 +57,5 @@ def load(path: str) -> "KMeans":
     return KMeans.load(path)
 
 
-__all__ = ["KMeans", "read", "load", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
+__all__ = ["KMeans", "MiniBatchKMeans", "sweep", "read", "load", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
            "NotFittedError"]

@@ -33,9 +33,9 @@ import numpy as np
 
 from .backends import backend_name, get_backend
 from .backends.grid import float_sums
-from .dask_cluster import resolve_backend
+from .dask_cluster import resolve_backend, using_client
 from .errors import DataError, InvalidParameterError, not_fitted
-from .estimator import INIT_NAMES, KMeans
+from .estimator import INIT_NAMES, KMeans, feature_names
 from .io.readers import read, read_weights, split_rows
 from .placement import TIERS, Placement, balance_chunks, blas_capped, gather, submit_per_shard
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, RandomStateLike, check_n_clusters,
@@ -268,72 +268,83 @@ class MiniBatchKMeans(KMeans):
         y : ignored
         sample_weight : array (n_samples,), optional
         """
+        self._fit(X, sample_weight, None, False)
+        return self
+
+    def _fit(self, X: Any, sample_weight: Any, callback: Any, resume: bool, then: Any = None) -> Any:
+        """The fit (``callback`` and ``resume``, KMeans's, are not used); ``then(client)`` runs
+        after it on the fit's client, its result returned (``fit_predict``)."""
         from .engine.fit import _Driver
         from .engine.moments import data_moments
         from .engine.plan import plan
         from .seeding import resolve_init
 
         self._validate_params()
+        names = feature_names(X)
         x = read(X)
         n, d = (int(s) for s in x.shape)
         k = self.n_clusters
         check_n_clusters(n, k)
         arr = self._init_array(d)
         w = None if sample_weight is None else read_weights(sample_weight, x)
-        client = self._client()
-        backend = resolve_backend(client, self.backend, backend_name(x))
-        tiers = plan(client, x, backend, k, self.tier, self.memory_limit, self.device_memory_limit)
-        if tiers.chunk_rows:
-            x = split_rows(x, tiers.chunk_rows)
-        x = balance_chunks(x.rechunk({1: -1}), len(client.nthreads()))
-        w = None if w is None else w.rechunk((x.chunks[0],))
-        drv = _Driver(client, x, backend, w, tiers.tier)
-        try:
-            moments = drv.survive(lambda p: data_moments(client, p))
-            tol_abs = float(np.mean(moments["var"])) * float(self.tol)
-            batch = min(int(self.batch_size), n)
-            n_steps = max(1, int(self.max_iter) * n // batch)
-            seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
-            self._seeds = [int(s) for s in seeds]
-            step_seed, reassign_seed, sample_seed = self._seeds[:3]
-            rule = self._rule(n, batch, n_steps, tol_abs, reassign_seed)
-            # The init: candidates (one per n_init), the one of lowest inertia on validation rows kept.
-            m = self._init_size(n, batch)
-            rng = np.random.default_rng(sample_seed)
-            init_rows = np.sort(rng.choice(n, m, replace=False))
-            valid_rows = rng.integers(0, n, m)
-            fixed = None
-            if arr is not None:
-                fixed = [arr]
-            elif self.init not in _SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
-                fixed = [drv.survive(lambda p: resolve_init(client, p, self.init, k, int(s))) for s in seeds[4:]]
-            centers = drv.survive(lambda p: _on_rows(
-                client, p, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows, fixed,
-                self.init, k, [int(s) for s in seeds[4:]], backend, self.precision))
-            st = _State(centers, np.zeros(k))
-            while st.step < n_steps and not st.done:
-                per_round = max(1, min(ROUND_STEPS_MAX, ROUND_BYTES // (8 * d * batch)))
-                steps = range(st.step, min(n_steps, st.step + per_round))
-                idx = [_batch_rows(step_seed, t, n, batch) for t in steps]
-                prev = st
-                st = drv.survive(lambda p: _on_rows(client, p, np.concatenate(idx), _run_steps, idx, prev, rule,
-                                                    backend))
-                if self.verbose:
-                    print(f"MiniBatchKMeans: step {st.step}/{n_steps}, smoothed batch inertia per row "
-                          f"{float('nan') if st.ewa is None else st.ewa:.6e}", file=sys.stdout, flush=True)
-            self._finish(st, x.dtype, d, backend)
-            self.n_steps_ = st.step
-            self.n_iter_ = int(np.ceil(st.step * batch / n))
-            self.tier_ = tiers.tier
-            if self.compute_labels:
-                labels, self.inertia_ = drv.survive(lambda p: _labels_inertia(client, p, st.centers, self.precision))
-                self._labels = (labels, client)
+        with using_client(self.client, self.backend, exclusive=True) as client:
+            backend = resolve_backend(client, self.backend, backend_name(x))
+            tiers = plan(client, x, backend, k, self.tier, self.memory_limit, self.device_memory_limit)
+            if tiers.chunk_rows:
+                x = split_rows(x, tiers.chunk_rows)
+            x = balance_chunks(x.rechunk({1: -1}), len(client.nthreads()))
+            w = None if w is None else w.rechunk((x.chunks[0],))
+            drv = _Driver(client, x, backend, w, tiers.tier)
+            try:
+                moments = drv.survive(lambda p: data_moments(client, p))
+                tol_abs = float(np.mean(moments["var"])) * float(self.tol)
+                batch = min(int(self.batch_size), n)
+                n_steps = max(1, int(self.max_iter) * n // batch)
+                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
+                self._seeds = [int(s) for s in seeds]
+                step_seed, reassign_seed, sample_seed = self._seeds[:3]
+                rule = self._rule(n, batch, n_steps, tol_abs, reassign_seed)
+                # The init: candidates (one per n_init), the one of lowest inertia on validation rows kept.
+                m = self._init_size(n, batch)
+                rng = np.random.default_rng(sample_seed)
+                init_rows = np.sort(rng.choice(n, m, replace=False))
+                valid_rows = rng.integers(0, n, m)
+                fixed = None
+                if arr is not None:
+                    fixed = [arr]
+                elif self.init not in _SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
+                    fixed = [drv.survive(lambda p: resolve_init(client, p, self.init, k, int(s))) for s in seeds[4:]]
+                centers = drv.survive(lambda p: _on_rows(
+                    client, p, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows, fixed,
+                    self.init, k, [int(s) for s in seeds[4:]], backend, self.precision))
+                st = _State(centers, np.zeros(k))
+                while st.step < n_steps and not st.done:
+                    per_round = max(1, min(ROUND_STEPS_MAX, ROUND_BYTES // (8 * d * batch)))
+                    steps = range(st.step, min(n_steps, st.step + per_round))
+                    idx = [_batch_rows(step_seed, t, n, batch) for t in steps]
+                    prev = st
+                    st = drv.survive(lambda p: _on_rows(client, p, np.concatenate(idx), _run_steps, idx, prev, rule,
+                                                        backend))
+                    if self.verbose:
+                        print(f"MiniBatchKMeans: step {st.step}/{n_steps}, smoothed batch inertia per row "
+                              f"{float('nan') if st.ewa is None else st.ewa:.6e}", file=sys.stdout, flush=True)
+                self._finish(st, x.dtype, d, backend)
+                self.n_steps_ = st.step
+                self.n_iter_ = int(np.ceil(st.step * batch / n))
+                self.tier_ = tiers.tier
+                if self.compute_labels:
+                    labels, self.inertia_ = drv.survive(lambda p: _labels_inertia(client, p, st.centers, self.precision))
+                    self._labels = (labels, client)
+                else:
+                    self.__dict__.pop("_labels", None)
+                    self.inertia_ = float(st.ewa or 0.0) * n
+            finally:
+                drv.placement = None
+            if names is not None:
+                self.feature_names_in_ = names
             else:
-                self.__dict__.pop("_labels", None)
-                self.inertia_ = float(st.ewa or 0.0) * n
-        finally:
-            drv.placement = None
-        return self
+                self.__dict__.pop("feature_names_in_", None)
+            return None if then is None else then(client)
 
     def partial_fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> "MiniBatchKMeans":
         """One mini-batch step on all of ``X`` (the first call also initialises from ``X``).
@@ -352,32 +363,37 @@ class MiniBatchKMeans(KMeans):
             check_n_clusters(n, self.n_clusters)
             arr = self._init_array(d)
         else:
+            self._check_feature_names(X)
             _check_features(self, d)
         w = None if sample_weight is None else read_weights(sample_weight, x)
-        client = self._client()
-        backend = resolve_backend(client, self.backend, backend_name(x))
-        rows = client.compute(x.rechunk({0: -1, 1: -1}))
-        weights = None if w is None else client.compute(w.rechunk(-1))
+        with using_client(self.client, self.backend, exclusive=True) as client:
+            backend = resolve_backend(client, self.backend, backend_name(x))
+            rows = client.compute(x.rechunk({0: -1, 1: -1}))
+            weights = None if w is None else client.compute(w.rechunk(-1))
+            if first:
+                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
+                self._seeds = [int(s) for s in seeds]
+                m = self._init_size(n, min(int(self.batch_size), n))
+                rng = np.random.default_rng(self._seeds[2])
+                init_rows, valid_rows = np.sort(rng.choice(n, m, replace=False)), rng.integers(0, n, m)
+                init = self.init if isinstance(self.init, str) and self.init in _SAMPLE_INITS else "k-means++"  # a sample already
+                st = _State(None, np.zeros(self.n_clusters))  # type: ignore[arg-type]
+                start = (init_rows, valid_rows, None if arr is None else [arr], init, self._seeds[4:])
+            else:
+                st, start = self._state, None
+            rule = self._rule(n, n, st.step + 1, 0.0, self._seeds[1])
+            fut = client.submit(blas_capped(_partial_step), rows, weights, st, start, rule, self.n_clusters, backend,
+                                self.compute_labels, pure=False, key=f"daskmeans-partial-fit-{uuid.uuid4().hex}")
+            st, labels, inertia = fut.result()
+            self._finish(st, x.dtype, d, backend)
+            self.n_steps_ = st.step
+            if self.compute_labels:
+                self._labels = (da.from_array(labels, chunks=x.chunks[0]), client)
+                self.inertia_ = inertia
         if first:
-            seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
-            self._seeds = [int(s) for s in seeds]
-            m = self._init_size(n, min(int(self.batch_size), n))
-            rng = np.random.default_rng(self._seeds[2])
-            init_rows, valid_rows = np.sort(rng.choice(n, m, replace=False)), rng.integers(0, n, m)
-            init = self.init if isinstance(self.init, str) and self.init in _SAMPLE_INITS else "k-means++"  # a sample already
-            st = _State(None, np.zeros(self.n_clusters))  # type: ignore[arg-type]
-            start = (init_rows, valid_rows, None if arr is None else [arr], init, self._seeds[4:])
-        else:
-            st, start = self._state, None
-        rule = self._rule(n, n, st.step + 1, 0.0, self._seeds[1])
-        fut = client.submit(blas_capped(_partial_step), rows, weights, st, start, rule, self.n_clusters, backend,
-                            self.compute_labels, pure=False, key=f"daskmeans-partial-fit-{uuid.uuid4().hex}")
-        st, labels, inertia = fut.result()
-        self._finish(st, x.dtype, d, backend)
-        self.n_steps_ = st.step
-        if self.compute_labels:
-            self._labels = (da.from_array(labels, chunks=x.chunks[0]), client)
-            self.inertia_ = inertia
+            names = feature_names(X)
+            if names is not None:
+                self.feature_names_in_ = names
         return self
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -410,3 +412,15 @@ def run_command(args: Any) -> int:
              "daskmeans: no elbow (it needs at least 3 values of K and a curve that is not flat)")
     cli._say(f"daskmeans: summary written to {args.output}" + (f", plot to {args.plot}" if args.plot else ""))
     return 0
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as :func:`sweep`: ``daskmeans.sweep`` is the public function, but
+    once the submodule is imported (the command does) Python binds the package's ``sweep``
+    attribute to the module itself; ``daskmeans.sweep(X, ks)`` then still runs the sweep."""
+
+    def __call__(self, X: Any, ks: Sequence[int], **kwargs: Any) -> SweepResult:
+        return sweep(X, ks, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

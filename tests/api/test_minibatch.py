@@ -118,3 +118,14 @@ def test_unit_weights_equal_no_weights_and_k_means_parallel_init(client, blobs):
     assert a.inertia_ == b.inertia_ > 0  # the smoothed batch inertia times n_samples
     with pytest.raises(AttributeError):
         a.labels_
+
+
+def test_public_names_and_fit_predict_without_a_client_argument(client):
+    import daskmeans
+
+    assert daskmeans.MiniBatchKMeans is MiniBatchKMeans and {"MiniBatchKMeans", "sweep"} <= set(daskmeans.__all__)
+    X, _ = make_blobs(2000, 3, centers=3, random_state=1)
+    mb = daskmeans.MiniBatchKMeans(3, batch_size=200, random_state=0)  # the default client
+    labels = mb.fit_predict(X)
+    assert isinstance(labels, np.ndarray) and sorted(np.bincount(labels)) == sorted(np.bincount(mb.predict(X)))
+    assert repr(mb) == "MiniBatchKMeans(n_clusters=3, batch_size=200, random_state=0)"
