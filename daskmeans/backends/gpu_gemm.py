@@ -34,7 +34,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
 
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
-    mode = _gemm_mode(precision, gemm64)
+    mode = _gemm_mode(precision, gemm64, k)
     kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4  # whole 16-byte vectors of the tile's rows
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
@@ -62,9 +62,9 @@ def _max_abs(X: Any) -> float:
     return float(max(X.max(), -X.min())) if X.size else 0.0
 
 
-def _gemm_mode(precision: str, gemm64: bool) -> int:
+def _gemm_mode(precision: str, gemm64: bool, k: int) -> int:
     return gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
-                              gpu_device.compute_capability(gpu_device.device_id()), config.get("gpu-tf32-gemm"))
+                              gpu_device.compute_capability(gpu_device.device_id()), config.get("gpu-tf32-gemm"), k)
 
 
 def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple, scale: float = 1.0) -> None:
@@ -176,7 +176,7 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
     ``dtype`` (the selection as :func:`run` picks it, ``gemm_prep`` and the sums), for
     :func:`.cupy_backend.warm`."""
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    mode = _gemm_mode(precision, gemm64)
+    mode = _gemm_mode(precision, gemm64, k)
     kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize)

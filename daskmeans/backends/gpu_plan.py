@@ -123,17 +123,23 @@ def occupancy(num_regs: int, static_shared: int, threads: int, shared: int) -> i
 # ------------------------------------------------------------------ the GEMM regime
 
 
+FP16_TILE_MIN_K = 2048  # tf32 "auto": a float16 tile above this K (P2, K = 1000: 5.3 vs 4.3 ms; P3, K = 5000: 6.7 vs 8.4)
+
+
 def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90",
-              tf32_gemm: str = "auto") -> int:
+              tf32_gemm: str = "auto", k: int = FP16_TILE_MIN_K + 1) -> int:
     """How the GEMM reads its inputs (``gemm_prep`` MODE): 0 as given (float64 data, or fp32
     through cuBLAS's fp32 GEMM), 1 rounded to TF32, 2 split TF32 (three TF32 products in one
     GEMM of depth 3D, fp32-accurate), 3 rounded to bfloat16, 4 scaled by a power of two and
     rounded to float16 (TF32's 10-bit mantissa), the GEMM writing float16.
 
-    tf32 precision takes mode 4 where ``tf32_gemm`` is "fp16" or "auto": the tile it writes
-    and the selection reads is half the bytes, which is the cost of wide K at short D (the
-    GEMM there is bound by writing its output, not by its arithmetic); the float16 rounding of
-    the output is part of the certified error bound (:func:`error_bound`).
+    tf32 precision takes mode 4 where ``tf32_gemm`` is "fp16", or "auto" with ``k`` above
+    :data:`FP16_TILE_MIN_K`: the tile it writes and the selection reads is half the bytes,
+    which is the cost of wide K at short D (the GEMM there is bound by writing its output, not
+    by its arithmetic), and the float16 GEMM runs at twice TF32's rate where it is compute-bound
+    (large D). The float16 rounding of the output is part of the certified error bound
+    (:func:`error_bound`); it roughly doubles the rows re-ranked exactly, which costs more than
+    the bytes saved at small K.
 
     fp32 precision takes split TF32 where ``fp32_gemm`` says "3xtf32", or "auto" on
     A100/H100/B100-class GPUs (compute capability 8.0, 9.0, 10.0), whose TF32 tensor cores run
@@ -146,7 +152,7 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
         return 0
     if precision == "tf32":
         Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-        return 1 if tf32_gemm == "tf32" else 4
+        return 4 if tf32_gemm == "fp16" or (tf32_gemm == "auto" and k > FP16_TILE_MIN_K) else 1
     if precision == "bf16":
         return 3
     Options(FP32_GEMMS).check("gpu-fp32-gemm", fp32_gemm)
@@ -213,7 +219,10 @@ def half_scales(xmax: float, cmax_abs: float, d: int) -> tuple[int, int, int]:
     import math
 
     def exp_of(v: float) -> int:  # smallest e with v <= 2^e (v > 0)
-        return math.frexp(v)[1] if v > 0 and math.isfinite(v) else 0
+        if not (v > 0 and math.isfinite(v)):
+            return 0
+        m, e = math.frexp(v)  # v = m 2^e, 0.5 <= m < 1
+        return e - 1 if m == 0.5 else e
 
     a = 14 - exp_of(xmax)
     b = 14 - exp_of(cmax_abs)

@@ -69,7 +69,12 @@ def test_auto_select_layout_takes_the_most_rows_per_thread_that_fill_the_gpu():
 
 def test_gemm_mode_by_precision_and_gpu():
     assert plan.gemm_mode("fp32", True) == 0  # float64 data: the GEMM reads it as given
-    assert plan.gemm_mode("tf32", False) == 1
+    assert plan.gemm_mode("tf32", False) == 4  # scaled float16 inputs and tile above K = 2048
+    assert plan.gemm_mode("tf32", False, k=2049) == 4
+    assert plan.gemm_mode("tf32", False, k=2048) == 1  # TF32 inputs, float32 tile at small K
+    assert plan.gemm_mode("tf32", False, tf32_gemm="fp16", k=10) == 4
+    assert plan.gemm_mode("tf32", False, tf32_gemm="tf32", k=1 << 20) == 1
+    assert plan.gemm_mode("tf32", True) == 0  # float64 data whatever the precision
     assert plan.gemm_mode("bf16", False) == 3
     assert plan.gemm_mode("fp32", False, "auto", "90") == 2  # split TF32 on data-centre parts
     assert plan.gemm_mode("fp32", False, "auto", "89") == 0  # cuBLAS fp32 on consumer parts
@@ -77,6 +82,19 @@ def test_gemm_mode_by_precision_and_gpu():
     assert plan.gemm_mode("fp32", False, "sgemm", "90") == 0
     with pytest.raises(ValueError, match="gpu-fp32-gemm='fast' should be one of 'auto', 'sgemm', '3xtf32'"):
         plan.gemm_mode("fp32", False, "fast")
+    with pytest.raises(ValueError, match="gpu-tf32-gemm='bf16' should be one of 'auto', 'tf32', 'fp16'"):
+        plan.gemm_mode("tf32", False, tf32_gemm="bf16")
+
+
+def test_half_scales_keep_float16_inputs_and_tile_in_range():
+    """Mode 4's powers of two: inputs scaled to at most 2^14 in magnitude, the tile's -2 x.c
+    (at most 2 d max|x| max|c|) to at most 2^15; float16 holds up to 65504."""
+    for xmax, cmax, d in [(1.0, 1.0, 128), (3e-20, 7e12, 64), (1e15, 1e15, 1500), (0.75, 0.5, 2)]:
+        a, b, o = plan.half_scales(xmax, cmax, d)
+        assert 2**13 < xmax * 2.0**a <= 2**14 and 2**13 < cmax * 2.0**b <= 2**14
+        assert 2**14 < 2 * d * xmax * cmax * 2.0**-o <= 2**15
+    assert plan.half_scales(0.0, 0.0, 8) == (14, 14, 0)  # all-zero data: any scale is exact
+    assert plan.half_output_floor(0) == 1.1 * 2.0**-25 and plan.half_output_floor(30) == 1.1 * 2.0**5
 
 
 def test_tile_rows_bound_distances_and_rounded_inputs():
