@@ -179,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DATA.zarr", help="the Zarr array to write")
     b.add_argument("--overwrite", action="store_true", help="replace an existing generated dataset")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    importlib.import_module(".sweep", __package__).add_parser(sub, _add_data_args, _add_cluster_args)
     return ap
 
 
@@ -585,7 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with warnings.catch_warnings(), _quiet_dropped_signals():  # both restored when main() returns
                 warnings.showwarning = _show_warning
                 rc = {"fit": _cmd_fit, "predict": _cmd_predict, "info": _cmd_info, "plot": _cmd_plot,
-                      "generate": _cmd_generate}[args.command](args)
+                      "generate": _cmd_generate,
+                      "sweep": importlib.import_module(".sweep", __package__).run_command}[args.command](args)
                 sys.stdout.flush()  # a reader gone away is found here, not at exit
                 return rc
         except DaskmeansError as e:
