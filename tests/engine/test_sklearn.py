@@ -91,3 +91,15 @@ def test_not_fitted_is_also_scikit_learns_error():
     with pytest.raises(SklearnNotFittedError, match="this KMeans is not fitted yet") as e:
         KMeans(2).predict(np.zeros((3, 2)))
     assert isinstance(e.value, NotFittedError) and isinstance(e.value, AttributeError)
+
+
+def test_grid_search_with_two_processes_and_a_given_client(client):
+    """The client stays in its process (it cannot be pickled): loky's processes fit on a local
+    cluster of their own, with the same results as the given client's fits."""
+    rng = np.random.default_rng(2)
+    X = np.concatenate([rng.normal(c, 0.3, (80, 2)) for c in ((0, 0), (5, 0), (0, 5))])
+    grid = {"n_clusters": [2, 3, 4]}
+    two = GridSearchCV(KMeans(random_state=0, client=client), grid, cv=2, n_jobs=2).fit(X)
+    one = GridSearchCV(KMeans(random_state=0, client=client), grid, cv=2, n_jobs=1).fit(X)
+    np.testing.assert_array_equal(two.cv_results_["mean_test_score"], one.cv_results_["mean_test_score"])
+    assert two.best_params_ == {"n_clusters": 4} and two.best_estimator_.client is client
