@@ -1,0 +1,210 @@
+"""Several hosts simulated on one: a ``dask scheduler`` on 127.0.0.1 and sets of real ``dask
+worker`` processes listening on 127.0.0.2, 127.0.0.3, ... (every 127/8 address reaches this
+host's loopback device), plain TCP or TLS.
+
+The workers are started as the recipes in ``deploy/`` start them: ``--host ADDR`` (what
+``deploy/local/start.sh --host`` passes), or ``--listen-address`` with ``--contact-address``
+(a worker behind an address of its own, as in a container). Each "host" is known to the
+engine only by the host part of its workers' addresses, as a real one would be.
+
+Built on :class:`faultkit.DaskProcesses` (process groups, logs, the client, ``stop``) and
+:class:`faultkit.KillOnTask`. Workers import this module by name (``hostkit``): their
+``PYTHONPATH`` holds this directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+_FAULTS = str(HERE.parent / "faults")
+if _FAULTS not in sys.path:
+    sys.path.insert(0, _FAULTS)
+
+import faultkit  # noqa: E402
+from distributed import Client  # noqa: E402
+from distributed.comm import get_address_host  # noqa: E402
+
+HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SCHEDULER_HOST = "127.0.0.1"
+SEED = 0  # the fits' random_state / --seed
+
+
+def host_of(address: str) -> str:
+    """The host part of a worker's address (``tls://127.0.0.2:4000`` -> ``127.0.0.2``)."""
+    return get_address_host(address)
+
+
+def by_host(addresses) -> dict[str, list[str]]:
+    """Worker addresses grouped by host, each group sorted."""
+    out: dict[str, list[str]] = {}
+    for a in sorted(addresses):
+        out.setdefault(host_of(a), []).append(a)
+    return out
+
+
+def free_port(host: str) -> int:
+    """A port nobody listens on at ``host`` now (for ``--listen-address``)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LoopbackHosts(faultkit.DaskProcesses):
+    """A scheduler on 127.0.0.1 and ``per_host`` single-threaded workers on each of ``hosts``.
+
+    Parameters
+    ----------
+    root : Path
+        Where the scheduler file, the logs and the workers' directories go.
+    hosts : sequence of str
+        The simulated hosts' loopback addresses.
+    per_host : int
+        Workers per host.
+    nanny : bool
+        Workers with a nanny (a killed one comes back at a new port of the same host).
+    tls : (ca, cert, key) paths, optional
+        Every process speaks ``tls://`` and accepts only peers with certificates of ``ca``.
+    contact : sequence of str
+        Hosts whose workers are started with ``--listen-address``/``--contact-address`` (a
+        port chosen here) instead of ``--host``.
+    """
+
+    def __init__(self, root: Path, hosts=HOSTS[:2], per_host: int = 2, nanny: bool = False,
+                 tls: tuple | None = None, contact=()):
+        super().__init__(root, n=len(hosts) * per_host, nanny=nanny)
+        self.hosts, self.per_host, self.tls, self.contact = tuple(hosts), per_host, tls, tuple(contact)
+        self.env["PYTHONPATH"] = f"{HERE}:{self.env['PYTHONPATH']}"
+
+    @property
+    def protocol(self) -> str:
+        return "tls" if self.tls else "tcp"
+
+    def tls_flags(self) -> list[str]:
+        """The dask CLI's (and daskmeans's) TLS flags, or nothing."""
+        if not self.tls:
+            return []
+        ca, cert, key = map(str, self.tls)
+        return ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
+
+    def security(self) -> Any:
+        if not self.tls:
+            return None
+        from distributed.security import Security
+
+        ca, cert, key = map(str, self.tls)
+        return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+
+    def start(self) -> "LoopbackHosts":
+        try:
+            self.scheduler = self._spawn(
+                ["dask", "scheduler", "--protocol", self.protocol, "--host", SCHEDULER_HOST, "--port", "0",
+                 "--no-dashboard", "--scheduler-file", str(self.scheduler_file), *self.tls_flags()], "scheduler")
+            deadline = time.monotonic() + 60
+            while not self._address():
+                if self.scheduler.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the scheduler did not start:\n{self.logs()}")
+                time.sleep(0.05)  # polling the scheduler file, with a deadline
+            self.client = Client(self.address, timeout="30s", set_as_default=False, security=self.security())
+            for host in self.hosts:
+                self.start_host(host, wait=False)
+            self.wait_for_workers()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_host(self, host: str, count: int | None = None, wait: bool = True) -> None:
+        """Start ``count`` (default ``per_host``) workers on ``host``."""
+        for _ in range(self.per_host if count is None else count):
+            if host in self.contact:
+                port = free_port(host)
+                where = ["--listen-address", f"{self.protocol}://{host}:{port}",
+                         "--contact-address", f"{self.protocol}://{host}:{port}"]
+            else:
+                where = ["--host", host]
+            self._spawn(["dask", "worker", "--scheduler-file", str(self.scheduler_file), *where,
+                         "--nthreads", "1", "--nanny" if self.nanny else "--no-nanny", "--no-dashboard",
+                         "--local-directory", str(self.root / "workers"), "--memory-limit", "2GiB",
+                         "--death-timeout", "60", *self.tls_flags()], f"worker-{host}")
+        if wait:
+            self.wait_for_workers()
+
+    def add_workers(self, count: int) -> None:
+        """``count`` more workers, spread over the hosts that have the fewest."""
+        have = by_host(self.client.nthreads())
+        for _ in range(count):
+            host = min(self.hosts, key=lambda h: len(have.get(h, [])))
+            have.setdefault(host, []).append("new")
+            self.start_host(host, 1, wait=False)
+        self.wait_for_workers()
+
+    def workers_by_host(self) -> dict[str, list[str]]:
+        return by_host(self.client.nthreads())
+
+
+class KillHostOnTask(faultkit.KillOnTask):
+    """Every worker of ``host`` SIGKILLs itself when its task whose key starts with ``prefix``
+    starts executing, after ``skip`` such tasks of its own (a host lost: all its workers at once, mid-work); workers of
+    other hosts run on. Kills are recorded as :class:`faultkit.KillOnTask` records them."""
+
+    def __init__(self, prefix: str, flags: str | Path, host: str, skip: int = 0):
+        super().__init__(prefix, flags, every_worker=True)
+        self.host, self.skip_here = host, int(skip)
+        self.name = f"daskmeans-multinode-kill-{host}-{prefix}"
+        self.seen = 0  # on each worker: its task starts of ``prefix`` so far
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if host_of(self.address) != self.host or finish != "executing":
+            return
+        name = str(key[0] if isinstance(key, tuple) else key)
+        if name.startswith(self.prefix):
+            self.seen += 1
+            if self.seen > self.skip_here:
+                super().transition(key, start, finish, **kwargs)
+
+
+@contextlib.contextmanager
+def kill_hosts(client: Client, flags: Path, prefix: str, hosts, skip: int = 0):
+    """:class:`KillHostOnTask` for each of ``hosts``, registered on every worker for the
+    block; yields ``flags``."""
+    flags.mkdir(parents=True, exist_ok=True)
+    plugins = [KillHostOnTask(prefix, flags, host, skip) for host in hosts]
+    for plugin in plugins:
+        client.register_plugin(plugin)
+    try:
+        yield flags
+    finally:
+        if client.status == "running":
+            for plugin in plugins:
+                with contextlib.suppress(Exception):
+                    client.unregister_worker_plugin(plugin.name)
+
+
+# ---------------------------------------------------------------- run on the workers
+
+
+def read_shard(shard: Any) -> tuple[str, list]:
+    """On a shard's worker: its address and ``(row offset, block)`` of every chunk, read in
+    the shard's tier (the storage tier reads the file here)."""
+    import numpy as np
+    from distributed import get_worker
+
+    return get_worker().address, [(int(off), np.array(block, copy=True)) for _, off, block, _ in shard.items()]
+
+
+def certificates(d: Path, name: str) -> tuple[Path, Path, Path]:
+    """A certificate authority and one certificate it signed, as PEM files: the TLS tests' own
+    helper (``tests/cli/test_deploy.py``). Dask checks the authority, not the host name, so the
+    one certificate serves every simulated host."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_deploy_tests", HERE.parent / "cli" / "test_deploy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._certificates(d, name)
