@@ -5,7 +5,7 @@ them on a worker."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -76,8 +76,9 @@ def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarr
     return np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: m - len(live)]]]))
 
 
-def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None,
-                 precision: str = "fp32", batches: int = 128, trials: int | None = None) -> Any:
+def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
+                 precision: str = "fp32", batches: int = 128, trials: int | None = None,
+                 groups: Any = None) -> Any:
     """k-means++ seeding with local trials, in batches: k rows of X.
 
     Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
@@ -91,54 +92,92 @@ def seed_batched(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weig
     2, 4, ... up to ``ceil(k / batches)``; each costs one distance pass of X against its draws
     and one against its picks.
 
+    With ``groups``, each group of rows gets its own count of centres (``k[g]``), drawn from its
+    own rows with its own batch sizes; every group takes its batch in the same step, so a step
+    is still two distance passes of X (against every group's draws, then picks). ``d^2`` and
+    the credit are to the nearest draw or pick of any group.
+
     Parameters
     ----------
     X : array, shape (n, d), NumPy or CuPy, n >= k
-    k : int
+    k : int, or with ``groups`` ints of shape (G,) (each at most its group's rows)
     seed : int or SeedSequence
     sample_weight : array, shape (n,), optional
     precision : GEMM precision of the distance passes (labels and distances are exact in all)
     batches : int, the number of batches of the largest size
-    trials : int, draws per centre (default ``2 + log(k)``, as scikit-learn)
+    trials : int, draws per centre (default ``2 + log(k)`` of the group, as scikit-learn)
+    groups : host int array, shape (n,), optional
+        Each row's group in ``[0, G)``, non-decreasing (a group's rows are contiguous).
 
     Returns
     -------
-    centers : array, shape (k, d), X's dtype and library
+    centers : array, shape (sum(k), d), X's dtype and library; each batch's picks in row order
     """
     be = get_backend(X)
     xp = be.xp
     rng = np.random.default_rng(seed)
     n = X.shape[0]
-    if not 0 < k <= n:
-        raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
-    trials = local_trials(k) if trials is None else int(trials)
+    if groups is None:
+        if not 0 < k <= n:
+            raise ValueError(f"k={k} should be > 0 and <= n_samples={n}")
+        ks, bounds = np.array([int(k)]), np.array([0, n])
+    else:
+        ks, bounds = _group_bounds(groups, k, n)
+    rows = np.diff(bounds)
+    tries = np.array([local_trials(int(q)) if trials is None else int(trials) for q in ks])
     w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
     d2 = None
     chosen = np.zeros(n, bool)
     picks = []
-    total, cap = 0, max(1, -(-k // batches))
-    while total < k:
-        b = min(max(total, 1), cap, k - total)
+    total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
+    while (total < ks).any():
+        live = np.flatnonzero(total < ks)
+        b = np.minimum(np.minimum(np.maximum(total[live], 1), cap[live]), ks[live] - total[live])
         u = 1.0 - rng.random(n)  # in (0, 1]: log(u) is finite
-        if d2 is None:  # the first centre: a row drawn by weight
-            pick = _draw(w, b, u, chosen)
+        spans = [slice(bounds[g], bounds[g + 1]) for g in live]
+        if d2 is None:  # the first centre of each group: a row drawn by weight
+            pick = np.concatenate([_draw(w[s], m, u[s], chosen[s]) + s.start for s, m in zip(spans, b)])
         else:
             p = w * d2
-            draws = _draw(p, min(trials * b, n - total), u, chosen)
-            if len(draws) <= b:
-                pick = draws
+            draws = [_draw(p[s], min(t * m, r), u[s], chosen[s]) + s.start
+                     for s, m, t, r in zip(spans, b, tries[live], rows[live] - total[live])]
+            if all(len(dr) <= m for dr, m in zip(draws, b)):
+                pick = np.concatenate(draws)
             else:
-                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(draws)], X.dtype, precision))
+                every = np.concatenate(draws)
+                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(every)], X.dtype, precision))
                 gain = np.bincount(be.to_numpy(lab), weights=w * np.maximum(d2 - be.to_numpy(dn), 0.0),
-                                   minlength=len(draws))
-                pick = np.sort(draws[np.argsort(-gain, kind="stable")[:b]])
+                                   minlength=len(every))
+                ends = np.cumsum([len(dr) for dr in draws])
+                pick = np.concatenate([
+                    dr if len(dr) <= m else np.sort(dr[np.argsort(-g, kind="stable")[:m]])
+                    for dr, m, g in zip(draws, b, np.split(gain, ends[:-1]))
+                ])
         chosen[pick] = True
         picks.append(pick)
-        total += b
-        if total < k:
+        total[live] += b
+        if (total < ks).any():
             dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
             d2 = dn if d2 is None else np.minimum(d2, dn)
     return X[xp.asarray(np.concatenate(picks))]
+
+
+def _group_bounds(groups: Any, k: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The counts ``(G,)`` int64 and the groups' row bounds ``(G + 1,)`` of :func:`seed_batched`'s
+    ``groups``, checked."""
+    g = np.asarray(groups)
+    ks = np.asarray(k, np.int64).reshape(-1)
+    if g.shape != (n,):
+        raise ValueError(f"groups of shape {g.shape} should be of shape ({n},)")
+    if n and (g[0] < 0 or g[-1] >= len(ks) or bool((g[1:] < g[:-1]).any())):
+        raise ValueError(f"groups should be non-decreasing in [0, {len(ks)}) (one count of k per group)")
+    bounds = np.searchsorted(g, np.arange(len(ks) + 1))
+    rows = np.diff(bounds)
+    for i in np.flatnonzero((ks < 0) | (ks > rows)):
+        raise ValueError(f"k={ks[i]} of group {i} should be >= 0 and <= its n_samples={rows[i]}")
+    if ks.sum() <= 0:
+        raise ValueError(f"k={ks.tolist()} should have a positive sum")
+    return ks, bounds
 
 
 def weighted_lloyd(X: Any, centers: Any, sample_weight: Any, n_iter: int, precision: str = "fp32") -> Any:

@@ -76,6 +76,51 @@ def test_seed_batched_rejects_k_out_of_range():
         seed_batched(np.zeros((4, 2)), 5, 0)
 
 
+def test_seed_batched_groups_draw_each_groups_count_from_its_own_rows():
+    """Two groups of repeated distinct points: group 0 (rows 0-13) holds 3 points, group 1
+    (rows 14-20) 2 others. With counts [3, 2] each group's picks are exactly its own points
+    (a repeat of a picked point has d^2 = 0); with [0, 2] only group 1's; a count of 1 in a
+    group of one distinct point takes that point."""
+    g0 = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0]])
+    g1 = np.array([[10.0, 10.0], [12.0, 10.0]])
+    X = np.concatenate([np.repeat(g0, [5, 7, 2], axis=0), np.repeat(g1, [3, 4], axis=0)])
+    groups = np.repeat([0, 1], [14, 7])
+    for seed in range(10):
+        c = seed_batched(X, [3, 2], seed, groups=groups)
+        assert c.shape == (5, 2) and sorted(map(tuple, c)) == sorted(map(tuple, np.concatenate([g0, g1])))
+        c = seed_batched(X, [0, 2], seed, groups=groups)
+        assert sorted(map(tuple, c)) == sorted(map(tuple, g1))
+    c = seed_batched(X[14:17], [1], 0, groups=np.zeros(3, int))
+    np.testing.assert_array_equal(c, g1[:1])
+
+
+def test_seed_batched_one_group_is_the_plain_seeding_and_groups_stay_apart():
+    """One group of every row gives the plain seeding's rows bit for bit; with several groups
+    (30 blobs each, 8 centres per group) every group's centres come from its own rows, spread
+    over its blobs as the plain seeding would."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((2000, 4)).astype(np.float32)
+    np.testing.assert_array_equal(seed_batched(X, 300, 4, groups=np.zeros(2000, int)), seed_batched(X, 300, 4))
+    centres = rng.uniform(-1000, 1000, (24, 2))
+    X = np.repeat(centres, 40, axis=0) + rng.normal(0, 1e-3, (960, 2))
+    groups = np.repeat([0, 1, 2], 320)  # blobs 0-7, 8-15, 16-23
+    c = seed_batched(X, [8, 8, 8], 1, sample_weight=rng.uniform(0.5, 2, 960), groups=groups)
+    nearest = np.argmin(((c[:, None] - centres[None]) ** 2).sum(-1), axis=1)
+    assert sorted(nearest.tolist()) == list(range(24))
+
+
+def test_seed_batched_groups_are_checked():
+    X = np.zeros((5, 2))
+    with pytest.raises(ValueError, match=r"^k=3 of group 1 should be >= 0 and <= its n_samples=2$"):
+        seed_batched(X, [1, 3], 0, groups=np.array([0, 0, 0, 1, 1]))
+    with pytest.raises(ValueError, match=r"^groups should be non-decreasing in \[0, 2\) \(one count of k per group\)$"):
+        seed_batched(X, [1, 1], 0, groups=np.array([0, 1, 0, 1, 1]))
+    with pytest.raises(ValueError, match=r"^groups of shape \(4,\) should be of shape \(5,\)$"):
+        seed_batched(X, [1, 1], 0, groups=np.array([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match=r"^k=\[0, 0\] should have a positive sum$"):
+        seed_batched(X, [0, 0], 0, groups=np.array([0, 0, 0, 1, 1]))
+
+
 def test_incremental_fold_equals_one_pass_over_all_candidates():
     """Nearest candidates folded batch by batch (rows keep the earlier candidate on ties) are
     those of one argmin over all candidates in order; the weights are the rows' weights per
@@ -142,7 +187,8 @@ def test_a_registered_init_is_what_the_fit_runs(first_rows, client):
 def test_unknown_init_names_the_registered_ones():
     from daskmeans.seeding import get_init
 
-    with pytest.raises(ValueError, match=r"^init='k-medoids' should be one of 'k-means\|\|', 'k-means\+\+', 'random'$"):
+    with pytest.raises(ValueError, match=r"^init='k-medoids' should be one of 'k-means\|\|', 'k-means\+\+', 'random', "
+                                         r"'hierarchical'$"):
         get_init("k-medoids")
 
 
