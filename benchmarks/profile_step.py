@@ -33,21 +33,24 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
     r = {"whole_ms": t(lambda: be.assign(X, p, grid=grid)), "no_sums_ms": t(lambda: be.assign(X, p, want_sums=False))}
     if p.small is None:
         rows = gpu_gemm.tile_rows(p, n)
-        buf = cupy.empty((rows, p.a.shape[0]), cupy.float32)
+        gdt = gpu_gemm.tile_dtype(p)
+        buf = cupy.empty((rows, p.a.shape[0]), gdt)
         xbuf = gpu_gemm.prep_buffer(rows, d, p.mode)
         eb = cupy.empty(n, cupy.float64)
+        err, alpha, xscale, gsc = gpu_gemm.row_scales(p, X)
 
         def tile_in(s, prep=True):
             m = min(rows, n - s)
             xt = X[s : s + m] if xbuf is None else xbuf[:m]
             if prep:
-                gpu_gemm.prep(X[s : s + m], p.mode, 0, None if xbuf is None else xt, None, None, eb[s : s + m], p.err)
+                gpu_gemm.prep(X[s : s + m], p.mode, 0, None if xbuf is None else xt, None, None, eb[s : s + m], err,
+                              xscale)
             return xt, m
 
         def gemms():
             for s in range(0, n, rows):
                 xt, m = tile_in(s)
-                gpu_gemm.gemm(p, xt, buf[:m])
+                gpu_gemm.gemm(p, xt, buf[:m], alpha=alpha)
 
         def preps():
             for s in range(0, n, rows):
@@ -57,46 +60,48 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
         r["prep_tiles_ms"] = t(preps)
         # Every row in one launch (not what the step does; see docs/performance.md).
         xall = gpu_gemm.prep_buffer(n, d, p.mode)
-        r["prep_one_launch_ms"] = t(lambda: gpu_gemm.prep(X, p.mode, 0, xall, None, None, eb, p.err))  # noqa: B023
+        r["prep_one_launch_ms"] = t(lambda: gpu_gemm.prep(X, p.mode, 0, xall, None, None, eb, err, xscale))  # noqa: B023
         del xall
         r["gemm_tiles_ms"] = t(gemms)
         r["tile_rows"] = rows
         # The select kernel alone on one tile (no GEMM running beside it), scaled to all tiles.
         from daskmeans.backends import cuda_src
 
-        cuda_src.select_kernels(X.dtype, p.csq.dtype)  # the default select module, compiled first
-        gpu_gemm.gemm(p, tile_in(0)[0], buf)
+        cuda_src.select_rows_kernel(X.dtype, gdt)  # the default select module, compiled first
+        gpu_gemm.gemm(p, tile_in(0)[0], buf, alpha=alpha)
         lab = cupy.empty(rows, cupy.int32)
         stat = cupy.zeros(3, cupy.float64)
         args = (buf, cupy.int32(p.a.shape[0]), p.csq, X[:rows], cupy.int32(d), cupy.int64(rows), p.centroids,
                 eb[:rows], np.int32(0), gpu_device.NULL, gpu_device.NULL, lab, gpu_device.NULL, stat)
+        rargs = args + (np.float32(gsc),)  # select_rows reads the tile times gsc
         # select_rows variants: B vectors per lane per batch (8: the default) and ch
         # independent top-3 states per lane (2: the default); labels checked against the
         # default's.
         ref_lab = None
         for batch, ch in ((8, 2), (8, 1), (8, 4), (4, 2), (6, 2)):
-            src = cuda_src.select_source(X.dtype, p.csq.dtype, batch, chains=ch)
+            src = cuda_src.select_rows_source(X.dtype, gdt, batch, chains=ch)
             kb = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("select_rows")
             nbb = int(min(gpu_device.blocks_per_sm(kb, 256, 0) * gpu_device.sm_count(0), -(-rows // 8)))
-            ms = meta.event_ms(lambda: kb((nbb,), (256,), args), reps=10, warm=3)  # noqa: B023
+            ms = meta.event_ms(lambda: kb((nbb,), (256,), rargs), reps=10, warm=3)  # noqa: B023
             key = "" if ch == 2 else f"_ch{ch}"
             r[f"select_B{batch}{key}_all_tiles_ms"] = ms * n / rows
             if ref_lab is None:
                 ref_lab = lab.copy()
             elif not bool((lab == ref_lab).all()):
                 r[f"select_B{batch}{key}_LABELS_DIFFER"] = 1.0
-        r["select_read_tb_s"] = rows * p.a.shape[0] * 4 / (r["select_B8_all_tiles_ms"] * rows / n * 1e-3) / 1e12
-        # select_cols alone on a column-major tile (rows per thread 1, 2, 4).
-        ldr = -(-rows // 4) * 4
-        bcol = cupy.empty((p.a.shape[0], ldr), cupy.float32)
-        gpu_gemm.gemm(p, tile_in(0)[0], bcol, ldr)
-        for rpt in (1, 2, 4):
-            kc = cuda_src.select_cols_kernel(X.dtype, rpt)
-            cargs = (bcol, cupy.int64(ldr), cupy.int32(p.a.shape[0])) + args[2:]
-            nbc = -(-rows // (32 * rpt))
-            r[f"select_cols{rpt}_all_tiles_ms"] = meta.event_ms(
-                lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
-        del bcol
+        r["select_read_tb_s"] = rows * p.a.shape[0] * gdt.itemsize / (r["select_B8_all_tiles_ms"] * rows / n * 1e-3) / 1e12
+        # select_cols alone on a column-major float32 tile (rows per thread 1, 2, 4).
+        if p.mode != 4:  # float32 tiles only
+            ldr = -(-rows // 4) * 4
+            bcol = cupy.empty((p.a.shape[0], ldr), cupy.float32)
+            gpu_gemm.gemm(p, tile_in(0)[0], bcol, ldr)
+            for rpt in (1, 2, 4):
+                kc = cuda_src.select_cols_kernel(X.dtype, rpt)
+                cargs = (bcol, cupy.int64(ldr), cupy.int32(p.a.shape[0])) + args[2:]
+                nbc = -(-rows // (32 * rpt))
+                r[f"select_cols{rpt}_all_tiles_ms"] = meta.event_ms(
+                    lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
+            del bcol
         labels = be.assign(X, p)["labels"]
         r["sums_ms"] = meta.event_ms(lambda: gpu_sums.label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums
@@ -105,14 +110,14 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
         counts = cupy.bincount(labels, minlength=k)
         r["sums_global_bincount_ms"] = ev(lambda: cupy.bincount(labels, minlength=k))
         cursor = (cupy.cumsum(counts) - counts).astype(cupy.uint64)
-        scatter = cuda_src.select_kernels(X.dtype, X.dtype)[1]
+        scatter = cuda_src.sums_kernels(X.dtype)["scatter_by_label"]
         perm, slab = cupy.empty(n, cupy.int64), cupy.empty(n, cupy.int32)
         nbs = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
         scatter((nbs,), (256,), (labels, cupy.int64(n), cursor, perm, slab))
         sums = cupy.zeros((k, d), cupy.int64)
         scales = grid.scales(cupy)
         for rg, mb in ((1, 4), (2, 4), (2, 3), (4, 3)):  # rows in flight per lane, min blocks per SM
-            src = cuda_src.select_source(X.dtype, X.dtype, sum_rows=rg, sum_min_blocks=mb)
+            src = cuda_src.sums_source(X.dtype, sum_rows=rg, sum_min_blocks=mb)
             ss = cupy.RawModule(code=src, options=("--std=c++17",)).get_function("sorted_sums")
             nbq = int(min(8 * gpu_device.sm_count(0), -(-n // 256)))
             sargs = (X, cupy.int32(d), cupy.int64(n), perm, slab, gpu_device.NULL, p.centroids, scales, sums, stat)

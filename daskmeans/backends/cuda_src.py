@@ -1,7 +1,10 @@
 """CUDA C++ sources of the CuPy backend's kernels, and their compile cache.
 
-The sources are files beside this module (``cuda/common.cuh``, ``small.cu``, ``select.cu``,
-``fit.cu``); here they get their compile-time ``#define`` header. Pure source text and
+The sources are files beside this module, one kernel family each (``cuda/small.cu``,
+``prep.cu``, ``select_rows.cu``, ``select_cols.cu``, ``sums.cu``, ``fit.cu``), each compiled
+after the shared device functions (``common.cuh``; the selections also ``certify.cuh``);
+here they get their compile-time ``#define`` header, and a module's kernels are looked up
+by name. Pure source text and
 compilation (NVRTC through ``cupy.RawModule``, cached by CuPy on disk
 too); the host-side logic that chooses and launches them is :mod:`.gpu_plan` (choices),
 :mod:`.gpu_small`, :mod:`.gpu_gemm` and :mod:`.gpu_sums` (launches).
@@ -61,11 +64,15 @@ def _source(name: str) -> str:
 
 
 # Each module is the common device functions followed by its own kernels; the host code puts
-# its compile-time #defines in front (small_source, select_source).
+# its compile-time #defines in front (small_source, select_rows_source, ...).
 _COMMON = _source("common.cuh")
 SMALL_SRC = _COMMON + _source("small.cu")
-SELECT_SRC = _COMMON + _source("select.cu")
+PREP_SRC = _COMMON + _source("prep.cu")
+SELECT_ROWS_SRC = _COMMON + _source("certify.cuh") + _source("select_rows.cu")
+SELECT_COLS_SRC = _COMMON + _source("certify.cuh") + _source("select_cols.cu")
+SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
+SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC)
 
 
 _CACHE: dict = {}
@@ -107,16 +114,16 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
             f"#define CREG {int(creg)}\n#define DFULL {int(bool(dfull))}\n" + SMALL_SRC)
 
 
-def _functions(key: tuple, src: str, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """The kernels ``names`` of the module compiled from ``src``, once per process (CuPy also
-    caches the binary on disk); the same objects every call, as the launch code keys its
-    occupancy cache by them."""
+def _functions(key: tuple, src: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The kernels ``names`` of the module compiled from ``src``, by name, once per process
+    (CuPy also caches the binary on disk); the same objects every call, as the launch code keys
+    its occupancy cache by them."""
 
-    def build() -> tuple[Any, ...]:
+    def build() -> dict[str, Any]:
         import cupy
 
         mod = cupy.RawModule(code=src, options=("--std=c++17",))
-        return tuple(mod.get_function(f) for f in names)
+        return {f: mod.get_function(f) for f in names}
 
     return _once(key, build)
 
@@ -152,7 +159,7 @@ def _once(key: tuple, build: Any) -> Any:
     return value
 
 
-def _first(key: tuple, compile_: Any, *also: Any) -> tuple[Any, ...]:
+def _first(key: tuple, compile_: Any, *also: Any) -> dict[str, Any]:
     """``_CACHE[key]``, compiling it the first time together with the modules the same fit
     needs next (``also``), in threads."""
     if key not in _CACHE:
@@ -166,78 +173,85 @@ def small_kernels(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, threa
     DFULL) configuration."""
     key = ("small", _ctype(dtype), lanes, dpl, kacc, bool(tred), threads, mode, bool(creg), bool(dfull))
     src = small_source(dtype, lanes, dpl, kacc, tred, threads, mode=mode, creg=creg, dfull=dfull)
-    return _first(key, lambda: _functions(key, src, ("fused_small", "reduce_parts")), fit_kernels)
+    m = _first(key, lambda: _functions(key, src, ("fused_small", "reduce_parts")), fit_kernels)
+    return m["fused_small"], m["reduce_parts"]
 
 
-def select_source(dtype: Any, gemm_dtype: Any, batch: int = 8, rows_per_thread: int = 0,
-                  sum_rows: int | None = None, sum_min_blocks: int | None = None,
-                  chains: int = 2) -> str:
-    """CUDA source of the selection module for data of ``dtype`` and a GEMM tile of
-    ``gemm_dtype``: ``batch`` 16-byte vectors per lane per buffer in ``select_rows`` (8: two
-    buffers in 128 registers without spilling on sm_90, float32) and its ``chains``
-    independent top-3 states per lane (measured on an H200, select alone on P3 tf32 tiles:
-    1 state 3.40 ms, 2 states 2.68, 4 states 2.73; P3 fp32 2.87 / 2.54 / 2.37; P2 tf32
-    1.51 / 1.49 / 1.59; see docs/performance.md for the variants dropped); ``rows_per_thread`` (1, 2
-    or 4) adds ``select_cols`` (column-major float32 tiles); ``sum_rows`` (RG) and
-    ``sum_min_blocks`` (SS_MINB) of ``sorted_sums`` default to the measured choices
-    (profiling scripts vary them). A float16 ``gemm_dtype`` (gemm_prep's MODE 4 tiles) reads
-    eight values per vector and scales them by the kernel's ``gsc``."""
+def select_rows_source(dtype: Any, gemm_dtype: Any, batch: int = 8, chains: int = 2) -> str:
+    """CUDA source of ``select_rows`` for data of ``dtype`` and a GEMM tile of ``gemm_dtype``:
+    ``batch`` 16-byte vectors per lane per buffer (8: two buffers in 128 registers without
+    spilling on sm_90, float32) and ``chains`` independent top-3 states per lane (2: see
+    docs/performance.md). A float16 ``gemm_dtype`` (gemm_prep's MODE 4 tiles) reads eight values
+    per vector and scales them by the kernel's ``gsc``."""
     import numpy
 
+    t = _ctype(dtype)
+    if numpy.dtype(gemm_dtype) == numpy.float16:  # eight float16 values per 16-byte vector
+        head = f"#define T {t}\n#define GH 1\n#define GT float\n#define GV uint4\n#define VEC 8\n"
+    else:
+        gt = _ctype(gemm_dtype)
+        vec = 4 if gt == "float" else 2
+        head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n"
+    return head + f"#define B {batch}\n#define CH {chains}\n" + SELECT_ROWS_SRC
+
+
+def select_cols_source(dtype: Any, rows_per_thread: int) -> str:
+    """CUDA source of ``select_cols`` (column-major float32 tiles) with ``rows_per_thread``
+    (1, 2 or 4) rows per thread, and the resident blocks per SM the registers allow without
+    spilling (sm_90, ptxas)."""
+    minb = {1: 4, 2: 3, 4: 2}[rows_per_thread]
+    return f"#define T {_ctype(dtype)}\n#define RPT {rows_per_thread}\n#define SC_MINB {minb}\n" + SELECT_COLS_SRC
+
+
+def sums_source(dtype: Any, sum_rows: int | None = None, sum_min_blocks: int | None = None) -> str:
+    """CUDA source of the sums module (the counting sorts by label and ``sorted_sums``):
+    ``sum_rows`` (RG) and ``sum_min_blocks`` (SS_MINB) default to the measured choices
+    (profiling scripts vary them)."""
     t = _ctype(dtype)
     if sum_min_blocks is None:
         # 4 blocks per SM (64 registers) for float32 rows; float64 rows spill there.
         sum_min_blocks = 4 if t == "float" else 3
-    if numpy.dtype(gemm_dtype) == numpy.float16:  # eight float16 values per 16-byte vector
-        head = f"#define T {t}\n#define GH 1\n#define GT float\n#define GV uint4\n#define VEC 8\n#define B {batch}\n"
-    else:
-        gt = _ctype(gemm_dtype)
-        vec = 4 if gt == "float" else 2
-        head = f"#define T {t}\n#define GT {gt}\n#define GV {gt}{vec}\n#define VEC {vec}\n#define B {batch}\n"
-    head += f"#define SS_MINB {sum_min_blocks}\n#define CH {chains}\n"
+    head = f"#define T {t}\n#define SS_MINB {sum_min_blocks}\n"
     if sum_rows is not None:
         head += f"#define RG {sum_rows}\n"
-    if rows_per_thread:
-        # Resident blocks per SM the registers allow without spilling (sm_90, ptxas).
-        head += f"#define RPT {rows_per_thread}\n#define SC_MINB {({1: 4, 2: 3, 4: 2})[rows_per_thread]}\n"
-    return head + SELECT_SRC
+    return head + SUMS_SRC
 
 
-def select_kernels(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    """``(select_rows, scatter_by_label, sorted_sums, label_hist, label_scatter,
-    label_block_offsets, label_bases)`` for data of ``dtype`` and a GEMM tile of
-    ``gemm_dtype`` (see :func:`select_source`)."""
-    m = _select_module(dtype, gemm_dtype, batch)
-    return m[:5] + m[10:]
+PREP_KERNELS = tuple(f"gemm_prep{m}" for m in range(5))
+SUMS_KERNELS = ("scatter_by_label", "sorted_sums", "label_hist", "label_scatter", "label_block_offsets", "label_bases")
 
 
 def prep_kernel(dtype: Any, mode: int) -> Any:
-    """``gemm_prep`` of ``mode`` (0-4, see the source) for data of ``dtype``."""
-    return _select_module(dtype, dtype)[5 + mode]
+    """``gemm_prep`` of ``mode`` (0-4, see cuda/prep.cu) for data of ``dtype``."""
+    key = ("prep", _ctype(dtype))
+    return _first(key, lambda: _functions(key, f"#define T {_ctype(dtype)}\n" + PREP_SRC, PREP_KERNELS))[
+        f"gemm_prep{mode}"]
 
 
-def _select_key(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple:
-    return ("select", _ctype(dtype), _ctype(gemm_dtype), batch)
+def sums_kernels(dtype: Any) -> dict[str, Any]:
+    """The sums module's kernels by name (:data:`SUMS_KERNELS`) for data of ``dtype``."""
+    key = ("sums", _ctype(dtype))
+    return _first(key, lambda: _functions(key, sums_source(dtype), SUMS_KERNELS))
 
 
-def _compile_select(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    names = ("select_rows", "scatter_by_label", "sorted_sums", "label_hist", "label_scatter",
-             "gemm_prep0", "gemm_prep1", "gemm_prep2", "gemm_prep3", "gemm_prep4", "label_block_offsets", "label_bases")
-    return _functions(_select_key(dtype, gemm_dtype, batch), select_source(dtype, gemm_dtype, batch), names)
+def _gemm_pass(dtype: Any) -> tuple:
+    """The modules a GEMM-regime pass needs besides its selection, compiled beside it."""
+    return (lambda: prep_kernel(dtype, 0), lambda: sums_kernels(dtype), fit_kernels)
 
 
-def _select_module(dtype: Any, gemm_dtype: Any, batch: int = 8) -> tuple[Any, ...]:
-    return _first(_select_key(dtype, gemm_dtype, batch), lambda: _compile_select(dtype, gemm_dtype, batch), fit_kernels)
+def select_rows_kernel(dtype: Any, gemm_dtype: Any, batch: int = 8) -> Any:
+    """``select_rows`` for data of ``dtype`` and a row-major GEMM tile of ``gemm_dtype``."""
+    key = ("select_rows", _ctype(dtype), _ctype(gemm_dtype), batch)
+    src = select_rows_source(dtype, gemm_dtype, batch)
+    return _first(key, lambda: _functions(key, src, ("select_rows",)), *_gemm_pass(dtype))["select_rows"]
 
 
 def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     """``select_cols`` for data of ``dtype``, a column-major float32 GEMM tile and
     ``rows_per_thread`` (1, 2 or 4) rows per thread."""
     key = ("select_cols", _ctype(dtype), rows_per_thread)
-    src = select_source(dtype, "float32", rows_per_thread=rows_per_thread)
-    # The same pass needs the select module (gemm_prep, the sums) and then the update.
-    return _first(key, lambda: _functions(key, src, ("select_cols",)), lambda: _compile_select(dtype, dtype),
-                  fit_kernels)[0]
+    src = select_cols_source(dtype, rows_per_thread)
+    return _first(key, lambda: _functions(key, src, ("select_cols",)), *_gemm_pass(dtype))["select_cols"]
 
 
 FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce")
@@ -245,11 +259,11 @@ FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", 
 
 def fit_kernels() -> dict[str, Any]:
     """The fit module's kernels by name (:data:`FIT_KERNELS`; no compile-time configuration)."""
-    return dict(zip(FIT_KERNELS, _functions(("fit",), FIT_SRC, FIT_KERNELS)))
+    return _functions(("fit",), FIT_SRC, FIT_KERNELS)
 
 
 def compile_concurrently(*compiles: Any) -> None:
-    """Run the given compile calls (e.g. ``lambda: select_kernels(...)``) in threads: NVRTC
+    """Run the given compile calls (e.g. ``lambda: sums_kernels(...)``) in threads: NVRTC
     releases the GIL, so a cold kernel cache costs the longest compile, not their sum."""
     if len(compiles) < 2:
         for f in compiles:

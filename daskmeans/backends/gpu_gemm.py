@@ -168,7 +168,7 @@ def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int) -> int:
 
 
 def _select_kernel(dtype: Any, gemm_dtype: Any, rpt: int) -> Any:
-    return cuda_src.select_cols_kernel(dtype, rpt) if rpt else cuda_src.select_kernels(dtype, gemm_dtype)[0]
+    return cuda_src.select_cols_kernel(dtype, rpt) if rpt else cuda_src.select_rows_kernel(dtype, gemm_dtype)
 
 
 def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
@@ -182,7 +182,8 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),
                                  precision)
-    return [lambda: _select_kernel(dtype, gdt, rpt), lambda: cuda_src.select_kernels(dtype, dtype)]
+    return [lambda: _select_kernel(dtype, gdt, rpt), lambda: cuda_src.prep_kernel(dtype, 0),
+            lambda: cuda_src.sums_kernels(dtype)]
 
 
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:

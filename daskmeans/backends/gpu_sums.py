@@ -21,7 +21,7 @@ def label_sums(X: Any, labels: Any, w: Any, k: int, grid: Any, C: Any = None, st
     import cupy
 
     n, d = X.shape
-    kernels = cuda_src.select_kernels(X.dtype, X.dtype)
+    kernels = cuda_src.sums_kernels(X.dtype)
     sm = gpu_device.sm_count(gpu_device.device_id())
     blocks_max = 8 * sm
     perm = cupy.empty(n, cupy.int64)
@@ -31,7 +31,8 @@ def label_sums(X: Any, labels: Any, w: Any, k: int, grid: Any, C: Any = None, st
         # Block-local counters: per-block label histograms, each label's offsets over the
         # blocks and its base (an exclusive scan over labels), then each block scatters its
         # rows. Our own kernels: no CuPy kernel to compile on a cold cache, no host round trip.
-        hist_k, scatter_k, offsets_k, bases_k = kernels[3], kernels[4], kernels[5], kernels[6]
+        hist_k, scatter_k = kernels["label_hist"], kernels["label_scatter"]
+        offsets_k, bases_k = kernels["label_block_offsets"], kernels["label_bases"]
         nblk = int(max(1, min(2 * sm, -(-n // 4096))))
         rows = -(-n // nblk)
         hist = cupy.empty((nblk, k), cupy.int32)
@@ -52,10 +53,11 @@ def label_sums(X: Any, labels: Any, w: Any, k: int, grid: Any, C: Any = None, st
         counts = cupy.zeros(k, cupy.uint64)  # atomicAdd has no signed 64-bit form
         cupy.add.at(counts, labels, numpy.uint64(1))
         cursor = cupy.cumsum(counts) - counts
-        kernels[1]((int(max(1, min(blocks_max, -(-n // 256)))),), (256,), (labels, cupy.int64(n), cursor, perm, slab))
+        kernels["scatter_by_label"]((int(max(1, min(blocks_max, -(-n // 256)))),), (256,),
+                                    (labels, cupy.int64(n), cursor, perm, slab))
     sums = cupy.zeros((k, d), cupy.int64)
     nb = int(max(1, min(blocks_max, -(-n // (8 * 32)))))  # 8 warps of 32 sorted rows
-    kernels[2]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, ptr(w), ptr(C), grid.scales(cupy), sums,
+    kernels["sorted_sums"]((nb,), (256,), (X, cupy.int32(d), cupy.int64(n), perm, slab, ptr(w), ptr(C), grid.scales(cupy), sums,
                                 ptr(stat)))
     counts = counts.astype(cupy.int64, copy=False)
     if w is None:

@@ -178,8 +178,12 @@ def test_kernel_source_carries_the_placement_and_rows_per_trip():
 
 
 def test_select_source_defaults_to_two_insert_chains():
-    assert _defines(cuda_src.select_source("float32", "float32"))["CH"] == "2"
-    assert _defines(cuda_src.select_source("float32", "float32", chains=1))["CH"] == "1"
+    assert _defines(cuda_src.select_rows_source("float32", "float32"))["CH"] == "2"
+    assert _defines(cuda_src.select_rows_source("float32", "float32", chains=1))["CH"] == "1"
+    half = _defines(cuda_src.select_rows_source("float32", "float16"))
+    assert (half["GH"], half["GT"], half["GV"], half["VEC"]) == ("1", "float", "uint4", "8")
+    assert _defines(cuda_src.select_cols_source("float64", 2))["SC_MINB"] == "3"
+    assert _defines(cuda_src.sums_source("float64"))["SS_MINB"] == "3"
 
 
 def test_cuda_sources_are_files_of_the_package_not_python_strings():
@@ -188,15 +192,21 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
     pkg = Path(daskmeans.__file__).parent
     assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
     files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
-    assert files == ["common.cuh", "fit.cu", "select.cu", "small.cu"]
+    # one kernel family per file, after the shared device code
+    assert files == ["certify.cuh", "common.cuh", "fit.cu", "prep.cu", "select_cols.cu", "select_rows.cu",
+                     "small.cu", "sums.cu"]
     # Each module is the common device code and its kernels, behind the #define header.
     src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
     assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
     assert (pkg / "backends" / "cuda" / "common.cuh").read_text() in src
-    kernels = {m.group(1) for s in (cuda_src.SMALL_SRC, cuda_src.SELECT_SRC, cuda_src.FIT_SRC)
+    kernels = {m.group(1) for s in cuda_src.SOURCES
                for m in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\) |BOUNDS )?(\w+)", s)}
     assert {"fused_small", "reduce_parts", "select_rows", "select_cols", "sorted_sums", "label_hist",
-            "label_scatter", "scatter_by_label", "update_centroids", "sum_parts", "label_counts", "col_reduce"} <= kernels, kernels
+            "label_scatter", "scatter_by_label", "update_centroids", "sum_parts", "label_counts", "col_reduce",
+            "gemm_prep"} <= kernels, kernels
+    # the names the host looks kernels up by are the sources' kernels (gemm_prep's through PREP(M))
+    assert set(cuda_src.SUMS_KERNELS) <= kernels
+    assert cuda_src.PREP_KERNELS == tuple(f"gemm_prep{m}" for m in re.findall(r"^PREP\((\d)\)$", cuda_src.PREP_SRC, re.M))
 
 
 def test_modules_compile_concurrently_and_failures_surface():
@@ -272,7 +282,7 @@ def test_a_module_is_built_once_while_threads_wait_for_it(monkeypatch):
     assert not cuda_src._PENDING
 
 
-def test_the_column_select_module_holds_select_cols_alone():
+def test_each_kernel_family_is_a_module_of_its_own():
     import numpy as np
 
     def kernels(src):
@@ -293,9 +303,10 @@ def test_the_column_select_module_holds_select_cols_alone():
                 out += ["gemm_prep"] if line.startswith("PREP(") else []
         return out
 
-    assert kernels(cuda_src.select_source(np.float32, "float32", rows_per_thread=2)) == ["select_cols"]
-    rows = kernels(cuda_src.select_source(np.float32, np.float32))
-    assert "select_cols" not in rows and {"select_rows", "sorted_sums", "label_bases", "gemm_prep"} <= set(rows)
+    assert kernels(cuda_src.select_cols_source(np.float32, 2)) == ["select_cols"]
+    assert kernels(cuda_src.select_rows_source(np.float32, np.float16)) == ["select_rows"]
+    assert set(kernels(cuda_src.sums_source(np.float32))) == set(cuda_src.SUMS_KERNELS)
+    assert set(kernels("#define T float\n" + cuda_src.PREP_SRC)) == {"gemm_prep"}  # gemm_prep0 .. 4
 
 
 def test_occupancy_is_read_from_the_compiled_kernel_and_cached():

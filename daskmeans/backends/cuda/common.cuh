@@ -84,3 +84,14 @@ __device__ __forceinline__ void stat_out(double* stat, double inert, double move
     atomicAdd(stat + 1, moved);
     atomicAdd(stat + 2, checked);
 }
+// float16 conversions (PTX: no header needed under NVRTC), round to nearest even.
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
