@@ -606,8 +606,8 @@ def worker_blas_threads() -> Iterator[None]:
     A nanny starts its worker with ``OMP_NUM_THREADS=1`` and the like, and the command's
     in-process workers cap BLAS for as long as their cluster runs
     (:func:`daskmeans.dask_cluster._local`); a worker started otherwise (``dask worker
-    --no-nanny``, a user's own cluster) runs BLAS on every core from each of its threads:
-    fits 6-14x slower on 2 cores with three such workers. Outside a worker: no effect."""
+    --no-nanny``, a user's own cluster) runs BLAS on every core from each of its threads,
+    oversubscribing the cores (docs/performance.md, "CPU path"). Outside a worker: no effect."""
     n = _worker_threads()
     if n is None:
         yield

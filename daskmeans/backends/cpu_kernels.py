@@ -3,8 +3,7 @@
 Why Numba: after the distance GEMM, NumPy needs several full passes over each tile and the
 data (``||x||^2``, gathering the winning distance, sorting rows by label, casting to float64,
 a segmented reduction) and each pass allocates. One compiled pass over a tile that is still in
-cache does all of it: measured on a 2-core Zen 5 with K=256, D=100, 5e5 rows, the work after
-the GEMM fell by about a third (see ``docs/performance.md``, CPU path).
+cache does all of it (``docs/performance.md``, "CPU path").
 
 Conventions shared with the NumPy backend:
 

@@ -96,16 +96,12 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
     vary them)."""
     creg = bool(creg and kacc)
     if rows is None:
-        # Rows per group per loop trip (U x DPL registers). Measured on an H200 (S1, S2): 8 or 24
-        # values per lane were no faster than 8 (register pressure costs occupancy); with the
-        # centroids in registers (no accumulators there) 16: S1 (DPL 7) 0.242 ms at U = 2
-        # against 0.277 at U = 1.
+        # Rows per group per loop trip (U x DPL registers): up to 8 values per lane, 16 with the
+        # centroids in registers (no accumulators there); see docs/performance.md, "Small K".
         rows = max(1, min(4, (16 if creg else 8) // dpl))
     if min_blocks is None:
-        # S1 (TRED, 16 lanes x 7 values, U = 1): the same kernel compiled for 2 blocks per SM
-        # took 0.294 ms against 0.312 ms when the compiler was free (126-128 registers either
-        # way). With U > 1 the bound would spill (K=5, 4 values x 2 rows: 88 bytes); S2 ran
-        # 0.13 ms instead of 0.10 with it.
+        # Two blocks per SM only for one-row TRED configurations: elsewhere the bound spills or
+        # slows the kernel (docs/performance.md, "Small K").
         min_blocks = 2 if tred and rows == 1 and mode == 0 and not creg else 1
     kp = 1 << max(0, kacc - 1).bit_length()  # K rounded up to a power of 2
     return (f"#define T {_ctype(dtype)}\n#define L {lanes}\n#define DPL {dpl}\n#define KACC {kacc}\n"
@@ -181,7 +177,7 @@ def select_rows_source(dtype: Any, gemm_dtype: Any, batch: int = 8, chains: int 
     """CUDA source of ``select_rows`` for data of ``dtype`` and a GEMM tile of ``gemm_dtype``:
     ``batch`` 16-byte vectors per lane per buffer (8: two buffers in 128 registers without
     spilling on sm_90, float32) and ``chains`` independent top-3 states per lane (2: see
-    docs/performance.md). A float16 ``gemm_dtype`` (gemm_prep's MODE 4 tiles) reads eight values
+    docs/performance.md, "select_rows"). A float16 ``gemm_dtype`` (gemm_prep's MODE 4 tiles) reads eight values
     per vector and scales them by the kernel's ``gsc``."""
     import numpy
 

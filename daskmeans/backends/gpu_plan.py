@@ -71,10 +71,10 @@ def small_config(k: int, d: int, shared_max: int = SHARED_BYTES,
     takes), or the centroids in shared memory and the sums in registers ("shared"). Else
     shared-memory centroids and accumulators, at most 16 values per lane.
 
-    Auto puts centroids in registers wherever they fit. Kernel alone, H200: S1 0.246 vs 0.295
-    ms (the two 16-lane groups of a warp each paid for their own shared-memory centroid
-    reads); S2 0.076 vs 0.086 ms (one lane per row: the K x DPL predicated register updates
-    per row cost more than a read-add-write of the row's slice).
+    Auto puts centroids in registers wherever they fit: with centroids in shared memory the
+    two 16-lane groups of a warp each pay for their own centroid reads, and one-lane rows'
+    K x DPL predicated register updates cost more than a read-add-write of the row's slice
+    (docs/performance.md, "Small K").
     """
     Options(SMALL_CENTROIDS).check("centroids", centroids)
     for lanes in (1, 2, 4, 8, 16, 32):
@@ -123,7 +123,9 @@ def occupancy(num_regs: int, static_shared: int, threads: int, shared: int) -> i
 # ------------------------------------------------------------------ the GEMM regime
 
 
-FP16_TILE_MIN_K = 2048  # tf32 "auto": a float16 tile above this K (P2, K = 1000: 5.3 vs 4.3 ms; P3, K = 5000: 6.7 vs 8.4)
+# tf32 "auto": a float16 tile above this K, where the bytes saved outweigh the extra exact
+# re-ranks (docs/performance.md, "float16 tile").
+FP16_TILE_MIN_K = 2048
 
 
 def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90",
@@ -143,7 +145,7 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
 
     fp32 precision takes split TF32 where ``fp32_gemm`` says "3xtf32", or "auto" on
     A100/H100/B100-class GPUs (compute capability 8.0, 9.0, 10.0), whose TF32 tensor cores run
-    a 3D-deep TF32 GEMM faster than the fp32 one (P2 ~2.5 vs 6.2 ms on an H200); consumer parts
+    a 3D-deep TF32 GEMM faster than the fp32 one (docs/performance.md, "split TF32"); consumer parts
     run TF32 near their fp32 rate, where three TF32 products lose. tf32 and bf16 inputs are
     rounded to nearest by ``gemm_prep``, so each row's rounding error is known exactly
     (``||x - xb||``), not bounded by the format's worst case.
@@ -245,8 +247,7 @@ def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsiz
 def fill_rows(sm_count: int) -> int:
     """Rows of a tile that give ``select_rows`` (a warp per row) a row for each of the 64
     warps an SM can hold at once (2048 threads): rows beyond the two blocks per SM its launch
-    bounds promise keep the rows' loads in flight (W16, tf32, H100: 1029 ms with 1024 rows,
-    620 ms with 2112, 427 ms with 8192)."""
+    bounds promise keep the rows' loads in flight (docs/performance.md, "tiles")."""
     return 64 * int(sm_count)
 
 
@@ -271,8 +272,8 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
     Auto, float32 tiles in fp32 precision with K up to 2048: the most rows per thread that
     still gives every SM three blocks (the column kernel parallelises over rows only). Larger
     K: a row whose bound leaves three or more candidates re-reads its row of the column-major
-    tile one 32-byte sector per centroid (P3, K = 5000, 2.4% such rows: 35 vs 17 ms, H200),
-    and each thread's share of the centroids grows. Not for tf32/bf16: more uncertain rows
+    tile one 32-byte sector per centroid (docs/performance.md, "select layout"), and each
+    thread's share of the centroids grows. Not for tf32/bf16: more uncertain rows
     (4-8% on random data)."""
     Options(SELECT_LAYOUTS).check("layout", layout)
     if not float32_tile or layout == "rows":

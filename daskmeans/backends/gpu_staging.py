@@ -1,13 +1,13 @@
 """Host memory to the GPU.
 
 The host tier: chunks in page-locked host memory copied to the device through two buffers,
-the copy of the next chunk on its own stream overlapping the kernels of the current one (52
-GB/s of a 55 GB/s pinned copy on an H200: docs/performance.md).
+the copy of the next chunk on its own stream overlapping the kernels of the current one, so
+the tier runs near the pinned copy's rate (docs/performance.md, "host tier").
 
 Placement in the device tier (:func:`upload`): a chunk in ordinary (pageable) host memory goes
 through a few page-locked buffers filled by threads, each buffer's copy to the device
-overlapping the filling of the others. A 400 MB chunk on an H100 host: 0.014 s, against 0.044
-s for CuPy's copy of pageable memory and 0.2-0.5 s for the first such copy of a process.
+overlapping the filling of the others: faster than CuPy's copy of pageable memory, above all
+a process's first (docs/performance.md, "placement").
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ tile_setting = "tile-bytes"
 
 def asarray(block: Any, dtype: Any = None) -> numpy.ndarray:
     """C-contiguous and aligned (arrays deserialized from the network may be unaligned,
-    which sends NumPy and BLAS down slow paths: measured 30% slower)."""
+    which sends NumPy and BLAS down slow paths: docs/performance.md, "CPU path")."""
     return numpy.require(block, dtype=dtype, requirements=["C", "A"])
 
 
@@ -113,17 +113,16 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
 
 def _tile_rows(k: int, d: int, itemsize: int) -> int:
     """Rows per tile: its rows (D values) and distances (K values) within ``tile-bytes``, so
-    that the compiled pass re-reads the rows from the core's cache, not from memory (1 MiB on
-    a 2-core Zen 5, 1e6 x 100 float32: K=4 13% and K=256 10% faster than 4 MiB of distances
-    alone; performance.md)."""
+    that the compiled pass re-reads the rows from the core's cache, not from memory
+    (docs/performance.md, "CPU path")."""
     return max(64, config.get_bytes("tile-bytes") // max(1, (k + d) * itemsize))
 
 
 class _Workspace:
     """Tile buffers reused across tiles, blocks and calls (one set per thread). Dask workers
     set MALLOC_TRIM_THRESHOLD_=64KiB, so a fresh multi-MB temporary is mapped, faulted in and
-    returned to the OS every time (measured: the kernel ran 2x slower inside a worker than
-    outside when each tile allocated; a new set per block still cost ~8%)."""
+    returned to the OS every time; one set per block is not enough (docs/performance.md,
+    "CPU path")."""
 
     def __init__(self, rows: int, k: int, dtype: Any):
         self.g = numpy.empty((rows, k), dtype)

@@ -2,7 +2,7 @@
 
 A segment is an int64 array in a file under ``/dev/shm`` (Linux's tmpfs), mapped by every
 rank: its owner writes its buffer there and the others read it directly, where the Dask comms
-would serialise it through a TCP socket (P3's 16 MB: ~20 ms per call on one host). The owner
+would serialise it through a TCP socket (docs/performance.md, "collectives"). The owner
 reserves the file's pages with ``posix_fallocate``, so a full ``/dev/shm`` is an ``OSError``
 at creation (the collective then keeps to the comms) and never a SIGBUS at the first write.
 Once every rank has mapped every segment, the owners unlink the files: the mappings stay

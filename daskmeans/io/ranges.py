@@ -3,8 +3,7 @@ readers split their work over: a few for reads (:func:`in_threads`), one per cor
 (:func:`on_cores`).
 
 One thread reading a chunk through a memory map takes a page fault per few pages of the file
-and of the new array: about 1.6 GB/s from the page cache on an H100 host, a third of a second
-for a 400 MB chunk. Positional reads (``os.preadv``, which releases the interpreter lock) of
+and of the new array (docs/performance.md, ".npy reads"). Positional reads (``os.preadv``, which releases the interpreter lock) of
 8 MiB pieces by a few threads fill the same array several times faster, from the page cache
 or from a parallel file system alike.
 """

@@ -1,9 +1,8 @@
 """Rows of a Zarr array in a local store, its chunks decompressed straight into the rows' array.
 
 zarr-python decodes the chunks of one read one after another, each into a buffer of its own
-that it then copies into the result: 0.65-0.73 GB/s per process on an H100 host for P4's
-250 MB zstd chunks, whichever of its codec pipelines, where the store's files are read at
-7.7 GB/s from the page cache. Here each chunk's file is read and decompressed by numcodecs
+that it then copies into the result, a fraction of the rate the store's files are read at
+(docs/performance.md, "Zarr reads"). Here each chunk's file is read and decompressed by numcodecs
 (the codecs zarr-python itself calls) into the block's rows, several chunks at once on the
 readers' threads (the codecs release the interpreter lock).
 

@@ -37,8 +37,8 @@ __device__ __forceinline__ void ins3(V v, int k, V& b1, int& i1, V& b2, int& i2,
     else if (v < b3) { b3 = v; }
 }
 // The same insertion without branches (selects only): in the streaming scans a warp's lanes
-// insert at different values, and the divergent ins3 made select_rows issue-bound (ncu, P2
-// tf32: 0.66 issued per scheduler-cycle, 19.5 active threads per warp).
+// insert at different values, and the divergent ins3 made select_rows issue-bound
+// (docs/performance.md, "select_rows").
 template <typename V>
 __device__ __forceinline__ void ins3_sel(V v, int k, V& b1, int& i1, V& b2, int& i2, V& b3) {
     const bool c1 = v < b1, c2 = v < b2, c3 = v < b3;  // c1 => c2 => c3

@@ -11,8 +11,8 @@
 // of L lanes accumulates its rows into a private slice of shared memory, summed over the
 // groups in a fixed order at the end; else the centroids are in shared memory and the sums in
 // registers. 64-bit shared loads are served per half-warp, so with L = 16 the two groups of a
-// warp each paid for their own K x DPL centroid reads per row: ncu, S1, 37M of 46M L1
-// wavefronts).
+// warp would each pay for their own K x DPL centroid reads per row; docs/performance.md,
+// "Small K").
 #define NG (NT / L)
 #define DP (L * DPL)
 #define DX (DFULL ? DP : D)  // the row stride, a compile-time constant where D = DP
@@ -22,8 +22,8 @@
 // sample weights; else the host derives them from the counts). Groups of L >= 2 lanes: slices one after
 // another, an odd number of doubles apart. One lane per row: the slices interleaved (element e
 // of group g at e x NG + g), so that the 32 lanes' accesses are consecutive words whatever
-// cluster each row went to; contiguous slices met random bank conflicts (S2 kernel, H200:
-// 0.085 ms, no faster than register accumulators; interleaved 0.076).
+// cluster each row went to (contiguous slices meet random bank conflicts; docs/performance.md,
+// "Small K").
 #define GE (KACC * (DP + 2))  // elements of a slice
 #if L == 1
 #define GS GE
@@ -293,8 +293,8 @@ extern "C" __global__ void BOUNDS fused_small(
         }
         __syncthreads();
 #else
-        // The groups' slices summed by a fixed pairwise tree (NG is a power of 2; one slice per
-        // thread walking all NG slices took ~4 us for L = 1).
+        // The groups' slices summed by a fixed pairwise tree (NG is a power of 2; a thread
+        // walking all NG slices is latency-bound).
         for (int st = 1; st < NG; st <<= 1) {
             for (int t = threadIdx.x; t < (NG / (2 * st)) * GS; t += NT) {
                 const int q = (t / GS) * 2 * st, i = t % GS;
@@ -319,8 +319,8 @@ extern "C" __global__ void BOUNDS fused_small(
 }
 
 // Column i of the block partials summed over blocks by one warp: lane l adds blocks l, l+32,
-// ... in order, then a fixed butterfly (a thread per column walking all blocks was
-// latency-bound: ~20 us). Sums, weights and counts [0, K*D + 2K) are int64 (out); the last two
+// ... in order, then a fixed butterfly (a thread per column walking all blocks is
+// latency-bound). Sums, weights and counts [0, K*D + 2K) are int64 (out); the last two
 // columns hold float64 bits (inertia, reassigned: stat).
 extern "C" __global__ void reduce_parts(const long long* __restrict__ part, int nb, int width, int K, int KD,
                                         long long* __restrict__ out, double* __restrict__ stat) {

@@ -1,7 +1,7 @@
 // Per-cluster sums once the labels are known. Compile-time: T (data type), SS_MINB
 // (sorted_sums' blocks per SM) and optionally RG (rows loaded ahead) from cuda_src.sums_source.
 // Counting sort by label in three steps, block-local counters in shared memory (global
-// atomics on K counters cost ~0.1 ms per 1e6 rows each). Block b owns rows [b R, (b+1) R).
+// atomics on K counters contend: docs/performance.md, "label sums"). Block b owns rows [b R, (b+1) R).
 // 1. hist[b K + k]: how many of block b's rows have label k.
 extern "C" __global__ void label_hist(const int* __restrict__ lab, long long n, int K, long long R,
                                       int* __restrict__ hist) {
