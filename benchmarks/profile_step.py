@@ -58,7 +58,7 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
 
         r["gemm_mode"] = p.mode
         r["prep_tiles_ms"] = t(preps)
-        # Every row in one launch (not what the step does; see docs/performance.md).
+        # Every row in one launch (not what the step does; docs/performance.md, "Tried and rejected").
         xall = gpu_gemm.prep_buffer(n, d, p.mode)
         r["prep_one_launch_ms"] = t(lambda: gpu_gemm.prep(X, p.mode, 0, xall, None, None, eb, err, xscale))  # noqa: B023
         del xall
