@@ -25,6 +25,30 @@ def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:
     return [rng.integers(-(2**60), 2**60, n, dtype=np.int64) for _ in range(calls)]
 
 
+def _is_open(fit_id, dask_worker):
+    """On a worker: whether a collective of ``fit_id`` is open there."""
+    from daskmeans.engine.mailbox import OPEN
+
+    return any(k[0] == dask_worker.address and k[1] == fit_id for k in OPEN)
+
+
+def _has_message(fit_id, dask_worker):
+    """On a worker: whether its mailbox holds a message of ``fit_id`` not yet taken."""
+    return any(tag[0] == fit_id for tag in coll.mailbox(dask_worker).messages)
+
+
+def _until(condition, seconds=60):
+    """Wait for ``condition()`` to hold, polling; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not so after {seconds} s"
+        time.sleep(0.02)
+
+
+# Far beyond the tests' deadlines: a wait that ends did so by the client's abort.
+NEVER = 3600
+
+
 def _allreduce_task(rank, spec, n, calls, piece_bytes, shared=None):
     """``calls`` all-reduces of this rank's buffers; with ``shared``, also whether the
     collective went through shared memory."""
@@ -86,14 +110,16 @@ def test_dask_collective_wait_ends_on_abort(client3, ranks, n, piece_bytes):
     ws = sorted(client3.nthreads())
     fit_id = f"t-abort-{ranks}"
     peers = tuple(ws[:2]) if ranks == "live" else ("tcp://127.0.0.1:9", ws[1])
-    spec = coll.CollectiveSpec(fit_id, 0, peers, "dask", timeout=120)
+    spec = coll.CollectiveSpec(fit_id, 0, peers, "dask", timeout=NEVER)
     fut = client3.submit(_allreduce_task, 1, spec, n, 1, piece_bytes, workers=[ws[1]], pure=False)
-    time.sleep(1.0)
-    t0 = time.perf_counter()
+    if ranks == "live":  # rank 1 has sent rank 0 its part: it waits for rank 0's
+        _until(lambda: client3.run(_has_message, fit_id, workers=[ws[0]])[ws[0]])
+    else:
+        _until(lambda: client3.run(_is_open, fit_id, workers=[ws[1]])[ws[1]])
+    assert not fut.done()
     client3.run(coll.abort, fit_id)  # the client's abort ends the wait
     with pytest.raises(coll.CollectiveAborted, match=rf"fit {fit_id} \(placement 0\) aborted by the client"):
-        fut.result(timeout=30)
-    assert time.perf_counter() - t0 < 5
+        fut.result(timeout=60)
     client3.run(coll.release, fit_id)
     assert glob.glob(f"/dev/shm/daskmeans-{fit_id}-*") == []  # the large buffer's segments are gone too
 
@@ -106,19 +132,18 @@ def _second_call_never_comes(rank, spec, n):
 def test_dask_collective_shared_memory_wait_ends_on_abort(client3):
     client3.run(coll.install_mailbox)
     ws = sorted(client3.nthreads())
-    spec = coll.CollectiveSpec("t-abort-shm", 0, tuple(ws[:2]), "dask", timeout=120)
+    spec = coll.CollectiveSpec("t-abort-shm", 0, tuple(ws[:2]), "dask", timeout=NEVER)
     n = 2**18
     first = client3.submit(_second_call_never_comes, 0, spec, n, workers=[ws[0]], pure=False)
     second = client3.submit(_second_call_never_comes, 1, spec, n, workers=[ws[1]], pure=False)
     outs, shared = first.result(timeout=30)
     assert shared == shm.room_for(2 * 8 * n)
-    time.sleep(1.0)
-    assert not second.done()  # waiting for rank 0's part of the second call
-    t0 = time.perf_counter()
+    # Rank 1 has told rank 0 of its second buffer: it waits for rank 0's part of that call.
+    _until(lambda: client3.run(_has_message, "t-abort-shm", workers=[ws[0]])[ws[0]])
+    assert not second.done()
     client3.run(coll.abort, "t-abort-shm")
     with pytest.raises(coll.CollectiveAborted, match=r"fit t-abort-shm \(placement 0\) aborted by the client"):
-        second.result(timeout=30)
-    assert time.perf_counter() - t0 < 5
+        second.result(timeout=60)
     client3.run(coll.release, "t-abort-shm")
     np.testing.assert_array_equal(outs[0], _buffers(0, n, 1)[0] + _buffers(1, n, 1)[0])
 
