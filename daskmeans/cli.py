@@ -92,7 +92,8 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int_option("--workers"), help="local CPU cluster: number of workers (default: one per core)")
     p.add_argument("--dashboard", action="store_true",
                    help="local cluster: serve Dask's dashboard (needs bokeh; about a second to start)")
-    p.add_argument("--collective", choices=("auto", "nccl", "dask"), default=None,
+    p.add_argument("--collective", choices=_Registered(".engine.collective", "COLLECTIVES"), default=None,
+                   metavar="NAME",
                    help="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
                         "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
 

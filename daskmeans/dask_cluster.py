@@ -26,7 +26,7 @@ from typing import Iterator
 from distributed import Client, LocalCluster
 
 from . import config
-from .backends import ALIASES, gpu_available, gpu_count
+from .backends import get_backend, gpu_available, gpu_count, on_gpu, requested_backend
 from .errors import DaskmeansError
 
 
@@ -86,22 +86,21 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
     worker has one; a cluster of GPU and CPU workers is refused (the loop runs on every worker
     with one backend): the user says which.
     """
-    name = ALIASES.get(requested) if requested != "auto" else "auto"
-    if name is None:
-        raise DaskmeansError(f"backend={requested!r} should be one of 'auto', 'cpu', 'gpu'")
-    if name == "numpy":
+    try:
+        name = requested_backend(requested, data_backend)
+    except ValueError as e:
+        raise DaskmeansError(str(e)) from None
+    if name is not None and get_backend(name).on_host:  # a host backend runs on any worker
         return name
-    if name == "auto" and data_backend == "cupy":
-        name = "cupy"
     gpus, cpus = worker_kinds(client)
-    if name == "auto":
+    if name is None:
         if gpus and cpus:
             raise DaskmeansError(
                 f"the cluster mixes {len(gpus)} GPU worker(s) and {len(cpus)} CPU worker(s) (e.g. {cpus[0]}): "
                 f"choose backend='cpu' (--backend cpu) to use every worker with NumPy, or start the cluster "
                 f"with GPU workers only"
             )
-        return "cupy" if gpus else "numpy"
+        return requested_backend("gpu" if gpus else "cpu")
     if cpus:
         raise DaskmeansError(
             f"backend='gpu' but {len(cpus)} of the cluster's {len(gpus) + len(cpus)} workers have no usable GPU "
@@ -142,7 +141,8 @@ def check_paths_on_workers(client: Client, read: list[str] = (), write: list[str
 
 def local_uses_gpu(backend: str) -> bool:
     """Whether a local cluster started for ``backend`` ("auto", "cpu", "gpu") is GPU workers."""
-    return backend in ("gpu", "cupy") or (backend == "auto" and gpu_available())
+    name = requested_backend(backend)
+    return gpu_available() if name is None else on_gpu(name)
 
 
 def security(ca_file: str | None = None, cert: str | None = None, key: str | None = None):

@@ -74,6 +74,23 @@ def backend_name(obj: Any = "numpy") -> str:
     return "cupy" if type(meta).__module__.split(".")[0] == "cupy" else "numpy"
 
 
+def requested_backend(requested: str = "auto", data_backend: str | None = None) -> str | None:
+    """The backend name a request (``"auto"``, ``"cpu"``, ``"gpu"``, ``"numpy"``, ``"cupy"``)
+    settles before the workers are asked: its alias's name, ``"cupy"`` for ``"auto"`` when the
+    data's blocks are CuPy already (``data_backend``), else None (the workers decide)."""
+    if requested == "auto":
+        return "cupy" if data_backend is not None and ALIASES.get(data_backend) == "cupy" else None
+    if requested not in ALIASES:
+        raise ValueError(f"backend={requested!r} should be one of 'auto', 'cpu', 'gpu'")
+    return ALIASES[requested]
+
+
+def on_gpu(name: str) -> bool:
+    """Whether the backend ``name`` (or alias) computes on GPUs: its module says so
+    (``on_host``), imported only for this question."""
+    return not get_backend(name).on_host
+
+
 def get_backend(obj: Any = "numpy") -> ModuleType:
     """Backend module for a name (``"numpy"``, ``"cupy"``, ``"cpu"``, ``"gpu"``) or an array
     (see :func:`backend_name`)."""

@@ -19,12 +19,7 @@ REGISTRIES = {"backends/__init__.py", "metric.py"}
 NAMES = {"numpy", "cupy", "cpu", "gpu", "euclidean", "cosine"}
 # Comparisons still in modules not yet moved to capabilities: (module, source of the comparison).
 # Remove an entry once its module asks a capability instead (the test says when).
-ALLOWED = {
-    ("dask_cluster.py", 'name == "numpy"'),
-    ("dask_cluster.py", 'data_backend == "cupy"'),
-    ("dask_cluster.py", 'backend in ("gpu", "cupy")'),
-    ("backends/grid.py", 'xp.__name__ == "cupy"'),
-}
+ALLOWED: set = set()  # comparisons still allowed outside the registries: none
 
 
 def _names_in(node: ast.AST) -> bool:
