@@ -61,8 +61,7 @@ def test_ties_break_in_one_comparison():
     src = "".join(_strip_comments(p.read_text()) for p in sorted(CUDA.iterdir()))
     # "v < b || (v == b && k < i)": only inside precedes().
     tie = r"<\s*[\w\[\]]+\s*\|\|\s*\(\s*[\w\[\]]+\s*==\s*[\w\[\]]+\s*&&"
-    assert len(re.findall(tie, src)) == 1
-    assert src.count("precedes(") >= 6
+    assert len(re.findall(tie, src)) == 1  # that ties go to the lowest index everywhere: tests/gpu
 
 
 def test_backend_names_come_without_importing_the_backends():
