@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "multigpu": ("multigpu", "P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives"),
     "tiers": ("tiers", "host and storage tiers against the pinned copy and the store's read floors; P4 host vs device"),
     "cpu": ("cpu", "the CPU kernels against scikit-learn and dask-ml on 2 cores"),
+    "csv-read": ("csv_read", "P1 read from CSV on all cores against pyarrow's whole-file parse"),
     "table": ("table", "the README's performance tables from benchmarks/results/ (--check: fail where they differ)"),
     "profile-step": ("profile_step", "the GEMM regime's step in pieces (GEMM, select, prep, sums)"),
     "profile-small": ("profile_small", "compile-time variants of the fused small-K kernel"),
