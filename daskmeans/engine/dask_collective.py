@@ -6,12 +6,23 @@ buffer, gets every other rank's part of it, adds them in rank order and sends th
 the others. Slices travel in pieces (2 MB), so that the adds overlap the transfers, and from a
 thread of their own, so that a rank sends while its worker's event loop receives; a GPU buffer
 goes through page-locked host memory. A buffer of one piece (any buffer, on a host of fewer
-than 4 cores) is summed by rank 0 alone and sent back: the fewest messages and threads.
+than 4 cores) is summed by rank 0 alone and sent back: the fewest messages and threads (except
+a large buffer between hosts, which always goes in slices).
 
-Buffers of 1 MiB and more go through ``/dev/shm`` (:mod:`.shm`) where every rank maps every
-other's segments: each rank writes its buffer to its own segment, tells the others, and sums
-every rank's segment in rank order (a GPU rank adds the peers' page-locked segments on the
-device). Integer sums: the same bits either way, and on any cluster, CPU or GPU.
+Buffers of 1 MiB and more go through ``/dev/shm`` (:mod:`.shm`) where the ranks of one host
+(the host part of their addresses) map each other's segments: each rank writes its buffer to
+its own segment, tells the others, and sums every rank's segment in rank order (a GPU rank adds
+the peers' page-locked segments on the device).
+
+Ranks on several hosts, each with the same number ``L`` of ranks, sum a large buffer
+hierarchically: within each host through shared memory (local rank ``j`` adds slice ``j`` of
+every local segment), then between hosts a reduce-scatter and all-gather of that slice among
+the ranks of index ``j`` (one per host), whose sum goes back into the segment for the host's
+other ranks. Each rank sends ``2 (H - 1) / H`` of ``1 / L`` of the buffer over the network
+(``H`` hosts): bandwidth-optimal, and ``L`` times less per host than a flat exchange. Other
+layouts (hosts of unequal rank counts, no shared memory) take the comms, still as a
+reduce-scatter and all-gather for large buffers. Integer sums: the same bits on every path,
+and on any cluster, CPU or GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import time
 from typing import Any
 
 import numpy as np
+from distributed.comm import get_address_host
 
 from . import shm
 from .mailbox import HANDLER, CollectiveAborted, CollectiveSpec, mailbox
@@ -76,6 +88,15 @@ class DaskCollective:
 
     def __init__(self, spec: CollectiveSpec, rank: int, worker: Any):
         self.spec, self.rank, self.size, self.worker = spec, rank, len(spec.ranks), worker
+        # The ranks by host (the host part of their addresses), hosts in order of their first
+        # rank: the same on every rank.
+        by_host: dict[str, list[int]] = {}
+        for r, address in enumerate(spec.ranks):
+            by_host.setdefault(get_address_host(address), []).append(r)
+        self.hosts: list[list[int]] = list(by_host.values())
+        self.local = next(h for h in self.hosts if rank in h)  # this rank's host, in rank order
+        # Bytes this rank handed to the comms, to ranks of its own host and of other hosts.
+        self.sent_bytes = {"host": 0, "network": 0}
         self.box = mailbox(worker)
         self.seq = 0
         self._sends: list[concurrent.futures.Future] = []
@@ -89,13 +110,15 @@ class DaskCollective:
         # aborted task still runs): the segments are unlocked and unmapped after the copies.
         self._shm_lock = threading.Lock()
 
-    def _pieces(self, n: int, owner: int) -> list[tuple[int, int]]:
-        """The element ranges of ``owner``'s slice of a buffer of ``n`` elements, piece by piece.
-        A buffer of one piece is rank 0's alone: the fewest messages (reduce and broadcast)."""
-        if 8 * n <= self.piece_bytes:
+    def _pieces(self, n: int, owner: int, size: int | None = None, split: bool = False) -> list[tuple[int, int]]:
+        """The element ranges of ``owner``'s slice (of ``size`` ranks, default all) of a buffer of
+        ``n`` elements, piece by piece. A buffer of one piece is the first owner's alone, unless
+        ``split``: the fewest messages (reduce and broadcast), where bandwidth does not count."""
+        size = self.size if size is None else size
+        if 8 * n <= self.piece_bytes and not split:
             lo, hi = (0, n) if owner == 0 else (0, 0)
         else:
-            lo, hi = n * owner // self.size, n * (owner + 1) // self.size
+            lo, hi = n * owner // size, n * (owner + 1) // size
         step = max(1, self.piece_bytes // 8)
         return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
@@ -125,6 +148,13 @@ class DaskCollective:
         fut.add_done_callback(lambda _: self.box.wake())  # a failed send ends the rank's waits
         self._sends.append(fut)
         return queue
+
+    def _put(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, dest: int, tag: tuple,
+             payload: np.ndarray) -> None:
+        """Hand ``payload`` to the sender of rank ``dest`` (:meth:`_sender`), counting its bytes."""
+        where = "host" if dest in self.local else "network"
+        self.sent_bytes[where] += int(payload.nbytes)
+        loop.call_soon_threadsafe(queue.put_nowait, (tag, payload))
 
     def _check_sends(self) -> None:
         for fut in self._sends:
@@ -170,28 +200,43 @@ class DaskCollective:
     # Buffers of at least this many bytes go through shared memory where the ranks share a host.
     shm_min_bytes = 1 << 20
 
+    def _hierarchical(self) -> bool:
+        """Whether large buffers are summed within hosts, then between them: ranks on several
+        hosts, every host with the same number of ranks, more than one."""
+        counts = {len(h) for h in self.hosts}
+        return len(self.hosts) > 1 and len(counts) == 1 and counts.pop() > 1
+
     def allreduce(self, buf: Any, wait: bool = True) -> Any:
         """The sum, on the host and back (``wait`` has no effect: the host adds)."""
         n = int(buf.size)
-        if self.size > 1 and self.spec.shared_memory and 8 * n >= self.shm_min_bytes:
+        large = self.size > 1 and 8 * n >= self.shm_min_bytes
+        # Shared memory on one host, or within each of several hosts of equal rank counts.
+        if large and self.spec.shared_memory and (len(self.hosts) == 1 or self._hierarchical()):
             if self._shm is None:  # decided once, by all ranks together: they take the same path
                 self._shm = self._shm_open(n, buf)
             if self._shm and n <= self._shm[0]:
-                return self._allreduce_shm(buf)
-        return self._allreduce_comms(buf)
+                return self._allreduce_hosts(buf) if len(self.hosts) > 1 else self._allreduce_shm(buf)
+        # Between hosts a large buffer always travels as a reduce-scatter and all-gather.
+        return self._allreduce_comms(buf, split=large and len(self.hosts) > 1)
 
     def wait(self) -> None:
         pass
 
-    def _allreduce_comms(self, buf: Any) -> Any:
+    def _allreduce_comms(self, buf: Any, group: list[int] | None = None, split: bool = False,
+                         seq: int | None = None, phase: int = 0) -> Any:
+        """Reduce-scatter then all-gather of ``buf`` among the ranks of ``group`` (default: all),
+        in slices even when one piece would do (``split``); ``seq`` and ``phase``: the tags of a
+        step of a call already counted (:meth:`_allreduce_hosts`)."""
         from ..backends import get_backend
 
         be = get_backend(buf)
         host, out = self._host(buf, be)
-        seq, self.seq = self.seq, self.seq + 1
+        if seq is None:
+            seq, self.seq = self.seq, self.seq + 1
         rank = self.rank
+        group = list(range(self.size)) if group is None else group
         tag = (self.spec.fit_id, self.spec.epoch, seq)  # + (phase, piece, source rank)
-        pieces = [self._pieces(host.size, r) for r in range(self.size)]
+        pieces = dict(zip(group, (self._pieces(host.size, i, len(group), split) for i in range(len(group)))))
         mine = pieces[rank]
         # A buffer of one piece goes from the worker's loop (a hop to another thread would
         # cost more than it saves), larger ones from the sender loop.
@@ -200,22 +245,22 @@ class DaskCollective:
         try:
             # Reduce-scatter: each other owner gets this rank's part of its slice...
             queues = {}
-            for d in range(self.size):
+            for d in group:
                 if d != rank and pieces[d] + mine:
                     queues[d] = self._sender(d, len(pieces[d]) + len(mine), loop)
                     for i, (a, b) in enumerate(pieces[d]):
-                        loop.call_soon_threadsafe(queues[d].put_nowait, (tag + (0, i, rank), host[a:b]))
+                        self._put(loop, queues[d], d, tag + (phase, i, rank), host[a:b])
             # ... and this rank sums its own slice, piece by piece, in rank order, and passes
             # each sum on (all-gather).
             for i, (a, b) in enumerate(mine):
-                parts = [host[a:b] if src == rank else self._take(tag + (0, i, src)) for src in range(self.size)]
+                parts = [host[a:b] if src == rank else self._take(tag + (phase, i, src)) for src in group]
                 acc = _sum_in_rank_order(parts, out[a:b])
-                for q in queues.values():
-                    loop.call_soon_threadsafe(q.put_nowait, (tag + (1, i, rank), acc))
-            for src in range(self.size):
+                for d, q in queues.items():
+                    self._put(loop, q, d, tag + (phase + 1, i, rank), acc)
+            for src in group:
                 if src != rank:
                     for i, (a, b) in enumerate(pieces[src]):
-                        part = self._take(tag + (1, i, src))
+                        part = self._take(tag + (phase + 1, i, src))
                         if b - a == host.size and be.on_host:
                             out = part  # the whole sum in one message: no copy
                         else:
@@ -240,10 +285,10 @@ class DaskCollective:
 
     def _shm_open(self, n: int, buf: Any) -> Any:
         """Two segments per rank (alternate calls write alternate ones) for buffers of up to
-        ``n`` values, each mapped by every rank; False where any rank cannot create its own
-        or map another's (other hosts, no room in /dev/shm, shared memory switched off). For
-        GPU buffers (``buf``'s backend) every segment is page-locked: the device copies to and
-        from them directly."""
+        ``n`` values, each mapped by every rank of its host; False where any rank cannot create
+        its own or map a local peer's (no room in /dev/shm, a /dev/shm of its own, shared memory
+        switched off). For GPU buffers (``buf``'s backend) every segment is page-locked: the
+        device copies to and from them directly."""
         from ..backends import get_backend
 
         mine: list = []
@@ -259,7 +304,7 @@ class DaskCollective:
             if self._agree(ok):
                 try:
                     peers = {r: [shm.Segment(self._shm_path(r, p), n, create=False) for p in (0, 1)]
-                             for r in range(self.size) if r != self.rank}
+                             for r in self.local if r != self.rank}
                 except OSError:
                     ok = False
                 ok = self._agree(ok)
@@ -303,11 +348,7 @@ class DaskCollective:
         loop = self.worker.loop.asyncio_loop
         self._sends = []
         try:
-            for d in peers:
-                q = self._sender(d, 1, loop)
-                loop.call_soon_threadsafe(q.put_nowait, (tag + (self.rank,), np.zeros(0, np.int64)))
-            for src in peers:
-                self._take(tag + (src,))
+            self._signal(tag, peers, loop)
             if be.on_host:
                 parts = [mine[parity].array[:n] if r == self.rank else peers[r][parity].array[:n]
                          for r in range(self.size)]
@@ -327,6 +368,56 @@ class DaskCollective:
             for fut in self._sends:
                 fut.cancel()
         return out
+
+    def _signal(self, tag: tuple, peers: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Tell ``peers`` (ranks of this host) that ``tag``'s step is done here, and wait until
+        each of them says the same."""
+        for d in peers:
+            self._put(loop, self._sender(d, 1, loop), d, tag + (self.rank,), np.zeros(0, np.int64))
+        for src in peers:
+            self._take(tag + (src,))
+
+    def _allreduce_hosts(self, buf: Any) -> Any:
+        """Within each host through shared memory, between hosts through the comms: local rank
+        ``j`` of ``L`` adds slice ``j`` of its host's segments, reduces that slice with the ranks
+        of index ``j`` on the other hosts (reduce-scatter + all-gather), and writes the sum over
+        its own contribution in its segment, where the host's ranks read it. The same integers
+        as every other path."""
+        from ..backends import get_backend
+
+        be = get_backend(buf)
+        n = int(buf.size)
+        _, mine, peers, _ = self._shm
+        seq, self.seq = self.seq, self.seq + 1
+        parity = seq % 2  # a segment is written again two calls later: see _allreduce_shm
+        with self._shm_lock:
+            self._check_open()
+            be.to_numpy(buf, out=mine[parity].array[:n])
+        segments = {r: (mine if r == self.rank else peers[r])[parity].array[:n] for r in self.local}
+        size, j = len(self.local), self.local.index(self.rank)
+        bounds = [(n * i // size, n * (i + 1) // size) for i in range(size)]
+        a, b = bounds[j]
+        column = [h[j] for h in self.hosts]  # the ranks of local index j, one per host
+        tag = (self.spec.fit_id, self.spec.epoch, seq)
+        loop = self.worker.loop.asyncio_loop
+        self._sends = []
+        try:
+            self._signal(tag + (2, 0), peers, loop)  # every local buffer is in its segment
+            self._wait_sends()
+            part = _sum_in_rank_order([segments[r][a:b] for r in self.local], np.empty(b - a, np.int64))
+            total = self._allreduce_comms(part, group=column, split=True, seq=seq, phase=3)
+            segments[self.rank][a:b] = total  # only this rank reads slice j of its segment before
+            self._sends = []
+            self._signal(tag + (5, 0), peers, loop)  # every slice's sum is in its owner's segment
+            out = self._out(n, be)
+            for i, r in enumerate(self.local):
+                lo, hi = bounds[i]
+                out[lo:hi] = segments[r][lo:hi]
+            self._wait_sends()
+        finally:
+            for fut in self._sends:
+                fut.cancel()
+        return out if be.on_host else be.asarray(out)
 
     def _check_open(self) -> None:
         if not self._shm:

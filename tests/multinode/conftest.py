@@ -57,10 +57,11 @@ def one_worker(host_data):
         cluster.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_hosts(tmp_path_factory):
     """Two simulated hosts of two workers each, without nannies: 127.0.0.2 started with
-    ``--host``, 127.0.0.3 with ``--listen-address``/``--contact-address``."""
+    ``--host``, 127.0.0.3 with ``--listen-address``/``--contact-address``. Tests that kill
+    workers leave fewer: each test starts with ``two_hosts.restore()``."""
     c = hostkit.LoopbackHosts(tmp_path_factory.mktemp("two-hosts"), hostkit.HOSTS[:2], per_host=2,
                               contact=hostkit.HOSTS[1:2])
     c.start()

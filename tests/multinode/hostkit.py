@@ -208,3 +208,60 @@ def certificates(d: Path, name: str) -> tuple[Path, Path, Path]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module._certificates(d, name)
+
+
+def rank_buffers(rank: int, n: int, calls: int) -> list:
+    """The int64 buffers rank ``rank`` contributes to ``calls`` all-reduces of ``n`` values."""
+    import numpy as np
+
+    rng = np.random.default_rng([rank, n])
+    return [rng.integers(-(2**60), 2**60, n, dtype=np.int64) for _ in range(calls)]
+
+
+def allreduce_on_rank(rank: int, spec: Any, n: int, calls: int) -> dict:
+    """On a worker: ``calls`` all-reduces of :func:`rank_buffers` through the Dask collective
+    of ``spec``; the sums, the bytes this rank sent in each call (to ranks of its own host and
+    over the network; the first call's include opening the shared memory), and whether the
+    buffers went through the hosts' shared memory."""
+    from distributed import get_worker
+
+    from daskmeans.engine import collective as coll
+
+    c = coll.open_collective(spec, rank, get_worker())
+    outs, sent = [], []
+    for buf in rank_buffers(rank, n, calls):
+        before = dict(c.sent_bytes)
+        outs.append(c.allreduce(buf))
+        sent.append({k: c.sent_bytes[k] - before[k] for k in before})
+    return {"sums": outs, "sent": sent, "shared": bool(c._shm)}
+
+
+_PATHS: dict = {}
+
+
+def probe_host_path(threshold: int, dask_worker: Any = None) -> None:
+    """On a worker (``client.run``): buffers of ``threshold`` bytes and more take the Dask
+    collective's shared-memory paths (a fit's small buffers then take them too), and each sum
+    through hosts' shared memory and the network is counted."""
+    from daskmeans.engine.dask_collective import DaskCollective
+
+    _PATHS.setdefault("threshold", DaskCollective.shm_min_bytes)
+    _PATHS.setdefault("calls", 0)
+    inner = _PATHS.setdefault("inner", DaskCollective._allreduce_hosts)
+    DaskCollective.shm_min_bytes = threshold
+
+    def counted(self: Any, buf: Any) -> Any:
+        _PATHS["calls"] += 1
+        return inner(self, buf)
+
+    DaskCollective._allreduce_hosts = counted
+
+
+def probed_host_path(dask_worker: Any = None) -> int:
+    """The sums :func:`probe_host_path` counted on this worker (and the probe removed)."""
+    from daskmeans.engine.dask_collective import DaskCollective
+
+    if "inner" in _PATHS:
+        DaskCollective._allreduce_hosts = _PATHS.pop("inner")
+        DaskCollective.shm_min_bytes = _PATHS.pop("threshold")
+    return _PATHS.pop("calls", 0)
