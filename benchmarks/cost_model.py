@@ -265,8 +265,8 @@ _DASK_RATE = {  # which Dask collective each file's dask rows ran (by their comm
 
 
 def measured_points(rates: dict[str, Rate] | None = None) -> list[Point]:
-    """Every measured multi-GPU iteration, init and tier point in the committed results, and
-    the points issue 34 reports, each with the model's value. The 1-GPU row of each file and
+    """Every measured multi-GPU iteration (the multi-GPU benchmark's and the whole command's),
+    init and tier point in the committed results, and the points issue 34 reports, each with the model's value. The 1-GPU row of each file and
     configuration calibrates its kernels (the kernels changed between the files' commits): the
     points that calibrate a rate are not listed as checks of it."""
     rates = rates if rates is not None else load_rates()
@@ -320,13 +320,27 @@ def measured_points(rates: dict[str, Rate] | None = None) -> list[Point]:
     shape = Shape(th["n"], th["d"], th["k"])
     for tier, rate in (("host", "h2d_pinned"), ("storage", "store_read")):
         it = iteration(shape, 1, math.inf, 0.0, 0.0, feed_bps=v[rate])
-        pts.append(Point(f"h200 tiers {tier} (n={th['n']}, d={th['d']})", f"tiers_h200.json: throughput.{tier}.iteration_s",
-                         th[tier]["iteration_s"], it.seconds))
+        pts.append(Point(f"h200 tiers {tier} (n={th['n']}, d={th['d']})",
+                         f"tiers_h200.json: throughput.{tier}.iteration_s", th[tier]["iteration_s"], it.seconds))
     p4 = Shape(4e6, 480, 40000, "fp32")
     dev = t["p4"]["device"]["iteration_s"]
     it = iteration(p4, 1, p4.flop / dev, 0.0, 0.0, feed_bps=v["h2d_pinned"])
     pts.append(Point("h200 P4 host tier (kernels from its device-tier run)", "tiers_h200.json: p4.host.iteration_s",
                      t["p4"]["host"]["iteration_s"], it.seconds))
+    # The whole command's 2-GPU P4 fits (Zarr input, default precision), their kernels from a
+    # 1-GPU run of the same device: the command's own P4 (H100), the multi-GPU file's (H200,
+    # the same commit).
+    one_h100 = _load("command_h100.json")["problems"]["p4"]
+    one_h200 = _row("multigpu_h200x2.json", problem="P4", precision="fp32", gpus=1, chunking="default")[0]
+    for name, one_iter, one_kernel in (("command_h100x2.json", one_h100["median_iteration_s"],
+                                        one_h100["kernel_s"] / one_h100["n_iter"]),
+                                       ("command_h200x2.json", one_h200["iteration_s"], one_h200["kernel_s"])):
+        r = _load(name)["problems"]["p4zarr"]
+        shape = Shape(r["n"], r["d"], r["k"], "fp32")
+        it = iteration(shape, 2, shape.flop / one_kernel, v["multi_rank"], one_iter - one_kernel,
+                       allreduce_seconds(shape.partial_bytes, 2, v["nccl_nvlink"]))
+        pts.append(Point(f"{name.split('_')[1].split('.')[0]} command P4 (Zarr) 2 GPU",
+                         f"{name}: problems.p4zarr.median_iteration_s", r["median_iteration_s"], it.seconds))
     # Issue 34's reported points (4 H100s; kernels from multigpu_h100x4.json).
     h4 = _load("multigpu_h100x4.json")["results"]
 

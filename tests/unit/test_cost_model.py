@@ -67,7 +67,8 @@ def test_every_multi_gpu_row_of_the_committed_results_is_a_point(cm):
         for r in json.loads((cm.RESULTS / name).read_text())["results"]:
             if r["gpus"] == 1 and r.get("chunking", "default") == "default":
                 continue  # each configuration's 1-GPU run calibrates its kernels
-            key = f"{name}: results[{r['problem']},{r['precision']},{r['gpus']} GPU,{r['collective']},{r.get('chunking')}]"
+            config = f"{r['problem']},{r['precision']},{r['gpus']} GPU,{r['collective']},{r.get('chunking')}"
+            key = f"{name}: results[{config}]"
             assert key + ".iteration_s" in sources, key
 
 
