@@ -315,7 +315,22 @@ def _local(n_workers: int, blas_threads: int | None, dashboard: bool) -> Iterato
             cluster = stack.enter_context(LocalCluster(
                 n_workers=n_workers, threads_per_worker=1, processes=False, **_dashboard(dashboard),
                 silence_logs=logging.CRITICAL))
-        yield stack.enter_context(Client(cluster))
+        client = stack.enter_context(Client(cluster))
+        try:
+            yield client
+        except KeyboardInterrupt:
+            _stop_now(cluster)
+            raise
+
+
+def _stop_now(cluster: LocalCluster) -> None:
+    """Close ``cluster``'s in-process workers without waiting for the tasks they run: after
+    Ctrl-C or SIGTERM a task in the middle of a long pass (a k-means|| round, a labels pass)
+    would otherwise hold the command for as long as the pass takes. Its thread is left to the
+    process's exit (the command ends with ``os._exit``)."""
+    for worker in list(cluster.workers.values()):
+        with contextlib.suppress(Exception):
+            cluster.sync(worker.close, executor_wait=False, reason="interrupted", timeout=5)
 
 
 def describe(client: Client) -> str:
