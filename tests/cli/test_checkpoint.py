@@ -195,7 +195,8 @@ def test_interrupted_label_write_leaves_the_previous_output_and_no_temporary_dir
         rc, err = _run(argv)
         assert rc == 0, err
     before = _tree(out)
-    p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    p = subprocess.Popen(argv, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                         start_new_session=True)  # its own process group: its workers' too
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
         tmp = [t for t in d.iterdir() if t.name.startswith(".labels.zarr.tmp-")]
@@ -208,7 +209,16 @@ def test_interrupted_label_write_leaves_the_previous_output_and_no_temporary_dir
     _, err = p.communicate(timeout=120)
     assert p.returncode == rc_expected, err
     assert "Traceback" not in err, err
-    time.sleep(1.0)  # a worker write still in flight would land by now
+    # Every process of the command (its workers, where they are processes) has exited: no
+    # write still in flight can land after the checks below.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the command's processes outlived it by 60 s"
+        time.sleep(0.02)
     assert [t.name for t in d.iterdir() if ".tmp-" in t.name] == []
     assert _tree(out) == before
 
