@@ -66,6 +66,7 @@ def fit_argv(data, kind: str, n: int, model: Path, *extra: str) -> list[str]:
 
 
 def test_the_hosts_are_distinct_addresses_of_this_host(two_hosts):
+    two_hosts.restore()
     hosts = two_hosts.workers_by_host()
     assert sorted(hosts) == list(HOSTS[:2]) and [len(ws) for ws in hosts.values()] == [2, 2], hosts
     # The scheduler's view: every worker announced the address it listens on.
