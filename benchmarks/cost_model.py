@@ -266,9 +266,10 @@ _DASK_RATE = {  # which Dask collective each file's dask rows ran (by their comm
 
 def measured_points(rates: dict[str, Rate] | None = None) -> list[Point]:
     """Every measured multi-GPU iteration (the multi-GPU benchmark's and the whole command's),
-    init and tier point in the committed results, and the points issue 34 reports, each with the model's value. The 1-GPU row of each file and
-    configuration calibrates its kernels (the kernels changed between the files' commits): the
-    points that calibrate a rate are not listed as checks of it."""
+    init and tier point in the committed results, and the points issue 34 reports, each with
+    the model's value. The 1-GPU row of each file and configuration calibrates its kernels (the
+    kernels changed between the files' commits); the points that calibrate a rate are shown,
+    not checked."""
     rates = rates if rates is not None else load_rates()
     v = {k: r.value for k, r in rates.items()}
     pts: list[Point] = []
