@@ -88,8 +88,7 @@ def test_quality_after_ten_iterations_beats_the_first_rows(client, blobs):
 
 
 def test_k_means_parallel_runs_hierarchical_from_the_threshold(client, blobs):
-    assert chosen_init("k-means||", 65535) == "k-means||"
-    assert chosen_init("k-means||", 65536) == "hierarchical"
+    assert chosen_init("k-means||", 2**20) == "k-means||"  # off by default (0)
     assert chosen_init("k-means++", 2**20) == "k-means++" and chosen_init("random", 2**20) == "random"
     p = place(client, read(da.from_array(blobs[:6000], chunks=(1000, -1))), "numpy")
     hier = resolve_init(client, p, "hierarchical", 32, 5)
