@@ -129,13 +129,30 @@ def test_bitwise_identical_for_any_chunking(client, data, weighted):
         assert km.n_iter_ == one.n_iter_
 
 
-def test_both_collectives_give_the_same_bits(client, data):
-    X = da.from_array(data, chunks=(1000, -1))
+def test_shared_memory_and_the_comms_give_the_same_bits(client):
+    """On CPU worker processes of one host the Dask collective has two paths for a large
+    buffer: shared memory (``collective-shared-memory``, the default) and the workers' comms.
+    K x D = 300 x 440 makes the iteration's buffer over the 1 MiB the shared-memory path
+    starts at; both paths give the same fit bit for bit. (NCCL against the Dask collective is
+    compared on GPUs: tests/gpu.)"""
+    from daskmeans.engine import shm
+    from daskmeans.engine.dask_collective import DaskCollective
+
+    k, d = 300, 440
+    if not shm.room_for(2 * 8 * k * d):
+        pytest.skip("/dev/shm has no room for the shared-memory path's segments")
+    assert 8 * k * d >= DaskCollective.shm_min_bytes
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4000, d)).astype(np.float32)  # no clusters: rows still move after 5 iterations
+    X = da.from_array(x, chunks=(1000, -1))
     fits = []
-    for kind in ("dask", "auto"):
-        with dask.config.set({"daskmeans.collective": kind}):
-            fits.append(KMeans(10, init=data[:10].astype(np.float64), client=client).fit(X))
+    for shared in (True, False):
+        with dask.config.set({"daskmeans.collective": "dask", "daskmeans.collective-shared-memory": shared}):
+            fits.append(KMeans(k, init=x[:k].astype(np.float64), max_iter=5, tol=0, client=client).fit(X))
     np.testing.assert_array_equal(fits[0].cluster_centers_, fits[1].cluster_centers_)
+    assert fits[0].n_iter_ == fits[1].n_iter_ == 5
+    assert [h["reassigned"] for h in fits[0].history_] == [h["reassigned"] for h in fits[1].history_]
+    assert fits[0].history_[-1]["reassigned"] > 0  # the centroids still move: a real comparison
 
 
 def test_large_centroids_reach_the_workers_outside_the_graph(client, monkeypatch):
@@ -231,6 +248,31 @@ def test_kernel_seconds_is_the_slowest_ranks(client, data, tmp_path):
 # ---------------------------------------------------------------- the loop: a worker lost
 
 
+def _finishes_within(seconds, fn, *args, **kw):
+    """``fn(*args, **kw)``, run on a thread the test waits for at most ``seconds``: a hang
+    guard (the property is that a wait ends, not a speed). Its exception is re-raised here."""
+    out: dict = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            out["value"] = fn(*args, **kw)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            out["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(seconds), f"{getattr(fn, '__name__', fn)} still running after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+# Below the collective's own timeout (300 s), which is how a fit stuck on a lost peer would end.
+RECOVERY_DEADLINE = 120
+
+
 def _kill_one(client, victims):
     pids = client.run(os.getpid)
     addr = sorted(pids)[victims]
@@ -247,9 +289,7 @@ def test_killed_worker_is_recovered_bitwise(data, when, rows):
     X = da.from_array(data, chunks=(rows, -1))
     init = data[:10].astype(np.float64)
     with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:
-        t0 = time.perf_counter()
         ref = KMeans(10, init=init, tol=0, client=c).fit(X)
-        t_ref = time.perf_counter() - t0
         ref_labels = c.compute(ref.labels_).result()  # before a worker holding them is killed
         killed = []
 
@@ -268,19 +308,17 @@ def test_killed_worker_is_recovered_bitwise(data, when, rows):
                 time.sleep(0.005)
 
         watcher = threading.Thread(target=kill_when_a_segment_runs, daemon=True)
-        t0 = time.perf_counter()
+        # The nanny restarts the worker at a new address; the fit must not wait for it forever.
         with dask.config.set({"daskmeans.segment-seconds": 0.05 if when == "between-segments" else 60}):
             if when == "mid-segment":
                 watcher.start()
-            km = KMeans(10, init=init, tol=0, client=c).fit(X, callback=at_iteration)
-        t_km = time.perf_counter() - t0
+            km = _finishes_within(RECOVERY_DEADLINE, KMeans(10, init=init, tol=0, client=c).fit, X,
+                                  callback=at_iteration)
         assert killed, "no worker was killed during the fit"
         np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
         assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
         assert [h["reassigned"] for h in km.history_] == [h["reassigned"] for h in ref.history_]
         np.testing.assert_array_equal(c.compute(km.labels_).result(), ref_labels)
-        # The nanny restarts the worker at a new address; the fit did not wait for it forever.
-        assert t_km < 2 * t_ref + 10
 
 
 @pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
@@ -292,9 +330,7 @@ def test_worker_killed_during_init_is_recovered_bitwise(data, init, monkeypatch)
 
     X = da.from_array(data, chunks=(500, -1))
     with _cluster(3) as cluster, Client(cluster, set_as_default=False) as c:
-        t0 = time.perf_counter()
         ref = KMeans(10, init=init, random_state=7, client=c).fit(X)
-        t_ref = time.perf_counter() - t0
         killed = []
         submit = init_module.submit_per_shard
 
@@ -305,13 +341,10 @@ def test_worker_killed_during_init_is_recovered_bitwise(data, init, monkeypatch)
             return futs
 
         monkeypatch.setattr(init_module, "submit_per_shard", submit_then_kill)
-        t0 = time.perf_counter()
-        km = KMeans(10, init=init, random_state=7, client=c).fit(X)
-        t_km = time.perf_counter() - t0
+        km = _finishes_within(RECOVERY_DEADLINE, KMeans(10, init=init, random_state=7, client=c).fit, X)
     assert killed
     np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
     assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_
-    assert t_km < 2 * t_ref + 10
 
 
 def test_every_worker_lost_is_a_clear_error(data):
@@ -322,12 +355,11 @@ def test_every_worker_lost_is_a_clear_error(data):
                 for pid in c.run(os.getpid).values():
                     os.kill(pid, signal.SIGKILL)
 
-        t0 = time.perf_counter()
         with dask.config.set({"daskmeans.segment-seconds": 0}):
             with pytest.raises(DaskmeansError, match="every worker of the fit was lost|left the cluster"):
-                KMeans(10, init=data[:10].astype(np.float64), tol=0, max_iter=10_000, client=c).fit(
-                    X, callback=kill_all)
-        assert time.perf_counter() - t0 < 60
+                # Ends once the cluster has had no worker for placement.NO_WORKER_SECONDS (10 s).
+                _finishes_within(60, KMeans(10, init=data[:10].astype(np.float64), tol=0, max_iter=10_000,
+                                            client=c).fit, X, callback=kill_all)
 
 
 def test_telemetry_per_iteration(client, data):
