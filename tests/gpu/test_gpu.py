@@ -635,6 +635,40 @@ def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
     assert again[0].history_[0]["inertia"] == pytest.approx(par.history_[0]["inertia"], rel=1e-12)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_k_2_20_fit_labels_and_predict_are_exact(precision):
+    """K = 2^20 (the largest IVF shape): a fit's iteration, its training labels and predict on
+    new rows give the exact nearest centroid (float64 reference on the GPU, 2000 rows each)."""
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+
+    k, d = 1 << 20, 64
+    rng = cupy.random.default_rng(20)
+    X = rng.standard_normal((k + k // 8, d), dtype=cupy.float32)
+    init = X[:k].astype(cupy.float64).get()
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as client:
+        Xg = da.from_array(X, chunks=(300_000, d), asarray=False)
+        km = daskmeans.KMeans(k, init=init, max_iter=1, tol=0, precision=precision, client=client).fit(Xg)
+        labels = cupy.asarray(km.labels_.compute())
+        new = rng.standard_normal((2000, d), dtype=cupy.float32)
+        pred = cupy.asarray(km.predict(new))
+    C = cupy.asarray(km.cluster_centers_, dtype=cupy.float64)
+
+    def nearest(rows, cen):  # float64, lowest index on ties
+        r = rows.astype(cupy.float64)
+        return cupy.argmin((cen * cen).sum(1)[None, :] - 2.0 * r @ cen.T + (r * r).sum(1)[:, None], axis=1)
+
+    pick = cupy.random.default_rng(1).choice(len(X), 2000, replace=False)
+    # the training labels come from the final pass, under the final centroids
+    assert bool((labels[pick] == nearest(X[pick], C)).all())
+    assert bool((pred == nearest(new, C)).all())
+    assert km.cluster_centers_.shape == (k, d) and km.n_iter_ == 1
+
+
 @pytest.mark.parametrize("k,d,precision,n", [
     (5, 2, "fp32", 100_000),  # the fused kernel
     (256, 64, "fp32", 200_000),  # column-major selection
