@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="the distance, one of %(choices)s (default euclidean)")
     f.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
+    f.add_argument("--max-samples-per-cluster", type=int_option("--max-samples-per-cluster"), default=None,
+                   metavar="N",
+                   help="train on N x K rows drawn from --seed where the data has more (FAISS's "
+                        "max_points_per_centroid), then label every row (default daskmeans.max-samples-per-cluster: "
+                        "every row)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
     f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
@@ -308,7 +313,8 @@ def _cmd_fit(args) -> int:
             km = KMeans(args.k, init=init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
                         random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
-                        memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit)
+                        memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit,
+                        max_samples_per_cluster=args.max_samples_per_cluster)
             km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
             # The inputs first: a missing input is the error to report, whatever the outputs.
@@ -351,6 +357,9 @@ def _cmd_fit(args) -> int:
             phase.update({f"fit {k}": v for k, v in km.timings_.items()})
             if args.verbose and args.n_init > 1:
                 _say(f"daskmeans: run {km.best_run_} of {args.n_init} has the lowest inertia: its model is kept")
+            if km.n_samples_fit_ < X.shape[0]:
+                _say(f"daskmeans: trained on a sample of {km.n_samples_fit_} of {X.shape[0]} rows "
+                     f"(sample inertia {km.sample_inertia_:.6e}); the inertia below is over every row")
             _say(
                 f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
                 f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"

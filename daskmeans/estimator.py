@@ -13,6 +13,7 @@ CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Das
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import os
 import sys
@@ -29,9 +30,11 @@ from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
 from .io.readers import read, read_weights
+from . import config
 from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
 from .progress import Progress
+from .sampling import all_rows_stats, draw_cut, sample_size, take
 from .seeding import REGISTRY as INITS
 from .timing import Phases
 from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
@@ -60,6 +63,13 @@ class KMeans:
     oversampling_factor : float, default 0.5
         k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
         about 2.5 candidates per cluster by default; the init's cost grows with it).
+    max_samples_per_cluster : int, optional
+        Train on at most ``max_samples_per_cluster * n_clusters`` rows (FAISS's
+        ``max_points_per_centroid``): where the data has more, the fit runs on that many rows
+        drawn from ``random_state`` (the rows of smallest per-row draw, the same rows for any
+        chunking and worker count; with their weights), then labels every row and measures
+        ``inertia_`` and ``cluster_sizes_`` over every row. Default
+        ``daskmeans.max-samples-per-cluster`` (null: every row).
     backend : {"auto", "cpu", "gpu"}
         ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
     metric : {"euclidean", "cosine"}, default "euclidean"
@@ -112,9 +122,15 @@ class KMeans:
         Its blocks live on the fitting client's cluster: compute it while that client is open
         (``client.compute(km.labels_)`` when it is not the default client).
     inertia_ : float
+        Sum over every row of ``X`` (weighted) of its distance to the nearest centroid, also
+        when the fit trained on a sample (``max_samples_per_cluster``).
+    sample_inertia_ : float
+        The same over the rows the fit trained on (``history_`` follows these rows).
+    n_samples_fit_ : int
+        Rows the centroids were fitted on: ``n_samples``, or the sample's size.
     n_iter_ : int
     cluster_sizes_ : ndarray (n_clusters,) int64
-        Rows per cluster under the final centroids.
+        Rows per cluster under the final centroids (every row of ``X``).
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
         n_empty, rechecked (fraction of rows), imbalance, seconds, kernel_seconds,
         collective_seconds, update_seconds, gb_per_s). ``seconds`` is rank 0's wall time;
@@ -124,7 +140,9 @@ class KMeans:
     timings_ : dict of str to float
         Wall seconds of the fit's phases: read (open and check the data), plan (the
         workers' budgets and the tier), place, moments (the pass that checks the data and
-        sets the tolerance), init, iterations (the Lloyd loop, with its final labels pass).
+        sets the tolerance), init, iterations (the Lloyd loop, with its final labels pass);
+        training on a sample adds sample (drawing its rows) and all rows (the inertia and
+        sizes of every row).
     n_features_in_ : int
     feature_names_in_ : ndarray (n_features_in_,) of str
         The column names of ``X`` in ``fit``, where it had columns (a pandas or Dask
@@ -139,6 +157,7 @@ class KMeans:
         "tol": Interval(0, None),
         "random_state": NoneOr(RandomStateLike()),
         "oversampling_factor": Interval(0, None, closed="neither"),
+        "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
@@ -160,6 +179,7 @@ class KMeans:
         tol: float = 1e-4,
         random_state: int | None = None,
         oversampling_factor: float = 0.5,
+        max_samples_per_cluster: int | None = None,
         backend: str = "auto",
         metric: str = "euclidean",
         precision: str = "fp32",
@@ -178,6 +198,7 @@ class KMeans:
         self.tol = tol
         self.random_state = random_state
         self.oversampling_factor = oversampling_factor
+        self.max_samples_per_cluster = max_samples_per_cluster
         self.backend = backend
         self.metric = metric
         self.precision = precision
@@ -295,6 +316,16 @@ class KMeans:
         validate_params(self.get_params(), self._parameter_constraints)
         if self.checkpoint is not None and self.n_init != 1:
             raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
+        self._per_cluster()
+
+    def _per_cluster(self) -> int | None:
+        """``max_samples_per_cluster``, or the configured default (checked as the parameter is)."""
+        if self.max_samples_per_cluster is not None:
+            return self.max_samples_per_cluster
+        value = config.get("max-samples-per-cluster")
+        if value is not None:
+            Interval(1, None, integer=True).check("daskmeans.max-samples-per-cluster", value)
+        return value
 
     def _read_checkpoint(self) -> dict:
         from .io.checkpoint import read_checkpoint
@@ -389,6 +420,7 @@ class KMeans:
             Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
             if self.verbose else None, callback) if c is not None]
         phase = Phases()
+        seed = seed_of(self.random_state)
         with phase("read"):
             ck = self._read_checkpoint() if resume else None
             path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
@@ -397,20 +429,48 @@ class KMeans:
             check_n_clusters(n, self.n_clusters)
             init_arr = self._init_array(d)
             w = None if sample_weight is None else read_weights(sample_weight, X)
+            every, w_every = X, w  # the rows before the metric's scaling (inference scales them itself)
             X = get_metric(self.metric).rows(X)
+            m = sample_size(n, self.n_clusters, self._per_cluster())
+            if m is not None and self.checkpoint is not None and not isinstance(self.random_state, int):
+                # The sample is part of the checkpoint's fingerprint (its rows' count and content
+                # digest): only a seed the user gives draws it again on resume.
+                raise DaskmeansError(
+                    f"max_samples_per_cluster={self._per_cluster()} with checkpoint={os.fspath(self.checkpoint)!r} "
+                    f"needs an int random_state (--seed): the sample is drawn from it, and a resumed fit must "
+                    f"draw the same one")
+            if m is not None and seed is None:
+                seed = int(np.random.SeedSequence().generate_state(1)[0])
         params = FitParams(
             self.n_clusters, self.init if init_arr is None else init_arr, self.n_init, self.max_iter, self.tol,
-            seed_of(self.random_state), isinstance(self.random_state, int), self.oversampling_factor, self.backend,
+            seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
             self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
             None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
         )
         with using_client(self.client, self.backend, exclusive=True) as client:
+            if m is not None:
+                with phase("sample"):
+                    cut = draw_cut(client, X.chunks[0], m, seed)
+                    X, w = take(X, cut), None if w is None else take(w, cut)
             best = fit_distributed(
                 client, X, params, sample_weight=w, path=path, resume=ck, callback=_fanout(callbacks), phase=phase,
                 on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
             )
+            self.sample_inertia_, self.n_samples_fit_ = best.inertia, int(X.shape[0])
+            if m is not None:
+                with phase("all rows"):
+                    best = self._over_every_row(client, best, every, w_every)
             self._fitted(best, client, d, names, X.dtype)
             return None if then is None else then(client)
+
+    def _over_every_row(self, client: Any, best: Any, X: Any, w: Any) -> Any:
+        """``best`` (fitted on a sample) with the labels, inertia and sizes of every row of
+        ``X`` (n, d), weighted by ``w`` (n,): labels lazy, as ``predict(X)`` gives them."""
+        xb = infer.blocks(client, X, best.backend, self.metric)
+        centers = best.centroids.astype(X.dtype)  # as predict reads cluster_centers_
+        inertia, sizes = all_rows_stats(client, xb, w, centers, self.precision, self.metric)
+        return dataclasses.replace(best, inertia=inertia, sizes=sizes,
+                                   labels=infer.labels(xb, centers, self.precision))
 
     def _fitted(self, best: Any, client: Any, d: int, names: np.ndarray | None, dtype: Any) -> None:
         """Set the fitted attributes from the engine's ``FitResult``."""
@@ -568,6 +628,8 @@ class KMeans:
             {
                 "params": params,
                 "inertia": self.inertia_,
+                "sample_inertia": getattr(self, "sample_inertia_", None),
+                "n_samples_fit": getattr(self, "n_samples_fit_", None),
                 "n_iter": self.n_iter_,
                 "n_features_in": self.n_features_in_,
                 "feature_names_in": None if getattr(self, "feature_names_in_", None) is None
@@ -594,6 +656,9 @@ class KMeans:
         km.cluster_centers_ = centers
         km.inertia_ = float(attrs["inertia"])
         km.n_iter_ = int(attrs["n_iter"])
+        if attrs.get("n_samples_fit") is not None:
+            km.sample_inertia_ = float(attrs["sample_inertia"])
+            km.n_samples_fit_ = int(attrs["n_samples_fit"])
         km.n_features_in_ = int(attrs["n_features_in"])
         if attrs.get("feature_names_in"):
             km.feature_names_in_ = np.asarray(attrs["feature_names_in"], dtype=object)
