@@ -1,7 +1,7 @@
 """A GPU worker SIGKILLed in each phase of a fit (placement, the k-means|| init, the
 iterations, the labels) on a LocalCUDACluster: the fit goes on on the workers left (the nanny
 brings the killed one back at a new address) and gives bitwise the undisturbed model and
-labels. Two GPUs where there are two, else two workers sharing one."""
+labels. A worker per GPU (up to four) where there are several, else two workers sharing one."""
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def _cluster():
     from dask_cuda import LocalCUDACluster
     from distributed import LocalCluster
 
-    if cupy.cuda.runtime.getDeviceCount() >= 2:
-        return LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0")
+    gpus = min(4, cupy.cuda.runtime.getDeviceCount())
+    if gpus >= 2:
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))), dashboard_address=":0")
     return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
 
 
