@@ -112,7 +112,7 @@ def draw_cut(client: Client, row_chunks: tuple[int, ...], m: int, seed: int) -> 
         parts = client.gather(futs)
         below = sum(p[0] for p in parts)
         inside = sum(len(p[1]) for p in parts)
-        width = hi - lo
+        width = max(hi - lo, 1.0 / n)
         if below >= m:  # the band sits above the cut: move it down (about never)
             lo, hi = max(0.0, lo - 4 * width), lo
         elif below + inside < m:  # below it
