@@ -133,6 +133,18 @@ def _pairwise_sums(x: Any, labels: Any, k: int, block: int = 2048) -> Any:
     return out
 
 
+def _scored(x: Any, labels: Any) -> tuple[Any, Any, int | None]:
+    """``(x, lab, k)`` for a score: the rows as float64, the labels renumbered 0 .. k-1 in
+    the order of their values, and k, or None for k where scores are undefined (fewer than 2
+    labels, or as many labels as rows)."""
+    import numpy as np
+
+    x = np.asarray(x, np.float64)
+    _, lab = np.unique(labels, return_inverse=True)
+    k = int(lab.max()) + 1 if len(lab) else 0
+    return x, lab, (k if 2 <= k <= len(x) - 1 else None)
+
+
 def silhouette(x: Any, labels: Any) -> float | None:
     """Mean silhouette coefficient (Rousseeuw 1987; scikit-learn's ``silhouette_score``): per
     row ``(b - a) / max(a, b)``, ``a`` the mean distance to the other rows of its cluster,
@@ -149,10 +161,8 @@ def silhouette(x: Any, labels: Any) -> float | None:
     """
     import numpy as np
 
-    x = np.asarray(x, np.float64)
-    _, lab = np.unique(labels, return_inverse=True)
-    k = int(lab.max()) + 1 if len(lab) else 0
-    if not 2 <= k <= len(x) - 1:
+    x, lab, k = _scored(x, labels)
+    if k is None:
         return None
     sums = _pairwise_sums(x, lab, k)
     size = np.bincount(lab, minlength=k).astype(np.float64)
@@ -169,23 +179,12 @@ def silhouette(x: Any, labels: Any) -> float | None:
 def davies_bouldin(x: Any, labels: Any) -> float | None:
     """Davies–Bouldin index (scikit-learn's ``davies_bouldin_score``): the mean over clusters
     of the largest ``(s_i + s_j) / d(c_i, c_j)``, ``s_i`` the mean distance of cluster ``i``'s
-    rows to its centroid ``c_i`` (clusters as the labels present).
-
-    Parameters
-    ----------
-    x : ndarray (n, d)
-    labels : ndarray (n,) int
-
-    Returns
-    -------
-    float, or None where undefined (fewer than 2 labels, or as many labels as rows)
-    """
+    rows to its centroid ``c_i`` (clusters as the labels present). Parameters and result as
+    :func:`silhouette`'s."""
     import numpy as np
 
-    x = np.asarray(x, np.float64)
-    _, lab = np.unique(labels, return_inverse=True)
-    k = int(lab.max()) + 1 if len(lab) else 0
-    if not 2 <= k <= len(x) - 1:
+    x, lab, k = _scored(x, labels)
+    if k is None:
         return None
     size = np.bincount(lab, minlength=k).astype(np.float64)
     c = np.zeros((k, x.shape[1]))

@@ -21,12 +21,7 @@ EXPECTED_FAILED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _default_client(client):
-    """The checks build their own estimators: they run on the session's default client."""
-    return client
-
-
+@pytest.mark.usefixtures("client")  # the checks build their own estimators: the default client
 @pytest.mark.filterwarnings("ignore:Estimator MiniBatchKMeans does not inherit from")
 @parametrize_with_checks([MiniBatchKMeans(n_clusters=3, random_state=0, max_iter=5, batch_size=64)],
                          expected_failed_checks=lambda est: EXPECTED_FAILED)

@@ -29,12 +29,7 @@ EXPECTED_FAILED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _default_client(client):
-    """The checks build their own estimators: they run on the session's default client."""
-    return client
-
-
+@pytest.mark.usefixtures("client")  # the checks build their own estimators: the default client
 @pytest.mark.filterwarnings("ignore:Estimator KMeans does not inherit from")  # by design, see the module docstring
 @parametrize_with_checks([KMeans(n_clusters=3, random_state=0, max_iter=20)],
                          expected_failed_checks=lambda est: EXPECTED_FAILED)

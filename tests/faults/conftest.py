@@ -4,25 +4,15 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import faultkit
-from faultkit import EQUAL, K, N_FEATURES, N_ROWS, Data
+from faultkit import Data
 
 
 @pytest.fixture(scope="session")
 def fault_data(tmp_path_factory) -> Data:
-    import zarr
-
-    d = tmp_path_factory.mktemp("fault-data")
-    rng = np.random.default_rng(3)
-    centers = rng.normal(scale=4, size=(K, N_FEATURES))
-    x = (centers[rng.integers(0, K, N_ROWS)] + rng.normal(scale=1.5, size=(N_ROWS, N_FEATURES))).astype(np.float32)
-    data = Data(x, d)
-    np.save(data.npy(), x)
-    for n in EQUAL:
-        zarr.create_array(str(data.zarr(n)), data=x, chunks=(EQUAL[n], N_FEATURES))
+    data = Data.make(tmp_path_factory.mktemp("fault-data"))
     for kind, n in [("npy", 3), ("npy", 9), ("zarr", 3), ("zarr", 9), ("mem", 7), ("mem", 10)]:
         assert data.api(kind, n).numblocks[0] == n, (kind, n)
     return data

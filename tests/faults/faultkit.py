@@ -379,6 +379,22 @@ class Data:
             return [str(path), "--chunk-bytes", str(EQUAL[n_chunks] * N_FEATURES * 4)]
         raise ValueError(f"the command reads files, not {kind}")
 
+    @classmethod
+    def make(cls, d: Path) -> "Data":
+        """The blobs (N_ROWS x N_FEATURES float32, K centres, seed 3) written to ``d`` as .npy
+        and as Zarr stored in EQUAL's chunks."""
+        import numpy as np
+        import zarr
+
+        rng = np.random.default_rng(3)
+        centers = rng.normal(scale=4, size=(K, N_FEATURES))
+        x = (centers[rng.integers(0, K, N_ROWS)] + rng.normal(scale=1.5, size=(N_ROWS, N_FEATURES))).astype(np.float32)
+        data = cls(x, d)
+        np.save(data.npy(), x)
+        for n in EQUAL:
+            zarr.create_array(str(data.zarr(n)), data=x, chunks=(EQUAL[n], N_FEATURES))
+        return data
+
 
 def daskmeans_cli(cluster: DaskProcesses, *argv: str, cwd: Path, timeout: float = 120,
                   guard: bool = True, stuck_after: float = 3.0) -> tuple[int, str, str]:

@@ -7,27 +7,16 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 
 import hostkit  # noqa: F401  (puts tests/faults on sys.path)
-from faultkit import EQUAL, K, N_FEATURES, N_ROWS, Data
+from faultkit import K, Data
 from hostkit import SEED
 
 
 @pytest.fixture(scope="session")
 def host_data(tmp_path_factory) -> Data:
-    import zarr
-
-    d = tmp_path_factory.mktemp("multinode-data")
-    rng = np.random.default_rng(3)
-    centers = rng.normal(scale=4, size=(K, N_FEATURES))
-    x = (centers[rng.integers(0, K, N_ROWS)] + rng.normal(scale=1.5, size=(N_ROWS, N_FEATURES))).astype(np.float32)
-    data = Data(x, d)
-    np.save(data.npy(), x)
-    for n in EQUAL:
-        zarr.create_array(str(data.zarr(n)), data=x, chunks=(EQUAL[n], N_FEATURES))
-    return data
+    return Data.make(tmp_path_factory.mktemp("multinode-data"))
 
 
 @pytest.fixture(scope="session")
