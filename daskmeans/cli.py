@@ -320,6 +320,7 @@ def _cmd_fit(args) -> int:
             # The inputs first: a missing input is the error to report, whatever the outputs.
             X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
             check_n_clusters(int(X.shape[0]), args.k)
+            km.training_rows(int(X.shape[0]))  # a checkpointed fit on a sample without --seed
             km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
             inputs = [args.data] + ([init] if init not in seeding.REGISTRY else [])
             outputs.claim(args.output, "model", args.overwrite, inputs)

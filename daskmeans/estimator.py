@@ -318,6 +318,36 @@ class KMeans:
             raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
         self._per_cluster()
 
+    def training_rows(self, n_samples: int) -> int:
+        """Rows a fit on ``n_samples`` rows trains on (see ``max_samples_per_cluster``).
+
+        Parameters
+        ----------
+        n_samples : int
+            Rows of the data.
+
+        Returns
+        -------
+        int
+            ``n_samples``, or ``max_samples_per_cluster * n_clusters`` where that is fewer.
+
+        Raises
+        ------
+        DaskmeansError
+            A fit on a sample with a ``checkpoint`` but no int ``random_state``: the sample is
+            part of the checkpoint's fingerprint (its row count and content digest), and only a
+            seed the user gives draws it again on resume.
+        """
+        m = sample_size(n_samples, self.n_clusters, self._per_cluster())
+        if m is None:
+            return int(n_samples)
+        if self.checkpoint is not None and not isinstance(self.random_state, int):
+            raise DaskmeansError(
+                f"max_samples_per_cluster={self._per_cluster()} with checkpoint={os.fspath(self.checkpoint)!r} "
+                f"needs an int random_state (--seed): the sample is drawn from it, and a resumed fit must "
+                f"draw the same one")
+        return m
+
     def _per_cluster(self) -> int | None:
         """``max_samples_per_cluster``, or the configured default (checked as the parameter is)."""
         if self.max_samples_per_cluster is not None:
@@ -431,14 +461,8 @@ class KMeans:
             w = None if sample_weight is None else read_weights(sample_weight, X)
             every, w_every = X, w  # the rows before the metric's scaling (inference scales them itself)
             X = get_metric(self.metric).rows(X)
-            m = sample_size(n, self.n_clusters, self._per_cluster())
-            if m is not None and self.checkpoint is not None and not isinstance(self.random_state, int):
-                # The sample is part of the checkpoint's fingerprint (its rows' count and content
-                # digest): only a seed the user gives draws it again on resume.
-                raise DaskmeansError(
-                    f"max_samples_per_cluster={self._per_cluster()} with checkpoint={os.fspath(self.checkpoint)!r} "
-                    f"needs an int random_state (--seed): the sample is drawn from it, and a resumed fit must "
-                    f"draw the same one")
+            rows = self.training_rows(n)
+            m = None if rows == n else rows
             if m is not None and seed is None:
                 seed = int(np.random.SeedSequence().generate_state(1)[0])
         params = FitParams(
