@@ -106,6 +106,18 @@ def test_the_fit_is_the_fit_of_the_sampled_rows_bit_for_bit(client, data):
     assert km.cluster_sizes_.tolist() == np.bincount(labels, minlength=K).tolist()
 
 
+def test_a_cosine_fit_on_a_sample_is_that_of_the_sampled_rows(client, data):
+    """Rows are scaled to unit norm once: the sample's for the fit, every row's for the labels."""
+    X, _ = data
+    rows = sample_rows(N_ROWS, N_PER * K, 3)
+    init = X[:K].astype(np.float64)
+    km = _fit(client, _chunked(X, 7), metric="cosine", init=init)
+    ref = KMeans(K, metric="cosine", init=init, max_iter=50, client=client).fit(X[rows])
+    assert np.array_equal(km.cluster_centers_, ref.cluster_centers_) and km.sample_inertia_ == ref.inertia_
+    assert np.array_equal(km.labels_.compute(), km.predict(X))
+    assert km.inertia_ == pytest.approx(-km.score(X), rel=1e-12)
+
+
 def test_the_same_centroids_for_any_chunking_and_worker_count(client, client1, data):
     X, _ = data
     fits = [_fit(c, _chunked(X, n)) for c in (client, client1) for n in (3, 7)]
