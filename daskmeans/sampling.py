@@ -54,10 +54,6 @@ class Cut:
     row: int
     counts: tuple[int, ...]
 
-    @property
-    def size(self) -> int:
-        return int(sum(self.counts))
-
 
 def sample_size(n_samples: int, n_clusters: int, per_cluster: int | None) -> int | None:
     """Rows a fit trains on: ``per_cluster * n_clusters`` where that is fewer than
