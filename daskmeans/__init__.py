@@ -12,6 +12,7 @@ from .errors import DaskmeansError, DaskmeansWarning, DataError, InvalidParamete
 __version__ = "0.1.0"
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
+    from .engine.reuse import release
     from .estimator import KMeans
     from .io.readers import read
     from .minibatch import MiniBatchKMeans
@@ -19,7 +20,8 @@ if _typing.TYPE_CHECKING:  # pragma: no cover
 
 # Public name -> (module, attribute), imported on first use.
 _LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read"),
-         "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", "sweep")}
+         "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", "sweep"),
+         "release": ("engine.reuse", "release")}
 
 
 def __getattr__(name: str) -> object:
@@ -57,5 +59,5 @@ def load(path: str) -> "KMeans":
     return KMeans.load(path)
 
 
-__all__ = ["KMeans", "MiniBatchKMeans", "sweep", "read", "load", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
+__all__ = ["KMeans", "MiniBatchKMeans", "sweep", "read", "load", "release", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
            "NotFittedError"]

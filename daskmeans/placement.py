@@ -169,6 +169,9 @@ class Placement:
     dtype: np.dtype
     backend: str
     tier: str = "device"
+    # The collective chosen for these ranks, by the name asked for (asking the workers costs
+    # round trips: each run of a fit, and each re-fit of kept data, asks once per placement).
+    collectives: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def n_samples(self) -> int:

@@ -56,7 +56,9 @@ class LloydResult:
 
 
 def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, requested: str) -> coll.CollectiveSpec:
-    kind = coll.choose_collective(client, placement, requested)
+    kind = placement.collectives.get(requested)
+    if kind is None:
+        kind = placement.collectives[requested] = coll.choose_collective(client, placement, requested)
     return coll.make_spec(client, placement, fit_id, epoch, kind, config.get_seconds("collective-timeout"),
                           bool(config.get("collective-shared-memory")))
 

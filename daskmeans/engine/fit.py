@@ -32,17 +32,20 @@ from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..io.readers import split_rows
 from ..metric import get_metric
-from ..placement import Placement, WorkerLost, balance_chunks, place
+from ..placement import Placement, WorkerLost, balance_chunks, place, wait_a_little
 from ..progress import note, step
 from ..seeding import resolve_init
 from ..timing import Phases
+from . import reuse
 from .driver import run_lloyd, warm_kernels
 from .loop import Start
 from .moments import data_moments
-from .plan import iteration_warning, plan
+from .plan import budget_limits, iteration_warning, plan, worker_budgets
 
 # Worker losses a fit outlives before its placement or init gives up (the loop has its own).
 MAX_REPLANS = 8
+# How long a fit waits for its labels to leave the shards before keeping them for a re-fit.
+KEEP_WAIT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,13 @@ def fit_distributed(
         if path is not None:
             check_paths_on_workers(client, read=[path])
         backend = resolve_backend(client, params.backend, backend_name(X))
-        tiers = plan(client, X, backend, k, params.tier, params.memory_limit, params.device_memory_limit)
+        limits = budget_limits(params.memory_limit, params.device_memory_limit)
+        source = reuse.source_key(client, X, sample_weight, backend, params.tier, *limits, path)
+        # The same data placed by an earlier fit on this client: its placement, budgets and
+        # moments (taken out of the cache while this fit runs).
+        kept = reuse.take(client, source)
+        budgets = kept.budgets if kept is not None else worker_budgets(client, *limits)
+        tiers = plan(client, X, backend, k, params.tier, *limits, budgets=budgets)
         slow = iteration_warning(n, k, d, params.max_iter, tiers, len(client.nthreads()))
         if slow:
             warnings.warn(slow, DaskmeansWarning, stacklevel=3)
@@ -159,7 +168,16 @@ def fit_distributed(
         X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
         w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
         warm_kernels(client, backend, k, d, X.dtype, params.precision, max(X.chunks[0]))
-    drv = _Driver(client, X, backend, w, tiers.tier)
+        key = reuse.placement_key(X, w, backend, tiers.tier)
+        if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
+            stale, kept = [kept], None
+            reuse.drop(client, stale)
+        if kept is None:
+            reuse.make_room(client, 0 if tiers.tier == "storage" else tiers.share, tiers.host_budget)
+    drv = _Driver(client, X, backend, w, tiers.tier, None if kept is None else kept.placement)
+    digest = params.checkpoint is not None
+    moments = reuse.moments_of(kept, key, digest)
+    kept = None  # the driver holds the placement now: a failed fit releases it
     try:
         with phase("place"), step("place", unit="chunks"):
             drv.survive(lambda p: p)
@@ -167,9 +185,10 @@ def fit_distributed(
         rows = max(sum(drv.placement.row_chunks[i] for i in ids) for ids in drv.placement.chunk_ids)
         tiers = dataclasses.replace(tiers, share=rows * d * X.dtype.itemsize)
         note(f"daskmeans: {tiers.describe()}")
-        with phase("moments"), step("moments (one pass over the data)"):
-            # A checkpoint written or resumed names the data by its content digest.
-            moments = drv.survive(lambda p: data_moments(client, p, digest=params.checkpoint is not None))
+        if moments is None:
+            with phase("moments"), step("moments (one pass over the data)"):
+                # A checkpoint written or resumed names the data by its content digest.
+                moments = drv.survive(lambda p: data_moments(client, p, digest=digest))
         tol_abs = float(np.mean(moments["var"])) * float(params.tol)
         grid = Grid(moments["max_abs"], moments["weight"])
         seeds = np.random.SeedSequence(params.seed).generate_state(params.n_init)
@@ -203,8 +222,13 @@ def fit_distributed(
                 )
             if best is None or res.inertia < best.inertia:
                 best, best_run = res, run + 1
+        # Kept for the next fit of the same data once the labels are out of the shards (a
+        # later fit's final pass replaces what they hold).
+        wait_a_little(client, best.states, KEEP_WAIT_SECONDS)
+        if all(f.status == "finished" for f in best.states):
+            reuse.put(client, reuse.Entry(source, budgets, key, drv.placement, moments, digest, tiers.share))
     finally:
-        drv.placement = None  # the shards (and so the persisted data) are released here
+        drv.placement = None  # unless kept above, the shards (and so the persisted data) are released here
     return FitResult(
         best.centroids, best.inertia, best.n_iter, best.history, best.sizes, best.converged,
         _labels_array(best.states, best.row_chunks, best.layout), backend, tiers.tier, tiers.describe(), tol_abs,
@@ -216,9 +240,10 @@ class _Driver:
     """The fit's placement, made again (in the same chunks) on the workers left whenever one
     is lost."""
 
-    def __init__(self, client: Client, X: da.Array, backend: str, w: da.Array | None, tier: str):
+    def __init__(self, client: Client, X: da.Array, backend: str, w: da.Array | None, tier: str,
+                 placement: Placement | None = None):
         self.client, self.X, self.backend, self.w, self.tier = client, X, backend, w, tier
-        self.placement: Placement | None = None
+        self.placement: Placement | None = placement  # given: the same chunks placed by an earlier fit
 
     def survive(self, step: Callable[[Placement], Any]) -> Any:
         """``step(placement)``, placing the data first (again, on the workers left) when a

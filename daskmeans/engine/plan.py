@@ -166,6 +166,8 @@ def plan(
     tier: str = "auto",
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
+    *,
+    budgets: dict | None = None,
 ) -> TierPlan:
     """Choose the tier of ``X`` on the workers of ``client`` and check the budgets.
 
@@ -180,6 +182,10 @@ def plan(
     memory_limit, device_memory_limit : int or str (``"4GiB"``), optional
         Per-worker budgets; default ``daskmeans.memory-limit`` / ``daskmeans.device-memory-limit``
         (``auto``: see the module docstring).
+    budgets : dict of str to dict, optional
+        The workers' budgets as :func:`worker_budgets` measured them for these limits (a
+        re-fit of data still placed plans with those its placement was planned with); default:
+        measured now.
 
     Raises
     ------
@@ -191,9 +197,8 @@ def plan(
     gpu = not get_backend(backend).on_host
     if tier == "device" and not gpu:
         raise DaskmeansError("tier='device' needs GPU workers; CPU workers hold data in the 'host' tier")
-    mem = _bytes(memory_limit, "memory-limit")
-    dev = _bytes(device_memory_limit, "device-memory-limit")
-    budgets = client.run(_budget_on_worker, mem, dev)
+    if budgets is None:
+        budgets = worker_budgets(client, memory_limit, device_memory_limit)
     n_workers = max(1, len(budgets))
     host_budget = min(b["host"] for b in budgets.values())
     device_budget = min((b["device"] for b in budgets.values() if b["device"] is not None), default=None)
@@ -242,6 +247,20 @@ def plan(
     rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None
     seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
     return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)
+
+
+def budget_limits(memory_limit: int | str | None = None,
+                  device_memory_limit: int | str | None = None) -> tuple[int | None, int | None]:
+    """The host and device budgets asked for, in bytes (from the arguments, else the
+    ``daskmeans.memory-limit`` / ``device-memory-limit`` settings); None for ``auto``."""
+    return _bytes(memory_limit, "memory-limit"), _bytes(device_memory_limit, "device-memory-limit")
+
+
+def worker_budgets(client: Client, memory_limit: int | str | None = None,
+                   device_memory_limit: int | str | None = None) -> dict:
+    """Every worker's budgets and rate, measured on the worker: ``{address: {"host": bytes,
+    "device": bytes or None, "flops": GEMM FLOP/s, "sm_count": int}}``."""
+    return client.run(_budget_on_worker, *budget_limits(memory_limit, device_memory_limit))
 
 
 def _bytes(value: int | str | None, key: str) -> int | None:
