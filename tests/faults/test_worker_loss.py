@@ -67,6 +67,7 @@ def reference(cluster, data, kind: str, n_chunks: int) -> Reference:
         # Only the results: a fit's labels_ holds futures, which the scheduler would make
         # again on the workers each time one is killed (and a kill would strike them).
         fitted = SimpleNamespace(cluster_centers_=km.cluster_centers_, inertia_=km.inertia_, n_iter_=km.n_iter_)
+        daskmeans.release(c)  # nor the placement kept for a re-fit: the fits under test place their data
         cluster.references[key] = Reference(fitted, labels, model)
     return cluster.references[key]
 
