@@ -115,6 +115,30 @@ def test_refit_at_another_k_matches_scikit_learn(fresh):
         assert km.n_iter_ == sk.n_iter_
 
 
+def test_the_plan_reuses_the_budgets_measured_for_the_kept_placement(fresh, monkeypatch):
+    import daskmeans.engine.fit as fit_module
+
+    calls = []
+    measure = fit_module.worker_budgets
+    monkeypatch.setattr(fit_module, "worker_budgets", lambda *a, **kw: calls.append(a) or measure(*a, **kw))
+    X = _data(12)
+    first, _ = _fit(fresh, X, 4)
+    again, placed = _fit(fresh, X, 7)  # another K: the same budgets, tier and placement
+    assert len(calls) == 1 and placed == 0
+    assert again.tier_plan_ == first.tier_plan_
+
+
+def test_sweep_places_once_for_every_k(fresh):
+    X = _data(13)
+    with get_task_stream(client=fresh) as ts:
+        out = daskmeans.sweep(X, [2, 3, 4, 5], sample=500, random_state=0, client=fresh)
+    shards = [t for t in ts.data if str(t["key"]).startswith("daskmeans-shard-")]
+    assert 0 < len(shards) <= len(fresh.nthreads())
+    daskmeans.release(fresh)
+    for km in out.models:
+        _same_bits(km, _fit(fresh, X, km.n_clusters)[0])
+
+
 def test_n_init_across_fits_and_weights(fresh):
     X = _data(2)
     w = np.random.default_rng(3).uniform(0.5, 2.0, len(X))
