@@ -635,6 +635,33 @@ def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
     assert again[0].history_[0]["inertia"] == pytest.approx(par.history_[0]["inertia"], rel=1e-12)
 
 
+def test_training_on_a_sample_of_cupy_data_is_the_fit_of_the_sampled_rows():
+    """max_samples_per_cluster on CuPy blocks: the centroids of the fit of the sampled rows
+    (and of the CPU path) bit for bit, and labels of every row as predict gives them."""
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+    from daskmeans.sampling import sample_rows
+
+    x, C, _ = _data(40_000, 24, 50, np.float32, seed=8)
+    rows = sample_rows(len(x), 20 * 50, 4)
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as client:
+        Xg = da.from_array(cupy.asarray(x), chunks=(7_000, -1), asarray=False)
+        km = daskmeans.KMeans(50, init=C, max_samples_per_cluster=20, random_state=4, max_iter=30,
+                              client=client).fit(Xg)
+        ref = daskmeans.KMeans(50, init=C, random_state=4, max_iter=30, client=client).fit(cupy.asarray(x[rows]))
+        labels = cupy.asnumpy(km.labels_.compute())
+        pred = cupy.asnumpy(km.predict(cupy.asarray(x)))
+    cpu = daskmeans.KMeans(50, init=C, random_state=4, max_iter=30, backend="cpu").fit(x[rows])
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    np.testing.assert_array_equal(km.cluster_centers_, cpu.cluster_centers_)
+    np.testing.assert_array_equal(labels, pred)
+    assert km.n_samples_fit_ == 1000
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_k_2_20_fit_labels_and_predict_are_exact(precision):
     """K = 2^20 (the largest IVF shape): a fit's iteration, its training labels and predict on
