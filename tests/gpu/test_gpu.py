@@ -689,7 +689,7 @@ def test_k_2_20_fit_labels_and_predict_are_exact(precision):
         r = rows.astype(cupy.float64)
         return cupy.argmin((cen * cen).sum(1)[None, :] - 2.0 * r @ cen.T + (r * r).sum(1)[:, None], axis=1)
 
-    pick = cupy.random.default_rng(1).choice(len(X), 2000, replace=False)
+    pick = cupy.asarray(np.random.default_rng(1).choice(len(X), 2000, replace=False))
     # the training labels come from the final pass, under the final centroids
     assert bool((labels[pick] == nearest(X[pick], C)).all())
     assert bool((pred == nearest(new, C)).all())
