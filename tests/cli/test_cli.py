@@ -9,12 +9,7 @@ import zarr
 
 from daskmeans.cli import main
 from terminal import on_a_terminal
-
-
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+from clirun import run
 
 
 @pytest.fixture(scope="module")
@@ -305,8 +300,8 @@ def test_progress_is_a_bar_on_a_terminal(blobs):
     out = on_a_terminal([sys.executable, "-m", "daskmeans", "fit", data, "--k", "4", "--seed", "0", "--n-init", "2",
                           "--workers", "2", "-o", str(d / "bar.zarr")])
     assert "iter    1" not in out  # no log lines: the bar
-    for run in (1, 2):
-        final = re.findall(rf"run {run}/2: 100%\|[^|]+\| (\d+)/(\d+) \[inertia \S+ shift \S+ [\d.]+s/it\]", out)
+    for r in (1, 2):
+        final = re.findall(rf"run {r}/2: 100%\|[^|]+\| (\d+)/(\d+) \[inertia \S+ shift \S+ [\d.]+s/it\]", out)
         assert len(final) == 1 and final[0][0] == final[0][1], out  # ends at its last iteration
     assert "model written to" in out
 

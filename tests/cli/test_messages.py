@@ -19,14 +19,9 @@ from daskmeans.cli import _parser, main
 from daskmeans.datasets import make_blobs
 from daskmeans.io.model_store import write_array
 from terminal import on_a_terminal
+from clirun import run
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-
-
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture(scope="module")

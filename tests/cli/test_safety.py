@@ -16,13 +16,7 @@ import pytest
 import zarr
 
 from daskmeans import dask_cluster
-from daskmeans.cli import main
-
-
-def run(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+from clirun import run
 
 
 def one_line_error(rc, err, *needles):

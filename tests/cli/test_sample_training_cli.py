@@ -12,14 +12,9 @@ import zarr
 from daskmeans import KMeans
 from daskmeans.cli import main
 from daskmeans.io.model_store import load_model
+from clirun import run
 
 N_ROWS, K = 6000, 5
-
-
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture(scope="module")
