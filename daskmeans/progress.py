@@ -136,14 +136,16 @@ class Steps:
             self.bar.update(done - self.done)
         self.done = done
 
-    def end(self) -> None:
+    def end(self, failed: bool = False) -> None:
+        """The step is over: its bar closed, or its line printed (none for a step that
+        failed: the error's line says what happened)."""
         if self.name is None:
             return
         seconds = time.perf_counter() - self.t0
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        elif not self.quiet:
+        elif not self.quiet and not failed:
             count = f": {self.done}/{self.total}" + (f" {self.unit}" if self.unit else "") if self.total else ""
             print(f"daskmeans: {self.name}{count} in {seconds:.2f} s", file=self.stream, flush=True)
         self.name = None
@@ -180,8 +182,10 @@ def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
     steps.start(name, total, unit)
     try:
         yield
-    finally:
-        steps.end()
+    except BaseException:
+        steps.end(failed=True)
+        raise
+    steps.end()
 
 
 def advance(done: int, total: int | None = None) -> None:

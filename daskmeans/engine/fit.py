@@ -32,7 +32,7 @@ from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..io.readers import split_rows
 from ..metric import get_metric
-from ..placement import Placement, WorkerLost, balance_chunks, place, wait_a_little
+from ..placement import NO_WORKER_SECONDS, Placement, WorkerLost, balance_chunks, place, wait_a_little
 from ..progress import note, step
 from ..seeding import resolve_init
 from ..timing import Phases
@@ -111,6 +111,20 @@ class FitResult:
     best_run: int = 1
 
 
+def _some_worker(client: Client, seconds: float = NO_WORKER_SECONDS) -> None:
+    """Return once ``client``'s cluster has a worker; one that has none gets ``seconds`` for
+    one to join (a nanny restarting it, an adaptive cluster scaling up), then the error."""
+    if client.nthreads():
+        return
+    try:
+        client.wait_for_workers(1, timeout=seconds)
+    except TimeoutError:
+        raise DaskmeansError(
+            f"the cluster has no worker and none joined in {seconds:g} s: start workers (dask worker "
+            f"{client.scheduler.address})"
+        ) from None
+
+
 def fit_distributed(
     client: Client,
     X: da.Array,
@@ -147,6 +161,7 @@ def fit_distributed(
     k = params.n_clusters
     n, d = (int(s) for s in X.shape)
     with phase("plan"):
+        _some_worker(client)
         if path is not None:
             check_paths_on_workers(client, read=[path])
         backend = resolve_backend(client, params.backend, backend_name(X))

@@ -185,6 +185,14 @@ class DaskProcesses:
         """Back to ``n`` workers: a nanny restarts its killed worker by itself; without one,
         new worker processes replace the killed ones."""
         if not self.nanny:
+            # A killed worker may still be listed until the scheduler notices its connection
+            # closed: wait until it lists the live worker processes only, then replace the rest.
+            workers = [p for p in self.procs if p is not self.scheduler]
+            deadline = time.monotonic() + 30
+            while len(self.client.nthreads()) > sum(p.poll() is None for p in workers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the scheduler still lists killed workers:\n{self.logs()}")
+                time.sleep(0.05)  # polling the scheduler's worker list, with a deadline
             self.add_workers(max(0, self.n - len(self.client.nthreads())))
         self.wait_for_workers()
 

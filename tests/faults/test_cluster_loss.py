@@ -54,3 +54,22 @@ def test_scheduler_killed_mid_fit_is_one_line_soon(fresh_cluster, fault_data, tm
                 p.communicate()
     one_error_line(p.returncode, err, "lost the connection to the scheduler")
     assert not model.exists() and not labels.exists() and leftovers(tmp_path) == []
+
+
+def test_a_cluster_without_workers_is_one_error(monkeypatch):
+    """A scheduler with no worker: the fit waits a moment for one to join, then says so in one
+    line (it was a ValueError from the memory plan)."""
+    from distributed import Client, LocalCluster
+
+    import numpy as np
+
+    import daskmeans
+    from daskmeans.engine import fit as engine_fit
+
+    monkeypatch.setattr(engine_fit._some_worker, "__defaults__", (0.5,))
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as c:
+        with pytest.raises(daskmeans.DaskmeansError,
+                           match=r"^the cluster has no worker and none joined in 0.5 s: start workers "
+                                 r"\(dask worker inproc://"):
+            daskmeans.KMeans(2, client=c).fit(np.zeros((10, 2), np.float32))
