@@ -183,7 +183,12 @@ class DaskProcesses:
 
     def restore(self) -> None:
         """Back to ``n`` workers: a nanny restarts its killed worker by itself; without one,
-        new worker processes replace the killed ones."""
+        new worker processes replace the killed ones. The data earlier fits kept on the
+        workers for re-fits is released first: the scheduler would compute a killed worker's
+        share again on the new workers, and a test's kill-on-task would meet those tasks."""
+        import daskmeans
+
+        daskmeans.release(self.client)
         if not self.nanny:
             # A killed worker may still be listed until the scheduler notices its connection
             # closed: wait until it lists the live worker processes only, then replace the rest.
