@@ -42,7 +42,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
     cexp = 0
     if mode:
         if mode == 4:
-            cexp = gpu_plan.half_scales(1.0, _max_abs(c), d)[1]
+            cexp = gpu_plan.half_exp(_max_abs(c))
         rsq = cupy.empty(kpad, cupy.float64)
         ab = prep_buffer(kpad, d, mode)
         prep(a, mode, 1, ab, None, rsq, None, (0.0, 0.0, 0.0), 2.0**cexp)

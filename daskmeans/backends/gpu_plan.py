@@ -213,23 +213,29 @@ def half_output_floor(scale_exp: int) -> float:
     return 1.1 * 2.0 ** (scale_exp - 25)
 
 
-def half_scales(xmax: float, cmax_abs: float, d: int) -> tuple[int, int, int]:
-    """Power-of-two exponents ``(a, b, o)`` of a mode-4 GEMM: the rows are multiplied by 2^a and
-    the centroids by 2^b before rounding to float16 (largest magnitudes ``xmax`` and
-    ``cmax_abs`` at most 2^14: float16 holds up to 65504), and the GEMM writes ``-2 x.c`` times
-    2^-o, which stays within 2^15 since ``|x.c| <= d xmax cmax_abs``."""
+def _exp_of(v: float) -> int:
+    """The smallest ``e`` with ``v <= 2^e`` (0 for zero, negative or non-finite ``v``)."""
     import math
 
-    def exp_of(v: float) -> int:  # smallest e with v <= 2^e (v > 0)
-        if not (v > 0 and math.isfinite(v)):
-            return 0
-        m, e = math.frexp(v)  # v = m 2^e, 0.5 <= m < 1
-        return e - 1 if m == 0.5 else e
+    if not (v > 0 and math.isfinite(v)):
+        return 0
+    m, e = math.frexp(v)  # v = m 2^e, 0.5 <= m < 1
+    return e - 1 if m == 0.5 else e
 
-    a = 14 - exp_of(xmax)
-    b = 14 - exp_of(cmax_abs)
-    o = exp_of(2.0 * d * xmax * cmax_abs) - 15 if xmax > 0 and cmax_abs > 0 else 0
-    return a, b, o
+
+def half_exp(vmax: float) -> int:
+    """The power-of-two exponent that brings values of largest magnitude ``vmax`` to at most
+    2^14 before rounding to float16 (which holds up to 65504)."""
+    return 14 - _exp_of(vmax)
+
+
+def half_scales(xmax: float, cmax_abs: float, d: int) -> tuple[int, int, int]:
+    """Power-of-two exponents ``(a, b, o)`` of a mode-4 GEMM: the rows are multiplied by 2^a and
+    the centroids by 2^b before rounding to float16 (:func:`half_exp` of their largest
+    magnitudes ``xmax`` and ``cmax_abs``), and the GEMM writes ``-2 x.c`` times 2^-o, which
+    stays within 2^15 since ``|x.c| <= d xmax cmax_abs``."""
+    o = _exp_of(2.0 * d * xmax * cmax_abs) - 15 if xmax > 0 and cmax_abs > 0 else 0
+    return half_exp(xmax), half_exp(cmax_abs), o
 
 
 def tile_rows(n: int, kpad: int, out_itemsize: int, prep_cols: int, prep_itemsize: int, tile_bytes: int,
