@@ -15,11 +15,14 @@ Subcommands, what each measures, and against which floor (measured in the same r
   read; P4 in the host tier against the device tier; the command under memory limits.
 - ``cpu``: the CPU pipeline per iteration against scikit-learn, whole fits against dask-ml,
   and the orchestration overhead with 1000 chunks.
+- ``scale``: the largest fits (1e8 x 384 in the host tier; 2e7 x 128 at K = 2^20) as whole
+  commands on every GPU of the host; against the kernel step at the same D and K on one GPU,
+  scaled to each GPU's rows.
 - ``table``: no measurement: the README's performance tables from ``results/`` (``--check``
   fails where they differ).
-- ``profile-step``, ``profile-small``, ``profile-host``: the GEMM regime's step in pieces, the
-  fused small-K kernel's variants, the host time of a small-K step (printed only, for
-  planning kernel work).
+- ``profile-step``, ``profile-small``, ``profile-host``, ``profile-init``: the GEMM regime's
+  step in pieces, the fused small-K kernel's variants, the host time of a small-K step, the
+  k-means|| recluster's time and host profile (printed only, for planning kernel work).
 
 Problems are defined once, in :mod:`benchmarks.problems`. Results: ``--out PATH`` writes JSON
 (:mod:`benchmarks.meta`), ``--merge`` merges a run into an existing file; one current file per

@@ -12,11 +12,13 @@ SUBCOMMANDS = {
     "multigpu": ("multigpu", "P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives"),
     "tiers": ("tiers", "host and storage tiers against the pinned copy and the store's read floors; P4 host vs device"),
     "cpu": ("cpu", "the CPU kernels against scikit-learn and dask-ml on 2 cores"),
+    "scale": ("scale", "the largest fits (154 GB host tier; K = 2^20) as whole commands against the kernel step"),
     "csv-read": ("csv_read", "P1 read from CSV on all cores against pyarrow's whole-file parse"),
     "table": ("table", "the README's performance tables from benchmarks/results/ (--check: fail where they differ)"),
     "profile-step": ("profile_step", "the GEMM regime's step in pieces (GEMM, select, prep, sums)"),
     "profile-small": ("profile_small", "compile-time variants of the fused small-K kernel"),
     "profile-host": ("profile_host", "host-side cost of a small-K step"),
+    "profile-init": ("profile_init", "the k-means|| recluster at P4 and wide K: wall time, host profile, GEMM floor"),
 }
 
 
