@@ -16,7 +16,7 @@ A backend is a module of pure kernels on one in-memory block (no Dask, no I/O) t
     weights as int64 multiples of a :class:`~daskmeans.backends.grid.Grid`'s steps (each value
     rounded once, then added exactly: the same integers for any chunking) and int64 counts
     for one block.
-``min_sqdist(X, prepared)``
+``min_sqdist(X, prepared, grid=None)``
     Labels and squared distance to the nearest centroid, per row.
 
 Everything above the backends calls :func:`get_backend` with a name or an array and never

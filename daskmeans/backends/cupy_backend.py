@@ -285,14 +285,16 @@ def label_counts(labels: Any, k: int) -> Any:
     return counts.view(cupy.int64)
 
 
-def min_sqdist(X: Any, p: Prepared) -> tuple[Any, Any]:
-    """Nearest centroid (int32, shape (n,)) and its squared distance (float64, shape (n,))."""
+def min_sqdist(X: Any, p: Prepared, grid: Grid | None = None) -> tuple[Any, Any]:
+    """Nearest centroid (int32, shape (n,)) and its squared distance (float64, shape (n,));
+    ``grid``, where given, bounds ``X`` (:attr:`.Grid.x_max`: the float16 GEMM's scale without a
+    reduction over ``X`` and its synchronisation)."""
     import cupy
 
     n = X.shape[0]
     labels = cupy.empty(n, cupy.int32)
     d2 = cupy.empty(n, cupy.float64)
-    _run(X, p, None, None, labels, d2, False)
+    _run(X, p, None, None, labels, d2, False, grid)
     return labels, d2
 
 

@@ -89,15 +89,17 @@ def prep_buffer(rows: int, d: int, mode: int) -> Any:
     return cupy.empty((rows, 3 * d if mode == 2 else d), cupy.uint16 if mode in (3, 4) else cupy.float32)
 
 
-def row_scales(p: Prepared, X: Any) -> tuple[tuple, float, float, float]:
+def row_scales(p: Prepared, X: Any, x_max: float | None = None) -> tuple[tuple, float, float, float]:
     """``(err, alpha, xscale, gsc)`` of a block ``X`` (n, D): the bound's coefficients, the
     GEMM's alpha, the rows' scale for ``gemm_prep`` and the factor the selection reads the tile
     with. Mode 4 takes powers of two that keep the float16 inputs and output in range (the
     centroids' 2^cexp bounds their largest magnitude by 2^(14 - cexp)); the bound gains the
-    output's subnormal floor. Other modes: ``(p.err, -2, 1, 1)``."""
+    output's subnormal floor. ``x_max`` bounds ``|X|`` where the caller knows a bound (the
+    fit's grid: no reduction and no synchronisation per block; labels are certified whatever
+    the scale). Other modes: ``(p.err, -2, 1, 1)``."""
     if p.mode != 4:
         return p.err, -2.0, 1.0, 1.0
-    xe, _, o = gpu_plan.half_scales(_max_abs(X), 2.0 ** (14 - p.cexp), X.shape[1])
+    xe, _, o = gpu_plan.half_scales(_max_abs(X) if x_max is None else x_max, 2.0 ** (14 - p.cexp), X.shape[1])
     err = (p.err[0], p.err[1], p.err[2] + gpu_plan.half_output_floor(o))
     return err, -2.0 * 2.0 ** -(xe + p.cexp + o), 2.0**xe, 2.0**o
 
@@ -211,7 +213,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
     xbufs = [prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
     eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
-    err, alpha, xscale, gsc = row_scales(p, X)
+    err, alpha, xscale, gsc = row_scales(p, X, None if grid is None else grid.x_max)
     start = main.record()
     gs.wait_event(start)
     ss.wait_event(start)

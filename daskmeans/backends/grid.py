@@ -48,12 +48,15 @@ class Grid:
         A feature's sums are int64 multiples of ``2**exps[j]``.
     wexp : int
         The per-cluster weights are int64 multiples of ``2**wexp``.
+    x_max : float
+        The largest absolute value of any feature (a bound on every value the kernels read).
     """
 
     def __init__(self, max_abs: np.ndarray, total_weight: float):
         w = max(float(total_weight), 1.0)
         self.exps = _exps(np.asarray(max_abs, np.float64) * w)
         self.wexp = int(_exps(np.array([w]))[0])
+        self.x_max = float(np.max(max_abs)) if np.size(max_abs) else 0.0
         self._scales: dict = {}
 
     @classmethod
@@ -68,10 +71,10 @@ class Grid:
         return cls(max_abs, total)
 
     def __getstate__(self) -> dict:
-        return {"exps": self.exps, "wexp": self.wexp}
+        return {"exps": self.exps, "wexp": self.wexp, "x_max": self.x_max}
 
     def __setstate__(self, state: dict) -> None:
-        self.exps, self.wexp, self._scales = state["exps"], state["wexp"], {}
+        self.exps, self.wexp, self.x_max, self._scales = state["exps"], state["wexp"], state["x_max"], {}
 
     def scales(self, xp: Any) -> Any:
         """``2**-exps`` as float64 on ``xp``'s device (kept: a fit asks once per chunk)."""

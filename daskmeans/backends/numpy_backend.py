@@ -155,13 +155,15 @@ def _tiles(X: numpy.ndarray, p: Prepared):
         yield s, s + xt.shape[0], g, g.argmin(axis=1, out=ws.lab[: xt.shape[0]])
 
 
-def min_sqdist(X: numpy.ndarray, p: Prepared) -> tuple[numpy.ndarray, numpy.ndarray]:
+def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple[numpy.ndarray, numpy.ndarray]:
     """Nearest centroid of each row.
 
     Parameters
     ----------
     X : ndarray, shape (n, d)
     p : Prepared centroids, K rows
+    grid : Grid, optional
+        Not needed on the host (the GPU backend's float16 GEMM takes its scale from it).
 
     Returns
     -------

@@ -92,8 +92,10 @@ class Backend(Protocol):
     def label_counts(self, labels: Any, k: int) -> Any:
         """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
 
-    def min_sqdist(self, X: Any, p: Any) -> tuple[Any, Any]:
-        """Labels ``(n,)`` int32 and squared distances ``(n,)`` float64 to the nearest centroid."""
+    def min_sqdist(self, X: Any, p: Any, grid: Any = None) -> tuple[Any, Any]:
+        """Labels ``(n,)`` int32 and squared distances ``(n,)`` float64 to the nearest centroid
+        (``grid``: one whose bound covers ``X``, where the caller has it: a GPU's scaled float16
+        GEMM then takes its scale from the grid instead of a reduction over ``X``)."""
 
     def moments(self, X: Any) -> tuple[Any, Any, Any, int | None]:
         """Per-column mean, sum of squared deviations and largest absolute value ``(d,)``

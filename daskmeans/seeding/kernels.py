@@ -129,6 +129,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     d2 = None
     chosen = np.zeros(n, bool)
     picks = []
+    bound = Grid.for_block(X)  # X's bound, for every distance pass (no reduction over X in each)
     total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
     while (total < ks).any():
         live = np.flatnonzero(total < ks)
@@ -145,7 +146,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
                 pick = np.concatenate(draws)
             else:
                 every = np.concatenate(draws)
-                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(every)], X.dtype, precision))
+                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(every)], X.dtype, precision), bound)
                 gain = np.bincount(be.to_numpy(lab), weights=w * np.maximum(d2 - be.to_numpy(dn), 0.0),
                                    minlength=len(every))
                 ends = np.cumsum([len(dr) for dr in draws])
@@ -157,7 +158,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         picks.append(pick)
         total[live] += b
         if (total < ks).any():
-            dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision))[1])
+            dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision), bound)[1])
             d2 = dn if d2 is None else np.minimum(d2, dn)
     return X[xp.asarray(np.concatenate(picks))]
 

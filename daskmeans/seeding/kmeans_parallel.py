@@ -16,7 +16,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
-from ..placement import Placement, Shard, blas_capped
+from ..placement import Placement, Shard, blas_capped, gather
 from ..progress import advance
 from ..reduction import tree_reduce
 from . import rows
@@ -35,16 +35,18 @@ class _ParState:
     d2: list  # per block: squared distance to the nearest candidate so far (float64)
     nearest: list  # per block: that candidate's index in the list of all candidates (int64)
     phi: float  # weighted sum of d2 over the shard
+    n_cands: int  # the candidates so far (every shard's state counts the same ones)
 
 
-def _par_update(shard: Shard, state: _ParState | None, parts: list, offset: int) -> _ParState:
+def _par_update(shard: Shard, state: _ParState | None, parts: list) -> _ParState:
     """Fold a round's candidates (``parts``: every shard's draws, :func:`_concat_by_row`;
-    numbered from ``offset``) into each row's nearest candidate: a row keeps an earlier
-    candidate on ties, so the nearest is the first of the nearest in candidate order, as one
-    pass over all of them would find it."""
+    numbered on from the candidates so far) into each row's nearest candidate: a row keeps an
+    earlier candidate on ties, so the nearest is the first of the nearest in candidate order,
+    as one pass over all of them would find it."""
     be = shard.be
     xp = be.xp
     new = _concat_by_row(parts)
+    offset = 0 if state is None else state.n_cands
     d2s, near, phi = [], [], 0.0
     prep = be.prepare(new, shard.dtype, _INIT_PRECISION) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
@@ -60,11 +62,11 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, offset: int)
         d2s.append(d2)
         near.append(nearest)
         phi += float(d2.sum() if w is None else d2 @ w.astype(xp.float64))
-    return _ParState(d2s, near, phi)
+    return _ParState(d2s, near, phi, offset + new.shape[0])
 
 
-def _next_offset(offset: int, parts: list) -> int:
-    return offset + sum(p[0].shape[0] for p in parts)
+def _phi(shard: Shard, state: _ParState) -> float:
+    return state.phi
 
 
 def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
@@ -99,17 +101,14 @@ def _candidates(rounds: list, dtype: Any) -> np.ndarray:
     return np.concatenate([_concat_by_row(parts) for parts in rounds]).astype(dtype, copy=False)
 
 
-def _phi_total(states: list) -> float:
-    return float(sum(s.phi for s in states))
-
-
-def _cand_weights(shard: Shard, state: _ParState, n_cands: int) -> np.ndarray:
+def _cand_weights(shard: Shard, state: _ParState) -> np.ndarray:
     """Weight of the rows nearest to each candidate, ``(n_cands,)`` float64."""
     be = shard.be
     xp = be.xp
-    total = xp.zeros(n_cands, xp.float64)
+    total = xp.zeros(state.n_cands, xp.float64)
     for j, w in enumerate(shard.weights or [None] * len(shard.chunk_ids)):  # no pass over the data
-        total += xp.bincount(state.nearest[j], weights=None if w is None else w.astype(xp.float64), minlength=n_cands)
+        total += xp.bincount(state.nearest[j], weights=None if w is None else w.astype(xp.float64),
+                             minlength=state.n_cands)
     return be.to_numpy(total)
 
 
@@ -163,17 +162,19 @@ def init_kmeans_parallel(
     rounds_drawn = [new]
     nshard = len(placement.shards)
     states: list = [None] * nshard
-    offset: Any = 0
 
-    def fold(states: list, new: list, offset: Any) -> tuple[list, Any]:
-        states = rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard, [offset] * nshard,
-                                  name="daskmeans-kpar-update")
-        return states, client.submit(_next_offset, offset, new, pure=False)
+    def fold(states: list, new: list) -> list:
+        return rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard,
+                                     name="daskmeans-kpar-update")
 
     for r in range(1, rounds + 1):
-        states, offset = fold(states, new, offset)
+        states = fold(states, new)
         new = None
-        phi = result(client, placement, client.submit(_phi_total, states, pure=False))
+        # Only each shard's float comes to the client (the states keep their arrays where they
+        # are), added in shard order: the same phi on any number of workers.
+        phis = gather(client, rows.submit_per_shard(client, placement, _phi, states, name="daskmeans-kpar-phi"),
+                      placement)
+        phi = float(sum(phis))
         if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
             break
         samples = rows.submit_per_shard(
@@ -184,9 +185,9 @@ def init_kmeans_parallel(
         rounds_drawn.append(new)
         advance(r, rounds + 1)  # the rounds, then the recluster
     if new is not None:  # the last round's draws
-        states, offset = fold(states, new, offset)
+        states = fold(states, new)
     weights = tree_reduce(
-        client, rows.submit_per_shard(client, placement, _cand_weights, states, [offset] * nshard, name="daskmeans-kpar-weights"),
+        client, rows.submit_per_shard(client, placement, _cand_weights, states, name="daskmeans-kpar-weights"),
         _sum_arrays, name="daskmeans-kpar-wsum",
     )
     n_cand = int(result(client, placement, client.submit(lambda w: int((w > 0).sum()), weights, pure=False)))

@@ -65,6 +65,24 @@ def test_one_and_two_gpu_workers_and_any_chunking_give_the_same_bits(precision):
 
 
 @pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs or more")
+def test_wide_k_on_every_gpu_gives_the_bits_of_one_gpu():
+    """The IVF shape (K = 2^17 of short rows, tf32: the scaled float16 GEMM, the warp-per-row
+    selection) from a fixed init on every GPU of the host gives the centroids and labels of
+    one GPU, bit for bit."""
+    rng = np.random.default_rng(17)
+    k, d = 1 << 17, 64
+    X = rng.standard_normal((3 * k, d)).astype(np.float32)
+    init = X[:k].astype(np.float64)
+    Xd = da.from_array(X, chunks=(len(X) // 12, -1))
+    ref, ref_labels = _fit("0", Xd, init, "tf32", "auto")
+    every = ",".join(map(str, range(_n_gpus())))
+    km, labels = _fit(every, Xd, init, "tf32", "auto")
+    assert ref.n_iter_ == 15
+    np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+    np.testing.assert_array_equal(labels, ref_labels)
+
+
 def test_nccl_is_chosen_between_gpu_workers():
     from dask_cuda import LocalCUDACluster
     from distributed import Client

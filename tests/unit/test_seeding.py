@@ -132,15 +132,16 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
     shard = _shard(X, [123, 300], w)
     state, offset = None, 0
     for b in batches:  # one round's draws, as a single shard's part: (global rows, data)
-        state = _par_update(shard, state, [(np.arange(offset, offset + len(b)), b)], offset)
+        state = _par_update(shard, state, [(np.arange(offset, offset + len(b)), b)])
         offset += b.shape[0]
+        assert state.n_cands == offset
     allc = np.concatenate(batches)
     d = ((X[:, None, :] - allc[None]) ** 2).sum(-1)
     np.testing.assert_array_equal(np.concatenate(state.nearest), d.argmin(axis=1))  # argmin: first on ties
     np.testing.assert_array_equal(np.concatenate(state.d2), d.min(axis=1))
     assert state.phi == pytest.approx(float(d.min(axis=1) @ w), rel=1e-12)
     expect = np.bincount(d.argmin(axis=1), weights=w, minlength=allc.shape[0])
-    np.testing.assert_allclose(_cand_weights(shard, state, allc.shape[0]), expect, rtol=1e-12)
+    np.testing.assert_allclose(_cand_weights(shard, state), expect, rtol=1e-12)
     assert numpy_backend.name == "numpy"
 
 
