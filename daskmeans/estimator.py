@@ -12,13 +12,14 @@ CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Das
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
 import os
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import dask.array as da
 import numpy as np
@@ -41,6 +42,28 @@ from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, 
                          check_n_features, seed_of, validate_params)
 
 INIT_NAMES = INITS.keys()  # the registered inits' names (a live view)
+
+
+def _inference_doc(summary: str, returns: str) -> Callable[[Callable], Callable]:
+    """A decorator giving an inference method (``predict``, ``transform``) its docstring:
+    ``summary``, the ``X`` it takes, and ``returns`` (numpydoc's ``name : type``), an array of
+    ``X``'s kind."""
+    def give(method: Callable) -> Callable:
+        method.__doc__ = f"""{summary}
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
+
+        Returns
+        -------
+        {returns}
+            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
+            ``X``.
+        """
+        return method
+
+    return give
 
 
 class KMeans:
@@ -191,30 +214,20 @@ class KMeans:
         verbose: int = 0,
         client: Any = None,
     ):
-        self.n_clusters = n_clusters
-        self.init = init
-        self.n_init = n_init
-        self.max_iter = max_iter
-        self.tol = tol
-        self.random_state = random_state
-        self.oversampling_factor = oversampling_factor
-        self.max_samples_per_cluster = max_samples_per_cluster
-        self.backend = backend
-        self.metric = metric
-        self.precision = precision
-        self.tier = tier
-        self.memory_limit = memory_limit
-        self.device_memory_limit = device_memory_limit
-        self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
-        self.verbose = verbose
-        self.client = client
+        self._store_params(locals())
 
     # ------------------------------------------------------------ sklearn plumbing
 
     @classmethod
     def _param_names(cls) -> list[str]:
         return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+    def _store_params(self, values: dict[str, Any]) -> None:
+        """Store each parameter of ``__init__``'s signature as the attribute of its name,
+        taken unchanged from ``values`` (that ``__init__``'s ``locals()``): scikit-learn's
+        estimators only store their parameters, and read them back by the same names."""
+        for name in self._param_names():
+            setattr(self, name, values[name])
 
     def get_params(self, deep: bool = True) -> dict:
         return {p: getattr(self, p) for p in self._param_names()}
@@ -549,43 +562,28 @@ class KMeans:
         check_n_features(self.n_features_in_, int(x.shape[1]))
         return x
 
+    @contextlib.contextmanager
+    def _inference(self, x: da.Array) -> Iterator[tuple[Any, da.Array]]:
+        """The client inference runs on (the fit's backend's) and ``x``'s blocks ready there
+        for :mod:`~daskmeans.engine.infer` (scaled for the metric, on its backend).
+
+        ``x`` is :meth:`_blocks`' result, which the public method takes itself: its
+        feature-name warnings name the frame two above it, the method's caller.
+        """
+        backend = getattr(self, "backend_", "auto")
+        with using_client(self.client, backend) as client:
+            yield client, infer.blocks(client, x, backend, self.metric)
+
+    @_inference_doc("The index of each row's nearest centroid.", "labels : (n_samples,) int32")
     def predict(self, X: Any) -> Any:
-        """The index of each row's nearest centroid.
+        with self._inference(self._blocks(X)) as (client, xb):
+            return infer.materialise(client, infer.labels(xb, self.cluster_centers_, self.precision), X)
 
-        Parameters
-        ----------
-        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
-
-        Returns
-        -------
-        labels : (n_samples,) int32
-            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
-            ``X``.
-        """
-        x = self._blocks(X)
-        backend = getattr(self, "backend_", "auto")
-        with using_client(self.client, backend) as client:
-            lab = infer.labels(infer.blocks(client, x, backend, self.metric), self.cluster_centers_, self.precision)
-            return infer.materialise(client, lab, X)
-
+    @_inference_doc('Distances to every centroid: Euclidean, or ``1 - cos`` for ``metric="cosine"``.',
+                    "distances : (n_samples, n_clusters), in X's float dtype")
     def transform(self, X: Any) -> Any:
-        """Distances to every centroid: Euclidean, or ``1 - cos`` for ``metric="cosine"``.
-
-        Parameters
-        ----------
-        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
-
-        Returns
-        -------
-        distances : (n_samples, n_clusters), in X's float dtype
-            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
-            ``X``.
-        """
-        x = self._blocks(X)
-        backend = getattr(self, "backend_", "auto")
-        with using_client(self.client, backend) as client:
-            out = infer.distances(infer.blocks(client, x, backend, self.metric), self.cluster_centers_, self.metric)
-            return infer.materialise(client, out, X)
+        with self._inference(self._blocks(X)) as (client, xb):
+            return infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), X)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Fit, then :meth:`transform` ``X``."""
@@ -594,10 +592,7 @@ class KMeans:
     def score(self, X: Any, y: Any = None) -> float:
         """Opposite of the inertia of ``X`` (n_samples, n_features) under the fitted centroids
         (a float, for any kind of ``X``)."""
-        x = self._blocks(X)
-        backend = getattr(self, "backend_", "auto")
-        with using_client(self.client, backend) as client:
-            xb = infer.blocks(client, x, backend, self.metric)
+        with self._inference(self._blocks(X)) as (client, xb):
             return -infer.inertia(client, xb, self.cluster_centers_, self.precision) * inertia_scale(self.metric)
 
     def plot(self, X: Any = None, path: str | None = None, sample: int | None = None):

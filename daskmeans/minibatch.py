@@ -35,11 +35,10 @@ from .backends import backend_name, get_backend
 from .backends.grid import float_sums
 from .dask_cluster import resolve_backend, using_client
 from .errors import DataError, InvalidParameterError, not_fitted
-from .estimator import INIT_NAMES, KMeans, feature_names
+from .estimator import KMeans, feature_names
 from .io.readers import read, read_weights, split_rows
-from .placement import TIERS, Placement, balance_chunks, blas_capped, gather, submit_per_shard
-from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, RandomStateLike, check_n_clusters,
-                         seed_of, validate_params)
+from .placement import Placement, balance_chunks, blas_capped, gather, submit_per_shard
+from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
 
 # Rows taken per round (bytes of float64 rows): fewer, larger rounds cost fewer tasks and, in
 # the storage tier, fewer reads of the data.
@@ -165,23 +164,14 @@ class MiniBatchKMeans(KMeans):
     metric = "euclidean"  # what the inherited predict/transform/score read
 
     _parameter_constraints = {
-        "n_clusters": Interval(1, None, integer=True),
-        "init": AnyOf(Options(INIT_NAMES), ArrayLike()),
-        "max_iter": Interval(1, None, integer=True),
+        **{name: KMeans._parameter_constraints[name] for name in (
+            "n_clusters", "init", "max_iter", "verbose", "random_state", "tol", "n_init", "backend", "precision", "tier",
+            "memory_limit", "device_memory_limit")},
         "batch_size": Interval(1, None, integer=True),
-        "verbose": Interval(0, None, integer=True),
         "compute_labels": _Bool(),
-        "random_state": NoneOr(RandomStateLike()),
-        "tol": Interval(0, None),
         "max_no_improvement": NoneOr(Interval(0, None, integer=True)),
         "init_size": NoneOr(Interval(1, None, integer=True)),
-        "n_init": Interval(1, None, integer=True),
         "reassignment_ratio": Interval(0, None),
-        "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
-        "precision": Options(("fp32", "tf32", "bf16")),
-        "tier": Options(TIERS),
-        "memory_limit": NoneOr(ByteSize()),
-        "device_memory_limit": NoneOr(ByteSize()),
     }
 
     def __init__(
@@ -206,24 +196,7 @@ class MiniBatchKMeans(KMeans):
         device_memory_limit: int | str | None = None,
         client: Any = None,
     ):
-        self.n_clusters = n_clusters
-        self.init = init
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.verbose = verbose
-        self.compute_labels = compute_labels
-        self.random_state = random_state
-        self.tol = tol
-        self.max_no_improvement = max_no_improvement
-        self.init_size = init_size
-        self.n_init = n_init
-        self.reassignment_ratio = reassignment_ratio
-        self.backend = backend
-        self.precision = precision
-        self.tier = tier
-        self.memory_limit = memory_limit
-        self.device_memory_limit = device_memory_limit
-        self.client = client
+        self._store_params(locals())
 
     def __repr__(self) -> str:
         return type(self).__name__ + super().__repr__()[len("KMeans"):]
