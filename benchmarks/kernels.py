@@ -76,6 +76,26 @@ def both(r, key, fn, lib, **kw):
     r[key[:-2] + "_ev_s"] = timeit_events(fn, lib, **kw)
 
 
+# The floors each mode's step is compared with: the GEMMs of its precision, and (fp32) one
+# read of X.
+FLOORS = {"fp32": ("gemm_fp32", "hbm_read"), "tf32": ("gemm_tf32", "gemm_fp16")}
+
+
+def add_ratios(r: dict) -> None:
+    """Add to a problem's row ``r`` each timed mode's step time over its :data:`FLOORS`
+    (``ratio_<mode>_vs_<floor>``) and PyTorch's step time over it (``speedup_<mode>_vs_torch``),
+    for synchronised wall times and for CUDA-event times (suffix ``_ev``)."""
+    for ev in ("", "_ev"):
+        for mode, floors in FLOORS.items():
+            step = r.get(f"daskmeans_{mode}{ev}_s")
+            if not step:
+                continue
+            for floor in floors:
+                r[f"ratio_{mode}_vs_{floor}{ev}"] = step / r[f"{floor}{ev}_s"]
+            if f"torch_{mode}{ev}_s" in r:
+                r[f"speedup_{mode}_vs_torch{ev}"] = r[f"torch_{mode}{ev}_s"] / step
+
+
 def gemm_tiled(X, CT, rows):
     import torch
 
@@ -168,19 +188,7 @@ def main(argv=None):
                     both(r, f"torch_{mode}_s", tiled, "torch", reps=5, warm=2)
             torch.backends.cuda.matmul.allow_tf32 = False
         CT = out = None
-        for ev in ("", "_ev"):  # synchronised wall times, and CUDA-event times
-            fp = r.get(f"daskmeans_fp32{ev}_s")
-            if fp:
-                r[f"ratio_fp32_vs_gemm_fp32{ev}"] = fp / r[f"gemm_fp32{ev}_s"]
-                r[f"ratio_fp32_vs_hbm_read{ev}"] = fp / r[f"hbm_read{ev}_s"]
-                if f"torch_fp32{ev}_s" in r:
-                    r[f"speedup_fp32_vs_torch{ev}"] = r[f"torch_fp32{ev}_s"] / fp
-            tf = r.get(f"daskmeans_tf32{ev}_s")
-            if tf:
-                r[f"ratio_tf32_vs_gemm_tf32{ev}"] = tf / r[f"gemm_tf32{ev}_s"]
-                r[f"ratio_tf32_vs_gemm_fp16{ev}"] = tf / r[f"gemm_fp16{ev}_s"]
-                if f"torch_tf32{ev}_s" in r:
-                    r[f"speedup_tf32_vs_torch{ev}"] = r[f"torch_tf32{ev}_s"] / tf
+        add_ratios(r)
         rows_out.append(r)
         X = C = Xc = Cc = None  # freed before the next problem's data
         torch.cuda.empty_cache()
