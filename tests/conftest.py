@@ -7,44 +7,17 @@ Tests pass ``client=`` explicitly to :class:`daskmeans.KMeans`, so which client 
 
 from __future__ import annotations
 
-import logging
-
 import pytest
-from distributed import Client, LocalCluster
 
 from daskmeans.backends import gpu_available
-
-
-def _cluster(n_workers: int) -> LocalCluster:
-    return LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        silence_logs=logging.ERROR,
-    )
+from localclient import local_client
 
 
 @pytest.fixture(scope="session")
 def client():
     """A Client on a 2-worker, 1-thread-per-worker process cluster (the default client)."""
-    cluster = _cluster(2)
-    c = Client(cluster)
-    try:
+    with local_client(2, set_as_default=True) as c:
         yield c
-    finally:
-        c.close()
-        cluster.close()
-
-
-def _other_client(n_workers: int):
-    cluster = _cluster(n_workers)
-    c = Client(cluster, set_as_default=False)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +26,15 @@ def client3(client):
 
     Depends on ``client`` so that the session cluster (and the default client) exists first.
     """
-    yield from _other_client(3)
+    with local_client(3) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def client1(client):
     """A 1-worker cluster (never the default client), for worker-count invariance."""
-    yield from _other_client(1)
+    with local_client(1) as c:
+        yield c
 
 
 def pytest_collection_modifyitems(config, items):

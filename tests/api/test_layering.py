@@ -15,6 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(ROOT, "daskmeans")
 
 
+def package_source(path: str) -> str:
+    """The text of the package's module at ``path`` (relative to ``daskmeans/``)."""
+    with open(os.path.join(PACKAGE, path)) as f:
+        return f.read()
+
+
 def private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -66,21 +72,7 @@ def private_uses(source: str, package: str = "daskmeans") -> list[str]:
 
 
 def test_the_cli_uses_no_private_name_of_another_module():
-    with open(os.path.join(PACKAGE, "cli.py")) as f:
-        assert private_uses(f.read()) == []
-
-
-@pytest.mark.parametrize("snippet", [
-    "from .estimator import _fanout",
-    "from daskmeans.io.paths import _held_guard",
-    "from . import report\nreport._matplotlib()",
-    "import daskmeans.report as r\nr._matplotlib()",
-    "from .estimator import KMeans\nkm = KMeans(2)\nkm._validate_params()",
-    "def f(km):\n    return km._init_array(3)",
-    "def f(km):\n    return km._labels",
-])
-def test_the_check_finds_each_kind_of_private_use(snippet):
-    assert len(private_uses(snippet)) == 1
+    assert private_uses(package_source("cli.py")) == []
 
 
 @pytest.mark.parametrize("snippet", [
@@ -119,17 +111,23 @@ def scheduling_in(source: str) -> list[str]:
 
 
 def test_the_estimator_holds_no_scheduling():
-    with open(os.path.join(PACKAGE, "estimator.py")) as f:
-        assert scheduling_in(f.read()) == []
+    assert scheduling_in(package_source("estimator.py")) == []
 
 
-@pytest.mark.parametrize("snippet", [
-    "from .placement import place",
-    "from distributed import wait",
-    "from .engine.collective import open_collective",
-    "client.submit(f, x)",
-    "futures = client.scatter(x)",
-    "x = x.persist()",
+@pytest.mark.parametrize("check, snippet", [
+    (private_uses, "from .estimator import _fanout"),
+    (private_uses, "from daskmeans.io.paths import _held_guard"),
+    (private_uses, "from . import report\nreport._matplotlib()"),
+    (private_uses, "import daskmeans.report as r\nr._matplotlib()"),
+    (private_uses, "from .estimator import KMeans\nkm = KMeans(2)\nkm._validate_params()"),
+    (private_uses, "def f(km):\n    return km._init_array(3)"),
+    (private_uses, "def f(km):\n    return km._labels"),
+    (scheduling_in, "from .placement import place"),
+    (scheduling_in, "from distributed import wait"),
+    (scheduling_in, "from .engine.collective import open_collective"),
+    (scheduling_in, "client.submit(f, x)"),
+    (scheduling_in, "futures = client.scatter(x)"),
+    (scheduling_in, "x = x.persist()"),
 ])
-def test_the_scheduling_check_finds_each_kind(snippet):
-    assert len(scheduling_in(snippet)) == 1
+def test_each_check_finds_each_kind_of_use(check, snippet):
+    assert len(check(snippet)) == 1

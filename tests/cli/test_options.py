@@ -20,41 +20,33 @@ PLOT = ["plot", "m.zarr", "-o", "r.png"]
 GENERATE = ["generate", "blobs", "--n", "10", "--d", "2", "--centers", "2", "-o", "g.zarr"]
 INT = "an integer >= 1"
 SIZE = "a size > 0 such as 512MiB"
+FINITE = "a finite number >= 0"
+SEED = "an integer from 0 to 4294967295"
 
-BAD = [
-    # (command, option, value, requirement)
-    (["fit", "x.npy"], "--k", "0", INT),
-    (["fit", "x.npy"], "--k", "-3", INT),
-    (["fit", "x.npy"], "--k", "three", INT),
-    (FIT, "--n-init", "0", INT),
-    (FIT, "--max-iter", "0", INT),
-    (FIT, "--max-iter", "2.5", INT),
-    (FIT, "--tol", "-1", "a finite number >= 0"),
-    (FIT, "--tol", "nan", "a finite number >= 0"),
-    (FIT, "--tol", "abc", "a finite number >= 0"),
-    (FIT, "--seed", "-1", "an integer from 0 to 4294967295"),
-    (FIT, "--seed", "4294967296", "an integer from 0 to 4294967295"),
-    (FIT, "--chunk-bytes", "abc", SIZE),
-    (FIT, "--chunk-bytes", "5XB", SIZE),
-    (FIT, "--chunk-bytes", "-1", SIZE),
-    (FIT, "--chunk-bytes", "0", SIZE),
-    (FIT, "--memory-limit", "lots", SIZE + " or auto"),
-    (FIT, "--memory-limit", "0.5", SIZE + " or auto"),  # half a byte: 0
-    (FIT, "--device-memory-limit", "0", SIZE + " or auto"),
-    (FIT, "--checkpoint-every", "0", INT),
-    (FIT, "--workers", "0", INT),
-    (PREDICT, "--chunk-bytes", "-1", SIZE),
-    (PREDICT, "--workers", "-2", INT),
-    (PLOT, "--sample", "0", INT),
-    (PLOT, "--chunk-bytes", "1XB", SIZE),
-    (GENERATE, "--chunk-rows", "0", INT),
-    (GENERATE, "--std", "-0.5", "a finite number >= 0"),
-    (GENERATE, "--std", "inf", "a finite number >= 0"),
-    (GENERATE, "--seed", "-5", "an integer from 0 to 4294967295"),
-    (["generate", "blobs", "--d", "2", "--centers", "2", "-o", "g.zarr"], "--n", "0", INT),
-    (["generate", "blobs", "--n", "10", "--centers", "2", "-o", "g.zarr"], "--d", "x", INT),
-    (["generate", "blobs", "--n", "10", "--d", "2", "-o", "g.zarr"], "--centers", "-1", INT),
+# (command, option, the values it refuses, requirement)
+REFUSED = [
+    (["fit", "x.npy"], "--k", ["0", "-3", "three"], INT),
+    (FIT, "--n-init", ["0"], INT),
+    (FIT, "--max-iter", ["0", "2.5"], INT),
+    (FIT, "--tol", ["-1", "nan", "abc"], FINITE),
+    (FIT, "--seed", ["-1", "4294967296"], SEED),
+    (FIT, "--chunk-bytes", ["abc", "5XB", "-1", "0"], SIZE),
+    (FIT, "--memory-limit", ["lots", "0.5"], SIZE + " or auto"),  # 0.5: half a byte, 0
+    (FIT, "--device-memory-limit", ["0"], SIZE + " or auto"),
+    (FIT, "--checkpoint-every", ["0"], INT),
+    (FIT, "--workers", ["0"], INT),
+    (PREDICT, "--chunk-bytes", ["-1"], SIZE),
+    (PREDICT, "--workers", ["-2"], INT),
+    (PLOT, "--sample", ["0"], INT),
+    (PLOT, "--chunk-bytes", ["1XB"], SIZE),
+    (GENERATE, "--chunk-rows", ["0"], INT),
+    (GENERATE, "--std", ["-0.5", "inf"], FINITE),
+    (GENERATE, "--seed", ["-5"], SEED),
+    (["generate", "blobs", "--d", "2", "--centers", "2", "-o", "g.zarr"], "--n", ["0"], INT),
+    (["generate", "blobs", "--n", "10", "--centers", "2", "-o", "g.zarr"], "--d", ["x"], INT),
+    (["generate", "blobs", "--n", "10", "--d", "2", "-o", "g.zarr"], "--centers", ["-1"], INT),
 ]
+BAD = [(argv, option, value, requirement) for argv, option, values, requirement in REFUSED for value in values]
 
 
 @pytest.mark.parametrize("argv, option, value, requirement", BAD,

@@ -80,11 +80,16 @@ def test_forced_host_tier_too_small_is_refused(client, store):
         KMeans(12, tier="host", memory_limit="12MiB", client=client).fit(str(d / "x.zarr"))
 
 
-def _refusal(args, capsys):
-    rc = main(args)
+def _preflight_refusal(d, k, memory_limit, capsys):
+    """The last line of the error of ``daskmeans fit`` of ``d/x.zarr`` into ``k`` clusters on
+    one worker within ``memory_limit``, refused (exit 1, no traceback) before writing a model."""
+    model = d / "never.zarr"
+    rc = main(["fit", str(d / "x.zarr"), "--k", str(k), "--memory-limit", memory_limit, "--workers", "1",
+               "-o", str(model)])
     err = capsys.readouterr().err
     assert rc == 1, err
     assert "Traceback" not in err
+    assert not os.path.exists(model)
     return err.strip().splitlines()[-1]
 
 
@@ -92,15 +97,12 @@ def test_preflight_names_the_centroids_when_they_are_the_cost(store, capsys):
     d, _ = store
     # 400,000 rows read as one chunk, cut to 125,000 rows (an eighth of 64 MiB, in whole file
     # chunks of 25,000); K x D x 8 bytes x 7 of centroids and sums.
-    last = _refusal(["fit", str(d / "x.zarr"), "--k", "60000", "--memory-limit", "64MiB", "--workers", "1",
-                     "-o", str(d / "never.zarr")], capsys)
-    assert last == (
+    assert _preflight_refusal(d, 60000, "64MiB", capsys) == (
         "daskmeans: error: K x D = 60000 x 16: the loop needs 72.11 MiB per worker besides its data, more than its "
         "host memory budget 64.00 MiB (--memory-limit): centroids and partial sums 51.27 MiB (fewer clusters or "
         "features), two chunks in flight 15.26 MiB (chunks of 125000 rows, cut to an eighth of the budget), labels "
         "of up to 400000 rows 4.58 MiB (more workers), kernel tiles 1.00 MiB (daskmeans.tile-bytes); or a larger "
         "budget")
-    assert not os.path.exists(d / "never.zarr")
 
 
 @pytest.fixture(scope="module")
@@ -115,15 +117,12 @@ def coarse(tmp_path_factory):
 def test_preflight_names_the_files_chunks_when_they_are_the_cost(coarse, capsys):
     """K = 8, D = 16 under 10 MiB (issue 33): fewer clusters would not help; the file's chunks,
     read whole (two in flight: 2 x 6.4 MB), are the cost, and the message says so first."""
-    last = _refusal(["fit", str(coarse / "x.zarr"), "--k", "8", "--memory-limit", "10MiB", "--workers", "1",
-                     "-o", str(coarse / "never.zarr")], capsys)
-    assert last == (
+    assert _preflight_refusal(coarse, 8, "10MiB", capsys) == (
         "daskmeans: error: K x D = 8 x 16: the loop needs 15.50 MiB per worker besides its data, more than its host "
         "memory budget 10.00 MiB (--memory-limit): two chunks in flight 12.21 MiB (the file's chunks of 100000 rows, "
         "read whole: store it in smaller chunks), labels of up to 200000 rows 2.29 MiB (more workers), kernel tiles "
         "1.00 MiB (daskmeans.tile-bytes), centroids and partial sums 7.02 kiB (fewer clusters or features); or a "
         "larger budget")
-    assert not os.path.exists(coarse / "never.zarr")
 
 
 def test_storage_is_chosen_where_the_budget_holds_the_loop_but_not_the_data_too(client, tmp_path):

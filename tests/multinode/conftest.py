@@ -5,13 +5,12 @@ equal bit for bit), and clusters of worker sets on distinct loopback addresses
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 import hostkit  # noqa: F401  (puts tests/faults on sys.path)
 from faultkit import K, Data
 from hostkit import SEED
+from localclient import local_client
 
 
 @pytest.fixture(scope="session")
@@ -23,27 +22,18 @@ def host_data(tmp_path_factory) -> Data:
 def one_worker(host_data):
     """``reference(kind, n_chunks)``: the model (centroids, inertia, n_iter) of the fit of
     ``host_data`` on one in-process worker, made once per case."""
-    from distributed import Client, LocalCluster
-
     import daskmeans
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
-                           silence_logs=logging.ERROR)
-    client = Client(cluster, set_as_default=False)
     made: dict = {}
+    with local_client(1, processes=False) as client:
+        def reference(kind: str, n_chunks: int):
+            if (kind, n_chunks) not in made:
+                km = daskmeans.KMeans(K, random_state=SEED, client=client).fit(host_data.api(kind, n_chunks))
+                assert km.n_iter_ >= 4
+                made[kind, n_chunks] = (km.cluster_centers_, km.inertia_, km.n_iter_)
+            return made[kind, n_chunks]
 
-    def reference(kind: str, n_chunks: int):
-        if (kind, n_chunks) not in made:
-            km = daskmeans.KMeans(K, random_state=SEED, client=client).fit(host_data.api(kind, n_chunks))
-            assert km.n_iter_ >= 4
-            made[kind, n_chunks] = (km.cluster_centers_, km.inertia_, km.n_iter_)
-        return made[kind, n_chunks]
-
-    try:
         yield reference
-    finally:
-        client.close()
-        cluster.close()
 
 
 @pytest.fixture(scope="session")
