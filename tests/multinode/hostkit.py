@@ -1,6 +1,7 @@
 """Several hosts simulated on one: a ``dask scheduler`` on 127.0.0.1 and sets of real ``dask
 worker`` processes listening on 127.0.0.2, 127.0.0.3, ... (every 127/8 address reaches this
-host's loopback device), plain TCP or TLS.
+host's loopback device), plain TCP or TLS; CPU workers, or GPU workers one per GPU with NCCL
+kept on sockets (:class:`GpuHosts`).
 
 The workers are started as the recipes in ``deploy/`` start them: ``--host ADDR`` (what
 ``deploy/local/start.sh --host`` passes), or ``--listen-address`` with ``--contact-address``
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +35,8 @@ from distributed.comm import get_address_host  # noqa: E402
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SCHEDULER_HOST = "127.0.0.1"
 SEED = 0  # the fits' random_state / --seed
+# NCCL between simulated hosts as between machines: no peer-to-peer, no shared memory, sockets.
+NCCL_SOCKETS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def host_of(address: str) -> str:
@@ -74,6 +78,8 @@ class LoopbackHosts(faultkit.DaskProcesses):
         Hosts whose workers are started with ``--listen-address``/``--contact-address`` (a
         port chosen here) instead of ``--host``.
     """
+
+    memory_limit = "2GiB"  # each worker's ``--memory-limit``
 
     def __init__(self, root: Path, hosts=HOSTS[:2], per_host: int = 2, nanny: bool = False,
                  tls: tuple | None = None, contact=()):
@@ -130,8 +136,8 @@ class LoopbackHosts(faultkit.DaskProcesses):
                 where = ["--host", host]
             self._spawn(["dask", "worker", "--scheduler-file", str(self.scheduler_file), *where,
                          "--nthreads", "1", "--nanny" if self.nanny else "--no-nanny", "--no-dashboard",
-                         "--local-directory", str(self.root / "workers"), "--memory-limit", "2GiB",
-                         "--death-timeout", "60", *self.tls_flags()], f"worker-{host}")
+                         "--local-directory", str(self.root / "workers"), "--memory-limit",
+                         self.memory_limit, "--death-timeout", "60", *self.tls_flags()], f"worker-{host}")
         if wait:
             self.wait_for_workers()
 
@@ -146,6 +152,46 @@ class LoopbackHosts(faultkit.DaskProcesses):
 
     def workers_by_host(self) -> dict[str, list[str]]:
         return by_host(self.client.nthreads())
+
+
+class GpuHosts(LoopbackHosts):
+    """GPU workers on the simulated hosts, one ``dask worker`` process per GPU, NCCL kept on
+    sockets (:data:`NCCL_SOCKETS`): host ``i`` (of ``hosts``) owns GPUs ``i * per_host`` to
+    ``(i + 1) * per_host - 1``, and each of its workers sees one of them alone (its own
+    ``CUDA_VISIBLE_DEVICES``). A worker started after one was killed takes its host's GPU that
+    has no live worker.
+
+    Parameters
+    ----------
+    root, hosts, per_host, **kwargs
+        As :class:`LoopbackHosts`'s; ``per_host`` is the GPUs (and workers) per host.
+    """
+
+    memory_limit = "16GiB"  # a CUDA context and staged rows: Dask would pause a worker at 80% of 2 GiB
+
+    def __init__(self, root: Path, hosts=HOSTS[:2], per_host: int = 1, **kwargs: Any):
+        super().__init__(root, hosts, per_host, **kwargs)
+        self.env.update(NCCL_SOCKETS)
+        self._on_gpu: dict[int, subprocess.Popen] = {}  # GPU -> the worker process started on it
+
+    def gpus(self, host: str) -> list[int]:
+        """The GPUs (indices on this machine) of ``host``."""
+        i = self.hosts.index(host)
+        return list(range(i * self.per_host, (i + 1) * self.per_host))
+
+    def start_host(self, host: str, count: int | None = None, wait: bool = True) -> None:
+        """Start ``count`` (default ``per_host``) workers on ``host``, each on a GPU of the
+        host that has no live worker."""
+        for _ in range(self.per_host if count is None else count):
+            free = [g for g in self.gpus(host) if g not in self._on_gpu or self._on_gpu[g].poll() is not None]
+            if not free:
+                raise RuntimeError(f"every GPU of {host} ({self.gpus(host)}) has a live worker")
+            # The environment is read when the process is spawned: one worker at a time.
+            self.env["CUDA_VISIBLE_DEVICES"] = str(free[0])
+            super().start_host(host, 1, wait=False)
+            self._on_gpu[free[0]] = self.procs[-1]
+        if wait:
+            self.wait_for_workers()
 
 
 class KillHostOnTask(faultkit.KillOnTask):
