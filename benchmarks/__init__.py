@@ -18,6 +18,9 @@ Subcommands, what each measures, and against which floor (measured in the same r
 - ``scale``: the largest fits (1e8 x 384 in the host tier; 2e7 x 128 at K = 2^20) as whole
   commands on every GPU of the host; against the kernel step at the same D and K on one GPU,
   scaled to each GPU's rows.
+- ``hosts``: P3 on two simulated hosts (workers on 127.0.0.2 and 127.0.0.3, one per GPU), the
+  Dask collective against NCCL over sockets, alternated in one run, with the models checked
+  bitwise.
 - ``table``: no measurement: the README's performance tables from ``results/`` (``--check``
   fails where they differ).
 - ``profile-step``, ``profile-small``, ``profile-host``, ``profile-init``: the GEMM regime's

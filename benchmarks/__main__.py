@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "tiers": ("tiers", "host and storage tiers against the pinned copy and the store's read floors; P4 host vs device"),
     "cpu": ("cpu", "the CPU kernels against scikit-learn and dask-ml on 2 cores"),
     "scale": ("scale", "the largest fits (154 GB host tier; K = 2^20) as whole commands against the kernel step"),
+    "hosts": ("hosts", "P3 on two simulated hosts of GPU workers: the Dask collective against NCCL over sockets"),
     "csv-read": ("csv_read", "P1 read from CSV on all cores against pyarrow's whole-file parse"),
     "table": ("table", "the README's performance tables from benchmarks/results/ (--check: fail where they differ)"),
     "profile-step": ("profile_step", "the GEMM regime's step in pieces (GEMM, select, prep, sums)"),
