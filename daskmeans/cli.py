@@ -623,7 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _os_error_line(e: OSError) -> str:
-    """``PATH: reason`` for an OSError about a path, else its own text."""
+    """``PATH: reason`` for an OSError about a path, else its own text (its type where it has
+    none: a bare TimeoutError)."""
     if e.strerror and isinstance(e.filename, (str, os.PathLike)):
         return f"{os.fspath(e.filename)}: {e.strerror}"
-    return str(e)
+    return " ".join(str(e).split()) or f"{type(e).__name__} (no message)"

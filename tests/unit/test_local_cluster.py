@@ -1,4 +1,5 @@
-"""The local cluster's choice of an in-process worker (config.gpu_in_process), without starting one."""
+"""The local cluster's choice of an in-process worker (config.gpu_in_process) and its close, without
+starting one; the command's line for an error without a message."""
 
 import dask
 import pytest
@@ -15,3 +16,38 @@ def test_only_one_gpu_runs_its_worker_in_process(how, n_gpus, expected):
     leave every GPU but the first idle."""
     with dask.config.set({"daskmeans.local-cluster": how}):
         assert config.gpu_in_process(n_gpus) is expected
+
+
+class _Closing:
+    """A cluster whose close ends in ``error`` after closing (a nanny's TimeoutError: its
+    killed worker process was still exiting at the deadline)."""
+
+    def __init__(self, error: Exception):
+        self.error, self.closed = error, False
+
+    def close(self) -> None:
+        self.closed = True
+        raise self.error
+
+
+def test_a_worker_process_slow_to_exit_does_not_fail_the_close():
+    from daskmeans.dask_cluster import close_local
+
+    c = _Closing(TimeoutError())
+    close_local(c)
+    assert c.closed
+
+
+def test_other_errors_of_a_close_are_raised():
+    from daskmeans.dask_cluster import close_local
+
+    with pytest.raises(RuntimeError, match="^comm broke$"):
+        close_local(_Closing(RuntimeError("comm broke")))
+
+
+def test_an_error_without_a_message_is_named_by_its_type():
+    """The command's one line never ends empty (``daskmeans: error: `` told nothing)."""
+    from daskmeans.cli import _os_error_line
+
+    assert _os_error_line(TimeoutError()) == "TimeoutError (no message)"
+    assert _os_error_line(OSError(28, "No space left on device", "/x/m.zarr")) == "/x/m.zarr: No space left on device"
