@@ -201,10 +201,7 @@ def main(argv=None) -> None:
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")
-    names = [s for s in args.problems.split(",") if s]
-    for name in names:
-        if name not in PROBLEMS:
-            ap.error(f"unknown problem {name!r} (choose from {', '.join(PROBLEMS)})")
+    names = meta.names(ap, args.problems, PROBLEMS, "problem")
     res = {"benchmark": "command", "date": meta.now(),
            "commit": meta.commit(), "machine": platform.machine(), "cores": os.cpu_count(),
            "device": meta.device_name(), "help_s": timed_help(), "problems": {}}

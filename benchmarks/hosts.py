@@ -191,18 +191,12 @@ def main(argv=None):
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "hosts")
-    precisions = [s for s in (args.precisions or ("fp32" if args.cpu else "tf32,fp32")).split(",") if s]
-    variants = [s for s in (args.variants or ("dask,dask-comms" if args.cpu else "nccl,dask")).split(",") if s]
-    for v in variants:
-        if v not in VARIANTS:
-            ap.error(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+    precisions = meta.names(ap, args.precisions or ("fp32" if args.cpu else "tf32,fp32"), ("fp32", "tf32"), "precision")
+    variants = meta.names(ap, args.variants or ("dask,dask-comms" if args.cpu else "nccl,dask"), VARIANTS, "variant")
     if len(set(variants)) != len(variants):
         ap.error("--variants names a variant twice")
     if args.cpu and "nccl" in variants:
         ap.error("--cpu: NCCL needs GPU workers")
-    for p in precisions:
-        if p not in ("fp32", "tf32"):
-            ap.error(f"unknown precision {p!r} (choose from fp32, tf32)")
     if args.iters < 2 or args.repeats < 1 or args.warmup < 0:
         ap.error("--iters must be 2 or more (the first is left out), --repeats 1 or more, --warmup 0 or more")
 

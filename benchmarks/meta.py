@@ -144,6 +144,16 @@ def parser(subcommand: str, doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def names(ap: argparse.ArgumentParser, text: str, known, what: str) -> list[str]:
+    """The comma-separated names of ``text``, each one of ``known``, or the parser's one-line
+    error naming the first unknown one (``what``: "problem", "case", ...)."""
+    chosen = [s for s in text.split(",") if s]
+    for name in chosen:
+        if name not in known:
+            ap.error(f"unknown {what} {name!r} (choose from {', '.join(known)})")
+    return chosen
+
+
 def problems_arg(ap: argparse.ArgumentParser, allowed: dict, default: str) -> None:
     """The profilers' positional problem names, of ``allowed`` (``default`` when none)."""
     ap.add_argument("problems", nargs="*", metavar="PROBLEM", help=f"of {', '.join(allowed)} (default {default})")

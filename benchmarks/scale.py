@@ -175,10 +175,7 @@ def main(argv=None) -> None:
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "scale")
-    names = [s for s in args.cases.split(",") if s]
-    for name in names:
-        if name not in CASES:
-            ap.error(f"unknown case {name!r} (choose from {', '.join(CASES)})")
+    names = meta.names(ap, args.cases, CASES, "case")
     res = {"benchmark": "scale", "device": meta.device_name(), "date": meta.now(), "commit": meta.commit(),
            "cases": {}}
     for name in names:
