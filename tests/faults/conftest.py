@@ -13,8 +13,9 @@ from faultkit import Data
 @pytest.fixture(scope="session")
 def fault_data(tmp_path_factory) -> Data:
     data = Data.make(tmp_path_factory.mktemp("fault-data"))
-    for kind, n in [("npy", 3), ("npy", 9), ("zarr", 3), ("zarr", 9), ("mem", 7), ("mem", 10)]:
-        assert data.api(kind, n).numblocks[0] == n, (kind, n)
+    for kind in faultkit.KINDS:
+        for n in faultkit.CHUNKS:
+            assert data.api(kind, n).numblocks[0] == n, (kind, n)
     return data
 
 

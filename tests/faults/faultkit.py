@@ -353,13 +353,17 @@ def run_guarded(client: Client, fn: Callable[[], Any], timeout: float = 60, stuc
 N_ROWS, N_FEATURES, K = 12_000, 5, 10
 
 # Row chunks per data kind and chunk count. Each chunking shares out evenly over 3 workers
-# (within the 2% that keeps the fit from cutting it again) and not over 2, so a fit that
-# loses a worker places the same chunks unevenly on the survivors.
-EQUAL = {3: 4000, 9: 1334}  # .npy and Zarr (stored in such chunks), read in chunks of these rows
+# (within the 2% that keeps the fit from cutting it again) and, but for 7 chunks of a file,
+# not over 2, so a fit that loses a worker places the same chunks unevenly on the survivors.
+# .npy and Zarr (stored in such chunks) are read in chunks of EQUAL's rows, the last chunk
+# holding the rest: 7 and 10 of them share out evenly over 3 only with a short last chunk
+# (6 x 1990 + 60, 9 x 1325 + 75), and 7 such chunks then share out evenly over 2 as well.
+EQUAL = {3: 4000, 7: 1990, 9: 1334, 10: 1325}
 UNEQUAL = {  # in memory
     7: (3600, 3600, 3600, 400, 400, 200, 200),
     10: (3600, 3600, 3600, 200, 200, 200, 200, 200, 100, 100),
 }
+KINDS, CHUNKS = ("npy", "zarr", "mem"), (3, 7, 9, 10)  # every data kind and chunk count
 
 
 @dataclass
@@ -382,7 +386,7 @@ class Data:
         if kind in ("npy", "zarr"):
             path = self.npy() if kind == "npy" else self.zarr(n_chunks)
             return daskmeans.read(str(path), chunk_bytes=EQUAL[n_chunks] * N_FEATURES * 4)
-        chunks = UNEQUAL.get(n_chunks) or (EQUAL[n_chunks],)
+        chunks = UNEQUAL.get(n_chunks) or EQUAL[n_chunks]
         return da.from_array(self.x, chunks=(chunks, N_FEATURES))
 
     def cli(self, kind: str, n_chunks: int) -> list[str]:

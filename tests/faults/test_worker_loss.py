@@ -5,7 +5,13 @@ bit those of an undisturbed fit on the same cluster. Without a nanny the killed 
 gone for good (the work finishes on 2); with one it comes back at a new address.
 
 The data varies over the cases: .npy, Zarr and in-memory, 3, 7, 9 and 10 chunks over 3
-workers, each chunking even over 3 workers and not over the 2 left after a loss."""
+workers, each chunking even over 3 workers (:data:`faultkit.EQUAL`). By default each phase has
+one (data kind, chunk count) per cluster kind, chosen so that every data kind and chunk count
+appears (18 cases). With ``DASKMEANS_FAULT_MATRIX=full`` in the environment each phase runs
+with every data kind and chunk count on each cluster kind (104 cases each: ids such as
+``placement-zarr9``), but for the labels written by the command from in-memory data: the
+command reads files, and ``labels-write-api`` is that phase for in-memory data. The phases the
+command runs otherwise (the iterations, predict) run through the API for in-memory data."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import dask
 import numpy as np
@@ -23,9 +29,12 @@ import zarr
 import daskmeans
 import daskmeans.placement as placement
 import faultkit
-from faultkit import K, Stuck, daskmeans_cli, kill_on, kills, leftovers, one_error_line, run_guarded
+from faultkit import CHUNKS, K, KINDS, Stuck, daskmeans_cli, kill_on, kills, leftovers, one_error_line, run_guarded
 
 SEED = 0
+MATRIX = os.environ.get("DASKMEANS_FAULT_MATRIX", "")
+if MATRIX not in ("", "full"):
+    raise ValueError(f"DASKMEANS_FAULT_MATRIX is 'full' or unset, not {MATRIX!r}")
 
 
 @pytest.fixture(scope="module", params=["nanny", "no-nanny"])
@@ -37,7 +46,7 @@ def cluster(request, tmp_path_factory, fault_data):
     c.start()
     c.references = {}
     try:
-        for case in sorted({p.data[request.param] for p in PHASES}):
+        for case in sorted({data or phase.data[request.param] for phase, data in cases()}):
             reference(c, fault_data, *case)
         yield c
     finally:
@@ -146,46 +155,79 @@ def cli_predict(cluster, data, kind, n, ref, tmp):
     assert leftovers(tmp) == []
 
 
+def api_predict(cluster, data, kind, n, ref, tmp):
+    """The API's predict of the reference model, computed: the fit's labels."""
+    c = cluster.client
+    km = daskmeans.load(str(ref.model)).set_params(client=c)
+    X = data.api(kind, n)
+    labels = run_guarded(c, lambda: c.compute(km.predict(X)).result(), timeout=60)
+    np.testing.assert_array_equal(labels, ref.labels)
+
+
 @dataclass
 class Phase:
     name: str
     prefix: str  # the key prefix of the task whose start kills a worker
-    run: object
+    run: Callable
     data: dict  # per cluster kind: (data kind, chunks)
     skip: int = 0  # task starts of that prefix let pass first
     xfail: dict = field(default_factory=dict)  # per cluster kind: the reason
+    command: bool = False  # run is the command's, which reads files only
+    api: Callable | None = None  # a command phase's run for in-memory data (None: no such case)
+
+    def runner(self, kind: str) -> Callable | None:
+        """What runs this phase on ``kind`` data (None: the case does not exist)."""
+        return self.api if self.command and kind == "mem" else self.run
 
 
 PHASES = [
     Phase("placement", "daskmeans-shard", api_fit, {"nanny": ("zarr", 9), "no-nanny": ("mem", 10)}),
     Phase("moments", "daskmeans-moments", api_fit, {"nanny": ("npy", 3), "no-nanny": ("zarr", 9)}),
     Phase("kmeans||-first-round", "daskmeans-kpar-update", api_fit, {"nanny": ("mem", 7), "no-nanny": ("npy", 3)}),
-    # The third round's draws (3 shards a round).
+    # The third round's draws: 3 shards a round, one per worker, whatever the chunk count.
     Phase("kmeans||-later-round", "daskmeans-kpar-sample", api_fit, {"nanny": ("mem", 10), "no-nanny": ("zarr", 3)},
           skip=6),
-    # The second segment (segments of 0.02 s: a few iterations each), through the command.
-    Phase("iterations", "daskmeans-segment", cli_fit, {"nanny": ("zarr", 3), "no-nanny": ("npy", 9)}, skip=3),
+    # The second segment (segments of 0.02 s: a few iterations each), through the command
+    # (the API for in-memory data).
+    Phase("iterations", "daskmeans-segment", cli_fit, {"nanny": ("zarr", 3), "no-nanny": ("npy", 9)}, skip=3,
+          command=True, api=api_fit),
     Phase("final-pass", "daskmeans-labels", api_fit, {"nanny": ("npy", 9), "no-nanny": ("mem", 7)}),
-    Phase("labels-write-cli", "_write_block", cli_labels, {"nanny": ("zarr", 9), "no-nanny": ("npy", 3)}),
+    # In-memory data: labels-write-api's cases.
+    Phase("labels-write-cli", "_write_block", cli_labels, {"nanny": ("zarr", 9), "no-nanny": ("npy", 3)},
+          command=True),
     Phase("labels-write-api", "_write_block", api_labels, {"nanny": ("mem", 7), "no-nanny": ("mem", 10)}),
-    Phase("predict", "_predict_block", cli_predict, {"nanny": ("npy", 9), "no-nanny": ("zarr", 9)}),
+    Phase("predict", "_predict_block", cli_predict, {"nanny": ("npy", 9), "no-nanny": ("zarr", 9)}, command=True,
+          api=api_predict),
 ]
+
+
+def cases(full: bool = MATRIX == "full") -> list[tuple[Phase, tuple[str, int] | None]]:
+    """``test_worker_killed``'s cases, ``(phase, (data kind, chunks))``: each phase with its
+    own data per cluster kind (``None``: :attr:`Phase.data`'s), or with ``full`` every data
+    kind and chunk count the phase can run on."""
+    if not full:
+        return [(p, None) for p in PHASES]
+    return [(p, (kind, n)) for p in PHASES for kind in KINDS for n in CHUNKS if p.runner(kind) is not None]
+
+
+def _case_id(phase: Phase, data: tuple[str, int] | None) -> str:
+    return phase.name if data is None else f"{phase.name}-{data[0]}{data[1]}"
 
 
 def _mode(cluster) -> str:
     return "nanny" if cluster.nanny else "no-nanny"
 
 
-@pytest.mark.parametrize("phase", PHASES, ids=[p.name for p in PHASES])
-def test_worker_killed(cluster, fault_data, phase, tmp_path, request):
+@pytest.mark.parametrize("phase, data", [pytest.param(*c, id=_case_id(*c)) for c in cases()])
+def test_worker_killed(cluster, fault_data, phase, data, tmp_path, request):
     mode = _mode(cluster)
     if mode in phase.xfail:
         request.applymarker(pytest.mark.xfail(strict=True, raises=Stuck, reason=phase.xfail[mode]))
-    kind, n = phase.data[mode]
+    kind, n = data or phase.data[mode]
     ref = reference(cluster, fault_data, kind, n)
     cluster.restore()
     with kill_on(cluster.client, tmp_path / "flags", phase.prefix, phase.skip) as flags:
-        phase.run(cluster, fault_data, kind, n, ref, tmp_path)
+        phase.runner(kind)(cluster, fault_data, kind, n, ref, tmp_path)
     assert_one_kill(flags, phase.prefix)
 
 
@@ -193,6 +235,15 @@ def test_every_case_covers_each_data_kind_and_chunk_count():
     cases = {case for p in PHASES for case in p.data.values()}
     assert {kind for kind, _ in cases} == {"npy", "zarr", "mem"}
     assert {n for _, n in cases} == {3, 7, 9, 10}
+    assert all(p.runner(kind) is not None for p in PHASES for kind, _ in p.data.values())
+
+
+def test_the_full_matrix_is_every_phase_data_kind_and_chunk_count():
+    """All of them but the command's labels of in-memory data (labels-write-api's cases)."""
+    full = {(p.name, *data) for p, data in cases(full=True)}
+    every = {(p.name, kind, n) for p in PHASES for kind in KINDS for n in CHUNKS}
+    assert every - full == {("labels-write-cli", "mem", n) for n in CHUNKS}
+    assert len(full) == len(cases(full=True)) == 9 * 3 * 4 - 4
 
 
 def test_engine_tasks_cap_blas_to_the_worker_threads(cluster, fault_data):
