@@ -223,7 +223,7 @@ def fit_distributed(
                 of = f" (run {run + 1}/{params.n_init})" if params.n_init > 1 else ""
                 with phase("init"), step(f"init {params.init}{of}", unit="steps"):
                     c0 = drv.survive(lambda p: resolve_init(
-                        client, p, params.init, k, int(seeds[run]), params.oversampling_factor))
+                        client, p, params.init, k, int(seeds[run]), params.oversampling_factor, grid))
                 c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
             if run == 0:
                 check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)

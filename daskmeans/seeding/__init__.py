@@ -1,8 +1,8 @@
 """Initial centroids: one module per init, registered by name in :data:`REGISTRY`.
 
 An init is a function ``init(client, placement, k, seed, **options) -> (k, d) float64``
-that draws k centroids from the placed data (``options``: ``oversampling_factor``; an init
-ignores the options it does not use). Its draws depend on the seed and on global row indices
+that draws k centroids from the placed data (``options``: ``oversampling_factor``, and
+``grid``, the fit's grid or None; an init ignores the options it does not use). Its draws depend on the seed and on global row indices
 only, so a seed gives the same centroids on any chunking and worker count.
 
 The default, ``k-means||``, can run as ``hierarchical`` from K =
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from distributed import Client
 
+    from ..backends.grid import Grid
     from ..placement import Placement
 
 
@@ -86,10 +87,12 @@ def chosen_init(init: str, k: int) -> str:
 
 
 def resolve_init(client: "Client", placement: "Placement", init: str, k: int, seed: int,
-                 oversampling_factor: float = 0.5) -> "np.ndarray":
+                 oversampling_factor: float = 0.5, grid: "Grid | None" = None) -> "np.ndarray":
     """Initial centroids ``(k, d)`` float64 from the registered init named ``init``
-    (:func:`chosen_init`: k-means|| at wide K runs the hierarchical init)."""
-    return get_init(chosen_init(init, k))(client, placement, k, seed, oversampling_factor=oversampling_factor)
+    (:func:`chosen_init`: k-means|| at wide K runs the hierarchical init); ``grid``, the fit's,
+    bounds the data (its distance passes then need no reduction of their own per block)."""
+    return get_init(chosen_init(init, k))(client, placement, k, seed, oversampling_factor=oversampling_factor,
+                                          grid=grid)
 
 
 # Public functions of the modules, imported on first use (PEP 562).

@@ -1,8 +1,8 @@
 """``hierarchical``: K centres for wide K from mesoclusters of a sample of the rows.
 
-k-means|| at K = 2^18 reduces its 2.5 K candidates to K on one worker in ~130 dependent batches,
-each a distance pass of every candidate against a batch's draws: most of its 33 s on one H100,
-none of it shared by more GPUs. Here (cuVS's mesoclusters; FAISS trains on a sample too):
+k-means|| at K = 2^18 reduces its 2.5 K candidates to K on one worker in ~80 dependent batches,
+each a distance pass of every candidate against a batch's draws, none of it shared by more
+GPUs. Here (cuVS's mesoclusters; FAISS trains on a sample too):
 
 1. **Sample** (one pass, one task per shard): a row belongs to it when its uniform draw
    (:func:`~daskmeans.seeding.rows.row_uniforms`, by global row) is below ``m / n``, ``m =

@@ -16,6 +16,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
+from ..backends.grid import Grid
 from ..placement import Placement, Shard, blas_capped, gather
 from ..progress import advance
 from ..reduction import tree_reduce
@@ -38,16 +39,17 @@ class _ParState:
     n_cands: int  # the candidates so far (every shard's state counts the same ones)
 
 
-def _par_update(shard: Shard, state: _ParState | None, parts: list) -> _ParState:
+def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid | None) -> _ParState:
     """Fold a round's candidates (``parts``: every shard's draws, :func:`_concat_by_row`;
     numbered on from the candidates so far) into each row's nearest candidate: a row keeps an
     earlier candidate on ties, so the nearest is the first of the nearest in candidate order,
-    as one pass over all of them would find it."""
+    as one pass over all of them would find it. ``phi`` is added on the device and read once
+    (no synchronisation per block: the host tier's copies of the next block keep overlapping)."""
     be = shard.be
     xp = be.xp
     new = _concat_by_row(parts)
     offset = 0 if state is None else state.n_cands
-    d2s, near, phi = [], [], 0.0
+    d2s, near, phi = [], [], xp.zeros((), xp.float64)
     prep = be.prepare(new, shard.dtype, _INIT_PRECISION) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
         if state is not None:
@@ -55,14 +57,14 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list) -> _ParState
         else:
             d2, nearest = xp.full(block.shape[0], xp.inf), xp.full(block.shape[0], -1, xp.int64)
         if prep is not None:
-            lab, dn = be.min_sqdist(block, prep)
+            lab, dn = be.min_sqdist(block, prep, grid)
             closer = dn < d2
             d2 = xp.where(closer, dn, d2)
             nearest = xp.where(closer, lab.astype(xp.int64) + offset, nearest)
         d2s.append(d2)
         near.append(nearest)
-        phi += float(d2.sum() if w is None else d2 @ w.astype(xp.float64))
-    return _ParState(d2s, near, phi, offset + new.shape[0])
+        phi = phi + (d2.sum() if w is None else d2 @ w.astype(xp.float64))
+    return _ParState(d2s, near, float(phi), offset + new.shape[0])
 
 
 def _phi(shard: Shard, state: _ParState) -> float:
@@ -138,6 +140,7 @@ def init_kmeans_parallel(
     *,
     rounds: int | None = None,
     oversampling_factor: float = 0.5,
+    grid: Grid | None = None,
     **options: Any,
 ) -> np.ndarray:
     """k-means|| (Bahmani et al. 2012): ``rounds`` rounds drawing each row with probability
@@ -147,8 +150,9 @@ def init_kmeans_parallel(
     Every round is one distance pass of the shards against that round's new candidates only;
     each row carries its nearest candidate along, so the weights cost no pass of their own.
     All passes together cost an assignment against ``1 + rounds * l`` centres (2.5 K by
-    default), whatever the number of workers. ``options``: other inits' keyword options, not
-    used here.
+    default), whatever the number of workers. ``grid``, the fit's (or None), bounds the rows
+    for the passes' scaled float16 GEMM. ``options``: other inits' keyword options, not used
+    here.
     """
     rounds = int(rounds if rounds is not None else config.get("init.rounds"))
     ell = float(oversampling_factor) * k
@@ -164,7 +168,7 @@ def init_kmeans_parallel(
     states: list = [None] * nshard
 
     def fold(states: list, new: list) -> list:
-        return rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard,
+        return rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard, [grid] * nshard,
                                      name="daskmeans-kpar-update")
 
     for r in range(1, rounds + 1):

@@ -78,7 +78,8 @@ def test_wide_k_on_every_gpu_gives_the_bits_of_one_gpu():
     ref, ref_labels = _fit("0", Xd, init, "tf32", "auto")
     every = ",".join(map(str, range(_n_gpus())))
     km, labels = _fit(every, Xd, init, "tf32", "auto")
-    assert ref.n_iter_ == 15
+    # About three rows per cluster: the fit may converge before max_iter; both runs alike.
+    assert km.n_iter_ == ref.n_iter_ >= 2
     np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
     np.testing.assert_array_equal(labels, ref_labels)
 

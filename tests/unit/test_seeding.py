@@ -132,7 +132,7 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
     shard = _shard(X, [123, 300], w)
     state, offset = None, 0
     for b in batches:  # one round's draws, as a single shard's part: (global rows, data)
-        state = _par_update(shard, state, [(np.arange(offset, offset + len(b)), b)])
+        state = _par_update(shard, state, [(np.arange(offset, offset + len(b)), b)], None)
         offset += b.shape[0]
         assert state.n_cands == offset
     allc = np.concatenate(batches)
