@@ -165,6 +165,26 @@ def _row(name: str, **match) -> tuple[dict, str]:
     return rows[0], f"{name}: results[{key}]"
 
 
+def init_calibration(name: str, rows: list, commit: str) -> tuple[float, float, str]:
+    """``(seed_P4, tf32_step_s, source)`` of ``commit``'s runs in the multi-GPU file ``name``:
+    the recluster's seconds at P4, its 1-GPU init less its passes (2.5 x one TF32 assignment:
+    the init runs its passes in TF32 whatever the fit's precision), and that TF32 step: the
+    commit's own 1-GPU tf32 run, or else the kernel benchmark's P4 tf32 step on that device
+    (its file and commit named in the source)."""
+    ones = [r for r in rows if r["commit"] == commit and r["gpus"] == 1 and r["problem"] == "P4"
+            and r.get("init_s") and r.get("chunking", "default") == "default"]
+    one = ([r for r in ones if r["precision"] == "tf32"] or ones)[0]
+    src = f"{name}: results[P4,{one['precision']},1 GPU,{commit}].init_s"
+    tf = [r for r in ones if r["precision"] == "tf32"]
+    if tf:
+        step = tf[0]["kernel_s"]
+        return one["init_s"] - 2.5 * step, step, f"{src} - 2.5 x kernel_s"
+    kname = f"gpu_kernels_{name.split('_')[1].split('.')[0].split('x')[0]}.json"
+    k, ksrc = _row(kname, problem="P4")
+    step = k["daskmeans_tf32_s"]
+    return one["init_s"] - 2.5 * step, step, f"{src} - 2.5 x {ksrc}.daskmeans_tf32_s ({k['commit']})"
+
+
 def load_rates() -> dict[str, Rate]:
     """Every component rate the model uses, each with the file and key it came from."""
     rates: dict[str, Rate] = {}
@@ -210,12 +230,14 @@ def load_rates() -> dict[str, Rate]:
     rates["h2d_pinned"] = Rate(t["h2d_pinned_GBps"] * 1e9, "B/s per GPU", "tiers_h200.json: throughput.h2d_pinned_GBps")
     rates["store_read"] = Rate(t["store_read_GBps"] * 1e9, "B/s per worker",
                                "tiers_h200.json: throughput.store_read_GBps")
-    # The init's recluster: P4 tf32 on 1 GPU, its passes taken out (for each file: its kernels
-    # and init changed between their commits).
+    # The init's recluster: P4 on 1 GPU, its passes taken out, from each file's newest init
+    # (the kernels and the init changed between commits: init_calibration takes each
+    # commit's own).
     for name in ("multigpu_h100x4.json", "multigpu_h200x2.json"):
-        r, src = _row(name, problem="P4", precision="tf32", gpus=1, chunking="default")
-        rates[f"seed_P4_{name.split('_')[1].split('.')[0]}"] = Rate(r["init_s"] - 2.5 * r["kernel_s"], "s",
-                                                                    f"{src}.init_s - 2.5 x kernel_s")
+        rows = [r for r in _load(name)["results"] if r["problem"] == "P4" and r.get("init_s")]
+        newest = max(rows, key=lambda r: r.get("date", ""))["commit"]
+        seed, _, src = init_calibration(name, rows, newest)
+        rates[f"seed_P4_{name.split('_')[1].split('.')[0]}"] = Rate(seed, "s", src)
     rates["seed_P4"] = rates["seed_P4_h100x4"]
     # Orchestration per iteration (the update, statistics), P4 on 1 GPU.
     r, src = _row("multigpu_h100x4.json", problem="P4", precision="tf32", gpus=1)
@@ -297,18 +319,17 @@ def measured_points(rates: dict[str, Rate] | None = None) -> list[Point]:
             else:
                 checked, why = True, ""
             pts.append(Point(label, key + ".iteration_s", r["iteration_s"], it.seconds, checked, why))
-        # The init (k-means||, TF32 passes in every precision), P4: the file's 1-GPU tf32 run
-        # calibrates the recluster; its other runs are checked.
-        tf = [x for x in rows if x["gpus"] == 1 and x["problem"] == "P4" and x["precision"] == "tf32"
-              and x.get("init_s")]
-        for r in rows if tf else []:
-            if r["problem"] != "P4" or not r.get("init_s") or r is tf[0]:
+        # The init (k-means||, TF32 passes in every precision), P4: each commit's 1-GPU run
+        # calibrates its recluster (init_calibration); its other runs are checked.
+        inits = [x for x in rows if x["problem"] == "P4" and x.get("init_s")]
+        for r in inits:
+            if r["gpus"] == 1:
                 continue
             where = name.split("_")[1].split(".")[0]
+            seed, step, _ = init_calibration(name, inits, r["commit"])
             shape = Shape(r["n"], r["d"], r["k"])
-            init = init_seconds(shape, r["gpus"], shape.flop / tf[0]["kernel_s"], v["multi_rank"],
-                                v[f"seed_P4_{where}"], Shape(4e6, 480, 40000))
-            same = [x for x in rows if x["problem"] == "P4" and x["gpus"] == r["gpus"] and x.get("init_s")]
+            init = init_seconds(shape, r["gpus"], shape.flop / step, v["multi_rank"], seed, Shape(4e6, 480, 40000))
+            same = [x for x in inits if x["gpus"] == r["gpus"] and x["commit"] == r["commit"]]
             spread = max(x["init_s"] for x in same) / min(x["init_s"] for x in same)
             pts.append(Point(f"{where} P4 init ({r['precision']} run) {r['gpus']} GPU",
                              f"{name}: results[P4,{r['precision']},{r['gpus']} GPU].init_s", r["init_s"], init,
@@ -374,10 +395,42 @@ def measured_points(rates: dict[str, Rate] | None = None) -> list[Point]:
         pts.append(Point(f"2e7x768 K=40000 4 GPU iteration, {name}", f"{ISSUE}: fit_2e7x768_k40000_iteration_s",
                          REPORTED["fit_2e7x768_k40000_iteration_s"], it.seconds, checked=False,
                          why="the run's kernel version is not recorded: the two kernel rates bracket it"))
-    init = init_seconds(big, 4, p4.flop / row("P4", 1, "tf32")["kernel_s"], v["multi_rank"], v["seed_P4"],
-                        Shape(4e6, 480, 40000))
+    # The reported fit predates the file's newest inits: its oldest calibrates it.
+    inits = [r for r in h4 if r["problem"] == "P4" and r.get("init_s")]
+    seed, step, _ = init_calibration("multigpu_h100x4.json", inits, min(inits, key=lambda r: r["date"])["commit"])
+    init = init_seconds(big, 4, p4.flop / step, v["multi_rank"], seed, Shape(4e6, 480, 40000))
     pts.append(Point("2e7x768 K=40000 4 GPU init", f"{ISSUE}: fit_2e7x768_k40000_init_s",
                      REPORTED["fit_2e7x768_k40000_init_s"], init, kind="init"))
+    pts += scale_points(v)
+    return pts
+
+
+def scale_points(v: dict) -> list[Point]:
+    """The scale benchmark's whole commands (``scale_*.json``), as :func:`predict` models a fit:
+    the kernel benchmark's rates at the nearest shape (H100s), the host tier fed by pinned
+    copies."""
+    pts = []
+    for path in sorted(RESULTS.glob("scale_*.json")):
+        where = path.stem.split("_")[1]
+        for case, r in _load(path.name)["cases"].items():
+            if r.get("rc") != 0:
+                continue
+            shape = Shape(r["n"], r["d"], r["k"], r["precision"])
+            kernel = v[f"kernel_{nearest_problem(shape)}_{shape.precision}"]
+            feed = v["h2d_pinned"] if r["tier"] == "host" else None
+            it = iteration(shape, r["gpus"], kernel, v["multi_rank"],
+                           v["update_P4"] * shape.k * shape.d / (40000 * 480),
+                           allreduce_seconds(shape.partial_bytes, r["gpus"], v["nccl_nvlink"]), feed_bps=feed)
+            init = init_seconds(shape, r["gpus"], v[f"kernel_{nearest_problem(shape)}_tf32"], v["multi_rank"],
+                                v["seed_P4"], Shape(4e6, 480, 40000), feed_bps=feed)
+            h100 = where.startswith("h100")
+            other = "" if h100 else "an H200 run: the model's kernel rates are H100s'"
+            key = f"{path.name}: cases.{case}"
+            pts.append(Point(f"{where} scale {case} ({r['tier']} tier) iteration", f"{key}.median_iteration_s",
+                             r["median_iteration_s"], it.seconds, checked=h100, why=other))
+            pts.append(Point(f"{where} scale {case} ({r['tier']} tier) init", f"{key}.init_s", r["init_s"], init,
+                             kind="init", checked=False, why=other or "the init's sampling (d2 to the host, a "
+                             "draw per row, every round) has no term in the model: it bounds this init"))
     return pts
 
 

@@ -46,7 +46,9 @@ def _commits(pairs: list[tuple[str, str | None]]) -> str:
     """``"commit abc1234"``, or ``"commits abc1234 (P2, P3), def5678 (P4)"`` where they differ."""
     by: dict[str, list[str]] = {}
     for label, commit in pairs:
-        by.setdefault(_short(commit), []).append(label)
+        labels = by.setdefault(_short(commit), [])
+        if label not in labels:  # a table row of several runs (1, 2 and 4 GPUs) named once
+            labels.append(label)
     if len(by) == 1:
         return f"commit {next(iter(by))}"
     return "commits " + ", ".join(f"{c} ({', '.join(labels)})" for c, labels in by.items())
