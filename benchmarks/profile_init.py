@@ -1,7 +1,7 @@
 """``python -m benchmarks profile-init``: the k-means|| recluster (``seed_batched`` on about
 2.5 K weighted candidates, reduced to K on one GPU) at the shapes where the init costs most:
-its wall time, the number of steps, the host functions that take the time (cProfile, sorted
-by their own time), and the GEMM floor of its distance passes. For planning init work;
+its wall time, the host functions that take the time (cProfile, sorted by their own time),
+and the fp32 GEMM floor of its distance passes. For planning init work;
 prints, writes no file.
 
     python -m benchmarks profile-init [P4] [W16] [W18]
@@ -42,10 +42,8 @@ def profile(problem: problems.Problem) -> None:
     # The distance passes' floor: every draw (trials per centre) and every pick against all
     # candidates, as one TF32 GEMM each.
     cols = (local_trials(k) + 1) * k
-    xt = x[:, :]
     c = rs.standard_normal((4096, d), dtype=cupy.float32)
-    with cupy.cuda.Device():
-        ms = meta.event_ms(lambda: xt @ c.T, reps=10, warm=2)
+    ms = meta.event_ms(lambda: x @ c.T, reps=10, warm=2)
     floor = ms / 1e3 * cols / 4096
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
