@@ -148,22 +148,30 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
 def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[int, ...]) -> None:
     """On a worker: write one block into the array at ``root`` (``name`` in its group).
 
-    A write that lands after the client removed the temporary directory (an interrupted or
-    failed write: the client cannot stop a write already running) recreates the directories
-    it needs; seeing the metadata gone, it removes what it made, so nothing is left behind.
+    The client cannot stop a write already running on a worker: a write that starts after the
+    client removed the temporary directory (an interrupted or failed write) writes nothing,
+    and one under way when it is removed (its chunk recreates the directories it needs) removes
+    what it made once it sees the metadata gone, so nothing is left behind.
     """
     import zarr
 
-    arr = zarr.open_array(root, path=name or "", mode="r+").with_config({"write_empty_chunks": True})
-    arr[tuple(slice(s, s + n) for s, n in zip(start, np.shape(block)))] = np.asarray(block)
-    if not os.path.exists(os.path.join(root, "zarr.json")):
-        shutil.rmtree(root, ignore_errors=True)
+    meta = os.path.join(root, "zarr.json")
+    if not os.path.exists(meta):  # abandoned: opening would make the directory again
+        return
+    try:
+        arr = zarr.open_array(root, path=name or "", mode="r+").with_config({"write_empty_chunks": True})
+        arr[tuple(slice(s, s + n) for s, n in zip(start, np.shape(block)))] = np.asarray(block)
+    finally:
+        if not os.path.exists(meta):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _run_writes(writes: list) -> None:
     """Run the block writes, each counted as done (:func:`daskmeans.progress.advance`): on the
     distributed client when there is one (the writes not started are cancelled at the first
-    failure or interruption), else on Dask's threads, returning or raising once none still
+    failure or interruption; a write under way there ends on its own and, finding the directory
+    gone, removes what it made), else (or where ``dask.config`` names a local scheduler) on
+    Dask's threads, returning or raising once none still
     runs (Dask's threaded scheduler raises at the first failure while other writes go on,
     which would then write into the directory the caller is removing)."""
     import dask
@@ -172,6 +180,8 @@ def _run_writes(writes: list) -> None:
     try:
         from distributed import get_client
 
+        if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
+            raise ValueError("a local scheduler is configured")  # dask.config.set(scheduler="threads")
         client = get_client()
     except (ImportError, ValueError):
         from dask.callbacks import Callback

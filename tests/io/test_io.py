@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from unittest import mock
 
+import dask
 import dask.array as da
 import numpy as np
 import pandas as pd
@@ -739,12 +742,37 @@ def test_write_array_2d_readable_and_failure_leaves_nothing(tmp_path, monkeypatc
         return block
 
     # The other blocks are written (or being written) when one fails: the error comes once
-    # none is still under way, and all of it goes.
+    # none is still under way, and all of it goes. (On Dask's threads: a default client that
+    # other tests' estimators started would run the blocks in its worker processes.)
     failing = da.from_array(data, chunks=(300, 5)).map_blocks(third_block_fails, dtype=data.dtype)
-    with pytest.raises(RuntimeError, match="worker died"):
+    with dask.config.set(scheduler="threads"), pytest.raises(RuntimeError, match="worker died"):
         model_store.write_array(failing, str(tmp_path / "y.zarr"))
     assert running == []
     assert listing(tmp_path) == ["x.zarr"]
+
+
+def test_a_block_write_after_the_output_was_abandoned_leaves_nothing(tmp_path):
+    """A write a worker starts, or finishes, after the client removed the temporary directory
+    (the client cannot stop a task already running on a worker) leaves no directory behind."""
+    root = str(tmp_path / ".y.zarr.tmp")
+    zarr.create_array(root, shape=(10, 2), chunks=(5, 2), dtype="f8")
+    model_store._write_block(np.ones((5, 2)), root, None, (0, 0))
+    np.testing.assert_array_equal(zarr.open_array(root)[:5], 1)
+    shutil.rmtree(root)
+    model_store._write_block(np.ones((5, 2)), root, None, (5, 0))  # started after the removal
+    assert listing(tmp_path) == []
+
+    zarr.create_array(root, shape=(10, 2), chunks=(5, 2), dtype="f8")
+    real_open = zarr.open_array
+
+    def removed_while_opening(*a, **k):  # removed between the check and the chunk's write
+        arr = real_open(*a, **k)
+        shutil.rmtree(root)
+        return arr
+
+    with mock.patch.object(zarr, "open_array", removed_while_opening):
+        model_store._write_block(np.ones((5, 2)), root, None, (5, 0))
+    assert listing(tmp_path) == []
 
 
 @pytest.mark.parametrize("kind", ["zarr", "npy"])
