@@ -51,6 +51,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "whole `daskmeans fit` commands (warm and cold kernel cache) against scikit-learn's script"  # its line in --help
+
 
 def _spec(name: str, **kw) -> dict:
     p = problems.get(name)

@@ -30,6 +30,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "the CPU kernels against scikit-learn and dask-ml on 2 cores"  # its line in --help
+
 LAYOUT = meta.Layout(rows={"results": ("k",)}, parts=("overhead",))
 
 

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+SUMMARY = "P1 read from CSV on all cores against pyarrow's whole-file parse"  # its line in --help
+
 
 def _data(rows: int, cols: int) -> tuple[np.ndarray, str]:
     """The rows to write and what they are."""

@@ -53,6 +53,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "P3 on two simulated hosts of GPU workers: the Dask collective against NCCL over sockets"  # its line in --help
+
 LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "backend", "workers")})
 ROOT = Path(__file__).resolve().parents[1]
 

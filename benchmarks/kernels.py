@@ -28,6 +28,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "one GPU kernel step on P2-P4, S1, S2 against the cuBLAS GEMM and HBM floors"  # its line in --help
+
 PROBLEMS = problems.pick("P2", "P3", "P4", "S1", "S2", "W12", "W14", "W16", "W18", "V12", "V14", "V16", "V18")
 LAYOUT = meta.Layout(rows={"results": ("problem",)})
 

@@ -37,6 +37,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives"  # its line in --help
+
 PROBLEMS = problems.pick("P3", "P4")
 LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "gpus", "collective", "chunking")})
 

@@ -7,9 +7,12 @@ kernel work; prints, writes no file.
     python -m benchmarks profile-host [S1] [S2]
 """
 
+
 import time
 
 from benchmarks import meta, problems
+
+SUMMARY = "host-side cost of a small-K step"  # its line in --help
 
 PROBLEMS = problems.pick("S1", "S2")
 

@@ -16,6 +16,8 @@ import time
 
 from benchmarks import problems
 
+SUMMARY = "the k-means|| recluster at P4 and wide K: wall time, host profile, GEMM floor"  # its line in --help
+
 PROBLEMS = problems.pick("P4", "W16", "W18")
 
 

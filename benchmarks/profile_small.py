@@ -9,6 +9,8 @@ one HBM read of X. For planning kernel work on S1/S2; prints, writes no file.
 
 from benchmarks import meta, problems
 
+SUMMARY = "compile-time variants of the fused small-K kernel"  # its line in --help
+
 PROBLEMS = problems.pick("S1", "S2")
 
 

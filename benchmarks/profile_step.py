@@ -11,6 +11,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "the GEMM regime's step in pieces (GEMM, select, prep, sums)"  # its line in --help
+
 PROBLEMS = problems.pick("P2", "P3", "S1", "S2")
 
 

@@ -39,6 +39,8 @@ import numpy as np
 
 from benchmarks import meta
 
+SUMMARY = "the largest fits (154 GB host tier; K = 2^20) as whole commands against the kernel step"  # its line in --help
+
 LAYOUT = meta.Layout(entries=("cases",))
 
 

@@ -19,6 +19,8 @@ import sys
 
 from benchmarks import meta, problems
 
+SUMMARY = "the README's performance tables from benchmarks/results/ (--check: fail where they differ)"  # its line in --help
+
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 
 # The results each table is made from (one device kind each; other kinds stay in docs/performance.md).

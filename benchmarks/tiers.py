@@ -33,6 +33,8 @@ import numpy as np
 
 from benchmarks import meta, problems
 
+SUMMARY = "host and storage tiers against the pinned copy and the store's read floors; P4 host vs device"  # its line in --help
+
 LAYOUT = meta.Layout(parts=("throughput", "p4", "limits"), top_commit=False)
 
 
