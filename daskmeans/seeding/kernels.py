@@ -64,16 +64,16 @@ def local_trials(k: int) -> int:
     return 2 + int(math.log(k)) if k > 1 else 1
 
 
-def _draw(p: np.ndarray, m: int, u: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """``m`` rows drawn with probability proportional to ``p`` without replacement
     (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
-    of probability 0 only when no other row is left. Sorted row indices."""
-    live = np.flatnonzero((p > 0) & ~exclude)
-    if len(live) >= m:
-        key = np.log(u[live]) / p[live]
-        return np.sort(live[np.argpartition(-key, m - 1)[:m]])
-    rest = np.flatnonzero((p <= 0) & ~exclude)
-    return np.sort(np.concatenate([live, rest[np.argsort(u[rest], kind="stable")[: m - len(live)]]]))
+    of probability 0 only when no other row is left. Sorted row indices, on ``p``'s device."""
+    live = xp.flatnonzero((p > 0) & ~exclude)
+    if live.size >= m:
+        key = xp.log(u[live]) / p[live]
+        return xp.sort(live[xp.argpartition(-key, m - 1)[:m]])
+    rest = xp.flatnonzero((p <= 0) & ~exclude)
+    return xp.sort(xp.concatenate([live, rest[xp.argsort(u[rest], kind="stable")[: m - live.size]]]))
 
 
 def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
@@ -96,6 +96,10 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     own rows with its own batch sizes; every group takes its batch in the same step, so a step
     is still two distance passes of X (against every group's draws, then picks). ``d^2`` and
     the credit are to the nearest draw or pick of any group.
+
+    Everything per row (weights, ``d^2``, the draws' keys, the credit) stays on X's device: a
+    step reads back only the sizes of its draws (the host's uniforms go the other way), so a
+    GPU is not left waiting on host work between the dependent steps.
 
     Parameters
     ----------
@@ -127,42 +131,42 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         ks, bounds = _group_bounds(groups, k, n)
     rows = np.diff(bounds)
     tries = np.array([local_trials(int(q)) if trials is None else int(trials) for q in ks])
-    w = np.ones(n) if sample_weight is None else be.to_numpy(sample_weight).astype(np.float64)
+    w = xp.ones(n) if sample_weight is None else xp.asarray(sample_weight).astype(xp.float64)
     d2 = None
-    chosen = np.zeros(n, bool)
+    chosen = xp.zeros(n, bool)
     picks = []
     bound = Grid.for_block(X)  # X's bound, for every distance pass (no reduction over X in each)
     total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
     while (total < ks).any():
         live = np.flatnonzero(total < ks)
         b = np.minimum(np.minimum(np.maximum(total[live], 1), cap[live]), ks[live] - total[live])
-        u = 1.0 - rng.random(n)  # in (0, 1]: log(u) is finite
-        spans = [slice(bounds[g], bounds[g + 1]) for g in live]
+        u = xp.asarray(1.0 - rng.random(n))  # in (0, 1]: log(u) is finite
+        spans = [slice(int(bounds[g]), int(bounds[g + 1])) for g in live]
         if d2 is None:  # the first centre of each group: a row drawn by weight
-            pick = np.concatenate([_draw(w[s], m, u[s], chosen[s]) + s.start for s, m in zip(spans, b)])
+            pick = xp.concatenate([_draw(xp, w[s], m, u[s], chosen[s]) + s.start for s, m in zip(spans, b)])
         else:
             p = w * d2
-            draws = [_draw(p[s], min(t * m, r), u[s], chosen[s]) + s.start
+            draws = [_draw(xp, p[s], min(t * m, r), u[s], chosen[s]) + s.start
                      for s, m, t, r in zip(spans, b, tries[live], rows[live] - total[live])]
-            if all(len(dr) <= m for dr, m in zip(draws, b)):
-                pick = np.concatenate(draws)
+            sizes = [int(dr.size) for dr in draws]
+            if all(size <= m for size, m in zip(sizes, b)):
+                pick = xp.concatenate(draws)
             else:
-                every = np.concatenate(draws)
-                lab, dn = be.min_sqdist(X, be.prepare(X[xp.asarray(every)], X.dtype, precision), bound)
-                gain = np.bincount(be.to_numpy(lab), weights=w * np.maximum(d2 - be.to_numpy(dn), 0.0),
-                                   minlength=len(every))
-                ends = np.cumsum([len(dr) for dr in draws])
-                pick = np.concatenate([
-                    dr if len(dr) <= m else np.sort(dr[np.argsort(-g, kind="stable")[:m]])
-                    for dr, m, g in zip(draws, b, np.split(gain, ends[:-1]))
+                every = xp.concatenate(draws)
+                lab, dn = be.min_sqdist(X, be.prepare(X[every], X.dtype, precision), bound)
+                gain = xp.bincount(lab, weights=w * xp.maximum(d2 - dn, 0.0), minlength=every.size)
+                ends = np.cumsum(sizes)
+                pick = xp.concatenate([
+                    dr if size <= m else xp.sort(dr[xp.argsort(-gain[end - size:end], kind="stable")[:m]])
+                    for dr, size, m, end in zip(draws, sizes, b, ends)
                 ])
         chosen[pick] = True
         picks.append(pick)
         total[live] += b
         if (total < ks).any():
-            dn = be.to_numpy(be.min_sqdist(X, be.prepare(X[xp.asarray(pick)], X.dtype, precision), bound)[1])
-            d2 = dn if d2 is None else np.minimum(d2, dn)
-    return X[xp.asarray(np.concatenate(picks))]
+            dn = be.min_sqdist(X, be.prepare(X[pick], X.dtype, precision), bound)[1]
+            d2 = dn if d2 is None else xp.minimum(d2, dn)
+    return X[xp.concatenate(picks)]
 
 
 def _group_bounds(groups: Any, k: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
