@@ -71,16 +71,20 @@ def _phi(shard: Shard, state: _ParState) -> float:
     return state.phi
 
 
-def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: int, rnd: int) -> tuple:
+def _par_sample(shard: Shard, state: _ParState | None, phi: float, ell: float, seed: int, rnd: int) -> tuple:
     """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``, the
-    data in the shard's dtype."""
+    data in the shard's dtype. Without a state (the first round, no candidates yet) every row is
+    drawn with probability ``min(1, ell / phi)``, ``phi`` the number of rows."""
     be = shard.be
     xp = be.xp
     idx, out = [], []
     for j, (_, off, block, w) in enumerate(shard.items()):
-        p = be.to_numpy(state.d2[j]) * (ell / phi)
-        if w is not None:
-            p = p * be.to_numpy(w)
+        if state is None:
+            p = np.full(block.shape[0], ell / phi)
+        else:
+            p = be.to_numpy(state.d2[j]) * (ell / phi)
+            if w is not None:
+                p = p * be.to_numpy(w)
         pick = np.flatnonzero(row_uniforms(seed, rnd, off, p.shape[0]) < p)
         if len(pick):
             idx.append(off + pick)
@@ -88,7 +92,6 @@ def _par_sample(shard: Shard, state: _ParState, phi: float, ell: float, seed: in
     if not out:
         return np.empty(0, np.int64), np.empty((0, shard.n_features), shard.dtype)
     return np.concatenate(idx), np.concatenate(out)
-
 
 
 def _concat_by_row(parts: list) -> np.ndarray:
@@ -143,14 +146,18 @@ def init_kmeans_parallel(
     grid: Grid | None = None,
     **options: Any,
 ) -> np.ndarray:
-    """k-means|| (Bahmani et al. 2012): ``rounds`` rounds drawing each row with probability
-    ``min(1, l * w * d^2 / phi)``, ``l = oversampling_factor * k``; the candidates, weighted by
-    the rows nearest to each, are reduced to ``k`` on one worker (:func:`_recluster`).
+    """k-means|| (Bahmani et al. 2012): ``rounds`` rounds of draws, the first of each row with
+    probability ``min(1, l / n)`` and each later one with probability ``min(1, l * w * d^2 /
+    phi)``, ``l = oversampling_factor * k``; the candidates, weighted by the rows nearest to
+    each, are reduced to ``k`` on one worker (:func:`_recluster`).
 
-    Every round is one distance pass of the shards against that round's new candidates only;
-    each row carries its nearest candidate along, so the weights cost no pass of their own.
-    All passes together cost an assignment against ``1 + rounds * l`` centres (2.5 K by
-    default), whatever the number of workers. ``grid``, the fit's (or None), bounds the rows
+    Every round but the first is one distance pass of the shards against the previous round's
+    new candidates only, and one more pass folds in the last round's; each row carries its
+    nearest candidate along, so the weights cost no pass of their own. All ``rounds`` passes
+    together cost an assignment against ``rounds * l`` centres (2.5 K by default), whatever
+    the number of workers. (The paper's first round is one row drawn at random, and so a
+    whole pass over the data against one candidate, which in the host and storage tiers costs
+    as much as any other; that row is drawn here too, in the first round.) ``grid``, the fit's (or None), bounds the rows
     for the passes' scaled float16 GEMM. ``options``: other inits' keyword options, not used
     here.
     """
@@ -158,20 +165,30 @@ def init_kmeans_parallel(
     ell = float(oversampling_factor) * k
     n = placement.n_samples
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
-    row0 = np.random.default_rng([seed, 0]).integers(0, n, size=1)
-    first = take_rows(client, placement, row0)
-    # A round's draws stay where they were drawn, one part per shard: each worker fetches the
-    # others' parts itself (one hop, not two through a concatenating task).
-    new: list | None = [client.scatter((row0, first.astype(placement.dtype)), hash=False)]
-    rounds_drawn = [new]
     nshard = len(placement.shards)
     states: list = [None] * nshard
+
+    def sample(states: list, phi: float, r: int) -> list:
+        # A round's draws stay where they were drawn, one part per shard: each worker fetches
+        # the others' parts itself (one hop, not two through a concatenating task).
+        return rows.submit_per_shard(
+            client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
+            [r] * nshard, name="daskmeans-kpar-sample",
+        )
 
     def fold(states: list, new: list) -> list:
         return rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard, [grid] * nshard,
                                      name="daskmeans-kpar-update")
 
-    for r in range(1, rounds + 1):
+    # The first round draws uniformly (no pass over the data before it), so each of the
+    # ``rounds`` passes folds l candidates in and the last one gives the weights; with it one
+    # row drawn by the seed, so that there is a candidate however small l / n is.
+    row0 = np.random.default_rng([seed, 0]).integers(0, n, size=1)
+    first = take_rows(client, placement, row0).astype(placement.dtype)
+    new: list | None = [client.scatter((row0, first), hash=False), *sample(states, float(n), 0)]
+    rounds_drawn = [new]
+    advance(1, rounds + 1)
+    for r in range(1, rounds):
         states = fold(states, new)
         new = None
         # Only each shard's float comes to the client (the states keep their arrays where they
@@ -181,13 +198,9 @@ def init_kmeans_parallel(
         phi = float(sum(phis))
         if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
             break
-        samples = rows.submit_per_shard(
-            client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
-            [r] * nshard, name="daskmeans-kpar-sample",
-        )
-        new = samples
+        new = sample(states, phi, r)
         rounds_drawn.append(new)
-        advance(r, rounds + 1)  # the rounds, then the recluster
+        advance(r + 1, rounds + 1)  # the rounds, then the recluster
     if new is not None:  # the last round's draws
         states = fold(states, new)
     weights = tree_reduce(
