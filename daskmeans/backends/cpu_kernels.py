@@ -56,8 +56,27 @@ def _sqdist(gib, x):  # pragma: no cover - compiled
     return d2 if d2 > 0.0 else 0.0
 
 
+# Adding 1.5 * 2**52 to a float64 below 2**51 in magnitude rounds it to an integer (to nearest,
+# ties to even, as ``rint``) held in the low mantissa bits: the integer is the sum's bits less
+# the constant's. Integer subtraction vectorises where a float64 -> int64 conversion does not
+# (x86 before AVX-512), which made the conversion most of a small-K step.
+_MAGIC = 6755399441055744.0
+_MAGIC_BITS = 0x4338000000000000
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
+def _add_on_grid(acc, x, wi, scales, buf, ibuf):  # pragma: no cover - compiled
+    """``acc += rint(wi * x * scales)`` as int64, each ``|wi * x * scales| < 2**51``; ``buf``
+    float64 (D,) scratch and ``ibuf`` its int64 view."""
+    for t in range(x.shape[0]):
+        buf[t] = wi * np.float64(x[t]) * scales[t] + _MAGIC
+    for t in range(x.shape[0]):
+        acc[t] += ibuf[t] - _MAGIC_BITS
+
+
 @numba.njit(**_JIT)
-def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia):  # pragma: no cover - compiled
+def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
+               small=False):  # pragma: no cover - compiled
     """Per-row distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -74,6 +93,8 @@ def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, wan
     want_sums : bool
     inertia : float, the running inertia of the block's previous tiles (so that the sum
         runs in row order whatever the tiling)
+    small : bool, whether every ``|w x scales|`` is below ``2**51`` (:func:`_add_on_grid`'s
+        rounding applies; the same integers as ``rint``)
 
     Returns
     -------
@@ -82,6 +103,8 @@ def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, wan
     """
     n, d = xt.shape
     reassigned = 0
+    buf = np.empty(d, np.float64)
+    ibuf = buf.view(np.int64)
     for i in range(n):
         b = lab[i]
         x = xt[i]
@@ -97,8 +120,11 @@ def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, wan
         out[i] = b
         if want_sums:
             acc = sums[b]
-            for t in range(d):
-                acc[t] += np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
+            if small:
+                _add_on_grid(acc, x, wi, scales, buf, ibuf)
+            else:
+                for t in range(d):
+                    acc[t] += np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
             if w is not None:
                 wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1

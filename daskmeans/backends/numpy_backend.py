@@ -12,6 +12,8 @@ for host-side arrays only and never needs them.
 
 from __future__ import annotations
 
+import math
+
 import threading
 import time
 from dataclasses import dataclass
@@ -234,6 +236,9 @@ def assign(
     counts = numpy.zeros(kk, numpy.int64)
     scales = grid.scales(numpy) if want_sums else numpy.zeros(d)
     wscale = grid.wscale if want_sums else 0.0
+    # A value on the grid is below 2**62 * w / W (grid.py: the grid holds the data, W the fit's
+    # total weight, at least 2**(wexp + 61)): below 2**51, the kernel's fast rounding applies.
+    small = want_sums and n > 0 and (1.0 if w is None else float(w.max())) <= math.ldexp(1.0, grid.wexp + 50)
     inertia = 0.0
     reassigned = 0
     for s, e, g, lab in _tiles(X, p):
@@ -242,7 +247,7 @@ def assign(
         prev = _workspace(e - s, k, X.dtype).no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
         inertia, r_t = cpu_kernels.tile_stats(
             g, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums, weights, counts,
-            want_sums, inertia,
+            want_sums, inertia, small,
         )
         reassigned += r_t
     out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": 0}

@@ -61,8 +61,23 @@ def from_memory(a: Any, cb: int | None) -> da.Array:
         a = _object_to_float(a)
     check_2d_numeric(getattr(a, "shape", ()), a.dtype)
     rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
-    # asarray=False keeps CuPy blocks as CuPy (da.from_array would otherwise call np.asarray)
-    return da.from_array(a, chunks=(rows, a.shape[1]), asarray=False)
+    return _views(a, rows)
+
+
+def _views(a: Any, rows: int) -> da.Array:
+    """``a`` as a Dask array whose chunks are views of its rows: no copy (``da.from_array``
+    copies the whole array first, which cost a fit from memory more than its moments pass),
+    CuPy rows kept on the GPU. Named by a hash of the contents (with ``xxhash`` installed,
+    several GB/s), so that a re-fit of equal data finds its placement
+    (:mod:`daskmeans.engine.reuse`) and changed data never does."""
+    from dask.base import tokenize
+
+    n, d = a.shape
+    starts = range(0, n, rows) if n else [0]
+    name = f"daskmeans-memory-{tokenize(a, rows)}"
+    graph = {(name, i, 0): a[s : s + rows] for i, s in enumerate(starts)}
+    chunks = (tuple(min(rows, n - s) for s in starts), (d,))
+    return da.Array(graph, name, chunks, meta=a[:0])
 
 
 def _object_to_float(a: np.ndarray) -> np.ndarray:
