@@ -127,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="train on N x K rows drawn from --seed where the data has more (FAISS's "
                         "max_points_per_centroid), then label every row (default daskmeans.max-samples-per-cluster: "
                         "every row)")
+    f.add_argument("--max-imbalance", type=float_option("--max-imbalance", low=1.0, strict=True), default=None, metavar="R",
+                   help="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
+                        "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
+                        "clusters above it (R > 1; default off)")
     f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
     f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
@@ -314,7 +318,7 @@ def _cmd_fit(args) -> int:
                         random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
                         memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit,
-                        max_samples_per_cluster=args.max_samples_per_cluster)
+                        max_samples_per_cluster=args.max_samples_per_cluster, max_imbalance=args.max_imbalance)
             km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
             # The inputs first: a missing input is the error to report, whatever the outputs.

@@ -93,6 +93,14 @@ class KMeans:
         chunking and worker count; with their weights), then labels every row and measures
         ``inertia_`` and ``cluster_sizes_`` over every row. Default
         ``daskmeans.max-samples-per-cluster`` (null: every row).
+    max_imbalance : float, optional
+        Balance the cluster sizes, as an inverted-file index wants its lists: while the
+        largest cluster holds more than ``max_imbalance`` times the mean size (rows over
+        ``n_clusters``), each iteration moves the centroids of as many of the smallest
+        clusters (below the mean size) onto a row of each cluster above the bound, so the
+        Lloyd steps that follow split it. A bound to approach, not a guarantee: the sizes
+        are in ``history_[i]["imbalance"]`` and the moves in ``history_[i]["n_moved"]``; the
+        inertia can rise in an iteration that moves centroids. Must be > 1; default None (off).
     backend : {"auto", "cpu", "gpu"}
         ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
     metric : {"euclidean", "cosine"}, default "euclidean"
@@ -155,7 +163,8 @@ class KMeans:
     cluster_sizes_ : ndarray (n_clusters,) int64
         Rows per cluster under the final centroids (every row of ``X``).
     history_ : list of dict, one per iteration (iteration, inertia, shift, reassigned,
-        n_empty, rechecked (fraction of rows), imbalance, seconds, kernel_seconds,
+        n_empty, rechecked (fraction of rows), imbalance, n_moved (see ``max_imbalance``),
+        seconds, kernel_seconds,
         collective_seconds, update_seconds, gb_per_s). ``seconds`` is rank 0's wall time;
         ``kernel_seconds`` the slowest worker's time from the iteration's start to its last
         assignment kernel (CUDA events on a GPU); ``collective_seconds`` and
@@ -181,6 +190,7 @@ class KMeans:
         "random_state": NoneOr(RandomStateLike()),
         "oversampling_factor": Interval(0, None, closed="neither"),
         "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
+        "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
         "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
@@ -203,6 +213,7 @@ class KMeans:
         random_state: int | None = None,
         oversampling_factor: float = 0.5,
         max_samples_per_cluster: int | None = None,
+        max_imbalance: float | None = None,
         backend: str = "auto",
         metric: str = "euclidean",
         precision: str = "fp32",
@@ -483,6 +494,7 @@ class KMeans:
             seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
             self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
             None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
+            max_imbalance=self.max_imbalance,
         )
         with using_client(self.client, self.backend, exclusive=True) as client:
             if m is not None:

@@ -204,18 +204,18 @@ def int_option(flag: str, low: int = 1, high: int | None = None):
     return parse
 
 
-def float_option(flag: str, low: float = 0.0):
-    """A real option's ``type=``: a finite number >= ``low``."""
+def float_option(flag: str, low: float = 0.0, strict: bool = False):
+    """A real option's ``type=``: a finite number >= ``low`` (> ``low`` where ``strict``)."""
     import math
 
-    requirement = f"a finite number >= {low:g}"
+    requirement = f"a finite number {'>' if strict else '>='} {low:g}"
 
     def parse(value: str) -> float:
         try:
             x = float(value)
         except ValueError:
             raise _option_error(flag, value, requirement) from None
-        if not math.isfinite(x) or x < low:
+        if not math.isfinite(x) or x < low or (strict and x == low):
             raise _option_error(flag, value, requirement)
         return x
 

@@ -89,6 +89,8 @@ def run_lloyd(
     start: Start | None = None,
     checkpoint: Callable[[Start], None] | None = None,
     checkpoint_every: int = 0,
+    max_imbalance: float | None = None,
+    seed: int = 0,
 ) -> LloydResult:
     """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
 
@@ -106,7 +108,8 @@ def run_lloyd(
         absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
     callback : callable(stats dict), optional
         Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
-        n_empty, rechecked, imbalance`` (largest cluster over the mean), ``kernel_seconds,
+        n_empty, rechecked, imbalance`` (largest cluster over the mean), ``n_moved``
+        (centroids moved to balance the sizes), ``kernel_seconds,
         seconds, gb_per_s`` (data bytes over seconds)), in order, after each segment.
     precision : {"fp32", "tf32", "bf16"}
     metric : {"euclidean", "cosine"}
@@ -120,11 +123,17 @@ def run_lloyd(
     checkpoint : callable(Start), optional
         Called with the run's restart point at the end of a segment once ``checkpoint_every``
         iterations have passed since the last call, and when the run is interrupted.
+    max_imbalance : float, optional
+        Balance the cluster sizes: while the largest cluster holds more than this multiple of
+        the mean size, each iteration moves the centroids of as many of the smallest clusters
+        (below the mean) to a row of each cluster above it, drawn by ``seed`` and the
+        iteration (the same rows on any cluster layout). ``n_moved`` in the statistics.
     """
     fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
     fit = FitSpec(
         int(max_iter), float(tol_abs), metric, precision, grid,
         len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
+        None if max_imbalance is None else float(max_imbalance), int(seed),
     )
     history: list[dict] = list(start.history or []) if start is not None else []
     start = start if start is not None else Start(0, np.asarray(centroids, np.float64))

@@ -74,6 +74,7 @@ class FitParams:
     checkpoint: str | None = None
     checkpoint_every: int = 10
     collective: str | None = None
+    max_imbalance: float | None = None
 
 
 @dataclass
@@ -233,7 +234,8 @@ def fit_distributed(
                     callback=_numbered(callback, run + 1), precision=params.precision, metric=params.metric,
                     collective=params.collective or config.get("collective"), replan=drv.replan,
                     start=start, checkpoint=_saver(params, fingerprint, on_checkpoint),
-                    checkpoint_every=params.checkpoint_every,
+                    checkpoint_every=params.checkpoint_every, max_imbalance=params.max_imbalance,
+                    seed=int(seeds[run]),
                 )
             if best is None or res.inertia < best.inertia:
                 best, best_run = res, run + 1
@@ -287,6 +289,8 @@ def _fingerprint(params: FitParams, n: int, d: int, dtype: Any, moments: dict, w
         "init": params.init if isinstance(params.init, str) else "array", "random_state": params.seed if params.seed_given else None,
         "tol": params.tol, "metric": params.metric, "precision": params.precision, "weighted": weighted,
         "max_abs": [float(v) for v in moments["max_abs"]], "digest": moments["digest"],
+        # Only where set: checkpoints of fits without it stay valid.
+        **({} if params.max_imbalance is None else {"max_imbalance": params.max_imbalance}),
     }
 
 

@@ -60,6 +60,11 @@ class FitSpec:
     n_chunks: int
     n_samples: int
     segment_seconds: float
+    # Balance (None: off): while the largest cluster holds more than this multiple of the mean
+    # cluster size, the smallest clusters' centroids move into the clusters above it
+    # (:func:`_balance`); ``seed`` chooses the rows they move to.
+    max_imbalance: float | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -174,6 +179,77 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
     return merged[:n_far]
 
 
+def _row_keys(xp: Any, rows: Any, salt: int) -> Any:
+    """A pseudo-random uint64 per global row (SplitMix64 of the row and ``salt``), the same
+    bits with NumPy and CuPy: which chunk or worker holds a row does not change its key."""
+    z = rows.astype(xp.uint64) + xp.uint64((salt * 0x9E3779B97F4A7C15) % (1 << 64))
+    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(0x94D049BB133111EB)
+    return z ^ (z >> xp.uint64(31))
+
+
+def _members(shard: Shard, over: np.ndarray, k: int, iteration: int, salt: int, be: Any) -> dict:
+    """For each cluster of ``over`` (host ints, of ``k``), its local row of the smallest key
+    (:func:`_row_keys`) in step ``iteration``: ``{cluster: (key, row, x, w)}``."""
+    xp = be.xp
+    is_over = xp.zeros(k, bool)
+    is_over[xp.asarray(over)] = True
+    best: dict = {}
+    for j, (_, off, block, w) in enumerate(shard.items()):
+        lab = shard.labels[iteration % 2][j]
+        idx = xp.flatnonzero(is_over[lab])
+        if not idx.size:
+            continue
+        keys = _row_keys(xp, idx + off, salt) >> xp.uint64(11)  # 53 bits: exact as float64 too
+        labs = lab[idx]
+        # By cluster, then key, then row (idx ascends; both sorts are stable).
+        order = xp.argsort(keys, kind="stable")
+        order = order[xp.argsort(labs[order], kind="stable")]
+        labs_sorted = labs[order]
+        first = order[xp.flatnonzero(xp.concatenate([xp.ones(1, bool), labs_sorted[1:] != labs_sorted[:-1]]))]
+        rows_h, keys_h, labs_h = be.to_numpy(idx[first]), be.to_numpy(keys[first]), be.to_numpy(labs[first])
+        xs = be.to_numpy(block[idx[first]]).astype(np.float64)
+        ws = np.ones(len(rows_h)) if w is None else be.to_numpy(w[idx[first]]).astype(np.float64)
+        for i, c in enumerate(labs_h.tolist()):
+            cand = (int(keys_h[i]), off + int(rows_h[i]), xs[i], float(ws[i]))
+            if c not in best or cand[:2] < best[c][:2]:
+                best[c] = cand
+    return best
+
+
+def _gather_members(mine: dict, over: np.ndarray, d: int, comm: Any, be: Any) -> list:
+    """Every rank's :func:`_members` merged (an all-gather through the sum collective): per
+    cluster of ``over``, ``(x, w)`` of the row of the smallest key (then row) on any rank."""
+    width = d + 3
+    slots = np.zeros((comm.size, len(over), width))
+    slots[comm.rank, :, 0] = -1.0  # no row of that cluster here
+    for i, c in enumerate(over.tolist()):
+        if c in mine:
+            key, row, x, w = mine[c]
+            slots[comm.rank, i, :3] = (key, row, w)
+            slots[comm.rank, i, 3:] = x
+    total = be.to_numpy(comm.allreduce(be.asarray(slots.reshape(-1).view(np.int64)))).view(np.float64)
+    total = total.reshape(comm.size, len(over), width)
+    out = []
+    for i in range(len(over)):
+        rows = [r for r in total[:, i] if r[0] >= 0]
+        r = min(rows, key=lambda r: (r[0], r[1]))  # every cluster of ``over`` has rows somewhere
+        out.append((r[3:], float(r[2])))
+    return out
+
+
+def _balance(counts: np.ndarray, mean: float, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """The clusters above ``bound * mean`` rows, largest first, and as many of the smallest
+    clusters below ``mean`` rows (smallest first; ties: lower index), whose centroids move to a
+    row of each (the donors). Host ints ``(over, donors)``, of the same length."""
+    over = np.flatnonzero(counts > bound * mean)
+    over = over[np.argsort(-counts[over], kind="stable")]
+    under = np.flatnonzero(counts < mean)
+    under = under[np.argsort(counts[under], kind="stable")]
+    m = min(len(over), len(under))
+    return over[:m], under[:m]
+
+
 def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float,
              interrupt: Callable[[], None] | None = None) -> dict:
     """One Lloyd iteration on this rank; returns its statistics (identical on every rank but
@@ -238,12 +314,25 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     n_empty = int(np.count_nonzero(host[:k] <= 0))  # empty means no weight (as scikit-learn)
     largest = int(host[k : 2 * k].max())
     imbalance = largest * k / max(1, fit.n_samples)  # the largest cluster over the mean
+    n_moved = 0
     if n_empty:
         new = shift = None  # the update from the uncorrected sums: freed before the second one
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
-        isums, iweights = _relocate(isums, iweights, cands, fit.grid, be)
+        targets = np.flatnonzero(host[:k] <= 0)
+        isums, iweights = _relocate(isums, iweights, targets, [(c[2], c[3], c[4]) for c in cands], fit.grid, be)
         new, shift = be.update_centroids(isums, iweights, old, fit.grid)
         m_updated = be.mark()
+    elif fit.max_imbalance is not None and imbalance > fit.max_imbalance and it + 1 < fit.max_iter:
+        # (Not in the last step: a moved centroid needs a Lloyd step after it.)
+        over, donors = _balance(host[k : 2 * k], fit.n_samples / k, fit.max_imbalance)
+        if len(over):
+            new = shift = None
+            members = _gather_members(_members(shard, over, k, it, fit.seed + it, be), over, d, comm, be)
+            cands = [(int(c), x, w) for c, (x, w) in zip(over, members)]
+            isums, iweights = _relocate(isums, iweights, donors, cands, fit.grid, be)
+            new, shift = be.update_centroids(isums, iweights, old, fit.grid)
+            m_updated = be.mark()
+            n_moved = len(over)
     new, shift = get_metric(fit.metric).update(new, old, shift)
     shift = float(shift)
     be.wait(m_updated)
@@ -258,6 +347,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         "n_empty": n_empty,
         "rechecked": int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
         "imbalance": imbalance,
+        "n_moved": n_moved,
         "kernel_seconds": be.elapsed(m_start, m_kernels),
         "collective_seconds": be.elapsed(m_kernels, m_reduced),
         "update_seconds": be.elapsed(m_reduced, m_updated),
@@ -267,13 +357,13 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     }
 
 
-def _relocate(isums: Any, iweights: Any, cands: list, grid: Grid, be: Any) -> tuple:
-    """Re-seed empty clusters with the points farthest from their centroid (as scikit-learn):
-    each empty cluster, in increasing index, takes the next farthest point, which leaves the
-    cluster it was assigned to. On the grid, as the kernels added the point."""
+def _relocate(isums: Any, iweights: Any, targets: np.ndarray, cands: list, grid: Grid, be: Any) -> tuple:
+    """Re-seed clusters ``targets`` with rows ``cands`` (``(label, x, w)`` each, in order):
+    each target's sums become its row alone, which leaves the cluster it was assigned to. On
+    the grid, as the kernels added the row. Empty clusters take the rows farthest from their
+    centroid (as scikit-learn's); balancing donors, a row of each cluster too large."""
     s, w = be.to_numpy(isums).copy(), be.to_numpy(iweights).copy()
-    empty = np.flatnonzero(w <= 0)
-    for j, (_, _, lab, x, wt) in zip(empty, cands):
+    for j, (lab, x, wt) in zip(targets, cands):
         v, u = grid.on_grid(x, wt)
         s[lab] -= v
         w[lab] -= u
@@ -331,7 +421,8 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         stats = _iterate(shard, st, fit, comm, seg_t0, interrupt)
         end = stats.pop("_end_segment")
         history.append(stats)
-        st.done = stats["reassigned"] == 0 or stats["shift"] <= fit.tol_abs
+        # A step that moved centroids to balance the clusters is no fixed point.
+        st.done = (stats["reassigned"] == 0 or stats["shift"] <= fit.tol_abs) and not stats["n_moved"]
         if end:
             break
     st.history += history
