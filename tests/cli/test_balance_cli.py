@@ -1,15 +1,12 @@
 """``daskmeans fit --max-imbalance R``: the command's model is the API's, with the moves in
-its history, and a bad bound is one line that leaves nothing behind."""
+its history (a bad bound is one usage line: ``test_options.py``)."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
 
 from daskmeans import KMeans
-from daskmeans.cli import main
 from daskmeans.io.model_store import load_model
 from clirun import run
 
@@ -23,18 +20,6 @@ def data(tmp_path_factory):
     X = np.concatenate([rng.normal(0, 1, (3000, 3)), rng.normal(8, 3, (300, 3))]).astype(np.float32)
     np.save(d / "x.npy", X)
     return X, str(d / "x.npy")
-
-
-@pytest.mark.parametrize("value", ["1", "0.5", "-1", "many", "inf"])
-def test_a_bad_value_is_one_usage_line(tmp_path, monkeypatch, capsys, value):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as e:
-        main(["fit", "x.npy", "--k", "3", "--max-imbalance", value])
-    assert e.value.code == 2
-    out, err = capsys.readouterr()
-    assert (out, err) == ("", f"daskmeans fit: error: --max-imbalance {value}: should be a finite number > 1 "
-                              f"(see daskmeans fit --help)\n")
-    assert os.listdir(tmp_path) == []
 
 
 def test_the_command_balances_as_the_api_does(data, tmp_path, capsys, client):

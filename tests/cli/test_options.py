@@ -34,6 +34,8 @@ REFUSED = [
     (FIT, "--memory-limit", ["lots", "0.5"], SIZE + " or auto"),  # 0.5: half a byte, 0
     (FIT, "--device-memory-limit", ["0"], SIZE + " or auto"),
     (FIT, "--checkpoint-every", ["0"], INT),
+    (FIT, "--max-imbalance", ["1", "0.5", "-1", "many", "inf"], "a finite number > 1"),
+    (FIT, "--max-samples-per-cluster", ["0", "-2", "2.5", "many"], INT),
     (FIT, "--workers", ["0"], INT),
     (PREDICT, "--chunk-bytes", ["-1"], SIZE),
     (PREDICT, "--workers", ["-2"], INT),

@@ -1,16 +1,14 @@
-"""``daskmeans fit --max-samples-per-cluster N`` (issue 35): the fit trains on N x K rows drawn
-from ``--seed``, writes every row's labels, and bad values are one usage line."""
+"""``daskmeans fit --max-samples-per-cluster N``: the fit trains on N x K rows drawn
+from ``--seed`` and writes every row's labels (bad values are one usage line: ``test_options.py``)."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import zarr
 
 from daskmeans import KMeans
-from daskmeans.cli import main
 from daskmeans.io.model_store import load_model
 from clirun import run
 
@@ -25,18 +23,6 @@ def data(tmp_path_factory):
     X = (centres[rng.integers(0, K, N_ROWS)] + rng.normal(size=(N_ROWS, 3))).astype(np.float32)
     np.save(d / "x.npy", X)
     return X, str(d / "x.npy")
-
-
-@pytest.mark.parametrize("value", ["0", "-2", "2.5", "many"])
-def test_a_bad_value_is_one_usage_line(tmp_path, monkeypatch, capsys, value):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as e:
-        main(["fit", "x.npy", "--k", "3", "--max-samples-per-cluster", value])
-    assert e.value.code == 2
-    out, err = capsys.readouterr()
-    assert (out, err) == ("", f"daskmeans fit: error: --max-samples-per-cluster {value}: should be an integer >= 1 "
-                              f"(see daskmeans fit --help)\n")
-    assert os.listdir(tmp_path) == []
 
 
 def test_the_fit_trains_on_the_sample_and_labels_every_row(data, tmp_path, capsys, client):
