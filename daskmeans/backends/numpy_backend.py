@@ -85,29 +85,9 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0) -> int:
     return min(config.get_bytes("tile-bytes"), rows * (k + d) * 8)
 
 
-def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> threading.Thread:
-    """Load, in a background thread, the compiled kernels a fit of D features (data ``dtype``)
-    calls, by calling them once on two rows. Returns the thread.
-
-    Numba's first kernel call in a process starts its JIT and loads the cached code: 0.5-0.8 s
-    on a 2-core host, most of it inside LLVM, which runs without the GIL. Started before the
-    data is placed, it overlaps the placement instead of delaying the moments pass; a kernel
-    called meanwhile waits for Numba's lock. ``k``, ``precision`` and ``rows`` do not change
-    the kernels' types (the call uses two centroids)."""
-
-    def load() -> None:
-        try:
-            X = numpy.zeros((2, d), dtype)
-            p = prepare(numpy.zeros((2, d)), X.dtype)
-            moments(X)
-            assign(X, p, grid=Grid(numpy.ones(d), 2.0))
-            min_sqdist(X, p)
-        except Exception:  # raised again by the fit's own call
-            pass
-
-    t = threading.Thread(target=load, name="daskmeans-load-kernels", daemon=True)
-    t.start()
-    return t
+def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> None:
+    """Nothing to start: Numba loads the cached CPU kernels at their first call."""
+    return None
 
 
 @dataclass(frozen=True)
