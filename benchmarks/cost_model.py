@@ -144,7 +144,9 @@ def init_seconds(shape: Shape, gpus: int, kernel_flops_tf32: float, multi_rank_s
     (``seed_ref_s`` at ``seed_ref``)."""
     passes = 2.5 * (shape.flop / gpus / kernel_flops_tf32 + (multi_rank_s if gpus > 1 else 0.0))
     if feed_bps is not None:
-        passes = max(passes, 6 * shape.data_bytes / gpus / feed_bps)  # the first pass and 5 rounds
+        # One pass a round but the first, which draws without one, and the last fold: 5 (6
+        # before 4cddf96, whose first round was a pass against one row).
+        passes = max(passes, 5 * shape.data_bytes / gpus / feed_bps)
     seed = seed_ref_s * (shape.k / seed_ref.k) ** 2 * (shape.d / seed_ref.d)
     return passes + seed
 
