@@ -96,7 +96,8 @@ class KMeans:
     max_imbalance : float, optional
         Balance the cluster sizes, as an inverted-file index wants its lists: while the
         largest cluster holds more than ``max_imbalance`` times the mean size (rows over
-        ``n_clusters``), each iteration moves the centroids of as many of the smallest
+        ``n_clusters``), each iteration (whatever ``max_iter``: its first iterations are those
+        of any longer fit) moves the centroids of as many of the smallest
         clusters (below the mean size) onto a row of each cluster above the bound, so the
         Lloyd steps that follow split it. A bound to approach, not a guarantee: the sizes
         are in ``history_[i]["imbalance"]`` and the moves in ``history_[i]["n_moved"]``; the

@@ -322,8 +322,7 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
         isums, iweights = _relocate(isums, iweights, targets, [(c[2], c[3], c[4]) for c in cands], fit.grid, be)
         new, shift = be.update_centroids(isums, iweights, old, fit.grid)
         m_updated = be.mark()
-    elif fit.max_imbalance is not None and imbalance > fit.max_imbalance and it + 1 < fit.max_iter:
-        # (Not in the last step: a moved centroid needs a Lloyd step after it.)
+    elif fit.max_imbalance is not None and imbalance > fit.max_imbalance:
         over, donors = _balance(host[k : 2 * k], fit.n_samples / k, fit.max_imbalance)
         if len(over):
             new = shift = None

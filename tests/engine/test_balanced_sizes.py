@@ -4,6 +4,7 @@ the bound on skewed data, and the parameter's checks."""
 
 from __future__ import annotations
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from daskmeans import KMeans
 from daskmeans.backends import get_backend
 from daskmeans.backends.grid import Grid
 from daskmeans.engine.loop import _balance, _relocate, _row_keys
-from daskmeans.errors import InvalidParameterError
+from daskmeans.errors import DaskmeansError, InvalidParameterError
+from daskmeans.io.checkpoint import read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,30 @@ def test_balance_pulls_the_sizes_toward_the_bound(client, skewed):
     assert sizes_free.max() / mean > 2.0  # the data is skewed
     assert sizes_bal.max() / mean < 0.75 * sizes_free.max() / mean
     assert sizes_bal.min() > sizes_free.min()
-    assert bal.history_[-1]["n_moved"] == 0  # the last step is a Lloyd step: no centroid left on one row
+
+
+def test_a_resumed_balanced_fit_goes_on_as_if_never_stopped(client, skewed, tmp_path):
+    """The moves depend on the seed and the iteration only: a fit resumed from a checkpoint
+    is bitwise the fit that never stopped; with another bound the checkpoint is refused,
+    naming it."""
+    ck = str(tmp_path / "ck.zarr")
+    whole = KMeans(24, random_state=3, max_iter=12, tol=0, max_imbalance=1.5, client=client).fit(skewed)
+    moved = [h["n_moved"] for h in whole.history_]
+    assert sum(moved[:3]) > 0 and sum(moved[3:]) > 0, moved  # moves before and after the checkpoint
+    with dask.config.set({"daskmeans.segment-seconds": 0}):  # a segment per iteration: a checkpoint at 3
+        short = KMeans(24, random_state=3, max_iter=4, tol=0, max_imbalance=1.5, checkpoint=ck,
+                       checkpoint_every=3, client=client).fit(skewed)
+    assert read_checkpoint(ck)["iteration"] == 3
+    # A shorter fit's iterations, its last included, are the longer fit's first.
+    assert [(h["inertia"], h["n_moved"]) for h in short.history_] == \
+           [(h["inertia"], h["n_moved"]) for h in whole.history_[:4]]
+    resumed = KMeans(24, random_state=3, max_iter=12, tol=0, max_imbalance=1.5, checkpoint=ck,
+                     client=client).fit(skewed, resume=True)
+    np.testing.assert_array_equal(resumed.cluster_centers_, whole.cluster_centers_)
+    assert [h["n_moved"] for h in resumed.history_] == moved
+    with pytest.raises(DaskmeansError, match=r"max_imbalance: checkpoint 1\.5, now 2\.0"):
+        KMeans(24, random_state=3, max_iter=12, tol=0, max_imbalance=2.0, checkpoint=ck,
+               client=client).fit(skewed, resume=True)
 
 
 @pytest.mark.parametrize("bad", [1.0, 0.5, -2.0, "2"])
