@@ -164,16 +164,24 @@ def _far_points(shard: Shard, centroids: Any, n_far: int, iteration: int, be: An
     return out[:n_far]
 
 
+def _all_gather(mine: np.ndarray, comm: Any, be: Any) -> np.ndarray:
+    """Every rank's float64 rows ``(m, width)`` as ``(ranks, m, width)``: an all-gather through
+    the sum collective (each rank fills its own slot; the others add zeros). A row whose first
+    value is -1 stands for none."""
+    slots = np.zeros((comm.size,) + mine.shape)
+    slots[comm.rank] = mine
+    total = be.to_numpy(comm.allreduce(be.asarray(slots.reshape(-1).view(np.int64)))).view(np.float64)
+    return total.reshape(slots.shape)
+
+
 def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
-    """Every rank's far points (an all-gather through the sum collective), merged."""
-    width = d + 4
-    mine = np.full((comm.size, n_far, width), 0.0)
-    mine[comm.rank, :, 0] = -1.0  # no candidate (real distances are >= 0)
+    """Every rank's far points, merged."""
+    mine = np.zeros((n_far, d + 4))
+    mine[:, 0] = -1.0  # no candidate (real distances are >= 0)
     for i, (d2, row, lab, x, w) in enumerate(cands):
-        mine[comm.rank, i, :4] = (d2, row, lab, w)
-        mine[comm.rank, i, 4:] = x
-    total = be.to_numpy(comm.allreduce(be.asarray(mine.reshape(-1).view(np.int64)))).view(np.float64)
-    rows = [r for r in total.reshape(-1, width) if r[0] >= 0]
+        mine[i, :4] = (d2, row, lab, w)
+        mine[i, 4:] = x
+    rows = [r for r in _all_gather(mine, comm, be).reshape(-1, d + 4) if r[0] >= 0]
     merged = [(float(r[0]), int(r[1]), int(r[2]), r[4:], float(r[3])) for r in rows]
     merged.sort(key=lambda t: (-t[0], t[1]))
     return merged[:n_far]
@@ -218,18 +226,16 @@ def _members(shard: Shard, over: np.ndarray, k: int, iteration: int, salt: int, 
 
 
 def _gather_members(mine: dict, over: np.ndarray, d: int, comm: Any, be: Any) -> list:
-    """Every rank's :func:`_members` merged (an all-gather through the sum collective): per
-    cluster of ``over``, ``(x, w)`` of the row of the smallest key (then row) on any rank."""
-    width = d + 3
-    slots = np.zeros((comm.size, len(over), width))
-    slots[comm.rank, :, 0] = -1.0  # no row of that cluster here
+    """Every rank's :func:`_members` merged: per cluster of ``over``, ``(x, w)`` of the row of
+    the smallest key (then row) on any rank."""
+    slots = np.zeros((len(over), d + 3))
+    slots[:, 0] = -1.0  # no row of that cluster here
     for i, c in enumerate(over.tolist()):
         if c in mine:
             key, row, x, w = mine[c]
-            slots[comm.rank, i, :3] = (key, row, w)
-            slots[comm.rank, i, 3:] = x
-    total = be.to_numpy(comm.allreduce(be.asarray(slots.reshape(-1).view(np.int64)))).view(np.float64)
-    total = total.reshape(comm.size, len(over), width)
+            slots[i, :3] = (key, row, w)
+            slots[i, 3:] = x
+    total = _all_gather(slots, comm, be)
     out = []
     for i in range(len(over)):
         rows = [r for r in total[:, i] if r[0] >= 0]
