@@ -68,6 +68,7 @@ def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """``m`` rows drawn with probability proportional to ``p`` without replacement
     (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
     of probability 0 only when no other row is left. Sorted row indices, on ``p``'s device."""
+    m = int(m)  # CuPy's argpartition takes a Python int as kth, not a NumPy integer
     live = xp.flatnonzero((p > 0) & ~exclude)
     if live.size >= m:
         key = xp.log(u[live]) / p[live]

@@ -21,32 +21,49 @@ def _shard(X: np.ndarray, cuts: list[int], w: np.ndarray | None = None) -> Shard
                  X.dtype, "numpy", "host", blocks=blocks, weights=weights)
 
 
-def test_seed_batched_toy_finds_every_distinct_point():
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def seeder(request):
+    """``seed_batched`` on the host's or the GPU's copy of X (and of the weights), its centres
+    back on the host: the same properties on both devices."""
+    if request.param == "numpy":
+        return seed_batched
+    import cupy
+
+    def on_gpu(X, k, s, sample_weight=None, **kw):
+        w = None if sample_weight is None else cupy.asarray(sample_weight)
+        c = seed_batched(cupy.asarray(X), k, s, sample_weight=w, **kw)
+        assert isinstance(c, cupy.ndarray)
+        return cupy.asnumpy(c)
+
+    return on_gpu
+
+
+def test_seed_batched_toy_finds_every_distinct_point(seeder):
     """Three distinct points, each repeated: after the first pick, the repeats of a chosen point
     have d^2 = 0 and can never be drawn, so k = 3 gives the three points."""
     pts = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0]])
     X = np.repeat(pts, [5, 7, 2], axis=0)
     for seed in range(20):
-        c = seed_batched(X, 3, seed)
+        c = seeder(X, 3, seed)
         assert c.dtype == X.dtype and c.shape == (3, 2)
         assert sorted(map(tuple, c)) == sorted(map(tuple, pts))
 
 
-def test_seed_batched_takes_rows_of_zero_probability_only_when_nothing_else_is_left():
+def test_seed_batched_takes_rows_of_zero_probability_only_when_nothing_else_is_left(seeder):
     X = np.zeros((6, 3))
     X[0] = 1.0
-    c = seed_batched(X, 4, 0)  # two distinct points: two picks must be repeats
+    c = seeder(X, 4, 0)  # two distinct points: two picks must be repeats
     assert sorted(map(tuple, c)) == [(0.0,) * 3] * 3 + [(1.0,) * 3]
     w = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     X = np.arange(18, dtype=np.float64).reshape(6, 3)
-    c = seed_batched(X, 3, 5, sample_weight=w)  # exactly the rows of positive weight
+    c = seeder(X, 3, 5, sample_weight=w)  # exactly the rows of positive weight
     assert sorted(map(tuple, c)) == sorted(map(tuple, X[w > 0]))
 
 
-def test_seed_batched_distinct_rows_reproducible_and_seed_dependent():
+def test_seed_batched_distinct_rows_reproducible_and_seed_dependent(seeder):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 5)).astype(np.float32)
-    a, b, other = seed_batched(X, 200, 1), seed_batched(X, 200, 1), seed_batched(X, 200, 2)
+    a, b, other = seeder(X, 200, 1), seeder(X, 200, 1), seeder(X, 200, 2)
     assert a.dtype == np.float32 and len(np.unique(a, axis=0)) == 200
     rows = {tuple(r) for r in X}
     assert all(tuple(r) in rows for r in a)
@@ -54,7 +71,7 @@ def test_seed_batched_distinct_rows_reproducible_and_seed_dependent():
     assert not np.array_equal(a, other)
 
 
-def test_seed_batched_spreads_like_kmeans_plusplus():
+def test_seed_batched_spreads_like_kmeans_plusplus(seeder):
     """40 tight, far-apart blobs and k = 40. In batches of one row (the default up to k = 128)
     the seeding is greedy k-means++ with local trials and finds every blob; in batches of up
     to 3 rows (``batches=16``) it still covers far more blobs than a uniform draw of 40 rows
@@ -67,8 +84,8 @@ def test_seed_batched_spreads_like_kmeans_plusplus():
         return len(np.unique(np.argmin(((c[:, None] - centres[None]) ** 2).sum(-1), axis=1)))
 
     for seed in range(5):
-        assert covered(seed_batched(X, 40, seed)) == 40
-        assert covered(seed_batched(X, 40, seed, batches=16)) >= 36, seed
+        assert covered(seeder(X, 40, seed)) == 40
+        assert covered(seeder(X, 40, seed, batches=16)) >= 36, seed
 
 
 def test_seed_batched_rejects_k_out_of_range():
@@ -76,7 +93,7 @@ def test_seed_batched_rejects_k_out_of_range():
         seed_batched(np.zeros((4, 2)), 5, 0)
 
 
-def test_seed_batched_groups_draw_each_groups_count_from_its_own_rows():
+def test_seed_batched_groups_draw_each_groups_count_from_its_own_rows(seeder):
     """Two groups of repeated distinct points: group 0 (rows 0-13) holds 3 points, group 1
     (rows 14-20) 2 others. With counts [3, 2] each group's picks are exactly its own points
     (a repeat of a picked point has d^2 = 0); with [0, 2] only group 1's; a count of 1 in a
@@ -86,25 +103,25 @@ def test_seed_batched_groups_draw_each_groups_count_from_its_own_rows():
     X = np.concatenate([np.repeat(g0, [5, 7, 2], axis=0), np.repeat(g1, [3, 4], axis=0)])
     groups = np.repeat([0, 1], [14, 7])
     for seed in range(10):
-        c = seed_batched(X, [3, 2], seed, groups=groups)
+        c = seeder(X, [3, 2], seed, groups=groups)
         assert c.shape == (5, 2) and sorted(map(tuple, c)) == sorted(map(tuple, np.concatenate([g0, g1])))
-        c = seed_batched(X, [0, 2], seed, groups=groups)
+        c = seeder(X, [0, 2], seed, groups=groups)
         assert sorted(map(tuple, c)) == sorted(map(tuple, g1))
-    c = seed_batched(X[14:17], [1], 0, groups=np.zeros(3, int))
+    c = seeder(X[14:17], [1], 0, groups=np.zeros(3, int))
     np.testing.assert_array_equal(c, g1[:1])
 
 
-def test_seed_batched_one_group_is_the_plain_seeding_and_groups_stay_apart():
+def test_seed_batched_one_group_is_the_plain_seeding_and_groups_stay_apart(seeder):
     """One group of every row gives the plain seeding's rows bit for bit; with several groups
     (30 blobs each, 8 centres per group) every group's centres come from its own rows, spread
     over its blobs as the plain seeding would."""
     rng = np.random.default_rng(2)
     X = rng.standard_normal((2000, 4)).astype(np.float32)
-    np.testing.assert_array_equal(seed_batched(X, 300, 4, groups=np.zeros(2000, int)), seed_batched(X, 300, 4))
+    np.testing.assert_array_equal(seeder(X, 300, 4, groups=np.zeros(2000, int)), seeder(X, 300, 4))
     centres = rng.uniform(-1000, 1000, (24, 2))
     X = np.repeat(centres, 40, axis=0) + rng.normal(0, 1e-3, (960, 2))
     groups = np.repeat([0, 1, 2], 320)  # blobs 0-7, 8-15, 16-23
-    c = seed_batched(X, [8, 8, 8], 1, sample_weight=rng.uniform(0.5, 2, 960), groups=groups)
+    c = seeder(X, [8, 8, 8], 1, sample_weight=rng.uniform(0.5, 2, 960), groups=groups)
     nearest = np.argmin(((c[:, None] - centres[None]) ** 2).sum(-1), axis=1)
     assert sorted(nearest.tolist()) == list(range(24))
 
