@@ -828,3 +828,36 @@ def test_upload_through_page_locked_buffers_copies_every_byte(monkeypatch, tmp_p
         t.join()
     for a, o in zip(arrays, out):
         np.testing.assert_array_equal(o, a)
+
+
+def test_balanced_sizes_on_the_gpu():
+    """``max_imbalance`` with CuPy data: the rows' keys are the host's bits, the moves the same
+    for any chunking (bitwise centroids), and the sizes pulled toward the bound."""
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+    from daskmeans.engine.loop import _row_keys
+
+    rows = np.arange(5000, dtype=np.int64)
+    np.testing.assert_array_equal(cupy.asnumpy(_row_keys(cupy, cupy.asarray(rows), 9)), _row_keys(np, rows, 9))
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 1, (6000, 4)), rng.normal(10, 3, (600, 4)),
+                        rng.normal(-10, 3, (600, 4))]).astype(np.float32)
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as client:
+        fits = {}
+        for chunks in (2, 5):
+            X = da.from_array(cupy.asarray(x), chunks=(-(-len(x) // chunks), -1), asarray=False)
+            fits[chunks] = daskmeans.KMeans(24, random_state=3, max_iter=40, max_imbalance=1.5,
+                                            client=client).fit(X)
+        free = daskmeans.KMeans(24, random_state=3, max_iter=40, client=client).fit(X)
+    bal = fits[2]
+    assert bal.backend_ == "cupy" and sum(h["n_moved"] for h in bal.history_) > 0
+    np.testing.assert_array_equal(fits[5].cluster_centers_, bal.cluster_centers_)
+    assert [h["n_moved"] for h in fits[5].history_] == [h["n_moved"] for h in bal.history_]
+    mean = len(x) / 24
+    assert free.cluster_sizes_.max() / mean > 2.0  # the data is skewed
+    assert bal.cluster_sizes_.max() < 0.75 * free.cluster_sizes_.max()
+    assert bal.cluster_sizes_.min() > free.cluster_sizes_.min()
