@@ -20,6 +20,11 @@ class DataError(DaskmeansError, ValueError):
     """The data cannot be clustered as given (NaN, wrong shape, non-numeric columns...)."""
 
 
+class InputChanged(DataError):
+    """A chunk of the data read again during a fit differs from its first read: the input was
+    changed (rewritten, replaced) while the fit was reading it."""
+
+
 class DataTypeError(DataError, TypeError):
     """A value of the data is not a number at all (a dict in an object array, say)."""
 

@@ -30,7 +30,7 @@ from .engine import infer
 from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
-from .io.readers import read, read_weights
+from .io.readers import file_of, read, read_weights
 from . import config
 from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
@@ -478,8 +478,8 @@ class KMeans:
         seed = seed_of(self.random_state)
         with phase("read"):
             ck = self._read_checkpoint() if resume else None
-            path = os.path.abspath(X) if isinstance(X, (str, os.PathLike)) else None
             X = read(X)
+            path = file_of(X.name)  # a path given, or an array read from one
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             init_arr = self._init_array(d)

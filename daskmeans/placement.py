@@ -31,8 +31,9 @@ from distributed import Client, futures_of, wait
 
 from . import config
 from .backends import backend_name, get_backend
+from .backends.digest import block_pin
 from .dask_cluster import check_scheduler
-from .errors import DaskmeansError
+from .errors import DaskmeansError, InputChanged
 from .io.readers import split_rows
 from .options import TIERS  # noqa: F401  (the tiers' registry, re-exported)
 from .progress import advance
@@ -60,16 +61,23 @@ class ChunkReader:
         return np.asarray(get_sync(self.graph, self.key))
 
 
-def _read_ahead(readers: list, depth: int) -> Iterator[np.ndarray]:
+def _read_ahead(readers: list, depth: int, check: Callable[[int, np.ndarray], None]) -> Iterator[np.ndarray]:
     """The readers' chunks in order, up to ``depth`` read ahead by a thread while the caller
-    computes (storage tier: reading and decompressing overlap the kernels)."""
+    computes (storage tier: reading and decompressing overlap the kernels); ``check(j,
+    block)`` runs on each chunk ``j`` in that thread, as it is read (its pin)."""
+
+    def read(j: int) -> np.ndarray:
+        block = readers[j].read()
+        check(j, block)
+        return block
+
     with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-read-ahead") as ex:
-        pending = collections.deque(ex.submit(r.read) for r in readers[:depth])
+        pending = collections.deque(ex.submit(read, j) for j in range(min(depth, len(readers))))
         nxt = len(pending)
         while pending:
             block = pending.popleft().result()
             if nxt < len(readers):
-                pending.append(ex.submit(readers[nxt].read))
+                pending.append(ex.submit(read, nxt))
                 nxt += 1
             yield block
 
@@ -98,6 +106,13 @@ class Shard:
         The storage tier's chunk readers.
     weights : list of arrays (n_i,), or None
         Sample weights (small: always resident, as backend arrays).
+    pins : dict of int to int
+        Each chunk's pin (:func:`daskmeans.backends.digest.block_pin`), by global chunk id:
+        given by the client for a fit's chunks read before (a shard placed again after a lost
+        worker), else recorded by the first pass. A chunk read again whose pin differs is an
+        :class:`~daskmeans.errors.InputChanged`: the storage tier checks every read; the
+        resident tiers check their blocks once, before the shard's first pass (a block made
+        again from the source by Dask's lineage is read again).
     """
 
     chunk_ids: tuple[int, ...]
@@ -114,6 +129,9 @@ class Shard:
     # chunk), so that reassigned rows can be counted; the loop's state and final labels are
     # set as attributes by engine.loop.
     labels: dict = field(default_factory=dict)
+    pins: dict = field(default_factory=dict)
+    # The resident blocks were checked against (or gave) their pins.
+    pinned: bool = False
 
     @property
     def be(self) -> Any:
@@ -129,13 +147,54 @@ class Shard:
         chunk is requested)."""
         be = self.be
         ws = self.weights or [None] * len(self.chunk_ids)
-        if self.tier == "storage":
-            source = (be.asarray(b) for b in _read_ahead(self.readers, int(config.get("read-ahead"))))
-        elif self.tier == "host":
-            source = be.staged(self.blocks)  # on a GPU: copies overlap the previous chunk's kernels
+        if self.tier == "storage":  # each chunk checked against its pin as it is read
+            source = (be.asarray(b) for b in _read_ahead(
+                self.readers, int(config.get("read-ahead")), lambda j, b: self._pin(j, np, b)))
         else:
-            source = iter(self.blocks)
+            if not self.pinned:
+                self.pin_resident()
+            # host tier on a GPU: copies overlap the previous chunk's kernels
+            source = be.staged(self.blocks) if self.tier == "host" else iter(self.blocks)
         yield from zip(self.chunk_ids, self.offsets, source, ws)
+
+    def expect(self, pins: dict | None) -> None:
+        """Check this shard's chunks against the client's ``pins`` (a shard made again by
+        Dask's lineage, after its worker was lost, was made without them)."""
+        for cid in self.chunk_ids:
+            if pins and cid in pins and cid not in self.pins:
+                self.pins[cid] = pins[cid]
+                self.pinned = False
+
+    def pin_resident(self) -> None:
+        """Pin (or check) every resident block, several at once (XXH3 releases the GIL)."""
+        be = self.be
+        xp = np if self.tier == "host" else be.xp  # the host tier's blocks are host memory
+        n = len(self.chunk_ids)
+        if xp is np and n > 1:
+            with ThreadPoolExecutor(min(n, _pin_threads()), thread_name_prefix="daskmeans-pin") as ex:
+                list(ex.map(lambda j: self._pin(j, xp, self.blocks[j]), range(n)))
+        else:
+            for j in range(n):
+                self._pin(j, xp, self.blocks[j])
+        self.pinned = True
+
+    def _pin(self, j: int, xp: Any, block: Any) -> None:
+        """Record chunk ``j``'s pin, or raise where it differs from the one recorded."""
+        cid = self.chunk_ids[j]
+        pin = block_pin(xp, block)
+        first = self.pins.setdefault(cid, pin)
+        if first != pin:
+            off, rows = self.offsets[j], self.rows[j]
+            raise InputChanged(
+                f"the data changed during the fit: row chunk {cid} (rows {off} to {off + rows - 1}) read again "
+                f"differs from its first read; the input must not change while a fit reads it"
+            )
+
+
+def _pin_threads() -> int:
+    import os
+
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 @sizeof.register(Shard)
@@ -143,7 +202,8 @@ def _sizeof_shard(s: Shard) -> int:
     return int(sum(sizeof(b) for b in (s.blocks or [])) + sum(sizeof(w) for w in (s.weights or [])))
 
 
-def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, *arrays) -> Shard:
+def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, pins,
+                *arrays) -> Shard:
     be = get_backend(backend)
     if tier == "device":
         # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
@@ -154,7 +214,7 @@ def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_bl
         blocks = None
     weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
-                 blocks, readers, weights)
+                 blocks, readers, weights, pins=dict(pins or {}))
 
 
 @dataclass
@@ -172,6 +232,9 @@ class Placement:
     # The collective chosen for these ranks, by the name asked for (asking the workers costs
     # round trips: each run of a fit, and each re-fit of kept data, asks once per placement).
     collectives: dict = field(default_factory=dict, compare=False, repr=False)
+    # Each chunk's pin once a pass has read it (``Shard.pins``): a placement made again gives
+    # them to its shards, so that a chunk read again from the source is checked.
+    pins: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -198,6 +261,7 @@ def place(
     tier: str = "device",
     *,
     balance: bool = True,
+    pins: dict | None = None,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -215,6 +279,9 @@ def place(
         A fit balances once and places its chunks with ``False``, also again on the workers
         left after a loss: its chunking is fixed, so every statistic kept per chunk (the
         loop's inertia slots, the labels' layout) means the same before and after the loss.
+    pins : dict of int to int, optional
+        The chunks' pins from a pass over an earlier placement of the same chunks (see
+        :class:`Shard`): the shards check their chunks against them.
     """
     X = X.rechunk({1: -1})
     if balance:
@@ -276,6 +343,7 @@ def place(
                 tier,
                 len(args) - (len(ids) if wf is not None else 0),
                 readers,
+                {i: pins[i] for i in ids if i in pins} if pins else None,
                 *args,
                 workers=[w],
                 allow_other_workers=True,
@@ -300,6 +368,7 @@ def place(
         dtype=np.dtype(X.dtype),
         backend=backend_name(backend),
         tier=tier,
+        pins=pins,
     )
 
 

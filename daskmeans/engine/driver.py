@@ -195,8 +195,8 @@ def _final_states(client: Client, placement: Placement, centroids: np.ndarray, p
     it is gone (made again from the data there: labels never wait for a lost worker)."""
     c = client.scatter(centroids, broadcast=True, hash=False) if centroids.nbytes > _SCATTER_BYTES else centroids
     return [
-        client.submit(blas_capped(final_labels), shard, c, precision, workers=[w], allow_other_workers=True,
-                      pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
+        client.submit(blas_capped(final_labels), shard, c, precision, placement.pins, workers=[w],
+                      allow_other_workers=True, pure=False, key=f"daskmeans-labels-{uuid.uuid4().hex}")
         for shard, w in zip(placement.shards, placement.workers)
     ]
 

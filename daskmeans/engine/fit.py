@@ -28,7 +28,7 @@ from .. import config
 from ..backends import backend_name, get_backend
 from ..backends.grid import Grid, check_resolution
 from ..dask_cluster import check_paths_on_workers, resolve_backend
-from ..errors import DaskmeansError, DaskmeansWarning
+from ..errors import DaskmeansError, DaskmeansWarning, InputChanged
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..io.readers import split_rows
 from ..metric import get_metric
@@ -244,6 +244,8 @@ def fit_distributed(
         wait_a_little(client, best.states, KEEP_WAIT_SECONDS)
         if all(f.status == "finished" for f in best.states):
             reuse.put(client, reuse.Entry(source, budgets, key, drv.placement, moments, digest, tiers.share))
+    except InputChanged as e:  # raised on a worker, which knows chunks but not the file
+        raise InputChanged(f"{path}: {e}" if path else str(e)) from None
     finally:
         drv.placement = None  # unless kept above, the shards (and so the persisted data) are released here
     return FitResult(
@@ -261,6 +263,7 @@ class _Driver:
                  placement: Placement | None = None):
         self.client, self.X, self.backend, self.w, self.tier = client, X, backend, w, tier
         self.placement: Placement | None = placement  # given: the same chunks placed by an earlier fit
+        self.pins: dict | None = None if placement is None else placement.pins
 
     def survive(self, step: Callable[[Placement], Any]) -> Any:
         """``step(placement)``, placing the data first (again, on the workers left) when a
@@ -269,15 +272,20 @@ class _Driver:
         for _ in range(MAX_REPLANS):
             try:
                 if self.placement is None:
-                    self.placement = place(self.client, self.X, self.backend, self.w, self.tier, balance=False)
+                    # The chunks' pins from the passes over the placement lost: a chunk read
+                    # again from the source is checked against its first read.
+                    self.placement = place(self.client, self.X, self.backend, self.w, self.tier, balance=False,
+                                           pins=self.pins)
                 return step(self.placement)
             except WorkerLost as lost:
                 last = lost.args[0]
+                self.pins = self.placement.pins if self.placement is not None else self.pins
                 self.placement = None
         raise DaskmeansError(f"workers kept leaving the cluster ({MAX_REPLANS} times; last {last})")
 
     def replan(self) -> Placement:
         """A new placement on the workers now present (the loop's hook after a loss)."""
+        self.pins = self.placement.pins if self.placement is not None else self.pins
         self.placement = None
         return self.survive(lambda p: p)
 

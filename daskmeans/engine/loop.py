@@ -468,11 +468,13 @@ def restart_state(shard: Shard) -> Start | None:
     return Start(it, be.to_numpy(cen), None if prev is None else be.to_numpy(prev), st.history[:n_hist])
 
 
-def final_labels(shard: Shard, centroids: Any, precision: str) -> FinalLabels:
+def final_labels(shard: Shard, centroids: Any, precision: str, pins: dict | None = None) -> FinalLabels:
     """The labels the final pass left in ``shard``; computed under the final ``centroids``
-    (the same labels) where the shard was made again after its worker was lost."""
+    (the same labels) where the shard was made again after its worker was lost, its chunks
+    read again and checked against their ``pins``."""
     final = getattr(shard, "final", None)
     if final is None:
+        shard.expect(pins)
         be = shard.be
         final = FinalLabels(_labels_under(shard, be.asarray(np.asarray(centroids, np.float64)), precision, be)[0])
     return final

@@ -41,7 +41,9 @@ def _moments(shard: Shard, digest: bool = False) -> dict:
     chunks in one pass; with ``digest``, also the content digests of the rows and of the
     weights (:mod:`daskmeans.backends.digest`)."""
     be = shard.be
-    return _merge([_chunk(be, be.xp, off, block, w, digest) for _, off, block, w in shard.items()])
+    rec = _merge([_chunk(be, be.xp, off, block, w, digest) for _, off, block, w in shard.items()])
+    rec["pins"] = {cid: shard.pins[cid] for cid in shard.chunk_ids}  # recorded by this, the first pass
+    return rec
 
 
 def _first(a: int | None, b: int | None) -> int | None:
@@ -72,13 +74,15 @@ def _merge(items: list) -> dict:
             "wsum": acc["wsum"] + it["wsum"],
             "digest": combine(acc["digest"], it["digest"]),
             "wdigest": combine(acc["wdigest"], it["wdigest"]),
+            "pins": {**acc.get("pins", {}), **it.get("pins", {})},
         }
     return acc
 
 
 def data_moments(client: Client, placement: Placement, digest: bool = False) -> dict:
     """Mean, variance and largest absolute value per feature (float64) and the total weight,
-    in one pass; raises on NaN/inf (in X or the weights) and on negative weights. With
+    in one pass; raises on NaN/inf (in X or the weights) and on negative weights. ``pins``:
+    each chunk's pin (:class:`daskmeans.placement.Shard`), also set as ``placement.pins``. With
     ``digest``: also ``digest``, the data's content digest (rows and weights) as 32 hex
     digits, the same for any chunking and placement."""
     futs = submit_per_shard(client, placement, _moments, [digest] * len(placement.shards), name="daskmeans-moments")
@@ -97,7 +101,8 @@ def data_moments(client: Client, placement: Placement, digest: bool = False) -> 
         raise DataError("sample_weight sums to zero: at least one weight should be > 0")
     check_range(res["max_abs"], placement.dtype)
     out = {"n": res["n"], "mean": res["mean"], "var": res["m2"] / res["n"], "max_abs": res["max_abs"],
-           "weight": res["wsum"]}
+           "weight": res["wsum"], "pins": res["pins"]}
+    placement.pins = res["pins"]
     if digest:
         out["digest"] = f"{res['digest']:016x}{res['wdigest']:016x}"
     return out

@@ -54,6 +54,7 @@ def non_numeric(dtypes: Any) -> list[tuple[str, str]]:
 # storage tier re-reads every part every pass); read again, each part reads only its rows.
 _SOURCES: collections.OrderedDict[str, tuple] = collections.OrderedDict()
 _MAX_SOURCES = 64
+_FILES: collections.OrderedDict[str, str] = collections.OrderedDict()
 
 
 def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype: Any, rows: int,
@@ -99,6 +100,19 @@ def remember(name: str, src: tuple) -> None:
     _SOURCES[name] = src
     while len(_SOURCES) > _MAX_SOURCES:
         _SOURCES.popitem(last=False)
+
+
+def file_of(name: str) -> str | None:
+    """The file (absolute path) the array of Dask name ``name`` was read from by
+    :func:`daskmeans.io.readers.read`, or None: what messages about its rows name."""
+    return _FILES.get(name)
+
+
+def remember_file(name: str, path: str) -> None:
+    """Keep ``path`` as the file of the array of Dask name ``name`` (the last 64 arrays)."""
+    _FILES[name] = path
+    while len(_FILES) > _MAX_SOURCES:
+        _FILES.popitem(last=False)
 
 
 def split_rows(x: da.Array, rows: int) -> da.Array:

@@ -23,10 +23,10 @@ import numpy as np
 from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
-from .blocks import float_dtype, float_dtype_arg, remember, rows_per_chunk, split_rows
+from .blocks import file_of, float_dtype, float_dtype_arg, remember, remember_file, rows_per_chunk, split_rows
 from .blocks import source as _source
 
-__all__ = ["FORMATS", "Format", "float_dtype", "format_of", "read", "read_weights", "rows_per_chunk", "split_rows"]
+__all__ = ["FORMATS", "Format", "file_of", "float_dtype", "format_of", "read", "read_weights", "rows_per_chunk", "split_rows"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ def read(
     x = _finish(x, dt)
     if src is not None:
         remember(x.name, (*src[:-1], x.dtype))
+    if isinstance(source, (str, os.PathLike)):
+        remember_file(x.name, path)
     return x
 
 

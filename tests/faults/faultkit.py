@@ -105,10 +105,50 @@ class KillOnTask(WorkerPlugin):
                 return
             if i != self.skip or not _claim(flags / "killed", note):
                 return
+        self.act()
+
+    def act(self) -> None:
+        """What the chosen task start does: the kill."""
         if self.pid is not None:
             os.killpg(self.pid, signal.SIGKILL)
             return
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ReplaceOnTask(KillOnTask):
+    """:class:`KillOnTask`'s choice of a task start, whose act is to replace the file ``dst``
+    by ``src`` (a rename: another valid chunk of a store) before the task runs, and then, with
+    ``kill``, to SIGKILL the worker. ``holder_of``: only the task starts on the worker whose
+    shard (a fit's rank) holds that global row count."""
+
+    def __init__(self, prefix: str, flags: str | Path, src: str | Path, dst: str | Path, skip: int = 0,
+                 kill: bool = False, holder_of: int | None = None):
+        super().__init__(prefix, flags, skip)
+        self.src, self.dst, self.kill, self.holder_of = str(src), str(dst), kill, holder_of
+        self.name = f"daskmeans-faults-replace-{prefix}"
+        self.worker: Any = None
+
+    def setup(self, worker: Any) -> None:
+        super().setup(worker)
+        self.worker = worker
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing" and self.holder_of is not None and not self._holds(self.holder_of):
+            return
+        super().transition(key, start, finish, **kwargs)
+
+    def _holds(self, row: int) -> bool:
+        """Whether a shard in this worker's memory holds global ``row``."""
+        for value in list(self.worker.data.values()):
+            offsets, rows = getattr(value, "offsets", None), getattr(value, "rows", None)
+            if offsets is not None and any(o <= row < o + n for o, n in zip(offsets, rows)):
+                return True
+        return False
+
+    def act(self) -> None:
+        os.replace(self.src, self.dst)
+        if self.kill:
+            super().act()
 
 
 def kills(flags: Path) -> list[str]:
@@ -225,10 +265,11 @@ class DaskProcesses:
 
 @contextlib.contextmanager
 def kill_on(client: Client, flags: Path, prefix: str, skip: int = 0, every_worker: bool = False,
-            pid: int | None = None):
-    """:class:`KillOnTask` registered on every worker (and on those that join) for the block."""
+            pid: int | None = None, plugin: KillOnTask | None = None):
+    """:class:`KillOnTask` (or ``plugin``, one of its kind) registered on every worker (and
+    on those that join) for the block."""
     flags.mkdir(parents=True, exist_ok=True)
-    plugin = KillOnTask(prefix, flags, skip, every_worker, pid)
+    plugin = plugin if plugin is not None else KillOnTask(prefix, flags, skip, every_worker, pid)
     client.register_plugin(plugin)
     try:
         yield flags
