@@ -465,7 +465,7 @@ def _check_image_suffix(path: str) -> None:
 def _cmd_info(args) -> int:
     from .io.model_store import load_model
 
-    centers, attrs, _ = load_model(args.model)
+    centers, attrs, _ = load_model(args.model)  # verified: a damaged model is one error line, not a table
     if args.json:
         print(json.dumps(attrs, indent=2))
         return 0
@@ -479,7 +479,7 @@ def _cmd_info(args) -> int:
           f"tier {attrs.get('tier')}")
     if attrs.get("best_run") is not None:
         print(f"best run     {attrs['best_run']} of {p.get('n_init')} (the lowest inertia of the --n-init runs)")
-    if hist:
+    if hist and all("seconds" in h for h in hist):
         print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
     print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
     print("parameters   " + "  ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
@@ -490,7 +490,7 @@ def _cmd_info(args) -> int:
               f"{'seconds':>9} {'GB/s':>8}")
         for h in hist:
             print(f"{h['iteration']:5d} {h['inertia']:14.6e} {h['shift']:10.3e} {h['reassigned']:11d} "
-                  f"{h['n_empty']:6d} {h.get('imbalance', float('nan')):9.2f} {h['seconds']:9.4f} "
+                  f"{h['n_empty']:6d} {h.get('imbalance', float('nan')):9.2f} {h.get('seconds', float('nan')):9.4f} "
                   f"{h.get('gb_per_s', float('nan')):8.2f}")
     return 0
 

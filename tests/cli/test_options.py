@@ -104,8 +104,8 @@ def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("pipe") / "m.zarr"
     hist = [{"iteration": i, "inertia": 1.0 / i, "shift": 0.1, "reassigned": 3, "n_empty": 0, "seconds": 0.01}
             for i in range(1, 3001)]  # ~250 kB of `info` table: more than a pipe holds
-    save_model(str(path), np.zeros((3, 2)), {"inertia": 1.0, "n_iter": 3000, "params": {"max_iter": 3000},
-                                              "history": hist, "dtype": "float64"})
+    save_model(str(path), np.zeros((3, 2)), {"inertia": 1.0, "n_iter": 3000, "params": {"n_clusters": 3, "max_iter": 3000},
+                                              "n_features_in": 2, "history": hist, "dtype": "float64"})
     return path
 
 

@@ -102,8 +102,14 @@ SAVER = textwrap.dedent("""
     {barrier}
     v = float(sys.argv[1])
     for i in range(150):
-        save_model('m.zarr', np.full((4, 3), v + i), {{"v": v + i}}, sizes=np.full(4, int(v) + i))
+        save_model('m.zarr', np.full((4, 3), v + i), {{"v": v + i, "params": {{"n_clusters": 4}}, "n_features_in": 3,
+                                                      "inertia": 0.0, "n_iter": 0}}, sizes=np.full(4, int(v) + i))
 """)
+
+
+def _attrs(v: float) -> dict:
+    """A consistent model's attributes (load_model verifies them) for 2 x 2 centroids, marked ``v``."""
+    return {"v": v, "params": {"n_clusters": 2}, "n_features_in": 2, "inertia": 0.0, "n_iter": 0}
 
 
 def test_two_processes_saving_at_once_leave_one_whole_model(tmp_path):
@@ -130,7 +136,7 @@ def test_a_replaced_model_is_never_absent(tmp_path, monkeypatch):
     """At every file system step of replacing a model, the path holds a whole model (one of
     the two). Renaming the old model aside first left the path empty in between."""
     path = str(tmp_path / "m.zarr")
-    model_store.save_model(path, np.zeros((2, 2)), {"v": 0})
+    model_store.save_model(path, np.zeros((2, 2)), _attrs(0))
     seen = []
 
     def check():
@@ -147,7 +153,7 @@ def test_a_replaced_model_is_never_absent(tmp_path, monkeypatch):
 
     for mod, name in ((os, "rename"), (os, "replace"), (os, "unlink"), (shutil, "rmtree")):
         monkeypatch.setattr(mod, name, watched(getattr(mod, name)))
-    model_store.save_model(path, np.ones((2, 2)), {"v": 1})
+    model_store.save_model(path, np.ones((2, 2)), _attrs(1))
     monkeypatch.undo()
     assert model_store.load_model(path)[1]["v"] == 1
     assert seen and sorted(os.listdir(tmp_path)) == ["m.zarr"]
@@ -157,9 +163,9 @@ def test_the_fallback_without_renameat2_puts_the_previous_model_back(tmp_path, m
     """Where renameat2 is missing, two renames replace a model: when the second fails the
     previous model goes back, and neither the new one nor a `.old` stays."""
     path = str(tmp_path / "m.zarr")
-    model_store.save_model(path, np.zeros((2, 2)), {"v": 0})
+    model_store.save_model(path, np.zeros((2, 2)), _attrs(0))
     monkeypatch.setattr(paths, "_renameat2_fn", None)
-    model_store.save_model(path, np.ones((2, 2)), {"v": 1})  # the fallback works
+    model_store.save_model(path, np.ones((2, 2)), _attrs(1))  # the fallback works
     assert model_store.load_model(path)[1]["v"] == 1 and os.listdir(tmp_path) == ["m.zarr"]
     real = os.rename
 
@@ -170,7 +176,7 @@ def test_the_fallback_without_renameat2_puts_the_previous_model_back(tmp_path, m
 
     monkeypatch.setattr(os, "rename", second_fails)
     with pytest.raises(OutputError, match=r"cannot write .*m\.zarr: No space left on device"):
-        model_store.save_model(path, np.full((2, 2), 2.0), {"v": 2})
+        model_store.save_model(path, np.full((2, 2), 2.0), _attrs(2))
     assert model_store.load_model(path)[1]["v"] == 1
     assert os.listdir(tmp_path) == ["m.zarr"]
 
