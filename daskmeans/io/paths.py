@@ -211,7 +211,15 @@ def check_output(path: str | None, overwrite: bool, inputs: Iterable[str | None]
     _check_parent(path)
 
 
+def _check_named(path: str) -> None:
+    """Refuse the empty path: it names no output (``os.path.abspath`` would make it the
+    working directory, which holds the inputs)."""
+    if not os.fspath(path):
+        raise DaskmeansError("an output path is empty: name the file or directory to write")
+
+
 def _check_inputs(path: str, overwrite: bool, inputs: Iterable[str | None]) -> None:
+    _check_named(path)
     out = _real(path)
     for src in inputs:
         if src is None or not isinstance(src, (str, os.PathLike)):
@@ -615,6 +623,7 @@ _active: contextvars.ContextVar[Outputs | None] = contextvars.ContextVar("daskme
 @contextlib.contextmanager
 def _atomic(path: str, kind: str | None, replace: bool, suffix: str) -> Iterator[str]:
     path = os.fspath(path)
+    _check_named(path)
     parent, name = os.path.split(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise DataError(f"cannot write {path}: directory {parent} does not exist")

@@ -29,7 +29,7 @@ import pytest
 from faultkit import tree
 
 from daskmeans.cli import main
-from daskmeans.errors import OutputError
+from daskmeans.errors import DaskmeansError, OutputError
 from daskmeans.io import model_store, paths
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -329,6 +329,19 @@ def test_only_the_path_s_own_temporaries_are_reaped(tmp_path):
         with paths.output_lock(str(tmp_path / out)):
             pass
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, reaped in names.items() if not reaped)
+
+
+def test_an_empty_output_path_is_refused(tmp_path, monkeypatch):
+    """The API's writers refuse "" (the command's options refuse it while parsing): it names
+    no output, and was taken for the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DaskmeansError, match="^an output path is empty: name the file or directory to write$"):
+        model_store.save_model("", np.zeros((2, 2)), _attrs(0))
+    with pytest.raises(DaskmeansError, match="^an output path is empty"):
+        with paths.Outputs() as outputs:
+            outputs.claim("", "labels", True, ["x.npy"])
+    # Nothing written, nor locked, in the working directory or beside it (as "" was).
+    assert os.listdir(tmp_path) == [] and not [n for n in os.listdir(tmp_path.parent) if n.startswith(f".{tmp_path.name}")]
 
 
 # ---------------------------------------------------------------- --overwrite on foreign paths
