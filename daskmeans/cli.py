@@ -27,7 +27,7 @@ from . import seeding
 from .options import PRECISIONS, TIERS
 from .progress import Progress, Steps, watching
 from .timing import Phases
-from .validation import float_option, int_option, size_option
+from .validation import float_option, int_option, path_option, size_option
 
 _SEED = dict(low=0, high=2**32 - 1)  # numpy's seeds
 
@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="fit a model to DATA (.zarr, .csv or .npy)")
     f.add_argument("data", help="the rows to cluster: a .zarr array or group (see --dataset), a .csv or a .npy file")
     f.add_argument("--k", type=int_option("--k"), required=True, help="number of clusters")
-    f.add_argument("-o", "--output", default="model.zarr", help="model to write (Zarr group; default model.zarr)")
+    f.add_argument("-o", "--output", type=path_option("-o"), default="model.zarr", help="model to write (Zarr group; default model.zarr)")
     f.add_argument("--init", default=seeding.DEFAULT, help=_init_help())
     f.add_argument("--n-init", type=int_option("--n-init"), default=1, metavar="N",
                    help="runs from different seeds; the run of lowest inertia is kept (default 1)")
@@ -131,17 +131,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
                         "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
                         "clusters above it (R > 1; default off)")
-    f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--labels", type=path_option("--labels"), metavar="LABELS.zarr", help="also write the training labels here")
     f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
     f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
                    help="GPU memory per worker (e.g. 40GiB; default auto)")
-    f.add_argument("--checkpoint", metavar="CKPT.zarr",
+    f.add_argument("--checkpoint", type=path_option("--checkpoint"), metavar="CKPT.zarr",
                    help="write the fit's restart point here every --checkpoint-every iterations and on Ctrl-C/SIGTERM")
     f.add_argument("--checkpoint-every", type=int_option("--checkpoint-every"), default=10, metavar="N", help="iterations between checkpoints (default 10)")
     f.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data and parameters)")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    f.add_argument("--timings", metavar="FILE.json",
+    f.add_argument("--timings", type=path_option("--timings"), metavar="FILE.json",
                    help="write the command's phases (imports, cluster start, read, place, init, iterations, "
                         "outputs...) and their wall seconds here")
     f.add_argument("-q", "--quiet", action="store_true", help="no progress")
@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="label DATA with a fitted MODEL")
     p.add_argument("model", help="a model written by daskmeans fit")
     p.add_argument("data", help="the rows to label (.zarr, .csv or .npy), with the model's number of features")
-    p.add_argument("-o", "--output", required=True, metavar="LABELS.zarr",
+    p.add_argument("-o", "--output", type=path_option("-o"), required=True, metavar="LABELS.zarr",
                    help="where to write the labels: a Zarr group holding the int32 array 'labels' (one per row)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing labels output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw a fitted MODEL: convergence, cluster sizes and, with DATA, a 2-D projection")
     pl.add_argument("model", help="a model written by daskmeans fit")
     pl.add_argument("data", nargs="?", help="also draw a PCA projection of a sample of these rows, coloured by cluster")
-    pl.add_argument("-o", "--output", required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
+    pl.add_argument("-o", "--output", type=path_option("-o"), required=True, metavar="REPORT.png", help="the image (.png, .svg or .pdf)")
     pl.add_argument("--sample", type=int_option("--sample"), default=None, metavar="N",
                     help="rows of DATA drawn (default 20000)")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing image")
@@ -186,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="the values' type (default float32)")
     b.add_argument("--chunk-rows", type=int_option("--chunk-rows"), metavar="R",
                    help="rows per Zarr chunk (default: about daskmeans.chunk-bytes per chunk)")
-    b.add_argument("-o", "--output", required=True, metavar="DATA.zarr", help="the Zarr array to write")
+    b.add_argument("-o", "--output", type=path_option("-o"), required=True, metavar="DATA.zarr", help="the Zarr array to write")
     b.add_argument("--overwrite", action="store_true", help="replace an existing generated dataset")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress")
     importlib.import_module(".sweep", __package__).add_parser(sub, _add_data_args, _add_cluster_args)
@@ -465,7 +465,7 @@ def _check_image_suffix(path: str) -> None:
 def _cmd_info(args) -> int:
     from .io.model_store import load_model
 
-    centers, attrs, _ = load_model(args.model)
+    centers, attrs, _ = load_model(args.model)  # verified: a damaged model is one error line, not a table
     if args.json:
         print(json.dumps(attrs, indent=2))
         return 0
@@ -479,7 +479,7 @@ def _cmd_info(args) -> int:
           f"tier {attrs.get('tier')}")
     if attrs.get("best_run") is not None:
         print(f"best run     {attrs['best_run']} of {p.get('n_init')} (the lowest inertia of the --n-init runs)")
-    if hist:
+    if hist and all("seconds" in h for h in hist):
         print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
     print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
     print("parameters   " + "  ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
@@ -490,7 +490,7 @@ def _cmd_info(args) -> int:
               f"{'seconds':>9} {'GB/s':>8}")
         for h in hist:
             print(f"{h['iteration']:5d} {h['inertia']:14.6e} {h['shift']:10.3e} {h['reassigned']:11d} "
-                  f"{h['n_empty']:6d} {h.get('imbalance', float('nan')):9.2f} {h['seconds']:9.4f} "
+                  f"{h['n_empty']:6d} {h.get('imbalance', float('nan')):9.2f} {h.get('seconds', float('nan')):9.4f} "
                   f"{h.get('gb_per_s', float('nan')):8.2f}")
     return 0
 

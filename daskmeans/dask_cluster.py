@@ -72,9 +72,74 @@ def close_client(client: Client) -> None:
         log.setLevel(level)
 
 
+# The function every worker runs first (:func:`run_checked`). It is made from source in a
+# namespace that is no importable module, so that Dask sends it by value (cloudpickle): a
+# function of daskmeans' own modules is sent by reference, and a worker that cannot import
+# daskmeans fails to unpickle it with a traceback that names neither the worker nor the cause.
+_PROBE_SOURCE = """
+def daskmeans_probe(expected, call, args):
+    try:
+        import daskmeans
+        version = daskmeans.__version__
+    except Exception as e:
+        return {"error": "cannot import daskmeans: " + type(e).__name__ + ": " + " ".join(str(e).split())}
+    if version != expected or call is None:
+        return {"version": version}
+    import importlib
+    module, name = call
+    return {"version": version, "result": getattr(importlib.import_module(module), name)(*args)}
+"""
+_PROBE_NAMESPACE: dict = {"__name__": "daskmeans_worker_probe"}  # no module of that name exists
+exec(compile(_PROBE_SOURCE, "<daskmeans worker probe>", "exec"), _PROBE_NAMESPACE)
+_probe = _PROBE_NAMESPACE["daskmeans_probe"]
+
+
+def run_checked(client: Client, call: tuple[str, str] | None = None, *args: Any) -> dict[str, Any]:
+    """Check that every worker of ``client`` imports the client's daskmeans, and run
+    ``module.name(*args)`` (``call``) on each, in one round trip: ``{worker: result}``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    call : (str, str), optional
+        The module and function to run on each worker once the check passes (None: the
+        check only).
+    *args
+        Its arguments (plain values: they travel before the worker has imported daskmeans).
+
+    Raises
+    ------
+    DaskmeansError
+        One line naming each worker that cannot import daskmeans (``worker tcp://...
+        cannot import daskmeans: ModuleNotFoundError: ...``) or has another version (``worker
+        tcp://... has daskmeans 0.3.0, the client 0.4.0``), before any work is sent.
+    """
+    from . import __version__
+
+    res = client.run(_probe, __version__, call, list(args))
+    problems = []
+    for worker, r in sorted(res.items()):
+        if "error" in r:
+            problems.append(f"worker {worker} {r['error']}")
+        elif r["version"] != __version__:
+            problems.append(f"worker {worker} has daskmeans {r['version']}, the client {__version__}")
+    if problems:
+        shown = problems[:3] + ([f"{len(problems) - 3} more"] if len(problems) > 3 else [])
+        raise DaskmeansError(f"{'; '.join(shown)}: every worker needs the client's daskmeans ({__version__}) "
+                             f"importable")
+    return {worker: r.get("result") for worker, r in res.items()}
+
+
+def check_workers(client: Client) -> None:
+    """Raise unless every worker of ``client`` imports the client's daskmeans (see
+    :func:`run_checked`)."""
+    run_checked(client)
+
+
 def worker_kinds(client: Client) -> tuple[list[str], list[str]]:
-    """The addresses of ``client``'s workers that see a CUDA device through CuPy, and the others."""
-    res = client.run(gpu_available)
+    """The addresses of ``client``'s workers that see a CUDA device through CuPy, and the
+    others, asked in the round trip that checks their daskmeans (:func:`run_checked`)."""
+    res = run_checked(client, ("daskmeans.backends", "gpu_available"))
     gpus = sorted(w for w, ok in res.items() if ok)
     return gpus, sorted(w for w, ok in res.items() if not ok)
 
@@ -91,6 +156,7 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
     except ValueError as e:
         raise DaskmeansError(str(e)) from None
     if name is not None and get_backend(name).on_host:  # a host backend runs on any worker
+        check_workers(client)  # that can import daskmeans: said in one line before any work
         return name
     gpus, cpus = worker_kinds(client)
     if name is None:
@@ -125,12 +191,13 @@ def check_paths_on_workers(client: Client, read: list[str] = (), write: list[str
 
     Workers read the data and write labels themselves: on an external cluster they may not
     see the client's filesystem, and a store they cannot see must never be read as empty.
+    The same round trip checks their daskmeans (:func:`run_checked`).
     """
     read = [os.path.abspath(p) for p in read]
     write = [os.path.abspath(p) for p in write]
     if not read and not write:
         return
-    res = client.run(_path_problems, read, write)
+    res = run_checked(client, ("daskmeans.dask_cluster", "_path_problems"), read, write)
     for worker, problems in sorted(res.items()):
         if problems:
             raise DaskmeansError(

@@ -679,12 +679,35 @@ class KMeans:
 
     @classmethod
     def load(cls, path: str) -> "KMeans":
-        """A fitted estimator from :meth:`save`'s output (``labels_`` is not stored)."""
+        """A fitted estimator from :meth:`save`'s output (``labels_`` is not stored).
+
+        Parameters
+        ----------
+        path : str
+            The model's directory.
+
+        Returns
+        -------
+        KMeans
+            Of this class (a MiniBatchKMeans model loads as a KMeans too).
+
+        Raises
+        ------
+        DataError
+            One line naming ``path`` when it holds no model, or a damaged one: a checksum that
+            does not match its contents, contents that contradict themselves
+            (:func:`daskmeans.io.model_store.load_model`), or parameters their constraints
+            refuse.
+        """
         centers, attrs, sizes = load_model(path)
-        params = dict(attrs.get("params", {}))
+        params = dict(attrs["params"])
         if params.get("init") == "array":
             params["init"] = centers
         km = cls(**{k: v for k, v in params.items() if k in cls._param_names()})
+        try:  # a parameter predict or a later fit reads (precision, tier...) is checked now, not there
+            validate_params(km.get_params(), km._parameter_constraints)
+        except DaskmeansError as e:
+            raise DataError(f"{path} is damaged: its parameters: {e}") from None
         km.cluster_centers_ = centers
         km.inertia_ = float(attrs["inertia"])
         km.n_iter_ = int(attrs["n_iter"])

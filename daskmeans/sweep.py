@@ -341,7 +341,7 @@ def add_parser(sub: Any, data_args: Callable, cluster_args: Callable) -> None:
     """The ``sweep`` subcommand's parser (``cli.py`` passes its shared option groups)."""
     import argparse
 
-    from .validation import int_option
+    from .validation import int_option, path_option
 
     def ks_option(text: str) -> list[int]:
         try:
@@ -353,10 +353,10 @@ def add_parser(sub: Any, data_args: Callable, cluster_args: Callable) -> None:
     s.add_argument("data", help="the rows to cluster (.zarr, .csv or .npy)")
     s.add_argument("--k", type=ks_option, required=True, metavar="K,K,...",
                    help="the numbers of clusters to fit: a list (8,16,32) or ranges (2-12)")
-    s.add_argument("-o", "--output", default="sweep.json", metavar="SWEEP.json",
+    s.add_argument("-o", "--output", type=path_option("-o"), default="sweep.json", metavar="SWEEP.json",
                    help="the summary: each K's inertia, scores, iterations and seconds, and the elbow "
                         "(default sweep.json)")
-    s.add_argument("--plot", metavar="ELBOW.png", help="also draw the elbow plot here (.png, .svg or .pdf)")
+    s.add_argument("--plot", type=path_option("--plot"), metavar="ELBOW.png", help="also draw the elbow plot here (.png, .svg or .pdf)")
     s.add_argument("--sample", type=int_option("--sample"), default=SAMPLE_ROWS, metavar="N",
                    help=f"rows drawn for the silhouette and Davies-Bouldin scores (default {SAMPLE_ROWS})")
     s.add_argument("--init", default="k-means||", help="each fit's init (as fit's --init)")

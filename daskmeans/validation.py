@@ -223,6 +223,20 @@ def float_option(flag: str, low: float = 0.0, strict: bool = False):
     return parse
 
 
+def path_option(flag: str):
+    """An output path option's ``type=``: any path but the empty one (``-o ""`` named no
+    output; it was taken for the working directory and refused as "would overwrite the
+    input")."""
+
+    def parse(value: str) -> str:
+        if not value:
+            raise _option_error(flag, "''", "a non-empty path")
+        return value
+
+    parse.__name__ = "path"
+    return parse
+
+
 def size_option(flag: str, auto: bool = False):
     """A byte-size option's ``type=``: a size > 0 in Dask's notation (``512MiB``, ``4GB``,
     ``1e9``), or ``auto`` where ``auto`` is True; the value is kept as given (it is parsed

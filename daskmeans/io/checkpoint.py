@@ -3,10 +3,12 @@
 A checkpoint is a Zarr group (``centroids``, ``prev`` arrays; JSON attributes) like a model.
 What it resumes must be what it was written for, so reading one checks, before any work:
 
-- its own integrity: a SHA-256 over its attributes and the arrays' bytes (``checksum``), so
-  a damaged or hand-edited checkpoint is refused rather than resumed;
-- its consistency: the iteration count, a history of one well-formed entry per iteration,
-  finite centroids of the fingerprint's shape;
+- its own integrity: a SHA-256 over its attributes and the arrays' bytes (``checksum``, the
+  same as a model's: :func:`daskmeans.io.model_store.checksum`), so a damaged or hand-edited
+  checkpoint is refused rather than resumed;
+- its consistency: the iteration count, a history of one well-formed entry per iteration
+  (:func:`daskmeans.io.model_store.history_problem`, as a model's), finite centroids of the
+  fingerprint's shape;
 - against the fit (:func:`check_fingerprint`): the parameters, the data's shape and dtype,
   and a content digest of the data (:mod:`daskmeans.backends.digest`), which a change of
   values that keeps the shape cannot pass.
@@ -14,36 +16,18 @@ What it resumes must be what it was written for, so reading one checks, before a
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
-from .model_store import _jsonable, _open, write_group
+from .model_store import _jsonable, _open, checksum, history_problem, write_group
 from .paths import FORMATS, atomic_dir
 
 CHECKPOINT_FORMAT = FORMATS["checkpoint"]
 # 2: the checksum and the data's content digest (a version-1 checkpoint has neither).
 CHECKPOINT_VERSION = 2
-
-# Every history entry has these numbers (the loop's per-iteration statistics).
-_HISTORY_KEYS = ("iteration", "inertia", "shift", "reassigned", "n_empty")
-
-
-def _checksum(attrs: dict, arrays: dict[str, np.ndarray]) -> str:
-    """SHA-256 over the attributes (canonical JSON, without the checksum) and each array's
-    name, dtype, shape and bytes."""
-    h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in attrs.items() if k != "checksum"}, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.ndarray | None,
@@ -71,7 +55,7 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
         "format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION, "iteration": int(iteration),
         "history": history, "fingerprint": fingerprint,
     })
-    attrs["checksum"] = _checksum(attrs, arrays)
+    attrs["checksum"] = checksum(attrs, arrays)
     with atomic_dir(path, kind="checkpoint") as tmp:
         write_group(tmp, arrays, attrs)
 
@@ -91,7 +75,7 @@ def read_checkpoint(path: str) -> dict:
         raise DataError(f"{bad}: its arrays cannot be read ({e})") from None
     if "centroids" not in arrays:
         raise DataError(f"{bad}: it has no centroids array")
-    if attrs.get("checksum") != _checksum(dict(attrs), arrays):
+    if attrs.get("checksum") != checksum(dict(attrs), arrays):
         raise DataError(f"{bad}: its checksum does not match its contents (changed after it was written); "
                         "remove it or fit without resume")
     out = {"iteration": attrs.get("iteration"), "centroids": arrays["centroids"], "prev": arrays.get("prev"),
@@ -122,19 +106,7 @@ def _inconsistency(ck: dict) -> str | None:
             return f"{name} should be finite float64 values"
     if ck["prev"] is None:
         return "the centroids of the iteration before (prev) are missing"
-    if not isinstance(hist, list) or len(hist) != it:
-        n = len(hist) if isinstance(hist, list) else type(hist).__name__
-        return f"its history has {n} entries, should have one per completed iteration ({it})"
-    for i, h in enumerate(hist, 1):
-        if not isinstance(h, dict) or any(not _number(h.get(k)) for k in _HISTORY_KEYS):
-            return f"history entry {i} should be a record of numbers {', '.join(_HISTORY_KEYS)}"
-        if h["iteration"] != i:
-            return f"history entry {i} is numbered {h['iteration']!r}"
-    return None
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return history_problem(hist, it)
 
 
 def check_fingerprint(path: Any, saved: dict, now: dict, iteration: int, max_iter: int) -> None:

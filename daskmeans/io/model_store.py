@@ -1,11 +1,28 @@
 """Models on disk: a Zarr group with the centroids as an array and everything else as JSON
 attributes. No pickle. Writes go to a temporary sibling that is renamed into place under the
 output's lock (:mod:`daskmeans.io.paths`), so a failed write never leaves a partial model
-behind and two writers never interleave."""
+behind and two writers never interleave.
+
+A model is verified as it is read, as a checkpoint is (:mod:`daskmeans.io.checkpoint`, which
+shares the checksum and the history's check from here): a damaged model would otherwise
+predict garbage with exit 0 (a NaN centroid takes every row; centroids of 1e300 overflow
+every distance) or end in a traceback. :func:`load_model` refuses, in one line naming the
+path, what is wrong and what it should be:
+
+- a model whose SHA-256 ``checksum`` (over its attributes and arrays) does not match its
+  contents (changed after it was written);
+- contents that contradict themselves (:func:`model_problem`): centroids that are not finite
+  float32/float64 values of shape ``(n_clusters, n_features_in)``, or whose squared norms
+  overflow the distances' dtype; cluster sizes that are not K counts; an unknown metric; a
+  history that is not one well-formed record per iteration; an inertia or iteration count that
+  is not a number; feature names that are not ``n_features_in`` strings.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import shutil
 from typing import Any
@@ -17,7 +34,66 @@ from ..progress import advance, step
 from .paths import FORMATS, atomic_dir, atomic_file, describe, output_lock  # noqa: F401  (the writers' helpers, here too)
 
 FORMAT = FORMATS["model"]
-FORMAT_VERSION = 1
+# The model's format. 2: the checksum. A version-1 model (written before it) has none: it is
+# still read, with every consistency check, since users keep such models.
+FORMAT_VERSION = 2
+# The version marked on labels and generated data (their format has not changed).
+OUTPUT_VERSION = 1
+
+# Every history entry has these numbers (the loop's per-iteration statistics); the counts
+# among them are integers >= 0.
+HISTORY_KEYS = ("iteration", "inertia", "shift", "reassigned", "n_empty")
+_HISTORY_COUNTS = ("iteration", "reassigned", "n_empty")
+# Numbers where present (``daskmeans info`` prints them).
+_HISTORY_OPTIONAL = ("seconds", "imbalance", "gb_per_s")
+# The backends a model may name (``backend_``: what predict asks for).
+_BACKENDS = (None, "auto", "numpy", "cupy", "cpu", "gpu")
+
+
+def checksum(attrs: dict, arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over the attributes (canonical JSON, without the checksum) and each array's
+    name, dtype, shape and bytes: what a model and a checkpoint carry as ``checksum``."""
+    h = hashlib.sha256()
+    h.update(json.dumps({k: v for k, v in attrs.items() if k != "checksum"}, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def is_number(v: Any) -> bool:
+    """Whether ``v`` is a finite int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_count(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _short(v: Any, most: int = 60) -> str:
+    """``repr(v)``, cut to ``most`` characters, for a message."""
+    r = repr(v)
+    return r if len(r) <= most else r[: most - 3] + "..."
+
+
+def history_problem(history: Any, length: int) -> str | None:
+    """What makes ``history`` no well-formed record of ``length`` completed iterations (one
+    entry each, numbered from 1, with the numbers :data:`HISTORY_KEYS`), or None."""
+    if not isinstance(history, list):
+        return (f"its history is {_short(history)}, should be a list of one record per completed "
+                f"iteration ({length})")
+    if len(history) != length:
+        return f"its history has {len(history)} entries, should have one per completed iteration ({length})"
+    for i, h in enumerate(history, 1):
+        if (not isinstance(h, dict) or not all(is_number(h.get(k)) for k in HISTORY_KEYS)
+                or not all(_is_count(h[k]) for k in _HISTORY_COUNTS)
+                or not all(is_number(h[k]) for k in _HISTORY_OPTIONAL if k in h)):
+            return (f"history entry {i} should be a record of numbers {', '.join(HISTORY_KEYS)} "
+                    f"({', '.join(_HISTORY_COUNTS)} integers >= 0), not {_short(h)}")
+        if h["iteration"] != i:
+            return f"history entry {i} is numbered {h['iteration']!r}"
+    return None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -65,12 +141,25 @@ def write_group(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> None:
 
 def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray | None = None) -> None:
     """Write ``centroids`` (K, D), the rows per cluster ``sizes`` (K,) if known, and JSON
-    ``attrs`` as a Zarr group at ``path``."""
+    ``attrs`` as a Zarr group at ``path``, with the ``checksum`` :func:`load_model` verifies.
+
+    Parameters
+    ----------
+    path : str
+    centroids : ndarray (K, D) float32 or float64
+    attrs : dict
+        JSON-able attributes; :func:`load_model` expects at least ``params`` (with
+        ``n_clusters``), ``n_features_in``, ``inertia`` and ``n_iter`` (see
+        :func:`model_problem`).
+    sizes : ndarray (K,) of int, optional
+    """
     arrays = {"cluster_centers": np.asarray(centroids)}
     if sizes is not None:
         arrays["cluster_sizes"] = np.asarray(sizes, np.int64)
+    doc = _jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+    doc["checksum"] = checksum(doc, arrays)
     with atomic_dir(path, kind="model") as tmp:
-        write_group(tmp, arrays, _jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs}))
+        write_group(tmp, arrays, doc)
 
 
 def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
@@ -94,18 +183,120 @@ def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
 
 
 def load_model(path: str) -> tuple[np.ndarray, dict, np.ndarray | None]:
-    """Read a model written by :func:`save_model`: ``(centroids, attrs, sizes or None)``."""
+    """Read and verify a model written by :func:`save_model`: ``(centroids, attrs, sizes or None)``.
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    centroids : ndarray (n_clusters, n_features_in) float32 or float64
+    attrs : dict
+        The JSON attributes (``checksum`` among them for a version-2 model).
+    sizes : ndarray (n_clusters,) int64 or None
+
+    Raises
+    ------
+    DataError
+        One line naming ``path``: no model there, a format newer than this daskmeans reads,
+        a checksum that does not match the contents (``PATH is damaged: checksum mismatch
+        ...``), or contents that contradict themselves (``PATH is damaged: cluster_centers
+        has shape (3, 5); the attributes say n_clusters=3, n_features_in=4``; see
+        :func:`model_problem`). A version-1 model (no checksum) gets the consistency checks
+        only.
+    """
     g, attrs = _open(path, FORMAT, "model", f"no such model: {path}")
+    version = attrs.get("format_version")
+    if not _is_count(version, 1):
+        raise DataError(f"{path} is damaged: format_version={_short(version)} should be an integer from 1 to "
+                        f"{FORMAT_VERSION}")
+    if version > FORMAT_VERSION:
+        raise DataError(f"{path} has format_version={version}; this daskmeans reads <= {FORMAT_VERSION}")
+    bad = f"{path} is damaged"
     try:
-        centers = np.asarray(g["cluster_centers"][...])
-    except Exception as e:  # no centroids array
-        raise DataError(f"{path} is not a daskmeans model: {e}") from None
-    if int(attrs.get("format_version", 0)) > FORMAT_VERSION:
-        raise DataError(
-            f"{path} has format_version={attrs['format_version']}; this daskmeans reads <= {FORMAT_VERSION}"
-        )
-    sizes = np.asarray(g["cluster_sizes"][...]) if "cluster_sizes" in g else None
+        arrays = {name: np.asarray(g[name][...]) for name in ("cluster_centers", "cluster_sizes") if name in g}
+    except Exception as e:  # an array whose metadata or chunk cannot be read
+        raise DataError(f"{bad}: its arrays cannot be read ({' '.join(str(e).split()) or type(e).__name__})") from None
+    if "cluster_centers" not in arrays:
+        raise DataError(f"{path} is not a daskmeans model: it has no cluster_centers array")
+    if version >= 2 and attrs.get("checksum") != checksum(attrs, arrays):
+        what = "it has no checksum" if "checksum" not in attrs else "checksum mismatch"
+        raise DataError(f"{bad}: {what} (the model was changed after it was written); fit it again")
+    centers, sizes = arrays["cluster_centers"], arrays.get("cluster_sizes")
+    problem = model_problem(centers, attrs, sizes)
+    if problem:
+        raise DataError(f"{bad}: {problem}")
     return centers, attrs, sizes
+
+
+def model_problem(centers: np.ndarray, attrs: dict, sizes: np.ndarray | None) -> str | None:
+    """What makes a model's contents contradict themselves, or None.
+
+    The centroids are finite float32 or float64 values of shape ``(params.n_clusters,
+    n_features_in)`` whose squared norms stay within a quarter of the dtype's largest value:
+    the kernels compute ``|x|^2 - 2 x.c + |c|^2`` in that dtype, and a larger centroid
+    overflows every distance (centroids of 1e300 sent every row to cluster 0). A fit never
+    writes one: the moments pass refuses data whose rows' squared norms can exceed that bound
+    (:func:`daskmeans.backends.grid.check_range`), and every centroid is a mean of rows, so
+    no larger than they are.
+    """
+    from ..metric import METRICS
+
+    params = attrs.get("params")
+    if not isinstance(params, dict):
+        return f"params={_short(params)} should be a record of the estimator's parameters"
+    k, d = params.get("n_clusters"), attrs.get("n_features_in")
+    if not _is_count(k, 1):
+        return f"params.n_clusters={_short(k)} should be an integer >= 1"
+    if not _is_count(d, 1):
+        return f"n_features_in={_short(d)} should be an integer >= 1"
+    if centers.dtype not in (np.float32, np.float64):
+        return f"cluster_centers have dtype {centers.dtype}, should be float32 or float64"
+    if centers.shape != (k, d):
+        return f"cluster_centers has shape {centers.shape}; the attributes say n_clusters={k}, n_features_in={d}"
+    if attrs.get("dtype", centers.dtype.name) != centers.dtype.name:
+        return f"dtype={_short(attrs['dtype'])} but cluster_centers are {centers.dtype.name}"
+    finite = np.isfinite(centers)
+    if not finite.all():
+        i, j = (int(v) for v in np.argwhere(~finite)[0])
+        return f"cluster_centers[{i}, {j}] is {centers[i, j]}; every centroid value should be finite"
+    with np.errstate(over="ignore"):
+        norms = np.square(centers.astype(np.float64)).sum(axis=1)
+    limit = float(np.finfo(centers.dtype).max) / 4
+    if not (norms <= limit).all():
+        i = int(np.argmax(~(norms <= limit)))
+        return (f"centroid {i} has a squared norm of {norms[i]:.3g} (values up to {np.abs(centers[i]).max():.3g}), "
+                f"above {limit:.3g} (a quarter of the largest {centers.dtype.name}): every squared distance to it "
+                f"overflows")
+    if sizes is not None:
+        if sizes.dtype.kind not in "iu" or sizes.shape != (k,) or (sizes < 0).any():
+            return (f"cluster_sizes ({sizes.dtype}, shape {sizes.shape}) should be {k} counts (integers >= 0), one "
+                    f"per cluster")
+    metric = params.get("metric", "euclidean")
+    if metric not in METRICS:
+        return f"params.metric={_short(metric)} should be one of {', '.join(map(repr, METRICS))}"
+    if not is_number(attrs.get("inertia")):
+        return f"inertia={_short(attrs.get('inertia'))} should be a finite number"
+    n_iter = attrs.get("n_iter")
+    if not _is_count(n_iter):
+        return f"n_iter={_short(n_iter)} should be an integer >= 0"
+    if attrs.get("n_samples_fit") is not None:
+        if not _is_count(attrs["n_samples_fit"], 1) or not is_number(attrs.get("sample_inertia")):
+            return (f"n_samples_fit={_short(attrs['n_samples_fit'])} and sample_inertia="
+                    f"{_short(attrs.get('sample_inertia'))} should be an integer >= 1 and a finite number")
+    history = attrs.get("history", [])
+    if history != []:  # a MiniBatchKMeans model has none; a KMeans model one entry per iteration
+        problem = history_problem(history, n_iter)
+        if problem:
+            return problem
+    names = attrs.get("feature_names_in")
+    if names is not None and (not isinstance(names, list) or len(names) != d
+                              or not all(isinstance(n, str) for n in names)):
+        return f"feature_names_in={_short(names)} should be a list of n_features_in={d} strings"
+    if attrs.get("backend") not in _BACKENDS:
+        return f"backend={_short(attrs.get('backend'))} should be one of {', '.join(map(repr, _BACKENDS[1:]))}"
+    return None
 
 
 def write_array(x, path: str, name: str | None = None, *, kind: str | None = None) -> None:
@@ -128,7 +319,7 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
     # with an absent chunk rather than read it as zeros.
     spec = dict(shape=x.shape, chunks=x.chunksize, dtype=x.dtype, config={"write_empty_chunks": True})
     starts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int).tolist() for c in x.chunks]
-    marker = {"format": FORMATS[kind], "format_version": FORMAT_VERSION} if kind else {}
+    marker = {"format": FORMATS[kind], "format_version": OUTPUT_VERSION} if kind else {}
     with atomic_dir(path, kind=kind) as tmp:
         if name is None:
             zarr.create_array(tmp, attributes=marker, **spec)

@@ -5,7 +5,8 @@
 - Each output path has a lock, an exclusive ``flock`` on the sibling file ``.NAME.lock``, held
   from the check that the path may be written to the rename that puts the output there (by a
   command, for the whole command): two writers to one path never both go on.
-- An output is written to a temporary sibling ``.NAME.tmp-XXXXXXXX`` and renamed into place:
+- An output is written to a temporary sibling ``.NAME.tmp-XXXXXXXX`` and renamed into place
+  (the next writer of the path removes those a killed writer left, :func:`reap_temporaries`):
   where nothing may be replaced, only if the path still does not exist (``renameat2`` with
   ``RENAME_NOREPLACE``); where it may, swapped with the previous output in one step
   (``RENAME_EXCHANGE``), so that the path always holds a whole output. Elsewhere (other
@@ -26,6 +27,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -209,7 +211,15 @@ def check_output(path: str | None, overwrite: bool, inputs: Iterable[str | None]
     _check_parent(path)
 
 
+def _check_named(path: str) -> None:
+    """Refuse the empty path: it names no output (``os.path.abspath`` would make it the
+    working directory, which holds the inputs)."""
+    if not os.fspath(path):
+        raise DaskmeansError("an output path is empty: name the file or directory to write")
+
+
 def _check_inputs(path: str, overwrite: bool, inputs: Iterable[str | None]) -> None:
+    _check_named(path)
     out = _real(path)
     for src in inputs:
         if src is None or not isinstance(src, (str, os.PathLike)):
@@ -309,6 +319,42 @@ def _acquire(path: str, key: str, wait: bool) -> None:
         pass
     with _held_guard:
         _held[key] = _Held(fd, 1, os.getpid())
+    reap_temporaries(path)
+
+
+def _temporary_name(name: str) -> re.Pattern:
+    """The names of the temporaries :func:`_atomic` makes for output ``name``:
+    ``.NAME.tmp-XXXXXXXX``, with ``NAME``'s suffix after it for a file."""
+    suffix = os.path.splitext(name)[1]
+    if suffix == ".old":  # never a name ending .old: it could be the fallback's previous output (_swap)
+        suffix = ""
+    return re.compile(rf"\.{re.escape(name)}\.tmp-[0-9a-f]{{8}}(?:{re.escape(suffix)})?\Z" if suffix
+                      else rf"\.{re.escape(name)}\.tmp-[0-9a-f]{{8}}\Z")
+
+
+def reap_temporaries(path: str) -> list[str]:
+    """Remove the hidden temporaries of output ``path`` that a killed writer left behind
+    (``.NAME.tmp-XXXXXXXX``: a SIGKILLed ``predict -o NAME`` leaves its partial labels), and
+    return their paths.
+
+    Called by this process once it newly holds ``path``'s lock: every writer makes its
+    temporary while it holds the lock and removes or renames it before letting go, and the
+    lock dies with its process, so no writer of such a temporary is alive any more (a block
+    write a lost client left running on a worker finds the directory gone and removes what it
+    recreated: :func:`~daskmeans.io.model_store.write_array`). A ``.old`` beside them (the
+    previous output the two-rename fallback set aside, perhaps its only copy) is never
+    removed. Reaping is housekeeping: a failure to list or remove is no error of the command.
+    """
+    parent, name = os.path.split(os.path.abspath(os.fspath(path)))
+    pattern = _temporary_name(name)
+    try:
+        stale = [os.path.join(parent, n) for n in os.listdir(parent) if pattern.match(n)]
+    except OSError:
+        return []
+    for tmp in stale:
+        with contextlib.suppress(OSError):
+            _remove(tmp)
+    return stale
 
 
 def _release(key: str) -> None:
@@ -577,6 +623,7 @@ _active: contextvars.ContextVar[Outputs | None] = contextvars.ContextVar("daskme
 @contextlib.contextmanager
 def _atomic(path: str, kind: str | None, replace: bool, suffix: str) -> Iterator[str]:
     path = os.fspath(path)
+    _check_named(path)
     parent, name = os.path.split(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise DataError(f"cannot write {path}: directory {parent} does not exist")

@@ -178,13 +178,16 @@ def test_chunk_bytes_smaller_than_the_store_is_a_warning(recipe, data, tmp_path)
 
 class _Cluster:
     """The one call :func:`daskmeans.dask_cluster.worker_kinds` makes, on a cluster of GPU and CPU
-    workers (a CPU-only host cannot start GPU workers)."""
+    workers (a CPU-only host cannot start GPU workers): its probe answered as each worker's
+    daskmeans (the client's version) would, with whether it has a GPU."""
 
     def __init__(self, kinds: dict[str, bool]):
         self.kinds = kinds
 
-    def run(self, fn):
-        return dict(self.kinds)
+    def run(self, fn, *args):
+        from daskmeans import __version__
+
+        return {w: {"version": __version__, "result": gpu} for w, gpu in self.kinds.items()}
 
 
 def test_a_cluster_of_gpu_and_cpu_workers_needs_a_backend():

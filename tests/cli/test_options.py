@@ -22,6 +22,7 @@ INT = "an integer >= 1"
 SIZE = "a size > 0 such as 512MiB"
 FINITE = "a finite number >= 0"
 SEED = "an integer from 0 to 4294967295"
+PATH = "a non-empty path"  # -o "" was taken for the working directory: "output  would overwrite the input"
 
 # (command, option, the values it refuses, requirement)
 REFUSED = [
@@ -41,6 +42,15 @@ REFUSED = [
     (PREDICT, "--workers", ["-2"], INT),
     (PLOT, "--sample", ["0"], INT),
     (PLOT, "--chunk-bytes", ["1XB"], SIZE),
+    (FIT, "-o", [""], PATH),
+    (FIT, "--labels", [""], PATH),
+    (FIT, "--checkpoint", [""], PATH),
+    (FIT, "--timings", [""], PATH),
+    (["predict", "m.zarr", "x.npy"], "-o", [""], PATH),
+    (["plot", "m.zarr"], "-o", [""], PATH),
+    (["sweep", "x.npy", "--k", "2,3"], "-o", [""], PATH),
+    (["sweep", "x.npy", "--k", "2,3"], "--plot", [""], PATH),
+    (GENERATE, "-o", [""], PATH),
     (GENERATE, "--chunk-rows", ["0"], INT),
     (GENERATE, "--std", ["-0.5", "inf"], FINITE),
     (GENERATE, "--seed", ["-5"], SEED),
@@ -63,7 +73,8 @@ def test_a_bad_option_value_is_a_one_line_usage_error(tmp_path, monkeypatch, cap
     assert e.value.code == 2
     out, err = capsys.readouterr()
     command = " ".join(argv[:2] if argv[0] == "generate" else argv[:1])
-    assert err == f"daskmeans {command}: error: {option} {value}: should be {requirement} " \
+    shown = value or "''"  # the empty value, quoted
+    assert err == f"daskmeans {command}: error: {option} {shown}: should be {requirement} " \
                   f"(see daskmeans {command} --help)\n", err
     assert out == "" and os.listdir(tmp_path) == []
 
@@ -104,8 +115,8 @@ def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("pipe") / "m.zarr"
     hist = [{"iteration": i, "inertia": 1.0 / i, "shift": 0.1, "reassigned": 3, "n_empty": 0, "seconds": 0.01}
             for i in range(1, 3001)]  # ~250 kB of `info` table: more than a pipe holds
-    save_model(str(path), np.zeros((3, 2)), {"inertia": 1.0, "n_iter": 3000, "params": {"max_iter": 3000},
-                                              "history": hist, "dtype": "float64"})
+    save_model(str(path), np.zeros((3, 2)), {"inertia": 1.0, "n_iter": 3000, "params": {"n_clusters": 3, "max_iter": 3000},
+                                              "n_features_in": 2, "history": hist, "dtype": "float64"})
     return path
 
 

@@ -7,6 +7,8 @@
   ``renameat2``) restores the previous model when the second rename fails.
 - The output lock: refused at once while another process holds it, and still exclusive when
   the holder removes its lock file under a waiter.
+- The temporaries of a ``predict`` killed mid-write (issue 42): removed by the next writer of
+  the path, which holds its lock; never those of a live writer, nor a ``.old``.
 - ``--overwrite`` on a foreign directory or file: refused, its files intact (every kind).
 
 Processes start together on a barrier (each blocks reading its stdin until the test writes to
@@ -27,7 +29,7 @@ import pytest
 from faultkit import tree
 
 from daskmeans.cli import main
-from daskmeans.errors import OutputError
+from daskmeans.errors import DaskmeansError, OutputError
 from daskmeans.io import model_store, paths
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -102,8 +104,14 @@ SAVER = textwrap.dedent("""
     {barrier}
     v = float(sys.argv[1])
     for i in range(150):
-        save_model('m.zarr', np.full((4, 3), v + i), {{"v": v + i}}, sizes=np.full(4, int(v) + i))
+        save_model('m.zarr', np.full((4, 3), v + i), {{"v": v + i, "params": {{"n_clusters": 4}}, "n_features_in": 3,
+                                                      "inertia": 0.0, "n_iter": 0}}, sizes=np.full(4, int(v) + i))
 """)
+
+
+def _attrs(v: float) -> dict:
+    """A consistent model's attributes (load_model verifies them) for 2 x 2 centroids, marked ``v``."""
+    return {"v": v, "params": {"n_clusters": 2}, "n_features_in": 2, "inertia": 0.0, "n_iter": 0}
 
 
 def test_two_processes_saving_at_once_leave_one_whole_model(tmp_path):
@@ -130,7 +138,7 @@ def test_a_replaced_model_is_never_absent(tmp_path, monkeypatch):
     """At every file system step of replacing a model, the path holds a whole model (one of
     the two). Renaming the old model aside first left the path empty in between."""
     path = str(tmp_path / "m.zarr")
-    model_store.save_model(path, np.zeros((2, 2)), {"v": 0})
+    model_store.save_model(path, np.zeros((2, 2)), _attrs(0))
     seen = []
 
     def check():
@@ -147,7 +155,7 @@ def test_a_replaced_model_is_never_absent(tmp_path, monkeypatch):
 
     for mod, name in ((os, "rename"), (os, "replace"), (os, "unlink"), (shutil, "rmtree")):
         monkeypatch.setattr(mod, name, watched(getattr(mod, name)))
-    model_store.save_model(path, np.ones((2, 2)), {"v": 1})
+    model_store.save_model(path, np.ones((2, 2)), _attrs(1))
     monkeypatch.undo()
     assert model_store.load_model(path)[1]["v"] == 1
     assert seen and sorted(os.listdir(tmp_path)) == ["m.zarr"]
@@ -157,9 +165,9 @@ def test_the_fallback_without_renameat2_puts_the_previous_model_back(tmp_path, m
     """Where renameat2 is missing, two renames replace a model: when the second fails the
     previous model goes back, and neither the new one nor a `.old` stays."""
     path = str(tmp_path / "m.zarr")
-    model_store.save_model(path, np.zeros((2, 2)), {"v": 0})
+    model_store.save_model(path, np.zeros((2, 2)), _attrs(0))
     monkeypatch.setattr(paths, "_renameat2_fn", None)
-    model_store.save_model(path, np.ones((2, 2)), {"v": 1})  # the fallback works
+    model_store.save_model(path, np.ones((2, 2)), _attrs(1))  # the fallback works
     assert model_store.load_model(path)[1]["v"] == 1 and os.listdir(tmp_path) == ["m.zarr"]
     real = os.rename
 
@@ -170,7 +178,7 @@ def test_the_fallback_without_renameat2_puts_the_previous_model_back(tmp_path, m
 
     monkeypatch.setattr(os, "rename", second_fails)
     with pytest.raises(OutputError, match=r"cannot write .*m\.zarr: No space left on device"):
-        model_store.save_model(path, np.full((2, 2), 2.0), {"v": 2})
+        model_store.save_model(path, np.full((2, 2), 2.0), _attrs(2))
     assert model_store.load_model(path)[1]["v"] == 1
     assert os.listdir(tmp_path) == ["m.zarr"]
 
@@ -252,6 +260,88 @@ def test_a_waiter_on_a_removed_lock_file_takes_a_lock_that_still_excludes(tmp_pa
         a.stdin.close()
         a.wait(timeout=60)
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- what a killed writer leaves
+
+
+# ``daskmeans predict`` whose label writer stops after its first block, as if the command was
+# in the middle of writing: it says ``written`` and waits on its stdin, until the test kills it.
+STALLED_PREDICT = textwrap.dedent("""
+    import sys
+    import daskmeans.cli
+    from daskmeans.io import model_store
+    write_block = model_store._write_block
+    def stall(*args):
+        write_block(*args)
+        print('written', flush=True)
+        sys.stdin.readline()
+    model_store._write_block = stall
+    sys.argv = ['daskmeans', *sys.argv[1:]]
+    daskmeans.cli.run()
+""")
+
+
+def test_the_temporaries_of_a_killed_predict_are_reaped_by_the_next_write(tmp_path, capsys, monkeypatch):
+    """Issue 42: a SIGKILLed ``predict -o L --overwrite`` left ``.L.tmp-*`` directories that
+    no later run removed. The next command writing L holds L's lock, so no writer of such a
+    temporary is alive: it removes them, and a successful run leaves no hidden partial output.
+    While the killed writer still runs, another is refused and its temporary is untouched."""
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "x.npy", rng.normal(size=(400, 2)).astype(np.float32))
+    argv = ["predict", "m.zarr", "x.npy", "-o", "L.zarr", "--overwrite", "--workers", "1", "-q", "--chunk-bytes", "800"]
+    assert main(["fit", str(tmp_path / "x.npy"), "--k", "2", "--workers", "1", "-q", "-o",
+                 str(tmp_path / "m.zarr")]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0, capsys.readouterr().err
+    first = tree(tmp_path / "L.zarr")
+    seen = []
+    for kill in range(2):  # killed twice: the second run reaps the first's temporary as it starts
+        p = subprocess.Popen([sys.executable, "-c", STALLED_PREDICT, *argv], cwd=tmp_path, env=ENV,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "written", p.communicate()[1]
+        temporaries = [n for n in _leftovers(tmp_path) if n.startswith(".L.zarr.tmp-")]
+        assert len(temporaries) == 1 and temporaries[0] not in seen, (temporaries, seen)
+        seen += temporaries
+        if kill == 0:  # its writer alive: another writer is refused, the temporary stays
+            assert main(argv) == 1
+            assert f"is being written by another process (pid {p.pid})" in capsys.readouterr().err
+            assert os.path.isdir(tmp_path / temporaries[0])
+        p.kill()
+        p.communicate()
+        assert os.path.isdir(tmp_path / temporaries[0])  # what the SIGKILL left behind
+    assert tree(tmp_path / "L.zarr") == first  # the previous labels, untouched
+    assert main(argv) == 0, capsys.readouterr().err
+    assert _leftovers(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == ["L.zarr", "m.zarr", "x.npy"]
+
+
+def test_only_the_path_s_own_temporaries_are_reaped(tmp_path):
+    """Reaped: ``.NAME.tmp-XXXXXXXX`` (``XXXXXXXX`` hex; a file's with its suffix after it).
+    Kept: another output's, a name that only looks alike, and a ``.old`` (the two-rename
+    fallback's previous output, perhaps its only copy)."""
+    names = {".m.zarr.tmp-0123abcd": True, ".m.zarr.tmp-0123abcd.old": False, ".m.zarr.tmp-mine": False,
+             ".n.zarr.tmp-0123abcd": False, "m.zarr.tmp-0123abcd": False, ".r.png.tmp-89abcdef.png": True,
+             ".r.png.tmp-89abcdef.png.old": False, ".x.old.tmp-01234567.old": False, ".x.old.tmp-01234567": True}
+    for n in names:
+        (tmp_path / n).mkdir()
+    for out in ("m.zarr", "r.png", "x.old"):
+        with paths.output_lock(str(tmp_path / out)):
+            pass
+    assert sorted(os.listdir(tmp_path)) == sorted(n for n, reaped in names.items() if not reaped)
+
+
+def test_an_empty_output_path_is_refused(tmp_path, monkeypatch):
+    """The API's writers refuse "" (the command's options refuse it while parsing): it names
+    no output, and was taken for the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DaskmeansError, match="^an output path is empty: name the file or directory to write$"):
+        model_store.save_model("", np.zeros((2, 2)), _attrs(0))
+    with pytest.raises(DaskmeansError, match="^an output path is empty"):
+        with paths.Outputs() as outputs:
+            outputs.claim("", "labels", True, ["x.npy"])
+    # Nothing written, nor locked, in the working directory or beside it (as "" was).
+    assert os.listdir(tmp_path) == [] and not [n for n in os.listdir(tmp_path.parent) if n.startswith(f".{tmp_path.name}")]
 
 
 # ---------------------------------------------------------------- --overwrite on foreign paths

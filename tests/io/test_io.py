@@ -617,7 +617,7 @@ def test_save_load_round_trip(tmp_path, model):
     assert params["n_clusters"] == 5 and params["init"] == "k-means++" and params["random_state"] == 7
     assert params["tol"] == 1e-3 and params["client"] is None
     attrs = dict(zarr.open_group(path, mode="r").attrs)
-    assert attrs["format"] == "daskmeans-model" and attrs["format_version"] == 1
+    assert attrs["format"] == "daskmeans-model" and attrs["format_version"] == 2 and len(attrs["checksum"]) == 64
     assert attrs["daskmeans_version"] == daskmeans.__version__
     np.testing.assert_array_equal(loaded.predict(X), km.predict(X))
     np.testing.assert_array_equal(loaded.predict(X), km.labels_.compute())
