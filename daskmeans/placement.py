@@ -31,7 +31,6 @@ from distributed import Client, futures_of, wait
 
 from . import config
 from .backends import backend_name, get_backend
-from .backends.digest import block_pin
 from .dask_cluster import check_scheduler
 from .errors import DaskmeansError, InputChanged
 from .io.readers import split_rows
@@ -107,7 +106,7 @@ class Shard:
     weights : list of arrays (n_i,), or None
         Sample weights (small: always resident, as backend arrays).
     pins : dict of int to int
-        Each chunk's pin (:func:`daskmeans.backends.digest.block_pin`), by global chunk id:
+        Each chunk's pin (a hash of its values, the backend's ``pin``), by global chunk id:
         given by the client for a fit's chunks read before (a shard placed again after a lost
         worker), else recorded by the first pass. A chunk read again whose pin differs is an
         :class:`~daskmeans.errors.InputChanged`: the storage tier checks every read; the
@@ -149,7 +148,7 @@ class Shard:
         ws = self.weights or [None] * len(self.chunk_ids)
         if self.tier == "storage":  # each chunk checked against its pin as it is read
             source = (be.asarray(b) for b in _read_ahead(
-                self.readers, int(config.get("read-ahead")), lambda j, b: self._pin(j, np, b)))
+                self.readers, int(config.get("read-ahead")), lambda j, b: self._pin(j, get_backend("numpy"), b)))
         else:
             if not self.pinned:
                 self.pin_resident()
@@ -166,22 +165,22 @@ class Shard:
                 self.pinned = False
 
     def pin_resident(self) -> None:
-        """Pin (or check) every resident block, several at once (XXH3 releases the GIL)."""
-        be = self.be
-        xp = np if self.tier == "host" else be.xp  # the host tier's blocks are host memory
+        """Pin (or check) every resident block, where it lives: the host tier's (and a host
+        backend's) several at once (XXH3 releases the GIL), a device's on the device."""
+        be = self.be if self.tier != "host" else get_backend("numpy")  # the host tier's blocks are host memory
         n = len(self.chunk_ids)
-        if xp is np and n > 1:
+        if be.on_host and n > 1:
             with ThreadPoolExecutor(min(n, _pin_threads()), thread_name_prefix="daskmeans-pin") as ex:
-                list(ex.map(lambda j: self._pin(j, xp, self.blocks[j]), range(n)))
+                list(ex.map(lambda j: self._pin(j, be, self.blocks[j]), range(n)))
         else:
             for j in range(n):
-                self._pin(j, xp, self.blocks[j])
+                self._pin(j, be, self.blocks[j])
         self.pinned = True
 
-    def _pin(self, j: int, xp: Any, block: Any) -> None:
-        """Record chunk ``j``'s pin, or raise where it differs from the one recorded."""
+    def _pin(self, j: int, be: Any, block: Any) -> None:
+        """Record chunk ``j``'s pin (``be.pin``), or raise where it differs from the one recorded."""
         cid = self.chunk_ids[j]
-        pin = block_pin(xp, block)
+        pin = be.pin(block)
         first = self.pins.setdefault(cid, pin)
         if first != pin:
             off, rows = self.offsets[j], self.rows[j]

@@ -250,7 +250,8 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     return _first(key, lambda: _functions(key, src, ("select_cols",)), *_gemm_pass(dtype))["select_cols"]
 
 
-FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce")
+FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce",
+               "pin_words")
 
 
 def fit_kernels() -> dict[str, Any]:

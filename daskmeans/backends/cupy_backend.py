@@ -272,6 +272,22 @@ def update_centroids(isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple:
     return new, shift
 
 
+def pin(X: Any) -> int:
+    """A 64-bit hash of ``X``'s values in row order, on the device (``pin_words`` in
+    ``cuda/fit.cu``: one pass over its 32-bit words; the block's bytes never leave the GPU)."""
+    import cupy
+
+    X = cupy.ascontiguousarray(X)
+    if X.dtype.itemsize % 4:
+        X = X.astype(cupy.float32)  # the engine's blocks are float32/float64; others are widened first
+    words = X.reshape(-1).view(cupy.uint32)
+    out = cupy.zeros(1, cupy.uint64)
+    n = words.shape[0]
+    nb = int(max(1, min(4 * gpu_device.sm_count(gpu_device.device_id()), -(-n // 256))))
+    cuda_src.fit_kernels()["pin_words"]((nb,), (256,), (words, numpy.int64(n), out))
+    return int(out.get()[0])
+
+
 def label_counts(labels: Any, k: int) -> Any:
     """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
     import cupy

@@ -60,27 +60,6 @@ def block_digest(xp: Any, block: Any, row_offset: int) -> int:
     return total & MASK
 
 
-def block_pin(xp: Any, block: Any) -> int:
-    """A hash of one chunk as a shard holds it, to check that a chunk read again is the chunk
-    first read (its *pin*; :class:`daskmeans.placement.Shard`).
-
-    Unlike :func:`block_digest` it depends on the chunking, which a fit fixes: a host block is
-    hashed by xxHash's XXH3 (17 GB/s on one core, releasing the GIL, against 1.2 GB/s for the
-    digest's NumPy arithmetic); a device block (CuPy) by :func:`block_digest` on the device,
-    so that no chunk crosses to the host to be pinned.
-
-    Returns
-    -------
-    int
-        In [0, 2**64).
-    """
-    if xp is np or isinstance(block, np.ndarray):
-        import xxhash
-
-        return xxhash.xxh3_64_intdigest(np.ascontiguousarray(block))
-    return block_digest(xp, block, 0)
-
-
 def combine(*digests: int) -> int:
     """The digest of the union of disjoint row ranges."""
     return sum(digests) & MASK

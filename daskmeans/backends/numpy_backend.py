@@ -267,6 +267,14 @@ def update_centroids(isums: numpy.ndarray, iweights: numpy.ndarray, old: numpy.n
     return new, float(((new - old) ** 2).sum())
 
 
+def pin(X: numpy.ndarray) -> int:
+    """A 64-bit hash of ``X``'s values in row order: xxHash's XXH3 of its bytes (17 GB/s on one
+    core, and it releases the GIL, so several blocks are pinned at once)."""
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(numpy.ascontiguousarray(X))
+
+
 def label_counts(labels: numpy.ndarray, k: int) -> numpy.ndarray:
     """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
     return numpy.bincount(labels, minlength=k).astype(numpy.int64)

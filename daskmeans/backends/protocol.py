@@ -101,6 +101,11 @@ class Backend(Protocol):
         """Per-column mean, sum of squared deviations and largest absolute value ``(d,)``
         float64, and the first row holding a NaN or infinity (None if none)."""
 
+    def pin(self, X: Any) -> int:
+        """A 64-bit hash of the block's values in row order (a chunk's pin: a chunk read again
+        during a fit is checked against it, :class:`daskmeans.placement.Shard`); computed where
+        the block lives, so that a device block is never copied to be pinned."""
+
     def sqdistances(self, X: Any, p: Any) -> Any:
         """Squared distances ``(n, K)`` float64 from every row to every centroid."""
 

@@ -1,5 +1,5 @@
 """An input changed while a fit reads it: each row chunk is pinned when first read (a hash of
-its bytes, :func:`daskmeans.backends.digest.block_pin`) and checked whenever it is read again:
+its values, the backend's ``pin``) and checked whenever it is read again:
 every pass of the storage tier, and a resident tier's chunks made again from the source by
 Dask's lineage after a worker is lost. A mismatch ends the fit in one line naming the file and
 the rows; no model is written and the last checkpoint is kept.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daskmeans.backends.digest import MASK, block_digest, block_pin, combine
+from daskmeans.backends.digest import MASK, block_digest, combine
 
 
 def _digest(x, cuts):
@@ -54,31 +54,3 @@ def test_the_gpu_gives_the_cpus_bits(dtype):
     w = np.random.default_rng(3).random(40_000)
     assert block_digest(cupy, cupy.asarray(w), 5) == block_digest(np, w, 5)
 
-
-# ---------------------------------------------------------------- a chunk's pin (block_pin)
-
-
-def test_a_pin_is_xxh3_of_the_bytes_by_hand():
-    import xxhash
-
-    x = np.arange(6, dtype=np.float32).reshape(3, 2)
-    assert block_pin(np, x) == xxhash.xxh3_64_intdigest(x.tobytes())
-    assert block_pin(np, np.asfortranarray(x)) == block_pin(np, x)  # the values, in row order
-
-
-def test_a_pin_changes_with_any_value_and_holds_without_one():
-    x = np.random.default_rng(4).standard_normal((2000, 6)).astype(np.float32)
-    base = block_pin(np, x)
-    assert block_pin(np, x.copy()) == base
-    y = x.copy()
-    y[1999, 5] = np.nextafter(y[1999, 5], np.float32(np.inf))
-    assert block_pin(np, y) != base
-    assert block_pin(np, x[::-1].copy()) != base
-
-
-@pytest.mark.gpu
-def test_a_device_pin_is_the_digest_of_the_block():
-    import cupy
-
-    x = np.random.default_rng(5).standard_normal((3000, 4)).astype(np.float32)
-    assert block_pin(cupy, cupy.asarray(x)) == block_digest(np, x, 0)

@@ -1,5 +1,6 @@
 
-// Kernels of a fit outside the assignment: the moments pass, the update, the cluster sizes.
+// Kernels of a fit outside the assignment: the moments pass, the update, the cluster sizes, a
+// chunk's pin.
 
 // The Lloyd update from a fit's combined integer sums, and the squared shift, summed in a fixed
 // order (the same bits on every rank and run; no CUB: its reductions cost seconds of NVRTC on a
@@ -112,4 +113,22 @@ extern "C" __global__ void __launch_bounds__(256) col_reduce(const double* __res
         }
         out[c] = a / div;
     }
+}
+// A chunk's pin (a hash of its bytes, to see that a chunk read again is the chunk first read):
+// the wrapped sum over 32-bit words w[i] of splitmix64's finaliser of w[i] + i * golden. The
+// finaliser is a bijection, so a changed or moved word changes its term; addition modulo 2^64
+// is associative, so the block count and the atomics' order do not change the result. One
+// pass at memory speed, no host round trip but the result's 8 bytes.
+extern "C" __global__ void __launch_bounds__(256) pin_words(const unsigned int* __restrict__ w, long long n,
+                                                           unsigned long long* __restrict__ out) {
+    unsigned long long acc = 0ull;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned long long h = (unsigned long long)w[i] + (unsigned long long)i * 0x9E3779B97F4A7C15ull;
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+        acc += h ^ (h >> 31);
+    }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL, acc, off);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
