@@ -232,12 +232,37 @@ def _split(s: str | None) -> list[str] | None:
 
 
 def _read(args):
-    from .io.readers import read
+    """DATA as a :class:`~daskmeans.io.readers.Table`: the rows, and the columns' names that
+    the model keeps (fit) or checks (predict, plot)."""
+    from .io.readers import read_table
 
-    return read(
+    return read_table(
         args.data, dataset=args.dataset, columns=_split(args.columns), drop_columns=_split(args.drop_columns),
         chunk_bytes=args.chunk_bytes or _gpu_chunk_bytes(args),
     )
+
+
+@contextlib.contextmanager
+def _columns_checked(km, table, args):
+    """Check DATA's columns against the model before any output or cluster (names as
+    scikit-learn does, then their number): another set or order of names is an error in one
+    line, with the ``--columns`` that selects the model's columns where the file has them
+    all; a warning (only one side names its columns) is printed once, here, and not again
+    by the inference that runs inside the context."""
+    from .errors import DaskmeansError, FeatureNamesError, FeatureNamesWarning
+    from .io.csv_reader import SUFFIXES
+
+    try:
+        km.check_features(table)
+    except FeatureNamesError as e:
+        chosen = ",".join(e.fitted)
+        if (str(args.data).lower().endswith(SUFFIXES) and set(e.fitted) <= set(e.given)
+                and chosen.count(",") == len(e.fitted) - 1):  # no name holds a comma
+            raise DaskmeansError(f"{e}: select them with --columns {chosen}") from None
+        raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FeatureNamesWarning)
+        yield
 
 
 def _gpu_chunk_bytes(args) -> str | None:
@@ -322,7 +347,9 @@ def _cmd_fit(args) -> int:
             km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
             # The inputs first: a missing input is the error to report, whatever the outputs.
-            X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            table = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            table.refuse_identifiers()  # an id column is no feature: refused before any work
+            X = table.array
             check_n_clusters(int(X.shape[0]), args.k)
             km.training_rows(int(X.shape[0]))  # a checkpointed fit on a sample without --seed
             km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
@@ -352,7 +379,7 @@ def _cmd_fit(args) -> int:
             cluster.enter_context(watching(Steps(args.quiet)))  # placing, the init, the labels' write
             with _config(args), contextlib.closing(progress):
                 try:
-                    km.fit(X, callback=progress, resume=args.resume)
+                    km.fit(table, callback=progress, resume=args.resume)  # the header's names with it
                 except KeyboardInterrupt:
                     if getattr(km, "checkpoint_iteration_", None):
                         _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
@@ -410,21 +437,21 @@ def _cmd_predict(args) -> int:
     from .dask_cluster import check_paths_on_workers
     from .io.model_store import write_array
     from .io.paths import Outputs
-    from .validation import check_n_features
 
     _check_cluster_args(args)
     with Outputs() as outputs:
         km = load(args.model)  # the inputs before the output
-        X = _read(args)
-        check_n_features(km.n_features_in_, int(X.shape[1]))
-        outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
-        with _connect(args) as client, watching(Steps(args.quiet)):
-            check_paths_on_workers(client, read=[args.data], write=[args.output])
-            km.client = client
-            km.backend_ = args.backend
-            labels = km.predict(X)  # lazy: computed block by block as they are written
-            _check_interrupt()
-            write_array(labels, args.output, name="labels", kind="labels")
+        table = _read(args)
+        X = table.array
+        with _columns_checked(km, table, args):  # before the output is claimed and the cluster started
+            outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
+            with _connect(args) as client, watching(Steps(args.quiet)):
+                check_paths_on_workers(client, read=[args.data], write=[args.output])
+                km.client = client
+                km.backend_ = args.backend
+                labels = km.predict(table)  # lazy: computed block by block as they are written
+                _check_interrupt()
+                write_array(labels, args.output, name="labels", kind="labels")
         _check_interrupt()
     _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
     return 0
@@ -433,14 +460,15 @@ def _cmd_predict(args) -> int:
 def _cmd_plot(args) -> int:
     from . import load
     from .io.paths import Outputs, atomic_file
-    from .io.readers import read
+    from .io.readers import read_table
 
-    with Outputs() as outputs:
+    with Outputs() as outputs, contextlib.ExitStack() as checked:
         km = load(args.model)  # the inputs before the output
         X = None
         if args.data is not None:
-            X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
-                     drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+            X = read_table(args.data, dataset=args.dataset, columns=_split(args.columns),
+                           drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+            checked.enter_context(_columns_checked(km, X, args))
         outputs.claim(args.output, "plot", args.overwrite, [args.model, args.data])
         _check_image_suffix(args.output)
         fig = km.plot(X, sample=args.sample)
@@ -473,6 +501,8 @@ def _cmd_info(args) -> int:
     hist = attrs.get("history", [])
     print(f"model        {args.model}")
     print(f"clusters     {centers.shape[0]}  features {centers.shape[1]}  dtype {attrs.get('dtype')}")
+    if attrs.get("feature_names_in"):
+        print(f"columns      {', '.join(attrs['feature_names_in'])}")
     print(f"inertia      {attrs.get('inertia'):.6e}")
     print(f"iterations   {attrs.get('n_iter')}  (max_iter {p.get('max_iter')}, tol {p.get('tol')})")
     print(f"init         {p.get('init')}  seed {p.get('random_state')}  backend {attrs.get('backend')}  "
