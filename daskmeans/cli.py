@@ -27,7 +27,7 @@ from . import seeding
 from .options import PRECISIONS, TIERS
 from .progress import Progress, Steps, watching
 from .timing import Phases
-from .validation import float_option, int_option, size_option
+from .validation import float_option, int_option, labels_path_option, size_option
 
 _SEED = dict(low=0, high=2**32 - 1)  # numpy's seeds
 
@@ -78,6 +78,12 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
     p.add_argument("--chunk-bytes", type=size_option("--chunk-bytes"), help="target bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, "
                                          "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
+
+
+def _add_keep_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-columns", metavar="A,B",
+                   help="CSV input, .csv or .parquet labels: write these columns of DATA (names or positions, e.g. an "
+                        "id) beside the labels, as written in DATA, in its row order")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -131,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
                         "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
                         "clusters above it (R > 1; default off)")
-    f.add_argument("--labels", metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--labels", metavar="LABELS", type=labels_path_option("--labels"),
+                   help="also write the training labels here, in the format of its suffix (as predict -o)")
+    _add_keep_arg(f)
     f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
     f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
@@ -153,8 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="label DATA with a fitted MODEL")
     p.add_argument("model", help="a model written by daskmeans fit")
     p.add_argument("data", help="the rows to label (.zarr, .csv or .npy), with the model's number of features")
-    p.add_argument("-o", "--output", required=True, metavar="LABELS.zarr",
-                   help="where to write the labels: a Zarr group holding the int32 array 'labels' (one per row)")
+    p.add_argument("-o", "--output", required=True, metavar="LABELS", type=labels_path_option("--output"),
+                   help="where to write the labels (int32, one per row), in the format of its suffix: .zarr (a Zarr "
+                        "group holding the array 'labels'; also a path without a suffix), .npy, .csv or .parquet (a "
+                        "column 'label' after the --keep-columns)")
+    _add_keep_arg(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing labels output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _add_data_args(p)
@@ -328,7 +339,7 @@ def _cmd_fit(args) -> int:
         from .dask_cluster import check_paths_on_workers, describe
         from .errors import DaskmeansError
         from .estimator import KMeans
-        from .io.model_store import write_array
+        from .io.labels import labels_output, write_labels
         from .io.paths import Outputs
         from .validation import check_n_clusters
 
@@ -354,6 +365,10 @@ def _cmd_fit(args) -> int:
             km.training_rows(int(X.shape[0]))  # a checkpointed fit on a sample without --seed
             km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
             inputs = [args.data] + ([init] if init not in seeding.REGISTRY else [])
+            if args.keep_columns and not args.labels:
+                raise DaskmeansError(f"--keep-columns {args.keep_columns} writes columns beside the labels: it needs "
+                                     f"--labels PATH")
+            target = labels_output(args.labels, _split(args.keep_columns), table) if args.labels else None
             outputs.claim(args.output, "model", args.overwrite, inputs)
             outputs.claim(args.labels, "labels", args.overwrite, inputs + [args.output])
             outputs.claim(args.timings, "timings", args.overwrite, inputs + [args.output, args.labels])
@@ -371,7 +386,7 @@ def _cmd_fit(args) -> int:
             link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
             _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
             km.client = client
-            if args.labels:
+            if target is not None and target.format == "zarr":
                 # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
                 threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
             t0 = time.perf_counter()
@@ -398,8 +413,8 @@ def _cmd_fit(args) -> int:
             )
             km.client = None
             with phase("write"):
-                if args.labels:
-                    write_array(km.labels_, args.labels, name="labels", kind="labels")
+                if target is not None:
+                    write_labels(km.labels_, target)
                 km.save(args.output)
             t_close = time.perf_counter()
         phase.update({"close": time.perf_counter() - t_close})
@@ -435,7 +450,7 @@ def _write_timings(path: str, phase: Phases, main_s: float, km) -> None:
 def _cmd_predict(args) -> int:
     from . import load
     from .dask_cluster import check_paths_on_workers
-    from .io.model_store import write_array
+    from .io.labels import labels_output, write_labels
     from .io.paths import Outputs
 
     _check_cluster_args(args)
@@ -443,6 +458,7 @@ def _cmd_predict(args) -> int:
         km = load(args.model)  # the inputs before the output
         table = _read(args)
         X = table.array
+        target = labels_output(args.output, _split(args.keep_columns), table)  # its format, the columns kept
         with _columns_checked(km, table, args):  # before the output is claimed and the cluster started
             outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
             with _connect(args) as client, watching(Steps(args.quiet)):
@@ -451,7 +467,7 @@ def _cmd_predict(args) -> int:
                 km.backend_ = args.backend
                 labels = km.predict(table)  # lazy: computed block by block as they are written
                 _check_interrupt()
-                write_array(labels, args.output, name="labels", kind="labels")
+                write_labels(labels, target)
         _check_interrupt()
     _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
     return 0

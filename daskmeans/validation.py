@@ -348,3 +348,20 @@ def size_option(flag: str, auto: bool = False):
 
     parse.__name__ = "size"
     return parse
+
+
+def labels_path_option(flag: str):
+    """A labels output's ``type=``: a path whose suffix names a labels format
+    (:data:`daskmeans.options.LABEL_SUFFIXES`; no suffix: Zarr), kept as given."""
+    from .options import LABEL_SUFFIXES, label_format
+
+    *most, last = LABEL_SUFFIXES
+    requirement = f"a path ending in {', '.join(most)} or {last} (no suffix: Zarr)"
+
+    def parse(value: str) -> str:
+        if label_format(value) is None:
+            raise _option_error(flag, value, requirement)
+        return value
+
+    parse.__name__ = "path"
+    return parse

@@ -1210,3 +1210,55 @@ def test_formats_are_a_registry(tmp_path, monkeypatch, data):
     monkeypatch.undo()
     with pytest.raises(TypeError, match=r"read\(\) got an unexpected keyword argument 'width'"):
         read(path, width=5)
+
+
+# ---------------------------------------------------------------- labels outputs (issue 47)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv", ".parquet", ".zarr"])
+def test_write_labels_by_suffix_without_a_client(tmp_path, suffix):
+    """Each format written chunk by chunk on Dask's threads (no distributed client), read back
+    by its own reader, and recognised as daskmeans' labels (what --overwrite replaces)."""
+    from daskmeans.io.labels import labels_output, write_labels
+    from daskmeans.io.paths import describe, is_kind
+
+    labels = da.from_array(np.arange(1000, dtype=np.int32) % 7, chunks=130)
+    path = str(tmp_path / f"l{suffix}")
+    with dask.config.set(scheduler="threads"):
+        write_labels(labels, labels_output(path))
+    got = {".npy": lambda: np.load(path), ".csv": lambda: pd.read_csv(path)["label"].to_numpy(),
+           ".parquet": lambda: pd.read_parquet(path)["label"].to_numpy(),
+           ".zarr": lambda: zarr.open_group(path, mode="r")["labels"][:]}[suffix]()
+    np.testing.assert_array_equal(got, labels.compute())
+    assert is_kind(path, "labels") and describe(path) == "a daskmeans labels output"
+    assert listing(tmp_path) == [f"l{suffix}"]  # no temporary, no lock file
+
+
+def test_labels_files_are_recognised_by_content(tmp_path):
+    from daskmeans.io.paths import is_labels_file
+
+    np.save(tmp_path / "ok.npy", np.zeros(5, np.int32))
+    np.save(tmp_path / "f.npy", np.zeros(5, np.float32))
+    np.save(tmp_path / "two.npy", np.zeros((5, 1), np.int32))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "ok.npy").read_bytes()[:-4])  # a truncated array
+    (tmp_path / "ok.csv").write_text("id,label\nu1,3\n")
+    (tmp_path / "empty.csv").write_text("label\n")
+    (tmp_path / "words.csv").write_text("id,label\nu1,cat\n")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    pd.DataFrame({"label": np.zeros(3, np.int32)}).to_parquet(tmp_path / "user.parquet")
+    found = {p: is_labels_file(str(tmp_path / p)) for p in sorted(os.listdir(tmp_path))}
+    assert found == {"cut.npy": False, "empty.csv": True, "f.npy": False, "ok.csv": True, "ok.npy": True,
+                     "other.csv": False, "two.npy": False, "user.parquet": False, "words.csv": False}
+
+
+def test_labels_output_refusals(tmp_path):
+    from daskmeans import DaskmeansError
+    from daskmeans.io.labels import labels_output
+    from daskmeans.io.readers import read_table
+
+    with pytest.raises(DaskmeansError, match=r"^cannot write labels to .*l\.txt: its suffix should be one of \.zarr, "
+                                             r"\.npy, \.csv, \.parquet \(no suffix: Zarr\)$"):
+        labels_output(str(tmp_path / "l.txt"))
+    assert labels_output(str(tmp_path / "plain")).format == "zarr"
+    with pytest.raises(DaskmeansError, match="applies to CSV input only, not to data in memory"):
+        labels_output(str(tmp_path / "l.csv"), ["id"], read_table(np.zeros((3, 2))))
