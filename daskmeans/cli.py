@@ -162,9 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a model written by daskmeans fit")
     p.add_argument("data", help="the rows to label (.zarr, .csv or .npy), with the model's number of features")
     p.add_argument("-o", "--output", required=True, metavar="LABELS", type=labels_path_option("--output"),
-                   help="where to write the labels (int32, one per row), in the format of its suffix: .zarr (a Zarr "
-                        "group holding the array 'labels'; also a path without a suffix), .npy, .csv or .parquet (a "
-                        "column 'label' after the --keep-columns)")
+                   help="where to write the labels, in the format of its suffix: .zarr (or no suffix) a Zarr group "
+                        "holding the int32 array 'labels' (one per row); .npy a 1-D int32 array; .csv or .parquet a "
+                        "column 'label' after the --keep-columns")
     _add_keep_arg(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing labels output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
