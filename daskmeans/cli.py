@@ -27,7 +27,7 @@ from . import seeding
 from .options import PRECISIONS, TIERS
 from .progress import Progress, Steps, watching
 from .timing import Phases
-from .validation import float_option, int_option, path_option, size_option
+from .validation import float_option, int_option, labels_path_option, path_option, size_option
 
 _SEED = dict(low=0, high=2**32 - 1)  # numpy's seeds
 
@@ -78,6 +78,12 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
     p.add_argument("--chunk-bytes", type=size_option("--chunk-bytes"), help="target bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, "
                                          "or daskmeans.gpu-chunk-bytes for a local GPU cluster)")
+
+
+def _add_keep_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-columns", metavar="A,B",
+                   help="CSV input, .csv or .parquet labels: write these columns of DATA (names or positions, e.g. an "
+                        "id) beside the labels, as written in DATA, in its row order")
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -131,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
                         "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
                         "clusters above it (R > 1; default off)")
-    f.add_argument("--labels", type=path_option("--labels"), metavar="LABELS.zarr", help="also write the training labels here")
+    f.add_argument("--labels", metavar="LABELS", type=labels_path_option("--labels"),
+                   help="also write the training labels here, in the format of its suffix (as predict -o)")
+    _add_keep_arg(f)
     f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=_tier_help())
     f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
     f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
@@ -153,8 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="label DATA with a fitted MODEL")
     p.add_argument("model", help="a model written by daskmeans fit")
     p.add_argument("data", help="the rows to label (.zarr, .csv or .npy), with the model's number of features")
-    p.add_argument("-o", "--output", type=path_option("-o"), required=True, metavar="LABELS.zarr",
-                   help="where to write the labels: a Zarr group holding the int32 array 'labels' (one per row)")
+    p.add_argument("-o", "--output", required=True, metavar="LABELS", type=labels_path_option("-o"),
+                   help="where to write the labels, in the format of its suffix: .zarr (or no suffix) a Zarr group "
+                        "holding the int32 array 'labels' (one per row); .npy a 1-D int32 array; .csv or .parquet a "
+                        "column 'label' after the --keep-columns")
+    _add_keep_arg(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing labels output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _add_data_args(p)
@@ -232,12 +243,37 @@ def _split(s: str | None) -> list[str] | None:
 
 
 def _read(args):
-    from .io.readers import read
+    """DATA as a :class:`~daskmeans.io.readers.Table`: the rows, and the columns' names that
+    the model keeps (fit) or checks (predict, plot)."""
+    from .io.readers import read_table
 
-    return read(
+    return read_table(
         args.data, dataset=args.dataset, columns=_split(args.columns), drop_columns=_split(args.drop_columns),
         chunk_bytes=args.chunk_bytes or _gpu_chunk_bytes(args),
     )
+
+
+@contextlib.contextmanager
+def _columns_checked(km, table, args):
+    """Check DATA's columns against the model before any output or cluster (names as
+    scikit-learn does, then their number): another set or order of names is an error in one
+    line, with the ``--columns`` that selects the model's columns where the file has them
+    all; a warning (only one side names its columns) is printed once, here, and not again
+    by the inference that runs inside the context."""
+    from .errors import DaskmeansError, FeatureNamesError, FeatureNamesWarning
+    from .io.csv_reader import SUFFIXES
+
+    try:
+        km.check_features(table)
+    except FeatureNamesError as e:
+        chosen = ",".join(e.fitted)
+        if (str(args.data).lower().endswith(SUFFIXES) and set(e.fitted) <= set(e.given)
+                and chosen.count(",") == len(e.fitted) - 1):  # no name holds a comma
+            raise DaskmeansError(f"{e}: select them with --columns {chosen}") from None
+        raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FeatureNamesWarning)
+        yield
 
 
 def _gpu_chunk_bytes(args) -> str | None:
@@ -303,7 +339,7 @@ def _cmd_fit(args) -> int:
         from .dask_cluster import check_paths_on_workers, describe
         from .errors import DaskmeansError
         from .estimator import KMeans
-        from .io.model_store import write_array
+        from .io.labels import labels_output, write_labels
         from .io.paths import Outputs
         from .validation import check_n_clusters
 
@@ -322,11 +358,17 @@ def _cmd_fit(args) -> int:
             km.check_params()  # fail fast: before reading data or starting a cluster
             _check_cluster_args(args)
             # The inputs first: a missing input is the error to report, whatever the outputs.
-            X = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            table = _read(args)  # preflight: the file opens, is numeric, and has enough rows
+            table.refuse_identifiers()  # an id column is no feature: refused before any work
+            X = table.array
             check_n_clusters(int(X.shape[0]), args.k)
             km.training_rows(int(X.shape[0]))  # a checkpointed fit on a sample without --seed
             km.initial_centroids(int(X.shape[1]))  # an init file of the wrong shape, before any cluster starts
             inputs = [args.data] + ([init] if init not in seeding.REGISTRY else [])
+            if args.keep_columns and not args.labels:
+                raise DaskmeansError(f"--keep-columns {args.keep_columns} writes columns beside the labels: it needs "
+                                     f"--labels PATH")
+            target = labels_output(args.labels, _split(args.keep_columns), table) if args.labels else None
             outputs.claim(args.output, "model", args.overwrite, inputs)
             outputs.claim(args.labels, "labels", args.overwrite, inputs + [args.output])
             outputs.claim(args.timings, "timings", args.overwrite, inputs + [args.output, args.labels])
@@ -344,7 +386,7 @@ def _cmd_fit(args) -> int:
             link = f"; dashboard {client.dashboard_link}" if args.dashboard or _external(args) else ""
             _say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
             km.client = client
-            if args.labels:
+            if target is not None and target.format == "zarr":
                 # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
                 threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
             t0 = time.perf_counter()
@@ -352,7 +394,7 @@ def _cmd_fit(args) -> int:
             cluster.enter_context(watching(Steps(args.quiet)))  # placing, the init, the labels' write
             with _config(args), contextlib.closing(progress):
                 try:
-                    km.fit(X, callback=progress, resume=args.resume)
+                    km.fit(table, callback=progress, resume=args.resume)  # the header's names with it
                 except KeyboardInterrupt:
                     if getattr(km, "checkpoint_iteration_", None):
                         _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
@@ -371,8 +413,8 @@ def _cmd_fit(args) -> int:
             )
             km.client = None
             with phase("write"):
-                if args.labels:
-                    write_array(km.labels_, args.labels, name="labels", kind="labels")
+                if target is not None:
+                    write_labels(km.labels_, target)
                 km.save(args.output)
             t_close = time.perf_counter()
         phase.update({"close": time.perf_counter() - t_close})
@@ -408,23 +450,24 @@ def _write_timings(path: str, phase: Phases, main_s: float, km) -> None:
 def _cmd_predict(args) -> int:
     from . import load
     from .dask_cluster import check_paths_on_workers
-    from .io.model_store import write_array
+    from .io.labels import labels_output, write_labels
     from .io.paths import Outputs
-    from .validation import check_n_features
 
     _check_cluster_args(args)
     with Outputs() as outputs:
         km = load(args.model)  # the inputs before the output
-        X = _read(args)
-        check_n_features(km.n_features_in_, int(X.shape[1]))
-        outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
-        with _connect(args) as client, watching(Steps(args.quiet)):
-            check_paths_on_workers(client, read=[args.data], write=[args.output])
-            km.client = client
-            km.backend_ = args.backend
-            labels = km.predict(X)  # lazy: computed block by block as they are written
-            _check_interrupt()
-            write_array(labels, args.output, name="labels", kind="labels")
+        table = _read(args)
+        X = table.array
+        target = labels_output(args.output, _split(args.keep_columns), table)  # its format, the columns kept
+        with _columns_checked(km, table, args):  # before the output is claimed and the cluster started
+            outputs.claim(args.output, "labels", args.overwrite, [args.model, args.data])
+            with _connect(args) as client, watching(Steps(args.quiet)):
+                check_paths_on_workers(client, read=[args.data], write=[args.output])
+                km.client = client
+                km.backend_ = args.backend
+                labels = km.predict(table)  # lazy: computed block by block as they are written
+                _check_interrupt()
+                write_labels(labels, target)
         _check_interrupt()
     _say(f"daskmeans: {X.shape[0]} labels written to {args.output}")
     return 0
@@ -433,14 +476,15 @@ def _cmd_predict(args) -> int:
 def _cmd_plot(args) -> int:
     from . import load
     from .io.paths import Outputs, atomic_file
-    from .io.readers import read
+    from .io.readers import read_table
 
-    with Outputs() as outputs:
+    with Outputs() as outputs, contextlib.ExitStack() as checked:
         km = load(args.model)  # the inputs before the output
         X = None
         if args.data is not None:
-            X = read(args.data, dataset=args.dataset, columns=_split(args.columns),
-                     drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+            X = read_table(args.data, dataset=args.dataset, columns=_split(args.columns),
+                           drop_columns=_split(args.drop_columns), chunk_bytes=args.chunk_bytes)
+            checked.enter_context(_columns_checked(km, X, args))
         outputs.claim(args.output, "plot", args.overwrite, [args.model, args.data])
         _check_image_suffix(args.output)
         fig = km.plot(X, sample=args.sample)
@@ -473,6 +517,8 @@ def _cmd_info(args) -> int:
     hist = attrs.get("history", [])
     print(f"model        {args.model}")
     print(f"clusters     {centers.shape[0]}  features {centers.shape[1]}  dtype {attrs.get('dtype')}")
+    if attrs.get("feature_names_in"):
+        print(f"columns      {', '.join(attrs['feature_names_in'])}")
     print(f"inertia      {attrs.get('inertia'):.6e}")
     print(f"iterations   {attrs.get('n_iter')}  (max_iter {p.get('max_iter')}, tol {p.get('tol')})")
     print(f"init         {p.get('init')}  seed {p.get('random_state')}  backend {attrs.get('backend')}  "

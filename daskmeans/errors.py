@@ -25,6 +25,21 @@ class InputChanged(DataError):
     changed (rewritten, replaced) while the fit was reading it."""
 
 
+class FeatureNamesError(DataError):
+    """The columns of ``X`` are not those the model was fitted on: renamed, reordered, added
+    or dropped (scikit-learn raises a ValueError; this is one).
+
+    Attributes
+    ----------
+    fitted, given : tuple of str
+        The model's column names and those of ``X``, in order.
+    """
+
+    def __init__(self, message: str, fitted, given):
+        super().__init__(message)
+        self.fitted, self.given = tuple(fitted), tuple(given)
+
+
 class DataTypeError(DataError, TypeError):
     """A value of the data is not a number at all (a dict in an object array, say)."""
 
@@ -66,3 +81,8 @@ def _with_base(base: type) -> type:
 class DaskmeansWarning(UserWarning):
     """Something was done differently from what was asked, and the user should know (the CLI
     prints it as one ``daskmeans: warning: ...`` line)."""
+
+
+class FeatureNamesWarning(DaskmeansWarning):
+    """Only one of the model and ``X`` names its columns: they are matched by position,
+    unchecked (scikit-learn warns the same with a UserWarning; this is one)."""

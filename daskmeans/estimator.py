@@ -30,7 +30,8 @@ from .engine import infer
 from .engine.fit import FitParams, fit_distributed
 from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
 from .io.model_store import load_model, save_model
-from .io.readers import file_of, read, read_weights
+from .io.memory_reader import column_names as feature_names
+from .io.readers import Table, file_of, read, read_table, read_weights
 from . import config
 from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
@@ -38,8 +39,8 @@ from .progress import Progress
 from .sampling import all_rows_stats, draw_cut, sample_size, take
 from .seeding import REGISTRY as INITS
 from .timing import Phases
-from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
-                         check_n_features, seed_of, validate_params)
+from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_feature_names,
+                         check_n_clusters, check_n_features, seed_of, validate_params)
 
 INIT_NAMES = INITS.keys()  # the registered inits' names (a live view)
 
@@ -145,7 +146,11 @@ class KMeans:
     matrices give NumPy arrays, CuPy arrays CuPy arrays, and Dask arrays, Dask DataFrames and
     paths lazy Dask arrays (of NumPy blocks). A DataFrame's column names are kept in
     ``feature_names_in_`` and checked, as scikit-learn does, by ``predict``, ``transform`` and
-    ``score``.
+    ``score``; so are a CSV file's header and a Zarr array's ``feature_names`` attribute
+    where ``X`` is a path (the messages then name the file, in one line). A CSV column that
+    looks like an identifier (integers, named ``id``, ``*_id``, ``row``, ``index``, or an
+    unnamed first column) is refused by ``fit`` unless selected by ``columns``
+    (:func:`daskmeans.io.readers.read_table`).
 
     Attributes
     ----------
@@ -179,7 +184,9 @@ class KMeans:
     n_features_in_ : int
     feature_names_in_ : ndarray (n_features_in_,) of str
         The column names of ``X`` in ``fit``, where it had columns (a pandas or Dask
-        DataFrame, or anything with ``columns``) whose names are all strings.
+        DataFrame, or anything with ``columns``) whose names are all strings, or where ``X``
+        was a file that names them: a CSV header (the columns read), a Zarr array's
+        ``feature_names`` attribute.
     """
 
     _parameter_constraints = {
@@ -408,34 +415,41 @@ class KMeans:
         if not hasattr(self, "cluster_centers_"):
             raise not_fitted("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
 
-    def _check_feature_names(self, X: Any) -> None:
-        """Compare ``X``'s column names with ``feature_names_in_`` as scikit-learn does: a
-        ValueError when both have names that differ (in name or in order), a warning when
-        only one of them has names."""
-        fitted = getattr(self, "feature_names_in_", None)
-        given = feature_names(X)
-        name = type(self).__name__
-        if fitted is None and given is None:
-            return
-        if fitted is None:
-            warnings.warn(f"X has feature names, but {name} was fitted without feature names", UserWarning,
-                          stacklevel=4)
-            return
-        if given is None:
-            warnings.warn(f"X does not have valid feature names, but {name} was fitted with feature names",
-                          UserWarning, stacklevel=4)
-            return
-        if len(fitted) == len(given) and (fitted == given).all():
-            return
-        message = "The feature names should match those that were passed during fit.\n"
-        unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
-        if unseen:
-            message += "Feature names unseen at fit time:\n" + _name_list(unseen)
-        if missing:
-            message += "Feature names seen at fit time, yet now missing:\n" + _name_list(missing)
-        if not unseen and not missing:
-            message += "Feature names must be in the same order as they were in fit.\n"
-        raise DataError(message)
+    def _check_feature_names(self, X: Any, stacklevel: int = 4) -> None:
+        """Compare the column names of ``X`` (a :class:`~daskmeans.io.readers.Table`, or data
+        in memory) with ``feature_names_in_`` as scikit-learn does
+        (:func:`~daskmeans.validation.check_feature_names`): an error when both have names
+        that differ (in name, number or order), a warning when only one of them has names;
+        scikit-learn's words for data in memory, one line naming the file for a file.
+        ``stacklevel`` is the warning's, counted from the function that warns (this method
+        is 2, its caller 3): the warning should name the frame that called the public method."""
+        given, source = (X.columns, X.source) if isinstance(X, Table) else (feature_names(X), None)
+        check_feature_names(getattr(self, "feature_names_in_", None), given, estimator=type(self).__name__,
+                            source=source, stacklevel=stacklevel - 1)
+
+    def check_features(self, X: Any) -> None:
+        """Check the columns of ``X`` as ``predict``, ``transform`` and ``score`` do, without a
+        cluster: their names against ``feature_names_in_`` (as scikit-learn does), then their
+        number against ``n_features_in_``.
+
+        Parameters
+        ----------
+        X : array (n_samples, n_features), a DataFrame, a path, or a Table from
+            :func:`daskmeans.io.readers.read_table`
+
+        Raises
+        ------
+        FeatureNamesError
+            Both name their columns and the names differ (renamed, reordered, added, dropped).
+        DataError
+            Another number of columns than the model's.
+
+        Warns
+        -----
+        FeatureNamesWarning
+            Only one of them names its columns.
+        """
+        self._blocks(X)
 
     # ------------------------------------------------------------ fit
 
@@ -453,7 +467,9 @@ class KMeans:
         Parameters
         ----------
         X : array (n_samples, n_features) (NumPy, CuPy, Dask; a pandas or Dask DataFrame, whose
-            column names become ``feature_names_in_``) or a path (Zarr/CSV/.npy)
+            column names become ``feature_names_in_``) or a path (Zarr/CSV/.npy; a CSV header
+            or a Zarr array's ``feature_names`` attribute become ``feature_names_in_``), or a
+            Table from :func:`daskmeans.io.readers.read_table`
         y : ignored
         sample_weight : array (n_samples,), optional
         callback : callable(dict), optional
@@ -470,7 +486,6 @@ class KMeans:
              then: Callable[[Any], Any] | None = None) -> Any:
         """The fit; ``then(client)`` runs after it on the fit's client, its result returned."""
         self._validate_params()
-        names = feature_names(X)
         callbacks = [c for c in (
             Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
             if self.verbose else None, callback) if c is not None]
@@ -478,8 +493,10 @@ class KMeans:
         seed = seed_of(self.random_state)
         with phase("read"):
             ck = self._read_checkpoint() if resume else None
-            X = read(X)
-            path = file_of(X.name)  # a path given, or an array read from one
+            table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
+            table.refuse_identifiers()  # a CSV column that numbers rows is no feature
+            names, X = _names(table), table.array
+            path = table.source or file_of(X.name)  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             init_arr = self._init_array(d)
@@ -563,17 +580,20 @@ class KMeans:
             ``labels_``, computed to NumPy (CuPy) for in-memory (CuPy) ``X``, lazy for Dask
             or path ``X`` (see the class's Notes).
         """
-        return self._fit(X, sample_weight, None, False, then=lambda client: infer.materialise(client, self.labels_, X))
+        return self._fit(X, sample_weight, None, False,
+                         then=lambda client: infer.materialise(client, self.labels_, _like(X)))
 
     # ------------------------------------------------------------ inference
 
-    def _blocks(self, X: Any) -> da.Array:
-        """``X`` read as a Dask array (n_samples, n_features_in_), its names and width checked."""
+    def _blocks(self, X: Any, stacklevel: int = 4) -> da.Array:
+        """``X`` read as a Dask array (n_samples, n_features_in_), its names and width checked;
+        ``stacklevel`` as :meth:`_check_feature_names`' less the frame of this method (4:
+        the caller of the public method that called this one)."""
         self._check_fitted()
-        self._check_feature_names(X)
-        x = read(X)
-        check_n_features(self.n_features_in_, int(x.shape[1]))
-        return x
+        table = read_table(X)
+        self._check_feature_names(table, stacklevel + 1)
+        check_n_features(self.n_features_in_, int(table.array.shape[1]))
+        return table.array
 
     @contextlib.contextmanager
     def _inference(self, x: da.Array) -> Iterator[tuple[Any, da.Array]]:
@@ -589,14 +609,18 @@ class KMeans:
 
     @_inference_doc("The index of each row's nearest centroid.", "labels : (n_samples,) int32")
     def predict(self, X: Any) -> Any:
-        with self._inference(self._blocks(X)) as (client, xb):
-            return infer.materialise(client, infer.labels(xb, self.cluster_centers_, self.precision), X)
+        return self._labels_of(self._blocks(X), _like(X))
+
+    def _labels_of(self, x: da.Array, like: Any) -> Any:
+        """The labels of the rows ``x`` (checked already), of ``like``'s kind."""
+        with self._inference(x) as (client, xb):
+            return infer.materialise(client, infer.labels(xb, self.cluster_centers_, self.precision), like)
 
     @_inference_doc('Distances to every centroid: Euclidean, or ``1 - cos`` for ``metric="cosine"``.',
                     "distances : (n_samples, n_clusters), in X's float dtype")
     def transform(self, X: Any) -> Any:
         with self._inference(self._blocks(X)) as (client, xb):
-            return infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), X)
+            return infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), _like(X))
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Fit, then :meth:`transform` ``X``."""
@@ -632,10 +656,9 @@ class KMeans:
             Interval(1, None, integer=True).check("sample", sample)
         rows = labels = None
         if X is not None:
-            x = read(X)
-            check_n_features(self.n_features_in_, int(x.shape[1]))
+            x = self._blocks(X)  # its columns checked once, here: the sample has no names
             rows = report.sample_rows(x, sample or report.SAMPLE_ROWS)
-            labels = self.predict(rows)
+            labels = self._labels_of(read(rows), rows)
         fig = report.figure(getattr(self, "history_", []), getattr(self, "cluster_sizes_", None),
                             self.cluster_centers_, rows, labels,
                             title=f"KMeans(n_clusters={self.n_clusters}), inertia {self.inertia_:.4e}")
@@ -739,37 +762,14 @@ def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] |
     return each
 
 
-def feature_names(X: Any) -> np.ndarray | None:
-    """The column names of ``X`` as scikit-learn takes them: an object array (n_features,) of
-    str when ``X`` has ``columns`` (pandas, Dask or another DataFrame) all named by strings;
-    None for no columns or names that are not strings (a pandas default of 0, 1, ...).
-
-    Raises
-    ------
-    TypeError
-        Names that mix strings and other types, as scikit-learn raises.
-    """
-    columns = getattr(X, "columns", None)
-    if columns is None or isinstance(X, (str, os.PathLike)):
-        return None
-    names = np.asarray(list(columns), dtype=object)
-    if names.ndim != 1 or len(names) == 0:
-        return None
-    types = sorted({type(v).__qualname__ for v in names})
-    if len(types) > 1 and "str" in types:
-        raise TypeError(
-            f"Feature names are only supported if all input features have string names, but your input has "
-            f"{types} as feature name / column name types. If you want feature names to be stored and validated, "
-            f"you must convert them all to strings, by using X.columns = X.columns.astype(str) for example. "
-            f"Otherwise you can remove feature / column names from your input data, or convert them all to a "
-            f"non-string data type."
-        )
-    return names if types == ["str"] else None
+def _like(X: Any) -> Any:
+    """What outputs follow (see the class's Notes): a Table's array (lazy, as its source), else ``X``."""
+    return X.array if isinstance(X, Table) else X
 
 
-def _name_list(names: list[str], most: int = 5) -> str:
-    """Up to ``most`` names, one ``- name`` line each (scikit-learn's listing)."""
-    return "".join(f"- {n}\n" for n in names[:most]) + ("- ...\n" if len(names) > most else "")
+def _names(table: Table) -> np.ndarray | None:
+    """A table's column names as ``feature_names_in_`` holds them (an object array), or None."""
+    return None if table.columns is None else np.asarray(table.columns, dtype=object)
 
 
 def _same(a: Any, b: Any) -> bool:

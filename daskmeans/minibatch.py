@@ -35,8 +35,8 @@ from .backends import backend_name, get_backend
 from .backends.grid import float_sums
 from .dask_cluster import resolve_backend, using_client
 from .errors import DataError, InvalidParameterError, not_fitted
-from .estimator import KMeans, feature_names
-from .io.readers import read, read_weights, split_rows
+from .estimator import KMeans, _names
+from .io.readers import read_table, read_weights, split_rows
 from .placement import Placement, balance_chunks, blas_capped, gather, submit_per_shard
 from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
 
@@ -208,10 +208,11 @@ class MiniBatchKMeans(KMeans):
         if not hasattr(self, "cluster_centers_"):
             raise not_fitted(f"this {type(self).__name__} is not fitted yet: call fit() or partial_fit() first")
 
-    def _blocks(self, X: Any) -> da.Array:
+    def _blocks(self, X: Any, stacklevel: int = 4) -> da.Array:
         self._check_fitted()
-        _check_features(self, int(read(X).shape[1]))
-        return super()._blocks(X)
+        table = read_table(X)
+        _check_features(self, int(table.array.shape[1]))
+        return super()._blocks(table, stacklevel + 1)  # one frame more: this one
 
     def _init_size(self, n: int, batch: int) -> int:
         size = self.init_size if self.init_size is not None else 3 * batch
@@ -253,8 +254,9 @@ class MiniBatchKMeans(KMeans):
         from .seeding import resolve_init
 
         self._validate_params()
-        names = feature_names(X)
-        x = read(X)
+        table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
+        table.refuse_identifiers()
+        names, x = _names(table), table.array
         n, d = (int(s) for s in x.shape)
         k = self.n_clusters
         check_n_clusters(n, k)
@@ -329,14 +331,16 @@ class MiniBatchKMeans(KMeans):
         sample_weight : array (n_samples,), optional
         """
         self._validate_params()
-        x = read(X)
+        table = read_table(X)
+        x = table.array
         n, d = (int(s) for s in x.shape)
         first = not hasattr(self, "cluster_centers_")
         if first:
+            table.refuse_identifiers()
             check_n_clusters(n, self.n_clusters)
             arr = self._init_array(d)
         else:
-            self._check_feature_names(X)
+            self._check_feature_names(table)
             _check_features(self, d)
         w = None if sample_weight is None else read_weights(sample_weight, x)
         with using_client(self.client, self.backend, exclusive=True) as client:
@@ -364,7 +368,7 @@ class MiniBatchKMeans(KMeans):
                 self._labels = (da.from_array(labels, chunks=x.chunks[0]), client)
                 self.inertia_ = inertia
         if first:
-            names = feature_names(X)
+            names = _names(table)
             if names is not None:
                 self.feature_names_in_ = names
         return self

@@ -3,7 +3,8 @@ reads them without loading NumPy or Dask.
 
 :data:`TIERS` is the registry of memory tiers (``engine.plan`` chooses one, ``placement``
 places the rows in it): the estimator's ``tier=`` values, the command's ``--tier`` choices and
-its help come from it. The metrics' registry is :data:`daskmeans.metric.REGISTRY`, the inits'
+its help come from it. :data:`LABEL_SUFFIXES` are the labels outputs' formats (``predict -o``,
+``fit --labels``), checked as the command line is parsed. The metrics' registry is :data:`daskmeans.metric.REGISTRY`, the inits'
 :data:`daskmeans.seeding.REGISTRY`.
 """
 
@@ -17,3 +18,16 @@ TIERS: dict[str, str] = {
     "host": "host memory (pinned on a GPU worker, copied to the GPU chunk by chunk each pass)",
     "storage": "re-read from the source file each pass",
 }
+
+# Labels outputs by their path's suffix (lower case) -> format (daskmeans.io.labels writes
+# each); a path without a suffix is a Zarr store, as reading takes any directory for one.
+LABEL_SUFFIXES: dict[str, str] = {".zarr": "zarr", ".npy": "npy", ".csv": "csv", ".parquet": "parquet"}
+
+
+def label_format(path: str) -> str | None:
+    """The format of a labels output at ``path`` (a value of :data:`LABEL_SUFFIXES`, "zarr"
+    for no suffix), or None for a suffix of no labels format."""
+    import os
+
+    suffix = os.path.splitext(os.fspath(path).rstrip("/\\"))[1].lower()
+    return "zarr" if suffix == "" else LABEL_SUFFIXES.get(suffix)

@@ -385,7 +385,9 @@ def run_command(args: Any) -> int:
         if args.plot:
             outputs.claim(args.plot, "plot", args.overwrite, [args.data, args.output])
             cli._check_image_suffix(args.plot)
-        X = cli._read(args)
+        table = cli._read(args)
+        table.refuse_identifiers()  # a CSV id column is no feature, as for fit
+        X = table.array
         with cli._connect(args) as client:
             cli._say(f"daskmeans: {describe(client)}")
             check_paths_on_workers(client, read=[args.data])

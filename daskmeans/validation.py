@@ -169,6 +169,110 @@ def check_2d_numeric(shape: Iterable[int], dtype: Any, name: str = "X") -> None:
         raise DataError(f"{name} has 0 sample(s) (shape={shape}) while a minimum of 1 is required.")
 
 
+def _ordinal(i: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= i % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(i % 10, "th")
+    return f"{i}{suffix}"
+
+
+def _listing(names, most: int = 8) -> str:
+    """Up to ``most`` names, comma-separated (``a, b, c, ... (20 in all)`` beyond)."""
+    names = [str(n) for n in names]
+    if len(names) <= most:
+        return ", ".join(names)
+    return ", ".join(names[:most]) + f", ... ({len(names)} in all)"
+
+
+def _sklearn_names_message(fitted: list[str], given: list[str]) -> str:
+    """scikit-learn's message for other feature names than those seen at fit, verbatim."""
+    def lines(names: list[str]) -> str:
+        return "".join(f"- {n}\n" for n in names[:5]) + ("- ...\n" if len(names) > 5 else "")
+
+    message = "The feature names should match those that were passed during fit.\n"
+    unseen, missing = sorted(set(given) - set(fitted)), sorted(set(fitted) - set(given))
+    if unseen:
+        message += "Feature names unseen at fit time:\n" + lines(unseen)
+    if missing:
+        message += "Feature names seen at fit time, yet now missing:\n" + lines(missing)
+    if not unseen and not missing:
+        message += "Feature names must be in the same order as they were in fit.\n"
+    return message
+
+
+def _file_names_message(fitted: list[str], given: list[str], source: str) -> str:
+    """Other column names in the file ``source`` than the model's, in one line: the first
+    position where they differ, what is unseen or missing, and the requirement."""
+    n = min(len(fitted), len(given))
+    i = next((j for j in range(n) if fitted[j] != given[j]), n)
+    if i < n:
+        what = f"its {_ordinal(i + 1)} column is {given[i]!r} where the model's is {fitted[i]!r}"
+    else:
+        what = f"it has {len(given)} columns where the model has {len(fitted)}"
+    unseen = [g for g in given if g not in set(fitted)]
+    missing = [f for f in fitted if f not in set(given)]
+    if not unseen and not missing and len(given) == len(fitted):
+        what += " (the same names in another order)"
+    else:
+        parts = ([f"not in the model: {_listing(unseen)}"] if unseen else []) + \
+                ([f"missing: {_listing(missing)}"] if missing else [])
+        what += f" ({'; '.join(parts)})"
+    return (f"the columns of {source} are not the model's: {what}; they should be the model's, in its order ("
+            f"{_listing(fitted)})")
+
+
+def check_feature_names(fitted, given, *, estimator: str = "KMeans", source: str | None = None,
+                        stacklevel: int = 2) -> None:
+    """Compare the columns of ``X`` with those a model was fitted on, as scikit-learn does.
+
+    Parameters
+    ----------
+    fitted, given : sequence of str, or None
+        The model's ``feature_names_in_`` and the names of ``X``'s columns (None: unnamed).
+    estimator : str
+        The estimator's class name, for scikit-learn's messages.
+    source : str, optional
+        The file ``X`` was read from: the messages are one line each and name it (the
+        command prints them as they are); None for data in memory: scikit-learn's messages,
+        word for word.
+    stacklevel : int
+        Of the warning, counted from the caller of this function.
+
+    Raises
+    ------
+    FeatureNamesError
+        Both have names and they differ (in a name, their number or their order).
+
+    Warns
+    -----
+    FeatureNamesWarning
+        Only one of them has names: the columns are matched by position, unchecked.
+    """
+    import warnings
+
+    from .errors import FeatureNamesError, FeatureNamesWarning
+
+    if fitted is None and given is None:
+        return
+    if fitted is None:
+        message = (f"X has feature names, but {estimator} was fitted without feature names" if source is None else
+                   f"{source} names its columns ({_listing(given)}), but the model was fitted without column names: "
+                   f"they are taken in their order, unchecked")
+        warnings.warn(message, FeatureNamesWarning, stacklevel=stacklevel + 1)
+        return
+    if given is None:
+        message = (f"X does not have valid feature names, but {estimator} was fitted with feature names"
+                   if source is None else
+                   f"{source} does not name its columns, but the model was fitted on named columns "
+                   f"({_listing(fitted)}): they are taken in that order, unchecked")
+        warnings.warn(message, FeatureNamesWarning, stacklevel=stacklevel + 1)
+        return
+    fitted, given = [str(f) for f in fitted], [str(g) for g in given]
+    if fitted == given:
+        return
+    message = _sklearn_names_message(fitted, given) if source is None else _file_names_message(fitted, given, source)
+    raise FeatureNamesError(message, fitted, given)
+
+
 def check_n_features(expected: int, got: int, name: str = "X") -> None:
     if expected != got:
         raise DataError(f"{name} has {got} features, but KMeans is expecting {expected} features as input")
@@ -257,4 +361,23 @@ def size_option(flag: str, auto: bool = False):
         return value
 
     parse.__name__ = "size"
+    return parse
+
+
+def labels_path_option(flag: str):
+    """A labels output's ``type=``: a path whose suffix names a labels format
+    (:data:`daskmeans.options.LABEL_SUFFIXES`; no suffix: Zarr), kept as given."""
+    from .options import LABEL_SUFFIXES, label_format
+
+    *most, last = LABEL_SUFFIXES
+    requirement = f"a path ending in {', '.join(most)} or {last} (no suffix: Zarr)"
+
+    def parse(value: str) -> str:
+        if not value:
+            raise _option_error(flag, "''", "a non-empty path")
+        if label_format(value) is None:
+            raise _option_error(flag, value, requirement)
+        return value
+
+    parse.__name__ = "path"
     return parse

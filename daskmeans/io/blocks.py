@@ -1,16 +1,60 @@
-"""What every reader shares: float dtypes, rows per chunk, and Dask arrays of row blocks that a
-reader can cut again (:func:`split_rows`) by reading its file again in other blocks."""
+"""What every reader shares: float dtypes, rows per chunk, a :class:`Table` (the array and what
+the source says of its columns), and Dask arrays of row blocks that a reader can cut again
+(:func:`split_rows`) by reading its file again in other blocks."""
 
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import dask.array as da
 import numpy as np
 
 from .. import config
 from ..errors import DataError, InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows a reader opened, and what their source says of the columns.
+
+    The names travel beside the array, not on it: a Dask array has no attributes of its own
+    that survive an operation (every operation makes a new array), and names kept by array
+    name in a registry would vanish without a word once it forgets them. A Table is what
+    the estimator takes to learn and check ``feature_names_in_`` without knowing formats.
+
+    Attributes
+    ----------
+    array : dask.array.Array, shape (n_samples, n_features), float32 or float64
+        The rows, as :func:`daskmeans.io.readers.read` returns them.
+    columns : tuple of str or None
+        The features' names, in the array's order, where the source names them: a CSV
+        header (the columns kept by ``columns``/``drop_columns``), a Zarr array's
+        ``feature_names`` attribute, a DataFrame's string column names; None otherwise.
+    source : str or None
+        The absolute path read, for messages; None for data in memory.
+    identifier_error : str or None
+        Why a column looks like an identifier rather than a feature (the CSV reader's rule:
+        :func:`daskmeans.io.csv_reader.identifier_columns`), a message; None if none does.
+        A fit refuses such data (:meth:`refuse_identifiers`); inference reads it.
+    other_columns : callable or None
+        ``other_columns(names) -> (names, dtypes, [delayed pyarrow.Table, ...])``: any columns
+        of the source, by name or position, read as written (text) in ``array``'s row chunks,
+        one table of strings per chunk, with the NumPy dtype each has in the reader's sample;
+        the CSV reader's, None for other sources.
+    """
+
+    array: da.Array
+    columns: tuple[str, ...] | None = None
+    source: str | None = None
+    identifier_error: str | None = None
+    other_columns: Callable[[Sequence[str | int]], tuple[list[str], list[str], list[Any]]] | None = None
+
+    def refuse_identifiers(self) -> None:
+        """Raise a DataError where a column of the table looks like an identifier."""
+        if self.identifier_error is not None:
+            raise DataError(self.identifier_error)
 
 
 def float_dtype(dtype: Any) -> np.dtype:

@@ -11,10 +11,16 @@ core, and a nanny's ``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool)
 matter. A compressed file cannot be cut: it is one block, its line breaks counted while it is
 decompressed. A piece with a cell pyarrow refuses (a short row, a value pandas reads and
 pyarrow does not) goes to pandas' parser, which reads it or names the line and the cell.
+
+A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
+``feature_names_in_``). A column that looks like an identifier rather than a feature is said
+so (:func:`identifier_columns`), and a fit refuses it unless ``columns`` selected it. Other
+columns (an id to write beside the labels) are read by name as text in the same blocks.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from typing import Any, NamedTuple, Sequence
@@ -24,7 +30,7 @@ import numpy as np
 
 from .. import config
 from ..errors import DataError
-from .blocks import float_dtype_arg, non_numeric
+from .blocks import Table, float_dtype_arg, non_numeric
 from .ranges import cores, on_cores
 
 SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -70,7 +76,7 @@ def column_list(value: str | int | Sequence[str | int] | None) -> list[str | int
 
 def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, *,
              columns: str | Sequence[str | int] | None = None, drop_columns: str | Sequence[str | int] | None = None,
-             delimiter: str | None = None) -> da.Array:
+             delimiter: str | None = None) -> Table:
     """A CSV file as a Dask array of row chunks of about ``chunk_bytes`` bytes of text each
     (default ``daskmeans.chunk-bytes``), their lengths known.
 
@@ -89,7 +95,11 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
 
     Returns
     -------
-    dask.array.Array, shape (n_rows, n_columns_kept), ``dtype``
+    Table
+        ``array`` (n_rows, n_columns_kept) of ``dtype``; ``columns``: the header's names of
+        the columns kept (None without a header); ``identifier_error``: where a column kept
+        without ``columns`` naming it looks like an identifier (:func:`identifier_columns`);
+        ``other_columns``: any of the file's columns read as text in the array's chunks.
     """
     import dask
     from dask import delayed
@@ -104,7 +114,7 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
     first_line = 2 if header else 1  # line numbers in messages count the header
     # The sample ends at a line break unless it is the whole file.
     sample = head[start:] if whole else head[start : max(start, head.rfind(b"\n") + 1)]
-    names, keep = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
+    names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
     longest = max((len(s) for s in sample.split(b"\n")), default=0)
     st = os.stat(path)
     spec = _CsvSpec(path, st.st_size, st.st_mtime_ns, compression, delim, len(names), tuple(keep),
@@ -122,15 +132,132 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         layout = [(b, e, breaks, rows) for (b, e), (breaks, rows) in zip(bounds, counts)]
         if layout:  # the last line, with no line break, is a row too
             layout[-1] = (*layout[-1][:3], layout[-1][3] + unended)
-    blocks, line = [], first_line
+    blocks, parts, line = [], [], first_line
     for b, e, breaks, rows in layout:
         if rows:
             blocks.append(da.from_delayed(delayed(_csv_block, pure=True)(spec, b, e, line, rows),
                                           shape=(rows, len(keep)), dtype=dtype))
+            parts.append((b, e, line, rows))
         line += breaks
-    if not blocks:  # a header and no rows: refused by name in read()
-        return da.zeros((0, len(keep)), dtype=dtype)
-    return da.concatenate(blocks, axis=0)
+    # A header and no rows: refused by name in read().
+    x = da.concatenate(blocks, axis=0) if blocks else da.zeros((0, len(keep)), dtype=dtype)
+    found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
+        if header and columns is None else []
+    return Table(x, tuple(names[k] for k in keep) if header else None, path,
+                 _identifier_message(path, found, names, drop_columns) if found else None,
+                 functools.partial(_other_columns, spec, tuple(parts), tuple(names), tuple(dtypes)))
+
+
+# ---------------------------------------------------------------- identifiers and other columns
+
+# Names (lower case) of columns that number rows rather than measure anything.
+_ID_NAMES = ("id", "row", "index")
+_ID_SUFFIXES = ("_id",)
+_INDEX_NAMES = ("unnamed: 0", "")  # pandas' name for a header's empty first cell: its index, written by to_csv()
+
+
+def identifier_columns(names: Sequence[str], positions: Sequence[int], dtypes: Sequence[str]) -> list[tuple[str, int, str]]:
+    """The columns that look like identifiers rather than features: ``(name, position, why)``.
+
+    The rule: integer values in the sample the reader parses anyway (the file's first MiB of
+    text: no extra pass), and a name that numbers rows: ``id``, ``*_id``, ``row`` or
+    ``index`` (any case), or the file's first column without a name (pandas' index, which
+    ``DataFrame.to_csv()`` writes as ``Unnamed: 0`` once read back). Clustering on such a
+    column puts its range (1e6 rows: a variance of 1e11) above every feature's.
+
+    Parameters
+    ----------
+    names, positions, dtypes : sequences
+        The columns' header names, positions in the file, and the sample's dtypes (NumPy names).
+    """
+    found = []
+    for name, pos, dt in zip(names, positions, dtypes):
+        if not (dt.startswith("int") or dt.startswith("uint")):
+            continue
+        low = name.strip().lower()
+        if low in _ID_NAMES or low.endswith(_ID_SUFFIXES):
+            found.append((name, pos, f"integer values, name {name!r}"))
+        elif pos == 0 and (low in _INDEX_NAMES or low.startswith("unnamed: 0")):
+            found.append((name, pos, "integer values, an unnamed first column as pandas writes its index"))
+    return found
+
+
+def _option_name(name: str, position: int) -> str:
+    """How ``--columns``/``--drop-columns`` name a column: its name, or its position where the
+    name would not read back as one (a comma, spaces at its ends, empty, digits alone)."""
+    if not name or "," in name or name != name.strip() or name.lstrip("-").isdigit() or name.lower().startswith("unnamed: "):
+        return str(position)
+    return name
+
+
+def _identifier_message(path: str, found: list, names: Sequence[str], drop_columns: list | None) -> str:
+    """The refusal of the first column of ``found``, with the ``--drop-columns`` that drops
+    every one of them (after those already dropped)."""
+    name, pos, why = found[0]
+    drop = [str(c) for c in (drop_columns or [])] + [_option_name(n, p) for n, p, _ in found]
+    it = "it" if len(found) == 1 else f"it and {', '.join(repr(n) for n, _, _ in found[1:])}"
+    return (f"column {name!r} of {path} looks like an identifier ({why}): drop {it} with --drop-columns "
+            f"{','.join(drop)}, or select it with --columns to cluster on it")
+
+
+def _other_columns(spec: _CsvSpec, parts: tuple, names: tuple[str, ...], dtypes: tuple[str, ...],
+                   wanted: Sequence[str | int]) -> tuple[list[str], list[str], list[Any]]:
+    """Columns ``wanted`` (names, or positions) of the file as text, as written, in the
+    blocks of the array :func:`open_csv` made: ``(their names, the sample's dtype of each,
+    one delayed pyarrow.Table of string columns per block)``."""
+    from dask import delayed
+
+    chosen = _select(list(names), list(wanted), None, spec.path)
+    cols = tuple(names.index(c) for c in chosen)
+    return chosen, [dtypes[c] for c in cols], [
+        delayed(_text_block, pure=True)(spec, cols, tuple(chosen), b, e, line, rows) for b, e, line, rows in parts]
+
+
+def _text_block(spec: _CsvSpec, cols: tuple[int, ...], names: tuple[str, ...], start: int, stop: int,
+                first_line: int, rows: int) -> Any:
+    """Columns ``cols`` of bytes ``start:stop`` as a pyarrow Table of strings, as written
+    (quotes removed, empty cells empty), named ``names``; ``rows`` rows or a DataError."""
+    import pyarrow as pa
+
+    a = _block_bytes(spec, start, stop)
+    if len(spec.delimiter) == 1 and spec.delimiter != " ":
+        import pyarrow.csv as pcsv
+
+        fields = [f"f{i}" for i in range(spec.n_columns)]
+        try:
+            t = pcsv.read_csv(
+                pa.py_buffer(a),
+                read_options=pcsv.ReadOptions(column_names=fields, use_threads=False, block_size=spec.block_size),
+                parse_options=pcsv.ParseOptions(delimiter=spec.delimiter),
+                convert_options=pcsv.ConvertOptions(column_types={fields[c]: pa.string() for c in cols},
+                                                    include_columns=[fields[c] for c in cols],
+                                                    strings_can_be_null=False, quoted_strings_can_be_null=False))
+            t = t.select([fields[c] for c in cols])
+        except pa.ArrowInvalid as e:
+            raise DataError(f"cannot read {spec.path} as CSV after line {first_line}: {str(e).strip()}") from None
+    else:  # runs of whitespace: pandas' parser
+        import pandas as pd
+
+        df = pd.read_csv(io.BytesIO(a), sep=_pandas_sep(spec.delimiter), header=None, names=range(spec.n_columns),
+                         usecols=list(set(cols)), dtype=str, keep_default_na=False)
+        t = pa.table([pa.array(df[c].to_numpy(dtype=object), pa.string()) for c in cols], names=[f"f{c}" for c in cols])
+    if t.num_rows != rows:
+        raise DataError(f"{spec.path} changed since it was opened: {t.num_rows} rows after line {first_line}, {rows} "
+                        f"when it was opened; read it again")
+    return t.rename_columns(list(names))
+
+
+def _block_bytes(spec: _CsvSpec, start: int, stop: int) -> np.ndarray:
+    """Bytes ``start:stop`` of the (decompressed) file, as uint8: a plain file's pages mapped."""
+    if spec.compression is None:
+        import pyarrow as pa
+
+        _check_size(spec)
+        f = pa.memory_map(spec.path)
+        f.seek(start)
+        return np.frombuffer(f.read_buffer(stop - start), np.uint8)  # no copy: the file's pages, mapped
+    with _open_text(spec.path, spec.compression) as f:
+        return np.frombuffer(f.read(), np.uint8)[start:stop]
 
 
 def _guess_layout(path: str, delimiter: str | None) -> tuple[str, bool]:
@@ -188,9 +315,10 @@ def _head(path: str, compression: str | None) -> tuple[bytes, bool]:
 
 
 def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: list | None,
-                 drop_columns: list | None, first_line: int) -> tuple[list[str], list[int]]:
-    """(the file's column names, positions of the columns to read) from a sample of its first
-    lines; a DataError names a non-numeric column to read and its first such cell."""
+                 drop_columns: list | None, first_line: int) -> tuple[list[str], list[int], list[str]]:
+    """(the file's column names, positions of the columns to read, each column's dtype in the
+    sample) from a sample of its first lines; a DataError names a non-numeric column to read
+    and its first such cell."""
     import pandas as pd
 
     try:
@@ -206,7 +334,7 @@ def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: li
         data = sample[sample.find(b"\n") + 1 :] if header else sample
         where = _first_non_numeric(data, delim, len(names), names.index(c), first_line)
         raise _not_numeric(path, c, where or f"dtype {t}")
-    return names, [names.index(c) for c in kept]
+    return names, [names.index(c) for c in kept], [str(t) for t in df.dtypes]
 
 
 def _select(names: list[str], columns: list | None, drop_columns: list | None, path: str) -> list[str]:
@@ -372,16 +500,7 @@ def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int
     The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
     (so that every piece knows where its rows go), then each is parsed into its rows.
     """
-    if spec.compression is None:
-        import pyarrow as pa
-
-        _check_size(spec)
-        f = pa.memory_map(spec.path)
-        f.seek(start)
-        a = np.frombuffer(f.read_buffer(stop - start), np.uint8)  # no copy: the file's pages, mapped
-    else:
-        with _open_text(spec.path, spec.compression) as f:
-            a = np.frombuffer(f.read(), np.uint8)[start:stop]
+    a = _block_bytes(spec, start, stop)
     n = len(a)
     size = min(spec.piece_bytes, max(_MIN_PIECE_BYTES, -(-n // cores())))
     pieces = _line_cuts(a, 0, n, size)

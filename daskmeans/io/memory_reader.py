@@ -32,6 +32,34 @@ def from_dataframe(df: Any, cb: int | None) -> da.Array:
     return df.to_dask_array(lengths=True)  # a Dask DataFrame: its partitions' lengths, one pass
 
 
+def column_names(X: Any) -> np.ndarray | None:
+    """The column names of ``X`` as scikit-learn takes them: an object array (n_features,) of
+    str when ``X`` has ``columns`` (pandas, Dask or another DataFrame) all named by strings;
+    None for no columns or names that are not strings (a pandas default of 0, 1, ...).
+
+    Raises
+    ------
+    TypeError
+        Names that mix strings and other types, as scikit-learn raises.
+    """
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, (str, bytes)) or hasattr(X, "__fspath__"):
+        return None
+    names = np.asarray(list(columns), dtype=object)
+    if names.ndim != 1 or len(names) == 0:
+        return None
+    types = sorted({type(v).__qualname__ for v in names})
+    if len(types) > 1 and "str" in types:
+        raise TypeError(
+            f"Feature names are only supported if all input features have string names, but your input has "
+            f"{types} as feature name / column name types. If you want feature names to be stored and validated, "
+            f"you must convert them all to strings, by using X.columns = X.columns.astype(str) for example. "
+            f"Otherwise you can remove feature / column names from your input data, or convert them all to a "
+            f"non-string data type."
+        )
+    return names if types == ["str"] else None
+
+
 def is_sparse(a: Any) -> bool:
     """Whether ``a`` is a SciPy sparse matrix or array."""
     return type(a).__module__.startswith("scipy.sparse") and hasattr(a, "toarray")

@@ -14,6 +14,8 @@
   if the second fails.
 - ``overwrite`` replaces only a daskmeans output of the same kind (a model, labels, a
   checkpoint, generated data, a plot, a timings file), never a user's directory or file.
+  Labels are a Zarr group marked as daskmeans', or a file in a format that has no room for a
+  mark, recognised by its content (:func:`is_labels_file`).
 - Any file system error while writing (disk full, quota, read-only...) removes the
   temporaries and becomes one :class:`~daskmeans.errors.OutputError`, ``cannot write PATH:
   No space left on device``; the previous output stays as it was.
@@ -136,6 +138,68 @@ def _is_image(path: str) -> bool:
     return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(signatures)
 
 
+def is_labels_file(path: str) -> bool:
+    """Whether the regular file ``path`` holds labels as daskmeans writes them, by the format
+    its suffix names (:mod:`daskmeans.io.labels`) and its content:
+
+    - ``.npy``: a whole 1-D int32 array (its header says ``<i4``, C order, one dimension, and
+      the file holds exactly that many values): the format has no room for a mark;
+    - ``.csv``: a header whose last column is ``label`` and a first row (if any) whose last
+      value is an integer;
+    - ``.parquet``: the file's metadata says ``format: daskmeans-labels``.
+    """
+    suffix = os.path.splitext(path)[1].lower()
+    try:
+        with open(path, "rb") as f:
+            if suffix == ".npy":
+                return _npy_labels(f, os.fstat(f.fileno()).st_size)
+            if suffix == ".csv":
+                return _csv_labels(f.read(1 << 16))
+            if suffix == ".parquet":
+                return _parquet_labels(f, os.fstat(f.fileno()).st_size)
+    except (OSError, ValueError, SyntaxError, MemoryError):
+        pass
+    return False
+
+
+def _npy_labels(f, size: int) -> bool:
+    import ast
+
+    head = f.read(12)
+    if len(head) < 10 or not head.startswith(b"\x93NUMPY"):
+        return False
+    major = head[6]
+    n, start = (int.from_bytes(head[8:10], "little"), 10) if major == 1 else (int.from_bytes(head[8:12], "little"), 12)
+    f.seek(start)
+    header = ast.literal_eval(f.read(min(n, 1 << 16)).decode("latin1"))
+    shape = header.get("shape") if isinstance(header, dict) else None
+    return (header.get("descr") in ("<i4", "=i4") and header.get("fortran_order") is False
+            and isinstance(shape, tuple) and len(shape) == 1 and size == start + n + 4 * int(shape[0]))
+
+
+def _csv_labels(head: bytes) -> bool:
+    import csv
+    import io
+
+    lines = head.decode("utf-8", "replace").lstrip("\ufeff").splitlines()
+    rows = list(csv.reader(io.StringIO("\n".join(lines[:2]))))
+    if not rows or not rows[0] or rows[0][-1].strip() != "label":
+        return False
+    return len(rows) == 1 or (len(rows[1]) == len(rows[0]) and rows[1][-1].strip().lstrip("-").isdigit())
+
+
+def _parquet_labels(f, size: int) -> bool:
+    if size < 12 or f.read(4) != b"PAR1":
+        return False
+    f.seek(size - 8)
+    tail = f.read(8)
+    n = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or n > size - 12:
+        return False
+    f.seek(size - 8 - n)
+    return FORMATS["labels"].encode() in f.read(n)  # the key-value metadata, as Thrift stores its strings
+
+
 def describe(path: str) -> str:
     """What is at ``path``, in a few words for a message ("a directory that is not a Zarr
     store", "a daskmeans model", "a file"...)."""
@@ -153,16 +217,22 @@ def describe(path: str) -> str:
     if os.path.isfile(path):
         if _is_timings(path):
             return "a daskmeans timings file"
+        if is_labels_file(path):
+            return f"a daskmeans {NOUNS['labels']}"
         return "an image" if _is_image(path) else "a file"
     return "neither a file nor a directory"
 
 
 def is_kind(path: str, kind: str) -> bool:
     """Whether ``path`` holds a daskmeans output of ``kind`` (see :data:`NOUNS`)."""
-    if kind in FORMATS:
-        z = os.path.isdir(path) and _zarr_format(path)
+    if kind in FORMATS and os.path.isdir(path):
+        z = _zarr_format(path)
         return bool(z) and z[1] == FORMATS[kind]
     if not os.path.isfile(path):  # a directory, a device, a broken link...
+        return False
+    if kind == "labels":  # a .npy, .csv or .parquet file
+        return is_labels_file(path)
+    if kind in FORMATS:  # the other kinds are Zarr stores only
         return False
     if kind == "plot":
         return _is_image(path)

@@ -8,10 +8,16 @@ DataFrames, sparse matrices and Dask arrays are accepted too.
 
 Adding a format is a module with an ``open_<format>(path, chunk_bytes, dtype, **options)``
 function (see :mod:`daskmeans.io.npy_reader`) and an entry in :data:`FORMATS`.
+
+:func:`read_table` also returns what the source says of its columns (:class:`Table`): their
+names (a CSV header, a Zarr array's ``feature_names`` attribute, a DataFrame's column names),
+which a model keeps and checks, and, for CSV, other columns read by name (labels written
+beside an id column).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -23,10 +29,11 @@ import numpy as np
 from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
-from .blocks import file_of, float_dtype, float_dtype_arg, remember, remember_file, rows_per_chunk, split_rows
+from .blocks import Table, file_of, float_dtype, float_dtype_arg, remember, remember_file, rows_per_chunk, split_rows
 from .blocks import source as _source
 
-__all__ = ["FORMATS", "Format", "file_of", "float_dtype", "format_of", "read", "read_weights", "rows_per_chunk", "split_rows"]
+__all__ = ["FORMATS", "Format", "Table", "file_of", "float_dtype", "format_of", "read", "read_table", "read_weights",
+           "rows_per_chunk", "split_rows"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Format:
         ``open(path, chunk_bytes, dtype, **options) -> dask.array.Array`` of shape
         (n_samples, n_features), row chunks of about ``chunk_bytes`` (None: the default); it
         may parse straight to ``dtype`` (float32/float64 or None), else :func:`read` converts.
+        A format whose files name their columns returns a :class:`Table` of that array instead.
     options : tuple of str
         :func:`read`'s keyword arguments it takes (given to ``open`` by name).
     directories : bool
@@ -51,7 +59,7 @@ class Format:
 
     name: str
     suffixes: tuple[str, ...]
-    open: Callable[..., da.Array]
+    open: Callable[..., "da.Array | Table"]
     options: tuple[str, ...] = ()
     directories: bool = False
 
@@ -89,7 +97,8 @@ def read(
     dtype: Any = None,
     **options: Any,
 ) -> da.Array:
-    """Open data as a 2-D float Dask array of row chunks (one chunk across columns).
+    """Open data as a 2-D float Dask array of row chunks (one chunk across columns); a CSV
+    column that looks like an identifier (see :func:`read_table`) is refused.
 
     Parameters
     ----------
@@ -116,7 +125,61 @@ def read(
     -------
     dask.array.Array, shape (n_samples, n_features), float32 or float64
         For CSV, chunks of about ``chunk_bytes`` of text, each parsed by one task.
+
+    Raises
+    ------
+    DataError
+        The data cannot be read or clustered, or a CSV column looks like an identifier.
     """
+    table = _read_table(source, dataset, columns, drop_columns, chunk_bytes, delimiter, dtype, options)
+    # The array alone goes on to a fit without its columns' names: refused here as a fit would.
+    table.refuse_identifiers()
+    return table.array
+
+
+def read_table(
+    source: Any,
+    *,
+    dataset: str | None = None,
+    columns: str | Sequence[str | int] | None = None,
+    drop_columns: str | Sequence[str | int] | None = None,
+    chunk_bytes: int | str | None = None,
+    delimiter: str | None = None,
+    dtype: Any = None,
+    **options: Any,
+) -> Table:
+    """:func:`read`, with what the source says of its columns: their names and, for CSV,
+    whether one looks like an identifier (refused by a fit, not here) and its other columns.
+
+    Parameters
+    ----------
+    source : path, array, DataFrame or Table
+        As :func:`read`; a :class:`Table` is returned as it is (its array converted to
+        ``dtype`` where given).
+    dataset, columns, drop_columns, chunk_bytes, delimiter, dtype, **options
+        As :func:`read`.
+
+    Returns
+    -------
+    Table
+        ``columns`` from a CSV header, a Zarr array's ``feature_names`` attribute (a list of
+        one string per column), or a DataFrame's string column names; None otherwise.
+
+    Raises
+    ------
+    TypeError
+        A DataFrame's column names mix strings and other types (scikit-learn's error).
+    """
+    return _read_table(source, dataset, columns, drop_columns, chunk_bytes, delimiter, dtype, options)
+
+
+def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chunk_bytes: Any, delimiter: Any,
+                dtype: Any, options: dict) -> Table:
+    """:func:`read_table`'s work, for it and :func:`read` (its warnings name their caller's caller)."""
+    if isinstance(source, Table):
+        x = _finish(source.array, None if dtype is None else float_dtype_arg(dtype))
+        return source if x is source.array else dataclasses.replace(source, array=x)
+    names = None if isinstance(source, (str, os.PathLike)) else memory_reader.column_names(source)
     cb = None if chunk_bytes is None else int(__import__("dask").utils.parse_bytes(chunk_bytes))
     dt = None if dtype is None else float_dtype_arg(dtype)
     takers = {name for fmt in FORMATS for name in fmt.options}
@@ -137,7 +200,10 @@ def read(
             if name not in fmt.options and _given(value):
                 takers = "/".join(f.name for f in FORMATS if name in f.options)
                 raise DataError(f"{name}={value!r} applies to {takers} input only, not to {path}")
-        x = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
+        opened = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
+        # A format that knows more of its columns than the array says so in a Table.
+        table = opened if isinstance(opened, Table) else Table(opened)
+        x, meta = table.array, dataclasses.replace(table, source=path)
     elif memory_reader.is_dataframe(source):
         x = memory_reader.from_dataframe(source, cb)
     elif memory_reader.is_sparse(source):
@@ -148,16 +214,20 @@ def read(
         x = memory_reader.from_memory(np.asarray(source), cb)
     else:
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
+    if not isinstance(source, (str, os.PathLike)):
+        meta = Table(x, None if names is None else tuple(str(n) for n in names))
     if any(np.isnan(c) for c in x.chunks[0]):
-        warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=2)
+        warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=3)
         x = x.compute_chunk_sizes()
     src = _source(x.name)
     x = _finish(x, dt)
     if src is not None:
         remember(x.name, (*src[:-1], x.dtype))
-    if isinstance(source, (str, os.PathLike)):
-        remember_file(x.name, path)
-    return x
+    if meta.columns is not None and len(meta.columns) != int(x.shape[1]):
+        raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(x.shape[1])}")
+    if meta.source is not None:
+        remember_file(x.name, meta.source)  # read()'s bare array still names its file in messages
+    return dataclasses.replace(meta, array=x)
 
 
 def _given(value: Any) -> bool:
@@ -172,7 +242,7 @@ def _finish(x: da.Array, dtype: np.dtype | None = None) -> da.Array:
     dt = float_dtype(x.dtype) if dtype is None else dtype
     if x.dtype != dt:
         if dtype is None:  # a conversion the user did not ask for
-            warnings.warn(f"X is {x.dtype}: converted to {dt} for clustering", DaskmeansWarning, stacklevel=3)
+            warnings.warn(f"X is {x.dtype}: converted to {dt} for clustering", DaskmeansWarning, stacklevel=4)
         x = x.astype(dt)
     if x.numblocks[1] != 1:
         x = x.rechunk({1: -1})

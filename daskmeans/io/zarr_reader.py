@@ -3,6 +3,11 @@ read by the task that needs it; a chunk absent from the store is an error, not f
 
 Chunks of plain layouts in a local store are decompressed straight into the block's rows
 (:mod:`daskmeans.io.zarr_chunks`); others are read by zarr-python.
+
+Column names: Zarr has no convention of its own for them (xarray keeps labels in coordinate
+arrays beside the data, AnnData in a separate ``var`` group). daskmeans takes the array's
+attribute ``feature_names``, a list of one string per column (scikit-learn's word), where it
+is present: ``zarr.open_array(path).attrs["feature_names"] = ["a", "b", "c"]``.
 """
 
 from __future__ import annotations
@@ -17,19 +22,31 @@ import numpy as np
 from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 from . import zarr_chunks
-from .blocks import float_dtype, row_blocks, rows_per_chunk
+from .blocks import Table, float_dtype, row_blocks, rows_per_chunk
 
 SUFFIXES = (".zarr", ".zip")
 
 
-def open_zarr(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, *, dataset: str | None = None) -> da.Array:
+FEATURE_NAMES = "feature_names"  # the array attribute naming its columns
+
+
+def open_zarr(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, *,
+              dataset: str | None = None) -> da.Array | Table:
     """The 2-D array in the Zarr store ``path`` (``dataset``: its path in a group) in row chunks
     of about ``chunk_bytes`` (whole chunks of the store; default ``daskmeans.chunk-bytes``).
 
     Returns
     -------
-    dask.array.Array, shape (n_samples, n_features)
-        The stored dtype (``dtype`` is applied by :func:`daskmeans.io.readers.read`).
+    dask.array.Array, shape (n_samples, n_features), or a Table of it
+        The stored dtype (``dtype`` is applied by :func:`daskmeans.io.readers.read`); a
+        :class:`~daskmeans.io.readers.Table` with the columns' names where the array has the
+        attribute ``feature_names``.
+
+    Raises
+    ------
+    DataError
+        Not a store, no such array, or a ``feature_names`` attribute that is not one string
+        per column.
     """
     import zarr
 
@@ -68,7 +85,14 @@ def open_zarr(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None,
     # One task per block opens the store itself (nothing but the path travels) and refuses a
     # missing chunk: Zarr reads an absent chunk as the fill value, which would silently turn
     # rows of a damaged or half-copied store into zeros.
-    return row_blocks(zarr_block, (path, arr.path), n, d, arr.dtype, rows, align=zrows)
+    x = row_blocks(zarr_block, (path, arr.path), n, d, arr.dtype, rows, align=zrows)
+    names = arr.attrs.get(FEATURE_NAMES)
+    if names is None:
+        return x
+    if not (isinstance(names, list) and len(names) == d and all(isinstance(v, str) for v in names)):
+        raise DataError(f"the attribute {FEATURE_NAMES!r} of {path} should be a list of {d} strings, one per column, "
+                        f"got {str(names)[:80]}")
+    return Table(x, tuple(names))
 
 
 def zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray:

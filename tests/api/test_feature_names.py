@@ -146,3 +146,93 @@ def test_names_are_saved_with_the_model(data, fitted, tmp_path, client):
     with pytest.raises(DataError, match="Feature names must be in the same order"):
         back.predict(data[NAMES[::-1]])
     np.testing.assert_array_equal(back.predict(data), ours.predict(data))
+
+
+# ---------------------------------------------------------------- files that name their columns (issue 47)
+
+
+@pytest.fixture(scope="module")
+def files(data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("named")
+    data.to_csv(d / "x.csv", index=False)
+    data[["a", "c", "b", "d"]].to_csv(d / "swapped.csv", index=False)
+    np.savetxt(d / "plain.csv", data.to_numpy(), delimiter=",")
+    ids = data.copy()
+    ids.insert(1, "user_id", np.arange(len(data)))
+    ids.to_csv(d / "ids.csv", index=False)
+    z = zarr_array(d / "x.zarr", data.to_numpy())
+    z.attrs["feature_names"] = NAMES
+    return d
+
+
+def zarr_array(path, values):
+    import zarr
+
+    return zarr.create_array(str(path), data=values)
+
+
+def test_a_fit_from_a_csv_or_zarr_path_keeps_its_names(files, fitted, client, tmp_path):
+    ours, _ = fitted
+    init = ours.cluster_centers_
+    for name in ("x.csv", "x.zarr"):
+        km = KMeans(3, init=init, client=client).fit(str(files / name))
+        assert km.feature_names_in_.dtype == object and km.feature_names_in_.tolist() == NAMES, name
+    km.save(str(tmp_path / "m.zarr"))
+    back = daskmeans.load(str(tmp_path / "m.zarr"))
+    assert back.feature_names_in_.tolist() == NAMES
+    back.client = client
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(back.predict(str(files / "x.csv")).compute(), ours.predict(data_of(files)))
+    # a CSV model checks a DataFrame's names in scikit-learn's words, and the reverse
+    with pytest.raises(DataError, match="^The feature names should match"):
+        back.predict(data_of(files)[NAMES[::-1]])
+
+
+def data_of(files):
+    return pd.read_csv(files / "x.csv")
+
+
+@pytest.mark.parametrize("method", ["predict", "transform", "score"])
+def test_a_csv_with_other_columns_is_one_line_naming_it(files, fitted, method):
+    from daskmeans.errors import FeatureNamesError
+
+    ours, _ = fitted
+    with pytest.raises(FeatureNamesError) as e:
+        getattr(ours, method)(str(files / "swapped.csv"))
+    assert str(e.value) == (f"the columns of {files / 'swapped.csv'} are not the model's: its 2nd column is 'c' where "
+                            f"the model's is 'b' (the same names in another order); they should be the model's, in "
+                            f"its order (a, b, c, d)")
+    assert e.value.fitted == tuple(NAMES) and e.value.given == ("a", "c", "b", "d")
+    assert isinstance(e.value, ValueError)
+
+
+def test_a_csv_without_a_header_warns_in_one_line_at_the_caller(files, fitted):
+    from daskmeans.errors import FeatureNamesWarning
+
+    ours, _ = fitted
+    with pytest.warns(FeatureNamesWarning) as w:
+        ours.predict(str(files / "plain.csv"))
+    assert [str(m.message) for m in w] == [
+        f"{files / 'plain.csv'} does not name its columns, but the model was fitted on named columns (a, b, c, d): "
+        f"they are taken in that order, unchecked"]
+    assert w[0].filename == __file__ and issubclass(w[0].category, UserWarning)
+
+
+def test_an_id_column_of_a_csv_path_is_refused_unless_selected(files, client):
+    with pytest.raises(DataError, match=r"^column 'user_id' of .*ids\.csv looks like an identifier \(integer values, "
+                                        r"name 'user_id'\): drop it with --drop-columns user_id, or select it with "
+                                        r"--columns to cluster on it$"):
+        KMeans(3, client=client).fit(str(files / "ids.csv"))
+    with pytest.raises(DataError, match="looks like an identifier"):
+        daskmeans.MiniBatchKMeans(3, client=client).fit(str(files / "ids.csv"))
+    with pytest.raises(DataError, match="looks like an identifier"):
+        daskmeans.read(str(files / "ids.csv"))  # an array alone goes to a fit without its names
+    from daskmeans.io.readers import read_table
+
+    table = read_table(str(files / "ids.csv"), drop_columns="user_id")
+    km = KMeans(3, random_state=0, client=client).fit(table)
+    assert km.feature_names_in_.tolist() == NAMES
+    selected = read_table(str(files / "ids.csv"), columns="a,user_id")
+    assert selected.identifier_error is None
+    assert KMeans(3, random_state=0, client=client).fit(selected).feature_names_in_.tolist() == ["a", "user_id"]

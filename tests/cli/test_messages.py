@@ -138,6 +138,11 @@ def test_predict_help_and_readme_say_what_the_labels_output_holds(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "a Zarr group holding the int32 array 'labels' (one per row)" in out
     assert "a Zarr group holding the int32 array `labels` (one per row)" in " ".join(README.split())
+    # the other formats, by suffix (issue 47: -o labels.csv wrote a Zarr directory)
+    assert ".npy a 1-D int32 array; .csv or .parquet a column 'label' after the --keep-columns" in out
+    for row in ("| `labels.npy` | a 1-D int32 array |", "| `labels.csv` | a column `label`, after the `--keep-columns`",
+                "| `labels.parquet` | the same columns"):
+        assert row in README
 
 
 # ---------------------------------------------------------------- registries

@@ -23,6 +23,7 @@ SIZE = "a size > 0 such as 512MiB"
 FINITE = "a finite number >= 0"
 SEED = "an integer from 0 to 4294967295"
 PATH = "a non-empty path"  # -o "" was taken for the working directory: "output  would overwrite the input"
+LABELS = "a path ending in .zarr, .npy, .csv or .parquet (no suffix: Zarr)"
 
 # (command, option, the values it refuses, requirement)
 REFUSED = [
@@ -40,6 +41,8 @@ REFUSED = [
     (FIT, "--workers", ["0"], INT),
     (PREDICT, "--chunk-bytes", ["-1"], SIZE),
     (PREDICT, "--workers", ["-2"], INT),
+    (PREDICT, "-o", ["l.txt", "l.csv.gz", "l.json"], LABELS),  # l.csv was a Zarr directory named l.csv
+    (FIT, "--labels", ["l.tsv", "l.npz"], LABELS),
     (PLOT, "--sample", ["0"], INT),
     (PLOT, "--chunk-bytes", ["1XB"], SIZE),
     (FIT, "-o", [""], PATH),
@@ -88,6 +91,10 @@ GOOD = [
     (GENERATE + ["--chunk-rows", "5", "--std", "0", "--seed", "7"],
      {"n": 10, "d": 2, "centers": 2, "chunk_rows": 5, "std": 0.0, "seed": 7}),
     (PLOT + ["--sample", "1"], {"sample": 1}),
+    (PREDICT + ["-o", "l.parquet", "--keep-columns", "id,key"], {"output": "l.parquet", "keep_columns": "id,key"}),
+    (PREDICT + ["-o", "L.NPY"], {"output": "L.NPY"}),
+    (PREDICT + ["-o", "out/labels"], {"output": "out/labels"}),  # no suffix: Zarr, as a directory is read
+    (FIT + ["--labels", "l.csv", "--keep-columns", "id"], {"labels": "l.csv", "keep_columns": "id"}),
 ]
 
 

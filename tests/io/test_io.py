@@ -350,6 +350,103 @@ def test_csv_columns_and_drop_columns(labelled_csv, data):
         read(labelled_csv, drop_columns=list("abcde") + ["label"])
 
 
+def test_csv_header_names_are_the_tables_columns(labelled_csv, tmp_path, data):
+    """The header's names of the columns read, in the array's order (issue 47); none without
+    a header."""
+    from daskmeans.io.readers import read_table
+
+    t = read_table(labelled_csv, drop_columns="label")
+    assert t.columns == tuple("abcde") and t.source == labelled_csv and t.array.shape == data.shape
+    assert read_table(labelled_csv, columns="e,a").columns == ("e", "a")
+    assert read_table(labelled_csv, columns=[0, -1]).columns == ("a", "e")
+    np.savetxt(tmp_path / "n.csv", data, delimiter=",")
+    assert read_table(str(tmp_path / "n.csv")).columns is None
+    assert read_table(data).columns is None and read_table(pd.DataFrame(data, columns=list("vwxyz"))).columns == \
+        tuple("vwxyz")
+
+
+# (header, first values, refused as an identifier): integers named like a row number only.
+IDENTIFIERS = [
+    ("id", "7", "integer values, name 'id'"),
+    ("ID", "7", "integer values, name 'ID'"),
+    ("customer_id", "7", "integer values, name 'customer_id'"),
+    ("Row", "7", "integer values, name 'Row'"),
+    ("index", "0", "integer values, name 'index'"),
+    ("", "0", "integer values, an unnamed first column as pandas writes its index"),
+    ("id", "7.5", None),  # not integers: a measure
+    ("idx2", "7", None),
+    ("paid", "7", None),  # ends with "id", not "_id"
+    ("count", "7", None),
+]
+
+
+@pytest.mark.parametrize("name, value, why", IDENTIFIERS, ids=[f"{n or 'unnamed'}={v}" for n, v, _ in IDENTIFIERS])
+def test_csv_identifier_rule(tmp_path, name, value, why):
+    """The rule (csv_reader.identifier_columns), judged on the sample the reader parses anyway."""
+    from daskmeans.io.readers import read_table
+
+    path = tmp_path / "i.csv"
+    path.write_text(f"{name},a\n" + "".join(f"{value if i == 0 else i},{i * 0.5}\n" for i in range(50)))
+    t = read_table(str(path))
+    if why is None:
+        assert t.identifier_error is None
+        return
+    hint = "0" if name == "" else name
+    shown = "Unnamed: 0" if name == "" else name
+    assert t.identifier_error == (f"column {shown!r} of {path} looks like an identifier ({why}): drop it with "
+                                  f"--drop-columns {hint}, or select it with --columns to cluster on it")
+    with pytest.raises(DataError, match="looks like an identifier"):
+        read(str(path))
+    assert read(str(path), drop_columns=hint).shape == (50, 1)
+    assert read(str(path), columns=[hint, "a"]).shape == (50, 2)  # selected: clustered as asked
+
+
+def test_csv_identifier_hint_keeps_the_columns_already_dropped(tmp_path):
+    from daskmeans.io.readers import read_table
+
+    path = tmp_path / "i.csv"
+    path.write_text("label,row_id,id,a\n" + "".join(f"x,{i},{i},{i * 0.5}\n" for i in range(20)))
+    t = read_table(str(path), drop_columns="label")
+    assert t.identifier_error.endswith("drop it and 'id' with --drop-columns label,row_id,id, or select it with "
+                                       "--columns to cluster on it")
+
+
+def test_csv_other_columns_are_read_as_written_in_the_arrays_chunks(tmp_path):
+    """Columns read by name beside the array (labels written beside an id): text as written,
+    one table per chunk of the array, the same rows."""
+    import dask
+
+    from daskmeans.io.readers import read_table
+
+    path = tmp_path / "o.csv"
+    path.write_text("key,a,b\n" + "".join(f"k{i:03d},{i * 0.5},\"{i}, x\"\n" for i in range(300)))
+    t = read_table(str(path), columns="a", chunk_bytes=1000)
+    assert t.array.numblocks[0] > 3
+    names, dtypes, blocks = t.other_columns(["key", 2])
+    assert names == ["key", "b"] and dtypes[0] in ("object", "str")
+    parts = dask.compute(*blocks)
+    assert [p.num_rows for p in parts] == list(t.array.chunks[0])
+    keys = [v for p in parts for v in p.column("key").to_pylist()]
+    assert keys == [f"k{i:03d}" for i in range(300)]
+    assert parts[0].column("b").to_pylist()[:2] == ["0, x", "1, x"]
+    with pytest.raises(DataError, match=r"column 'nope' is not in .*o\.csv"):
+        t.other_columns(["nope"])
+
+
+def test_zarr_feature_names_attribute(tmp_path, data):
+    """The array attribute feature_names (one string per column) names the columns."""
+    from daskmeans.io.readers import read_table
+
+    z = zarr.create_array(str(tmp_path / "n.zarr"), data=data)
+    assert read_table(str(tmp_path / "n.zarr")).columns is None
+    z.attrs["feature_names"] = list("vwxyz")
+    assert read_table(str(tmp_path / "n.zarr")).columns == tuple("vwxyz")
+    z.attrs["feature_names"] = ["v", "w"]
+    with pytest.raises(DataError, match=r"the attribute 'feature_names' of .*n\.zarr should be a list of 5 strings, "
+                                        r"one per column, got \['v', 'w'\]"):
+        read_table(str(tmp_path / "n.zarr"))
+
+
 def test_csv_non_numeric_value_late_in_file(tmp_path):
     """A bad value past the part dask samples for dtypes still gives a DataError."""
     n = 40_000
@@ -1113,3 +1210,55 @@ def test_formats_are_a_registry(tmp_path, monkeypatch, data):
     monkeypatch.undo()
     with pytest.raises(TypeError, match=r"read\(\) got an unexpected keyword argument 'width'"):
         read(path, width=5)
+
+
+# ---------------------------------------------------------------- labels outputs (issue 47)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv", ".parquet", ".zarr"])
+def test_write_labels_by_suffix_without_a_client(tmp_path, suffix):
+    """Each format written chunk by chunk on Dask's threads (no distributed client), read back
+    by its own reader, and recognised as daskmeans' labels (what --overwrite replaces)."""
+    from daskmeans.io.labels import labels_output, write_labels
+    from daskmeans.io.paths import describe, is_kind
+
+    labels = da.from_array(np.arange(1000, dtype=np.int32) % 7, chunks=130)
+    path = str(tmp_path / f"l{suffix}")
+    with dask.config.set(scheduler="threads"):
+        write_labels(labels, labels_output(path))
+    got = {".npy": lambda: np.load(path), ".csv": lambda: pd.read_csv(path)["label"].to_numpy(),
+           ".parquet": lambda: pd.read_parquet(path)["label"].to_numpy(),
+           ".zarr": lambda: zarr.open_group(path, mode="r")["labels"][:]}[suffix]()
+    np.testing.assert_array_equal(got, labels.compute())
+    assert is_kind(path, "labels") and describe(path) == "a daskmeans labels output"
+    assert listing(tmp_path) == [f"l{suffix}"]  # no temporary, no lock file
+
+
+def test_labels_files_are_recognised_by_content(tmp_path):
+    from daskmeans.io.paths import is_labels_file
+
+    np.save(tmp_path / "ok.npy", np.zeros(5, np.int32))
+    np.save(tmp_path / "f.npy", np.zeros(5, np.float32))
+    np.save(tmp_path / "two.npy", np.zeros((5, 1), np.int32))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "ok.npy").read_bytes()[:-4])  # a truncated array
+    (tmp_path / "ok.csv").write_text("id,label\nu1,3\n")
+    (tmp_path / "empty.csv").write_text("label\n")
+    (tmp_path / "words.csv").write_text("id,label\nu1,cat\n")
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    pd.DataFrame({"label": np.zeros(3, np.int32)}).to_parquet(tmp_path / "user.parquet")
+    found = {p: is_labels_file(str(tmp_path / p)) for p in sorted(os.listdir(tmp_path))}
+    assert found == {"cut.npy": False, "empty.csv": True, "f.npy": False, "ok.csv": True, "ok.npy": True,
+                     "other.csv": False, "two.npy": False, "user.parquet": False, "words.csv": False}
+
+
+def test_labels_output_refusals(tmp_path):
+    from daskmeans import DaskmeansError
+    from daskmeans.io.labels import labels_output
+    from daskmeans.io.readers import read_table
+
+    with pytest.raises(DaskmeansError, match=r"^cannot write labels to .*l\.txt: its suffix should be one of \.zarr, "
+                                             r"\.npy, \.csv, \.parquet \(no suffix: Zarr\)$"):
+        labels_output(str(tmp_path / "l.txt"))
+    assert labels_output(str(tmp_path / "plain")).format == "zarr"
+    with pytest.raises(DaskmeansError, match="applies to CSV input only, not to data in memory"):
+        labels_output(str(tmp_path / "l.csv"), ["id"], read_table(np.zeros((3, 2))))
