@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "cpu", "table", "profile-step", "profile-small",
-               "profile-host", "profile-init", "scale", "hosts")
+               "profile-host", "profile-init", "scale", "hosts", "pins")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
