@@ -36,8 +36,8 @@ from .backends.grid import float_sums
 from .dask_cluster import resolve_backend, using_client
 from .errors import DataError, InvalidParameterError, not_fitted
 from .estimator import KMeans, _names
-from .io.readers import read_table, read_weights, split_rows
-from .placement import Placement, balance_chunks, blas_capped, gather, submit_per_shard
+from .io.readers import read_table, read_weights
+from .placement import Placement, blas_capped, gather, submit_per_shard
 from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
 
 # Rows taken per round (bytes of float64 rows): fewer, larger rounds cost fewer tasks and, in
@@ -248,9 +248,7 @@ class MiniBatchKMeans(KMeans):
     def _fit(self, X: Any, sample_weight: Any, callback: Any, resume: bool, then: Any = None) -> Any:
         """The fit (``callback`` and ``resume``, KMeans's, are not used); ``then(client)`` runs
         after it on the fit's client, its result returned (``fit_predict``)."""
-        from .engine.fit import _Driver
-        from .engine.moments import data_moments
-        from .engine.plan import plan
+        from .engine.job import FitJob
         from .seeding import resolve_init
 
         self._validate_params()
@@ -263,15 +261,12 @@ class MiniBatchKMeans(KMeans):
         arr = self._init_array(d)
         w = None if sample_weight is None else read_weights(sample_weight, x)
         with using_client(self.client, self.backend, exclusive=True) as client:
-            backend = resolve_backend(client, self.backend, backend_name(x))
-            tiers = plan(client, x, backend, k, self.tier, self.memory_limit, self.device_memory_limit)
-            if tiers.chunk_rows:
-                x = split_rows(x, tiers.chunk_rows)
-            x = balance_chunks(x.rechunk({1: -1}), len(client.nthreads()))
-            w = None if w is None else w.rechunk((x.chunks[0],))
-            drv = _Driver(client, x, backend, w, tiers.tier)
-            try:
-                moments = drv.survive(lambda p: data_moments(client, p))
+            job = FitJob.open(client, x, k, sample_weight=w, path=table.source, backend=self.backend, tier=self.tier,
+                              memory_limit=self.memory_limit, device_memory_limit=self.device_memory_limit,
+                              precision=self.precision)
+            backend, tiers = job.backend, job.tiers
+            with job:
+                moments = job.moments()
                 tol_abs = float(np.mean(moments["var"])) * float(self.tol)
                 batch = min(int(self.batch_size), n)
                 n_steps = max(1, int(self.max_iter) * n // batch)
@@ -288,8 +283,8 @@ class MiniBatchKMeans(KMeans):
                 if arr is not None:
                     fixed = [arr]
                 elif self.init not in _SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
-                    fixed = [drv.survive(lambda p: resolve_init(client, p, self.init, k, int(s))) for s in seeds[4:]]
-                centers = drv.survive(lambda p: _on_rows(
+                    fixed = [job.survive(lambda p: resolve_init(client, p, self.init, k, int(s))) for s in seeds[4:]]
+                centers = job.survive(lambda p: _on_rows(
                     client, p, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows, fixed,
                     self.init, k, [int(s) for s in seeds[4:]], backend, self.precision))
                 st = _State(centers, np.zeros(k))
@@ -298,7 +293,7 @@ class MiniBatchKMeans(KMeans):
                     steps = range(st.step, min(n_steps, st.step + per_round))
                     idx = [_batch_rows(step_seed, t, n, batch) for t in steps]
                     prev = st
-                    st = drv.survive(lambda p: _on_rows(client, p, np.concatenate(idx), _run_steps, idx, prev, rule,
+                    st = job.survive(lambda p: _on_rows(client, p, np.concatenate(idx), _run_steps, idx, prev, rule,
                                                         backend))
                     if self.verbose:
                         print(f"MiniBatchKMeans: step {st.step}/{n_steps}, smoothed batch inertia per row "
@@ -308,13 +303,11 @@ class MiniBatchKMeans(KMeans):
                 self.n_iter_ = int(np.ceil(st.step * batch / n))
                 self.tier_ = tiers.tier
                 if self.compute_labels:
-                    labels, self.inertia_ = drv.survive(lambda p: _labels_inertia(client, p, st.centers, self.precision))
+                    labels, self.inertia_ = job.survive(lambda p: _labels_inertia(client, p, st.centers, self.precision))
                     self._labels = (labels, client)
                 else:
                     self.__dict__.pop("_labels", None)
                     self.inertia_ = float(st.ewa or 0.0) * n
-            finally:
-                drv.placement = None
             if names is not None:
                 self.feature_names_in_ = names
             else:

@@ -1,8 +1,8 @@
 """Choosing K: fit each of several K on the same data and compare them (``daskmeans sweep``).
 
-Every K is one :class:`~daskmeans.KMeans` fit on the engine. The data is read once and, where
-it fits in half the workers' memory, persisted on the workers once: each fit then places the
-same in-memory chunks (no read of its own). Each fit's inertia is over all rows; the
+Every K is one :class:`~daskmeans.KMeans` fit on the engine. The data is read once: the
+engine's job keeps the chunks one fit placed for the next fit of the same data
+(:mod:`daskmeans.engine.reuse`), so no fit but the first reads the file. Each fit's inertia is over all rows; the
 silhouette and Davies–Bouldin scores are computed here in NumPy (scikit-learn's definitions)
 on one sample of rows drawn by global index from the seed, the same sample for every K.
 
@@ -235,7 +235,6 @@ def sweep(
         With ``models``: the fitted estimators, in the order of ``result.ks``.
     """
     import numpy as np
-    from distributed import futures_of, wait
 
     from .errors import InvalidParameterError
     from .estimator import KMeans
@@ -255,11 +254,8 @@ def sweep(
     models = [KMeans(k, random_state=random_state, client=client, **kmeans_params) for k in ks]
     models[0]._validate_params()
     c = models[0]._client()
-    # One read for every K: the chunks persisted once where they fit in half the workers' memory.
-    memory = sum(w.get("memory_limit") or 0 for w in c.scheduler_info(n_workers=-1)["workers"].values())
-    if kmeans_params.get("tier", "auto") != "storage" and x.nbytes <= memory / 2:
-        x = c.persist(x)
-        wait(futures_of(x))
+    # One read for every K: each fit runs on the engine's job, which keeps the data placed by
+    # one fit for the next fit of the same data (engine/reuse.py).
     # The same rows for every K, chosen by global index (so for any chunking).
     idx = np.arange(n) if n <= sample else np.sort(np.random.default_rng(random_state).choice(n, sample, replace=False))
     rows = c.compute(x[idx]).result()

@@ -116,7 +116,7 @@ def test_refit_at_another_k_matches_scikit_learn(fresh):
 
 
 def test_the_plan_reuses_the_budgets_measured_for_the_kept_placement(fresh, monkeypatch):
-    import daskmeans.engine.fit as fit_module
+    import daskmeans.engine.job as fit_module  # the job plans every fit
 
     calls = []
     measure = fit_module.worker_budgets

@@ -64,9 +64,9 @@ def test_a_cluster_without_workers_is_one_error(monkeypatch):
     import numpy as np
 
     import daskmeans
-    from daskmeans.engine import fit as engine_fit
+    from daskmeans.engine import job as engine_job
 
-    monkeypatch.setattr(engine_fit._some_worker, "__defaults__", (0.5,))
+    monkeypatch.setattr(engine_job.some_worker, "__defaults__", (0.5,))
     with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as lc, \
             Client(lc, set_as_default=False) as c:
         with pytest.raises(daskmeans.DaskmeansError,

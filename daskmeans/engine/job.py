@@ -1,0 +1,234 @@
+"""A fit's job: the one owner of a fit's data on the cluster, whichever front asked for it.
+
+::
+
+    FitJob.open: a worker to run on -> the path seen by every worker -> the backend -> the data
+      kept by an earlier fit of it (reuse) -> the plan (budgets, tier, chunking) -> the fit's
+      chunks (split, balanced; fixed for the whole fit) -> the kernels compiling meanwhile
+    job.survive(step): step(placement), the data placed (again, on the workers left, its chunks
+      checked against their pins) whenever a worker is lost before or during the step
+    job.moments(): the pass before a fit (tolerance, grid, digest, the chunks' pins)
+    job.keep(states): the placement kept for the next fit of the same data (engine/reuse.py)
+    job.close(): the placement released unless kept
+
+The Lloyd runs (:mod:`daskmeans.engine.fit`), ``MiniBatchKMeans``'s rounds and the sweep's fits
+all run on a job: none of them plans, places or waits for workers itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+import dask.array as da
+from distributed import Client
+
+from ..backends import backend_name
+from ..dask_cluster import check_paths_on_workers, resolve_backend
+from ..errors import DaskmeansError, DaskmeansWarning
+from ..io.readers import split_rows
+from ..placement import NO_WORKER_SECONDS, Placement, WorkerLost, balance_chunks, place, wait_a_little
+from ..progress import note, step
+from ..timing import Phases
+from . import reuse
+from .driver import warm_kernels
+from .moments import data_moments
+from .plan import TierPlan, budget_limits, iteration_warning, plan, worker_budgets
+
+# Worker losses a fit outlives before its placement or init gives up (the loop has its own).
+MAX_REPLANS = 8
+# How long a fit waits for its labels to leave the shards before keeping them for a re-fit.
+KEEP_WAIT_SECONDS = 5.0
+
+
+def some_worker(client: Client, seconds: float = NO_WORKER_SECONDS) -> None:
+    """Return once ``client``'s cluster has a worker; one that has none gets ``seconds`` for
+    one to join (a nanny restarting it, an adaptive cluster scaling up), then the error."""
+    if client.nthreads():
+        return
+    try:
+        client.wait_for_workers(1, timeout=seconds)
+    except TimeoutError:
+        raise DaskmeansError(
+            f"the cluster has no worker and none joined in {seconds:g} s: start workers (dask worker "
+            f"{client.scheduler.address})"
+        ) from None
+
+
+class FitJob:
+    """The data of one fit on ``client``'s workers, placed in the fit's chunks.
+
+    Make one with :meth:`open`; use it as a context manager (its placement is released at the
+    end unless :meth:`keep` kept it for the next fit of the same data).
+
+    Attributes
+    ----------
+    client : distributed.Client
+    X : dask array (n, d)
+        The data in the fit's chunks (fixed for the whole fit: a worker lost later places the
+        same chunks on the workers left, never re-split, so no statistic kept per chunk
+        changes meaning mid-fit).
+    weights : dask array (n,) or None
+    backend : str
+        "numpy" or "cupy".
+    tiers : TierPlan
+        The memory plan (tier, budgets, the largest share a worker holds once placed).
+    placement : Placement or None
+        The data on the workers, made by :meth:`survive` when first needed.
+    phase : Phases
+        Where the job's phases go (plan, place, moments).
+    """
+
+    def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
+                 source: Any, budgets: dict, key: tuple, kept: reuse.Entry | None, phase: Phases):
+        self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
+        self.phase = phase
+        self._source, self._budgets, self._key = source, budgets, key
+        self.placement: Placement | None = None if kept is None else kept.placement
+        self._moments: dict | None = None if kept is None else kept.moments
+        self._digest = False if kept is None else kept.digest
+        # Each chunk's pin once a pass has read it: a placement made again is given them.
+        self.pins: dict | None = None if kept is None else kept.placement.pins
+        self._kept = False
+
+    @classmethod
+    def open(
+        cls,
+        client: Client,
+        X: da.Array,
+        n_clusters: int,
+        *,
+        sample_weight: da.Array | None = None,
+        path: str | None = None,
+        backend: str = "auto",
+        tier: str = "auto",
+        memory_limit: Any = None,
+        device_memory_limit: Any = None,
+        precision: str = "fp32",
+        max_iter: int | None = None,
+        phase: Phases | None = None,
+    ) -> "FitJob":
+        """Plan a fit of ``n_clusters`` centroids to ``X`` on ``client``'s workers.
+
+        Parameters
+        ----------
+        client : distributed.Client
+        X : dask array (n, d), float32 or float64
+        n_clusters : int
+        sample_weight : dask array (n,), optional
+        path : str, optional
+            The file ``X`` is read from: checked on every worker before any work.
+        backend, tier, memory_limit, device_memory_limit : as ``KMeans``
+        precision : str
+            The GEMM precision, for the kernels compiled while the data is placed.
+        max_iter : int, optional
+            Lloyd iterations at most: a fit that may take more than an hour says so (none
+            for fits of other kinds).
+        phase : Phases, optional
+            Where the seconds of plan, place and moments go.
+        """
+        phase = phase if phase is not None else Phases()
+        k = int(n_clusters)
+        n, d = (int(s) for s in X.shape)
+        with phase("plan"):
+            some_worker(client)
+            if path is not None:
+                check_paths_on_workers(client, read=[path])
+            backend = resolve_backend(client, backend, backend_name(X))
+            limits = budget_limits(memory_limit, device_memory_limit)
+            source = reuse.source_key(client, X, sample_weight, backend, tier, *limits, path)
+            # The same data placed by an earlier fit on this client: its placement, budgets and
+            # moments (taken out of the cache while this fit runs).
+            kept = reuse.take(client, source)
+            budgets = kept.budgets if kept is not None else worker_budgets(client, *limits)
+            tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets)
+            if max_iter is not None:
+                slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))
+                if slow:
+                    warnings.warn(slow, DaskmeansWarning, stacklevel=4)
+            if tiers.chunk_rows:
+                X = split_rows(X, tiers.chunk_rows)
+            X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
+            w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
+            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]))
+            key = reuse.placement_key(X, w, backend, tiers.tier)
+            if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
+                reuse.drop(client, [kept])
+                kept = None
+            if kept is None:
+                reuse.make_room(client, 0 if tiers.tier == "storage" else tiers.share, tiers.host_budget)
+        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase)
+
+    # ------------------------------------------------------------ the data on the workers
+
+    def place(self) -> Placement:
+        """The placement, made now if there is none yet; the tier line once placed."""
+        with self.phase("place"), step("place", unit="chunks"):
+            placement = self.survive(lambda p: p)
+        # The tier line, with the largest share a worker was given (the plan's is a bound).
+        rows = max(sum(placement.row_chunks[i] for i in ids) for ids in placement.chunk_ids)
+        self.tiers = dataclasses.replace(self.tiers, share=rows * int(self.X.shape[1]) * self.X.dtype.itemsize)
+        note(f"daskmeans: {self.tiers.describe()}")
+        return placement
+
+    def survive(self, step_: Callable[[Placement], Any]) -> Any:
+        """``step_(placement)``, placing the data first (again, on the workers left) when a
+        worker is lost before or during it (every step is deterministic given its seed, so the
+        result is the same)."""
+        last = None
+        for _ in range(MAX_REPLANS):
+            try:
+                if self.placement is None:
+                    # The chunks' pins from the passes over the placement lost: a chunk read
+                    # again from the source is checked against its first read.
+                    self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
+                                           balance=False, pins=self.pins)
+                return step_(self.placement)
+            except WorkerLost as lost:
+                last = lost.args[0]
+                self._forget_placement()
+        raise DaskmeansError(f"workers kept leaving the cluster ({MAX_REPLANS} times; last {last})")
+
+    def replan(self) -> Placement:
+        """A new placement on the workers now present (the Lloyd loop's hook after a loss)."""
+        self._forget_placement()
+        return self.survive(lambda p: p)
+
+    def _forget_placement(self) -> None:
+        if self.placement is not None and self.placement.pins is not None:
+            self.pins = self.placement.pins
+        self.placement = None
+
+    def moments(self, digest: bool = False) -> dict:
+        """The moments pass (:func:`daskmeans.engine.moments.data_moments`) over the job's
+        data, once: an earlier fit's where the data was kept (with the digest when asked)."""
+        if self._moments is not None and (self._digest or not digest):
+            return dict(self._moments)
+        with self.phase("moments"), step("moments (one pass over the data)"):
+            self._moments = self.survive(lambda p: data_moments(self.client, p, digest=digest))
+        self._digest = digest
+        self.pins = self._moments.get("pins")
+        return dict(self._moments)
+
+    # ------------------------------------------------------------ the end of the job
+
+    def keep(self, states: list) -> None:
+        """Keep the placement for the next fit of the same data once ``states`` (futures
+        made from the shards: the labels) are done with the shards (a later fit's final pass
+        replaces what they hold)."""
+        wait_a_little(self.client, states, KEEP_WAIT_SECONDS)
+        if self.placement is not None and all(f.status == "finished" for f in states):
+            reuse.put(self.client, reuse.Entry(self._source, self._budgets, self._key, self.placement,
+                                               self._moments, self._digest, self.tiers.share))
+            self._kept = True
+
+    def close(self) -> None:
+        """Release the placement (the shards, and with them the persisted data) unless kept."""
+        self.placement = None
+
+    def __enter__(self) -> "FitJob":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
