@@ -9,7 +9,7 @@ import typing as _typing
 
 from .errors import DaskmeansError, DaskmeansWarning, DataError, InvalidParameterError, NotFittedError
 
-__version__ = "0.1.0"
+from .version import __version__
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
     from .engine.reuse import release

@@ -25,7 +25,8 @@ from typing import Sequence
 from . import __version__
 from . import seeding
 from .options import PRECISIONS, TIERS
-from .progress import Progress, Steps, watching
+from .events import watching
+from .progress import Progress, Steps
 from .timing import Phases
 from .validation import float_option, int_option, labels_path_option, path_option, size_option
 

@@ -114,7 +114,7 @@ def run_checked(client: Client, call: tuple[str, str] | None = None, *args: Any)
         cannot import daskmeans: ModuleNotFoundError: ...``) or has another version (``worker
         tcp://... has daskmeans 0.3.0, the client 0.4.0``), before any work is sent.
     """
-    from . import __version__
+    from .version import __version__
 
     res = client.run(_probe, __version__, call, list(args))
     problems = []

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .backends import get_backend
+from . import options
 from .errors import DataError
 
 
@@ -112,7 +113,9 @@ class Cosine(Metric):
 
 
 REGISTRY: dict[str, Metric] = {m.name: m for m in (Metric(), Cosine())}
-METRICS = tuple(REGISTRY)  # the registered names
+METRICS = options.METRICS  # the registered names, listed where no kernel need be loaded to read them
+if tuple(REGISTRY) != METRICS:
+    raise ImportError(f"daskmeans.options.METRICS={METRICS} should name the metrics of REGISTRY, {tuple(REGISTRY)}")
 
 
 def get_metric(name: str) -> Metric:

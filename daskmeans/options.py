@@ -4,9 +4,13 @@ reads them without loading NumPy or Dask.
 :data:`TIERS` is the registry of memory tiers (``engine.plan`` chooses one, ``placement``
 places the rows in it): the estimator's ``tier=`` values, the command's ``--tier`` choices and
 its help come from it. :data:`LABEL_SUFFIXES` are the labels outputs' formats (``predict -o``,
-``fit --labels``), checked as the command line is parsed. The metrics' registry is :data:`daskmeans.metric.REGISTRY`, the inits'
-:data:`daskmeans.seeding.REGISTRY`.
+``fit --labels``), checked as the command line is parsed. :data:`METRICS` names the metrics whose hooks
+:data:`daskmeans.metric.REGISTRY` holds; the inits' registry is :data:`daskmeans.seeding.REGISTRY`.
 """
+
+# The metrics' names (daskmeans.metric.REGISTRY holds their hooks, under these names): the
+# model store checks a model's metric against them without loading the kernels.
+METRICS = ("euclidean", "cosine")
 
 # GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy_backend).
 PRECISIONS = ("fp32", "tf32", "bf16")

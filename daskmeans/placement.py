@@ -35,7 +35,7 @@ from .dask_cluster import check_scheduler
 from .errors import DaskmeansError, InputChanged
 from .io.readers import split_rows
 from .options import TIERS  # noqa: F401  (the tiers' registry, re-exported)
-from .progress import advance
+from .events import advance
 
 
 class ChunkReader:

@@ -5,19 +5,17 @@
 ``KMeans.history_``), plus ``run``.
 
 :class:`Steps` shows the other long steps of a command (placing the data, the init, writing
-labels, generating data). The code doing a step reports it through :func:`step`,
-:func:`advance` and :func:`note`, which do nothing unless a command watches (:func:`watching`):
-the library itself prints nothing.
+labels, generating data). The code doing a step reports it through the events of
+:mod:`daskmeans.events` (``step``, ``advance``, ``note``), which do nothing unless a command
+watches them with a :class:`Steps` (``events.watching``): the library itself prints nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import shutil
 import sys
 import time
-from typing import Iterator, TextIO
+from typing import TextIO
 
 
 class Progress:
@@ -95,7 +93,7 @@ class Steps:
     bar on a terminal (with a count and ETA where the step knows its total), else one line
     when it ends (``daskmeans: place: 12/12 chunks in 0.53 s``, ``daskmeans: init random in
     0.20 s``); nothing when ``quiet``.
-    Notes (:func:`note`) are lines, also when ``quiet``.
+    Notes (``events.note``) are lines, also when ``quiet``.
 
     Parameters
     ----------
@@ -155,48 +153,3 @@ class Steps:
             self.bar.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
-
-
-_watcher: contextvars.ContextVar[Steps | None] = contextvars.ContextVar("daskmeans_steps", default=None)
-
-
-@contextlib.contextmanager
-def watching(steps: Steps) -> Iterator[Steps]:
-    """Show the steps reported in this context (a command's) with ``steps``."""
-    token = _watcher.set(steps)
-    try:
-        yield steps
-    finally:
-        steps.end()
-        _watcher.reset(token)
-
-
-@contextlib.contextmanager
-def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
-    """A long step named ``name``, of ``total`` units (chunks, rounds, blocks) if known.
-    A step inside another (one the caller knows nothing of) leaves the outer one shown."""
-    steps = _watcher.get()
-    if steps is None or steps.name is not None:
-        yield
-        return
-    steps.start(name, total, unit)
-    try:
-        yield
-    except BaseException:
-        steps.end(failed=True)
-        raise
-    steps.end()
-
-
-def advance(done: int, total: int | None = None) -> None:
-    """``done`` units of the step under way are done (of ``total``, where it is known only now)."""
-    steps = _watcher.get()
-    if steps is not None:
-        steps.advance(done, total)
-
-
-def note(line: str) -> None:
-    """A line for the person watching the command (nothing outside one)."""
-    steps = _watcher.get()
-    if steps is not None:
-        steps.note(line)

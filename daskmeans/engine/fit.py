@@ -28,7 +28,7 @@ from ..backends.grid import Grid, check_resolution
 from ..errors import InputChanged
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..metric import get_metric
-from ..progress import step
+from ..events import step
 from ..seeding import resolve_init
 from ..timing import Phases
 from .driver import run_lloyd

@@ -29,7 +29,7 @@ from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import split_rows
 from ..placement import NO_WORKER_SECONDS, Placement, WorkerLost, balance_chunks, place, wait_a_little
-from ..progress import note, step
+from ..events import note, step
 from ..timing import Phases
 from . import reuse
 from .driver import warm_kernels

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import DaskmeansError, DataError
 from ..options import LABEL_SUFFIXES, label_format
-from ..progress import advance, step
+from ..events import advance, step
 from .blocks import Table
 from .paths import FORMATS, atomic_file
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from ..progress import advance, step
+from ..events import advance, step
 from .paths import FORMATS, atomic_dir, atomic_file, describe, output_lock  # noqa: F401  (the writers' helpers, here too)
 
 FORMAT = FORMATS["model"]
@@ -241,7 +241,7 @@ def model_problem(centers: np.ndarray, attrs: dict, sizes: np.ndarray | None) ->
     (:func:`daskmeans.backends.grid.check_range`), and every centroid is a mean of rows, so
     no larger than they are.
     """
-    from ..metric import METRICS
+    from ..options import METRICS
 
     params = attrs.get("params")
     if not isinstance(params, dict):

@@ -40,7 +40,7 @@ from distributed import Client
 from .. import config
 from ..backends import get_backend
 from ..placement import Placement, Shard, blas_capped, gather, submit_per_shard
-from ..progress import advance
+from ..events import advance
 from .kernels import seed_batched, weighted_lloyd
 from .kmeans_parallel import _INIT_PRECISION
 from .rows import result, row_uniforms

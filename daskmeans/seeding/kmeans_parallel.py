@@ -18,7 +18,7 @@ from .. import config
 from ..backends import get_backend
 from ..backends.grid import Grid
 from ..placement import Placement, Shard, blas_capped, gather
-from ..progress import advance
+from ..events import advance
 from ..reduction import tree_reduce
 from . import rows
 from .kernels import seed_batched, weighted_lloyd
