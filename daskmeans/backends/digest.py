@@ -20,8 +20,10 @@ _ROWS = 1 << 14  # rows hashed at a time: the (rows, d) uint64 temporary stays s
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _mix(xp: Any, h: Any) -> Any:
-    """splitmix64's finaliser, elementwise on uint64 (a bijection that spreads every bit)."""
+def splitmix64(xp: Any, h: Any) -> Any:
+    """splitmix64's finaliser, elementwise on uint64 (a bijection that spreads every bit): the
+    one row hash of the package (the digest's terms, the balancing's per-row keys), the same
+    bits with NumPy and CuPy."""
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return h ^ (h >> np.uint64(31))
@@ -29,7 +31,7 @@ def _mix(xp: Any, h: Any) -> Any:
 
 def _column_keys(xp: Any, d: int) -> Any:
     """An odd, well-mixed uint64 multiplier per column (a value's hash weight by position)."""
-    return _mix(xp, xp.arange(1, d + 1, dtype=xp.uint64) * _GOLDEN) | np.uint64(1)
+    return splitmix64(xp, xp.arange(1, d + 1, dtype=xp.uint64) * _GOLDEN) | np.uint64(1)
 
 
 def block_digest(xp: Any, block: Any, row_offset: int) -> int:
@@ -54,9 +56,9 @@ def block_digest(xp: Any, block: Any, row_offset: int) -> int:
     with np.errstate(over="ignore"):
         for s in range(0, n, _ROWS):
             part = bits[s : s + _ROWS].astype(xp.uint64)
-            row = _mix(xp, (part * keys[None, :]).sum(axis=1, dtype=xp.uint64))
+            row = splitmix64(xp, (part * keys[None, :]).sum(axis=1, dtype=xp.uint64))
             idx = xp.arange(row_offset + s, row_offset + s + part.shape[0], dtype=xp.uint64)
-            total += int(_mix(xp, row + idx * _GOLDEN).sum(dtype=xp.uint64))
+            total += int(splitmix64(xp, row + idx * _GOLDEN).sum(dtype=xp.uint64))
     return total & MASK
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from distributed import get_worker
 
 from .. import config
+from ..backends.digest import splitmix64
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
@@ -190,10 +191,8 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
 def _row_keys(xp: Any, rows: Any, salt: int) -> Any:
     """A pseudo-random uint64 per global row (SplitMix64 of the row and ``salt``), the same
     bits with NumPy and CuPy: which chunk or worker holds a row does not change its key."""
-    z = rows.astype(xp.uint64) + xp.uint64((salt * 0x9E3779B97F4A7C15) % (1 << 64))
-    z = (z ^ (z >> xp.uint64(30))) * xp.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> xp.uint64(27))) * xp.uint64(0x94D049BB133111EB)
-    return z ^ (z >> xp.uint64(31))
+    with np.errstate(over="ignore"):
+        return splitmix64(xp, rows.astype(xp.uint64) + xp.uint64((salt * 0x9E3779B97F4A7C15) % (1 << 64)))
 
 
 def _members(shard: Shard, over: np.ndarray, k: int, iteration: int, salt: int, be: Any) -> dict:
