@@ -298,13 +298,34 @@ class _Progress(Progress):
     """The fit's progress (:class:`daskmeans.progress.Progress`), and where a signal whose
     exception Python dropped is raised again (:func:`_check_interrupt`)."""
 
+    iteration = 0  # the last iteration reported
+
     def __call__(self, s: dict) -> None:
+        self.iteration = s["iteration"]
         _check_interrupt()
         super().__call__(s)
 
 
+# -q: a command that succeeds prints nothing (errors, warnings and interruptions still do).
+_quiet = False
+
+
 def _say(msg: str) -> None:
+    """A line about the work, on stderr; none under ``-q``."""
+    if not _quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _tell(msg: str) -> None:
+    """A line the user must see even under ``-q``: an error, a warning, an interruption."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def fit_seconds(timings: dict) -> float:
+    """A fit's time, the one every output states (the summary line, ``--timings``'
+    ``fit_seconds``, ``info``): the fit's own phases (plan, place, moments, init, iterations...,
+    as ``KMeans.timings_`` records them), without the command's imports, cluster and writes."""
+    return float(sum(v for k, v in timings.items() if k != "read"))
 
 
 _OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack")
@@ -398,8 +419,11 @@ def _cmd_fit(args) -> int:
                     km.fit(table, callback=progress, resume=args.resume)  # the header's names with it
                 except KeyboardInterrupt:
                     if getattr(km, "checkpoint_iteration_", None):
-                        _say(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
-                             f"continue with --resume")
+                        _tell(f"daskmeans: checkpoint of iteration {km.checkpoint_iteration_} in {args.checkpoint}; "
+                              f"continue with --resume")
+                    elif not args.checkpoint and progress.iteration:
+                        _tell(f"daskmeans: {progress.iteration} iterations were not kept: with --checkpoint PATH a "
+                              f"fit writes a restart point on Ctrl-C, and --resume continues from it")
                     raise
                 _check_interrupt()
             phase.update({f"fit {k}": v for k, v in km.timings_.items()})
@@ -409,7 +433,8 @@ def _cmd_fit(args) -> int:
                 _say(f"daskmeans: trained on a sample of {km.n_samples_fit_} of {X.shape[0]} rows "
                      f"(sample inertia {km.sample_inertia_:.6e}); the inertia below is over every row")
             _say(
-                f"daskmeans: {km.n_iter_} iterations in {time.perf_counter() - t0:.2f} s on {km.backend_}, "
+                f"daskmeans: fit in {fit_seconds(km.timings_):.2f} s ({km.n_iter_} iterations in "
+                f"{km.timings_.get('iterations', 0.0):.2f} s) on {km.backend_}, "
                 f"inertia {km.inertia_:.6e}{'' if km.converged_ else ' (not converged: max_iter reached)'}"
             )
             km.client = None
@@ -439,7 +464,8 @@ def _write_timings(path: str, phase: Phases, main_s: float, km) -> None:
 
     hist = km.history_
     doc = {
-        "phases": phase.seconds, "main_seconds": main_s, "n_iter": km.n_iter_,
+        "phases": phase.seconds, "main_seconds": main_s, "fit_seconds": fit_seconds(km.timings_),
+        "n_iter": km.n_iter_,
         "iteration_seconds": [h["seconds"] for h in hist],
         "kernel_seconds": [h["kernel_seconds"] for h in hist],
         "backend": km.backend_, "tier": km.tier_,
@@ -526,8 +552,12 @@ def _cmd_info(args) -> int:
           f"tier {attrs.get('tier')}")
     if attrs.get("best_run") is not None:
         print(f"best run     {attrs['best_run']} of {p.get('n_init')} (the lowest inertia of the --n-init runs)")
-    if hist and all("seconds" in h for h in hist):
-        print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s over {len(hist)} iterations")
+    timings = attrs.get("timings") or {}
+    if timings:
+        print(f"fit time     {fit_seconds(timings):.2f} s ({len(hist)} iterations in "
+              f"{timings.get('iterations', 0.0):.2f} s)")
+    elif hist and all("seconds" in h for h in hist):  # a model saved without its phases
+        print(f"fit time     {sum(h['seconds'] for h in hist):.2f} s in {len(hist)} iterations")
     print(f"version      daskmeans {attrs.get('daskmeans_version')}  format {attrs.get('format_version')}")
     print("parameters   " + "  ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
                                       for name, value in p.items()))
@@ -563,7 +593,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from .errors import DaskmeansWarning
 
     if issubclass(category, DaskmeansWarning):
-        _say(f"daskmeans: warning: {message}")
+        _tell(f"daskmeans: warning: {message}")
     else:
         (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
@@ -638,8 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from .errors import DaskmeansError
 
-    global _pending
+    global _pending, _quiet
     _pending = None
+    _quiet = bool(getattr(args, "quiet", False))
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -653,18 +684,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.flush()  # a reader gone away is found here, not at exit
                 return rc
         except DaskmeansError as e:
-            _say(f"daskmeans: error: {e}")
+            _tell(f"daskmeans: error: {e}")
             return 1
         except BrokenPipeError:
             raise
         except OSError as e:
             # The file system's or network's own refusal (a missing or unreadable file, a
             # full disk outside any output): one line, as any expected failure.
-            _say(f"daskmeans: error: {_os_error_line(e)}")
+            _tell(f"daskmeans: error: {_os_error_line(e)}")
             return 1
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated)
-            _say(f"daskmeans: {'terminated' if term else 'interrupted'}")
+            _tell(f"daskmeans: {'terminated' if term else 'interrupted'}")
             return 143 if term else 130
     except BrokenPipeError:
         return _EXIT_BROKEN_PIPE

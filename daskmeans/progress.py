@@ -93,7 +93,7 @@ class Steps:
     bar on a terminal (with a count and ETA where the step knows its total), else one line
     when it ends (``daskmeans: place: 12/12 chunks in 0.53 s``, ``daskmeans: init random in
     0.20 s``); nothing when ``quiet``.
-    Notes (``events.note``) are lines, also when ``quiet``.
+    Notes (``events.note``) are lines, none when ``quiet``.
 
     Parameters
     ----------
@@ -149,6 +149,8 @@ class Steps:
         self.name = None
 
     def note(self, line: str) -> None:
+        if self.quiet:  # -q: a command that succeeds prints nothing
+            return
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
         else:

@@ -219,4 +219,35 @@ def test_steps_are_plain_lines_off_a_terminal_and_nothing_with_quiet(data, tmp_p
     assert re.search(r"^daskmeans: place: 2/2 chunks in [\d.]+ s$", err, re.M), err
     assert re.search(r"^daskmeans: init k-means\|\|: 6/6 steps in [\d.]+ s$", err, re.M), err
     rc, _, err = run(capsys, "predict", tmp_path / "m.zarr", x, "-q", "--workers", "2", "-o", tmp_path / "p.zarr")
-    assert rc == 0 and "write labels" not in err and err.endswith("32000 labels written to " f"{tmp_path}/p.zarr\n")
+    assert rc == 0 and err == ""  # -q: a command that succeeds prints nothing
+
+
+def test_quiet_prints_nothing_on_success_but_errors_and_warnings(data, tmp_path, capsys):
+    d, x = data
+    rc, out, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "-q", "-o", tmp_path / "m.zarr")
+    assert (rc, out, err) == (0, "", "")
+    rc, out, err = run(capsys, "generate", "blobs", "--n", "1000", "--d", "2", "--centers", "2", "-q",
+                       "-o", tmp_path / "g.zarr")
+    assert (rc, out, err) == (0, "", "")
+    rc, _, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "-q", "-o", tmp_path / "m.zarr")
+    assert rc == 1 and err.startswith("daskmeans: error: ") and err.count("\n") == 1, err
+
+
+def test_one_fit_time_in_the_summary_the_timings_and_info(data, tmp_path, capsys):
+    """The summary line, ``--timings``' ``fit_seconds`` and ``info`` state one fit time (the
+    fit's own phases), and each says the iterations' part of it."""
+    import json
+
+    d, x = data
+    rc, _, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "-o", tmp_path / "m.zarr",
+                     "--timings", tmp_path / "t.json")
+    assert rc == 0
+    summary = re.search(r"^daskmeans: fit in ([\d.]+) s \((\d+) iterations in ([\d.]+) s\) on numpy", err, re.M)
+    assert summary, err
+    timings = json.loads((tmp_path / "t.json").read_text())
+    fit = timings["fit_seconds"]
+    assert summary.group(1) == f"{fit:.2f}"
+    assert fit == pytest.approx(sum(v for k, v in timings["phases"].items() if k.startswith("fit ") and k != "fit read"))
+    rc, out, _ = run(capsys, "info", tmp_path / "m.zarr")
+    line = re.search(r"^fit time +([\d.]+) s \((\d+) iterations in ([\d.]+) s\)$", out, re.M)
+    assert line and line.groups() == summary.groups(), out
