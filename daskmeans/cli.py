@@ -215,6 +215,13 @@ def _check_cluster_args(args) -> None:
             f"--workers {args.workers} applies to a local cluster only: with a scheduler ({source}) the cluster's "
             f"own workers are used"
         )
+    if getattr(args, "dashboard", False) and not address:
+        # Without bokeh the local cluster still starts and prints a URL whose pages are errors.
+        try:
+            import bokeh  # noqa: F401
+        except ImportError as e:
+            raise DaskmeansError(f"--dashboard needs bokeh, which cannot be imported ({e}): pip install "
+                                 f"'bokeh>=3.1', or leave out --dashboard") from None
 
 
 def _connect(args):

@@ -131,3 +131,95 @@ def test_the_estimator_holds_no_scheduling():
 ])
 def test_each_check_finds_each_kind_of_use(check, snippet):
     assert len(check(snippet)) == 1
+
+
+# ---------------------------------------------------------------- the layers of design.md
+
+
+def design_layers() -> list[tuple[str, list[str]]]:
+    """design.md's layer table, top to bottom: ``(layer, module prefixes)``, each prefix a
+    module (``daskmeans.cli``) or a package (``daskmeans.engine.``) named in its row."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "design.md")) as f:
+        text = f.read()
+    table = text[text.index("## Layers"):text.index("## Module map")]
+    layers = []
+    for row in re.findall(r"^\| (\w[\w/ ]*?) \| (.+) \|$", table, re.M):
+        name, cell = row
+        if name == "layer":
+            continue
+        prefixes = []
+        for token in re.findall(r"`([\w/.]+)`", cell):
+            if token.endswith("/"):
+                prefixes.append("daskmeans." + token[:-1].replace("/", ".") + ".")
+            elif token.endswith(".py"):
+                mod = token[:-3].replace("/", ".")
+                prefixes.append("daskmeans" if mod == "__init__" else f"daskmeans.{mod}")
+        layers.append((name, prefixes))
+    return layers
+
+
+def package_modules() -> list[str]:
+    mods = []
+    for dirpath, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].replace(os.sep, ".")
+                mods.append(rel[: -len(".__init__")] if rel.endswith(".__init__") else rel)
+    return sorted(mods)
+
+
+def layer_index(module: str, layers: list) -> int | None:
+    """The index (0 = top) of the layer holding ``module``; the most specific prefix wins."""
+    best = None
+    for i, (_, prefixes) in enumerate(layers):
+        for p in prefixes:
+            hit = module == p or (p.endswith(".") and module.startswith(p)) or (module + "." == p)
+            if hit and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def imports_of(module: str) -> list[tuple[str, int]]:
+    """The package's modules ``module`` imports (at any depth of its code), with the line."""
+    path = os.path.join(ROOT, *module.split(".")) + ".py"
+    if not os.path.exists(path):
+        path = os.path.join(ROOT, *module.split("."), "__init__.py")
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            base = source_module(node, package)
+            for a in node.names:  # from .. import config: the module daskmeans.config
+                target = f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base
+                if target.split(".")[0] == "daskmeans":
+                    found.append((target, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "daskmeans"]
+    return found
+
+
+def test_every_module_is_in_one_layer_of_design_md():
+    layers = design_layers()
+    assert [name for name, _ in layers] == ["command", "API", "views", "engine", "kernels", "I/O", "base"]
+    assert [m for m in package_modules() if layer_index(m, layers) is None] == []
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    layers = design_layers()
+    upward = []
+    for mod in package_modules():
+        mine = layer_index(mod, layers)
+        for target, line in imports_of(mod):
+            theirs = layer_index(target, layers)
+            if theirs is not None and theirs < mine:
+                upward.append(f"{mod}:{line} imports {target} ({layers[theirs][0]} above {layers[mine][0]})")
+    assert upward == []
+
+
+def test_the_layering_check_sees_an_upward_import():
+    """The check itself: the engine importing the command would be reported."""
+    layers = design_layers()
+    assert layer_index("daskmeans.engine.job", layers) > layer_index("daskmeans.cli", layers)
+    assert layer_index("daskmeans.events", layers) == len(layers) - 1

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -318,3 +320,20 @@ def test_verbose_lines_and_numbered_runs(blobs, capsys):
         assert its == list(range(1, len(its) + 1)) and its, heads
     assert len(heads) == sum(h[0] == "run" for h in heads)
     assert all(" imbalance " in x and x.endswith(" GB/s") for x in lines), lines
+
+
+def test_a_dashboard_without_bokeh_is_one_line_before_any_work(tmp_path):
+    """``--dashboard`` where bokeh cannot be imported (a package of that name that raises, on
+    the path first): one error line naming bokeh, exit 1, no cluster started, no model; it
+    printed a dashboard URL whose pages were errors."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((100, 2)).astype(np.float32))
+    site = tmp_path / "site"
+    (site / "bokeh").mkdir(parents=True)
+    (site / "bokeh" / "__init__.py").write_text("raise ImportError('No module named bokeh.server')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "daskmeans", "fit", str(tmp_path / "x.npy"), "--k", "2", "--dashboard",
+                        "-o", str(tmp_path / "m.zarr")], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.startswith("daskmeans: error: --dashboard needs bokeh") and p.stderr.count("\n") == 1, p.stderr
+    assert "pip install 'bokeh>=3.1'" in p.stderr and "http" not in p.stderr
+    assert not (tmp_path / "m.zarr").exists()
