@@ -35,7 +35,8 @@ from .io.readers import Table, file_of, read, read_table, read_weights
 from . import config
 from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
-from .progress import Progress
+from .events import watched, watching
+from .progress import Progress, Steps
 from .sampling import all_rows_stats, draw_cut, sample_size, take
 from .seeding import REGISTRY as INITS
 from .timing import Phases
@@ -514,7 +515,11 @@ class KMeans:
             None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
             max_imbalance=self.max_imbalance,
         )
-        with using_client(self.client, self.backend, exclusive=True) as client:
+        # verbose >= 1: the long steps before the iterations (placing, moments, the init) as
+        # lines too, where no command shows them already.
+        steps = watching(Steps(False, stream=sys.stdout, live=False)) if self.verbose and not watched() \
+            else contextlib.nullcontext()
+        with using_client(self.client, self.backend, exclusive=True) as client, steps:
             if m is not None:
                 with phase("sample"):
                     cut = draw_cut(client, X.chunks[0], m, seed)

@@ -42,6 +42,11 @@ def watching(steps: Watcher) -> Iterator[Watcher]:
         _watcher.reset(token)
 
 
+def watched() -> bool:
+    """Whether a command (or an estimator's ``verbose``) shows the steps reported here."""
+    return _watcher.get() is not None
+
+
 @contextlib.contextmanager
 def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
     """A long step named ``name``, of ``total`` units (chunks, rounds, blocks) if known.
