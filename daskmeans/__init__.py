@@ -14,14 +14,17 @@ from .version import __version__
 if _typing.TYPE_CHECKING:  # pragma: no cover
     from .engine.reuse import release
     from .estimator import KMeans
-    from .io.readers import read
+    from .datasets import make_blobs
+    from .io.model_store import write_data as write
+    from .io.readers import read, read_table
     from .minibatch import MiniBatchKMeans
     from .sweep import sweep
 
 # Public name -> (module, attribute), imported on first use.
-_LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read"),
+_LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read"), "read_table": ("io.readers", "read_table"),
          "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", "sweep"),
-         "release": ("engine.reuse", "release")}
+         "release": ("engine.reuse", "release"), "write": ("io.model_store", "write_data"),
+         "make_blobs": ("datasets", "make_blobs")}
 
 
 def __getattr__(name: str) -> object:
@@ -59,5 +62,5 @@ def load(path: str) -> "KMeans":
     return KMeans.load(path)
 
 
-__all__ = ["KMeans", "MiniBatchKMeans", "sweep", "read", "load", "release", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
+__all__ = ["KMeans", "MiniBatchKMeans", "sweep", "read", "read_table", "write", "make_blobs", "load", "release", "DaskmeansError", "DaskmeansWarning", "DataError", "InvalidParameterError",
            "NotFittedError"]

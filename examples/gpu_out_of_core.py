@@ -17,15 +17,13 @@ from dask_cuda import LocalCUDACluster
 from distributed import Client
 
 import daskmeans
-from daskmeans.datasets import make_blobs
-from daskmeans.io.model_store import write_array
 
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     # 16 million rows x 16 float32 features: 1 GiB, written chunk by chunk.
-    X, _ = make_blobs(16_000_000, 16, 64, cluster_std=2.0, random_state=0)
-    write_array(X, str(out / "big.zarr"))
+    X, _ = daskmeans.make_blobs(16_000_000, 16, 64, cluster_std=2.0, random_state=0)
+    daskmeans.write(X, str(out / "big.zarr"))
 
     with LocalCUDACluster(dashboard_address=":0") as cluster, Client(cluster):
         X = daskmeans.read(out / "big.zarr")

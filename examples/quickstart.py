@@ -12,16 +12,14 @@ import numpy as np
 from distributed import Client, LocalCluster
 
 import daskmeans
-from daskmeans.datasets import make_blobs
-from daskmeans.io.model_store import write_array
 
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster):
         # 200,000 rows around 6 centres, written chunk by chunk: nothing is held whole in memory.
-        X, true_centers = make_blobs(200_000, 10, 6, random_state=0)
-        write_array(X, str(out / "blobs.zarr"))
+        X, true_centers = daskmeans.make_blobs(200_000, 10, 6, random_state=0)
+        daskmeans.write(X, str(out / "blobs.zarr"))
 
         X = daskmeans.read(out / "blobs.zarr")  # lazy (n, d) Dask array of row chunks
         km = daskmeans.KMeans(n_clusters=6, random_state=0).fit(X)

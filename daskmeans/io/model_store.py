@@ -336,6 +336,23 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
             _run_writes(writes)
 
 
+def write_data(X: Any, path: str) -> None:
+    """Write the rows ``X`` (n, d) as a daskmeans data store at ``path``: a Zarr array in
+    row chunks, written atomically block by block (nothing larger than one chunk in memory),
+    the format :func:`daskmeans.read` reads fastest and ``daskmeans generate`` writes.
+
+    Parameters
+    ----------
+    X : array (n, d)
+        A Dask array, or anything :func:`daskmeans.read` takes (NumPy, a DataFrame...).
+    path : str
+        A new path, or a daskmeans data store to replace.
+    """
+    from .readers import read
+
+    write_array(read(X), os.fspath(path), kind="data")
+
+
 def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[int, ...]) -> None:
     """On a worker: write one block into the array at ``root`` (``name`` in its group).
 

@@ -40,3 +40,24 @@ def test_dir_is_all_after_a_fit_and_every_name_resolves(client):
     assert defined <= set(daskmeans.__all__)
     for leaked in ("Any", "TYPE_CHECKING", "annotations"):
         assert not hasattr(daskmeans, leaked)
+
+
+def test_the_examples_and_the_readme_use_public_names_only():
+    """The examples (scripts and the notebook) and the README's code import daskmeans' public
+    namespace only: no ``from daskmeans.<module> import`` and no ``daskmeans.<module>.`` path."""
+    import re
+
+    texts = {}
+    for name in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        path = os.path.join(ROOT, "examples", name)
+        if name.endswith(".py"):
+            texts[name] = open(path).read()
+        elif name.endswith(".ipynb"):
+            cells = json.load(open(path))["cells"]
+            texts[name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    texts["README.md"] = "\n".join(re.findall(r"```python\n(.*?)```", readme, re.S))
+    assert len(texts) >= 5
+    private = {name: re.findall(r"from daskmeans\.\w[\w.]* import|daskmeans\.[a-z_]+\.[a-z_]", text)
+               for name, text in texts.items()}
+    assert {name: found for name, found in private.items() if found} == {}
