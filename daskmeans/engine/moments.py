@@ -89,12 +89,13 @@ def data_moments(client: Client, placement: Placement, digest: bool = False) -> 
     (res,) = gather(client, [client.submit(_merge, futs, pure=False)], placement)
     if res["bad"] is not None:
         raise DataError(
-            f"X contains {res['n_bad']} NaN or infinite value(s), the first in row {res['bad']}: clean or drop "
-            f"those rows (in a CSV file, an empty or missing field reads as NaN)"
+            f"X contains {res['n_bad']} NaN or infinite value(s), the first in row {res['bad']} (rows of data counted "
+            f"from 0; in a CSV file with a header that is line {res['bad'] + 2}): clean or drop those rows (in a CSV "
+            f"file, an empty or missing field reads as NaN)"
         )
     if res["bad_w"] is not None:
         raise DataError(f"sample_weight contains {res['n_bad_w']} NaN or infinite value(s), the first at row "
-                        f"{res['bad_w']}: weights should be finite and >= 0")
+                        f"{res['bad_w']} (counted from 0): weights should be finite and >= 0")
     if res["neg_w"]:
         raise DataError("sample_weight has negative values: weights should be >= 0")
     if res["wsum"] <= 0:

@@ -72,7 +72,8 @@ CASES = [
     (["fit", "{d}/late.csv", "--k", "2", "--workers", "1"],
      ["column 'b' of {d}/late.csv is not numeric (line 302 has 'oops')"]),
     (["fit", "{d}/ragged.csv", "--k", "2", "--workers", "1"],
-     ["X contains 1 NaN or infinite value(s), the first in row 2", "an empty or missing field reads as NaN"]),
+     ["X contains 1 NaN or infinite value(s), the first in row 2 (rows of data counted from 0; in a CSV file with a "
+      "header that is line 4)", "an empty or missing field reads as NaN"]),
     (["fit", "{d}/nan.npy", "--k", "2", "--workers", "1"], ["X contains 2 NaN or infinite value(s), the first in row 7"]),
     (["fit", "{d}/ok.npy", "--k", "101"], ["n_samples=100 should be >= n_clusters=101"]),
     (["fit", "{d}/ok.npy", "--k", "3", "--init", "{d}/init35.npy"],

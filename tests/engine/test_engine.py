@@ -470,7 +470,9 @@ def test_verbose_prints_each_iteration_of_each_run(client, randn_small, capsys):
     out = capsys.readouterr().out.splitlines()
     # The long steps before the iterations, a line each (issue 47: the API showed nothing of them).
     steps = [x for x in out if x.startswith("daskmeans: ")]
-    assert [x.split()[1].rstrip(":") for x in steps if " in " in x] == ["place", "moments", "init", "init"], steps
+    names = [x.split()[1].rstrip(":") for x in steps if " in " in x]
+    # (the moments pass only where no earlier fit of this data on the client kept them)
+    assert names in (["place", "moments", "init", "init"], ["place", "init", "init"]), steps
     lines = [x for x in out if not x.startswith("daskmeans: ")]
     assert len(lines) == len(seen) and len(seen) >= km.n_iter_  # every iteration of both runs
     for line, s in zip(lines, seen):

@@ -473,7 +473,8 @@ def test_csv_missing_value_is_refused_by_fit(client, tmp_path):
     path.write_text("a,b\n1,2\n3,\n5,6\n7,8\n")
     x = read(str(path))
     assert np.isnan(x.compute()[1, 1])
-    with pytest.raises(DataError, match=r"X contains 1 NaN or infinite value\(s\), the first in row 1: .*"
+    with pytest.raises(DataError, match=r"X contains 1 NaN or infinite value\(s\), the first in row 1 \(rows of data "
+                                        r"counted from 0; in a CSV file with a header that is line 3\): .*"
                                         r"\(in a CSV file, an empty or missing field reads as NaN\)"):
         KMeans(2, client=client).fit(str(path))
 
