@@ -71,9 +71,10 @@ class KillOnTask(WorkerPlugin):
     with ``prefix`` starts executing.
 
     ``skip``: let that many such task starts (on any worker) pass first. ``every_worker``:
-    each worker kills itself at its own first such task (else: exactly one kill in all). The
-    kill is recorded in ``flags/killed*`` (the key and the worker's address). ``pid``: kill
-    that process group instead (the scheduler's), once."""
+    each worker kills itself at its own first such task after ``skip`` of its own (else:
+    exactly one kill in all). The kill is recorded in ``flags/killed*`` (the key, the worker's
+    address and its process id). ``pid``: kill that process group instead (the scheduler's),
+    once."""
 
     def __init__(self, prefix: str, flags: str | Path, skip: int = 0, every_worker: bool = False,
                  pid: int | None = None):
@@ -95,7 +96,12 @@ class KillOnTask(WorkerPlugin):
         note = f"{name} {self.address} {os.getpid()}"
         if self.every_worker:
             tag = "".join(c if c.isalnum() else "_" for c in self.address)
-            if not _claim(flags / f"killed-{tag}", note):
+            for i in range(self.skip + 1):  # this worker's own task starts, counted
+                if _claim(flags / f"seen-{tag}-{i}"):
+                    break
+            else:
+                return
+            if i != self.skip or not _claim(flags / f"killed-{tag}", note):
                 return
         else:
             for i in range(self.skip + 1):  # the lowest free index is this task start's
