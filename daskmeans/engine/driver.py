@@ -10,7 +10,8 @@ Centroids stay on the workers between segments; only statistics travel to the cl
 worker is lost the client aborts the segment on the others (their collectives raise instead of
 waiting), takes the restart point from a survivor (the centroids every rank had when the
 segment began), places the data again on the workers left, and restarts the segment: the
-result is bitwise that of an undisturbed run.
+result is bitwise that of an undisturbed run. A worker silent for the collective's timeout (a
+stopped process) is retired and lost the same way (:mod:`daskmeans.liveness`).
 """
 
 from __future__ import annotations
@@ -69,15 +70,16 @@ def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, request
 
 def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
     """Results of one segment's tasks; :class:`WorkerLost` when a rank's worker leaves the
-    cluster, or a rank's error: either way the other ranks' collectives are aborted first
-    (within a bound: the abort reaches every listed worker that still answers, and waits for
-    none that does not)."""
+    cluster or is hung (silent for the collective's timeout: see :func:`watch`), or a rank's
+    error: either way the other ranks' collectives are aborted first (within a bound: the
+    abort reaches every listed worker that still answers, and waits for none that does not)."""
 
     def stop(ranks: list) -> None:
         with contextlib.suppress(TimeoutError):
             run_bounded(client, coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
 
-    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,))
+    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,),
+                 hung_after=spec.timeout)
 
 
 def run_lloyd(

@@ -157,6 +157,32 @@ class ReplaceOnTask(KillOnTask):
             super().act()
 
 
+class StopOnTask(KillOnTask):
+    """:class:`KillOnTask`'s choice of a task start, whose act is SIGSTOP of the worker's own
+    process: a worker hung for good (its process id is in the record, for the test to end
+    it: :func:`end_stopped`)."""
+
+    def __init__(self, prefix: str, flags: str | Path, skip: int = 0):
+        super().__init__(prefix, flags, skip)
+        self.name = f"daskmeans-faults-stop-{prefix}"
+
+    def act(self) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stopped_pids(flags: Path) -> list[int]:
+    """The process ids :class:`StopOnTask` stopped (the last field of each record)."""
+    return [int(line.split()[-1]) for line in kills(flags)]
+
+
+def end_stopped(flags: Path) -> None:
+    """SIGKILL (which a stopped process takes at once) every process :class:`StopOnTask`
+    stopped: none outlives the test."""
+    for pid in stopped_pids(flags):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def kills(flags: Path) -> list[str]:
     """What :class:`KillOnTask` recorded: one ``key address pid`` line per kill."""
     return [p.read_text() for p in sorted(flags.glob("killed*"))]
@@ -461,11 +487,12 @@ class Data:
 
 
 def daskmeans_cli(cluster: DaskProcesses, *argv: str, cwd: Path, timeout: float = 120,
-                  guard: bool = True, stuck_after: float = 3.0) -> tuple[int, str, str]:
+                  guard: bool = True, stuck_after: float = 3.0, env: dict | None = None) -> tuple[int, str, str]:
     """``python -m daskmeans ARGV --scheduler-file ...`` (segments of 0.02 s, so that a fit
-    has several): ``(rc, stdout, stderr)``. ``guard``: :class:`Stuck` as soon as
-    the scheduler holds tasks pinned to lost workers (the command would hang)."""
-    env = environment(DASK_DASKMEANS__SEGMENT_SECONDS="0.02")
+    has several; ``env``: more variables): ``(rc, stdout, stderr)``. ``guard``:
+    :class:`Stuck` as soon as the scheduler holds tasks pinned to lost workers (the command
+    would hang)."""
+    env = environment(**{"DASK_DASKMEANS__SEGMENT_SECONDS": "0.02", **(env or {})})
     p = subprocess.Popen([sys.executable, "-m", "daskmeans", *argv, "--scheduler-file", str(cluster.scheduler_file)],
                          cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
