@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import signal
@@ -352,13 +353,29 @@ def _command_process(dashboard: bool = False) -> None:
     - without a ``dashboard``, nor Jinja (~0.02 s): Dask and distributed load it only for
       their HTML views (notebook reprs, the dashboard's pages), which the command never shows;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
-      and its cluster closes) stay out of the command's output, where errors are one line;
-      the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins.
+      or its scheduler is lost) stay out of the command's output, where errors are one line;
+      the user's ``DASK_DISTRIBUTED__LOGGING__DISTRIBUTED`` wins. Dask reads its environment
+      once, when it is imported, and parsing a size option (``--chunk-bytes 4MiB``) has
+      imported it already: the setting goes into its configuration too, before distributed
+      sets up its loggers. It does not reach ``distributed.client``, which Dask configures on
+      its own (``warning``): its errors (a lost scheduler's failed reconnection, 30 s on) are
+      dropped by a filter, which Dask's set-up at import leaves in place.
     """
     for name in _OPTIONAL_IMPORTS + (() if dashboard else _HTML_IMPORTS):
         if name not in sys.modules:
             sys.modules[name] = None  # `import name` raises ImportError here: Dask goes on without it
-    os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "critical")
+    if "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED" not in os.environ:
+        os.environ["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = "critical"  # and the processes started here
+        if "dask.config" in sys.modules:
+            import dask.config
+
+            dask.config.set({"distributed.logging.distributed": "critical"})
+        logging.getLogger("distributed.client").addFilter(_below_critical)
+
+
+def _below_critical(record: "logging.LogRecord") -> bool:
+    """A logging filter: only critical records pass (the command's Dask client)."""
+    return record.levelno >= logging.CRITICAL
 
 
 def _cmd_fit(args) -> int:

@@ -292,8 +292,9 @@ def place(
     persisted = client.persist(arrays) if arrays else []
     xfuts = futures_of(persisted[0]) if tier != "storage" else []
     wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
-    # Never forever: a lost scheduler, or no worker left, ends the wait in one line.
-    wait_on_cluster(client, xfuts + (wfuts or []))
+    # Never forever: a lost scheduler, or no worker left, ends the wait in one line; a hung
+    # worker is retired (its tasks run elsewhere).
+    wait_on_cluster(client, xfuts + (wfuts or []), hung_after=config.get_seconds("collective-timeout"))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
     xkeys = list(_row_keys(persisted[0])) if tier != "storage" else [None] * X.numblocks[0]
@@ -353,7 +354,7 @@ def place(
     # A worker lost meanwhile is a WorkerLost (the fit places its data again), not a shard
     # made elsewhere: each rank's shard must live on its rank's worker.
     ranks = [w for w, _ in groups]
-    watch(client, shards, ranks, fetch=False)
+    watch(client, shards, ranks, fetch=False, hung_after=config.get_seconds("collective-timeout"))
     where = client.who_has(shards)
     astray = [w for f, w in zip(shards, ranks) if w not in where.get(f.key, ())]
     if astray:
@@ -468,8 +469,9 @@ def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
 
 def gather(client: Client, futs: list, placement: "Placement") -> list:
     """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
-    :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone."""
-    return watch(client, futs, placement.workers)
+    :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone, or silent
+    for longer than the collective's timeout (hung: see :func:`watch`)."""
+    return watch(client, futs, placement.workers, hung_after=config.get_seconds("collective-timeout"))
 
 
 # How long a look at the worker list may take: a scheduler that died since the client last
@@ -504,11 +506,17 @@ def _lost_ranks(client: Client, ranks: set) -> set:
 NO_WORKER_SECONDS = 10.0
 
 
-def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WORKER_SECONDS) -> None:
+def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WORKER_SECONDS,
+                    hung_after: float | None = None) -> None:
     """Wait for ``futs``, tasks that any worker may run (a placement's persisted chunks), as
     ``distributed.wait`` does, but never forever: :class:`SchedulerLost` when the scheduler
     goes, a :class:`DaskmeansError` when the cluster has had no worker for
-    ``no_worker_seconds``, a task's error raised, a cancellation a DaskmeansError."""
+    ``no_worker_seconds``, a task's error raised, a cancellation a DaskmeansError. With
+    ``hung_after`` (seconds), a worker silent that long is retired
+    (:func:`daskmeans.liveness.retire`): the scheduler runs its tasks on the others."""
+    from .liveness import Silence, retire
+
+    silence = Silence(client, None, hung_after) if hung_after is not None else None
     empty_since = None
     while True:
         wait_a_little(client, futs)
@@ -522,6 +530,10 @@ def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WO
             check_scheduler(client)
             raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
         workers = _workers(client)
+        if silence is not None:
+            hung = silence.look()
+            if hung:
+                retire(client, sorted(hung), hung)
         now = time.monotonic()
         if workers is None or workers:
             empty_since = None
@@ -575,6 +587,7 @@ def watch(
     fetch: bool = True,
     stop: Callable[[list], None] | None = None,
     peer_loss: tuple = (),
+    hung_after: float | None = None,
 ) -> list | None:
     """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
     those workers; their results (``fetch``), or None.
@@ -586,8 +599,18 @@ def watch(
     peers must not wait for it), then the error; an error of a ``peer_loss`` type (a task that
     gave up on a lost peer), or a cancellation, first gives a worker's loss time to reach the
     worker list.
+
+    With ``hung_after`` (seconds; the collective's timeout), a worker that sends the scheduler
+    no heartbeat for that long, or for half of it once a ``peer_loss`` error says a peer gave
+    up waiting, is hung: a note says whom the wait is for while it lasts, then the worker is
+    retired (:func:`daskmeans.liveness.retire`) and lost as above (``stop`` of the others,
+    :class:`WorkerLost`): a stopped worker keeps its connections, and Dask would list it for
+    its ``worker-ttl`` (5 minutes) while its tasks wait.
     """
+    from .liveness import Silence
+
     ranks = set(workers)
+    silence = Silence(client, workers, hung_after) if hung_after is not None else None
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]  # one look: they change as we go
@@ -599,6 +622,8 @@ def watch(
                 stop(sorted(ranks - lost))
             client.cancel(futs)
             raise WorkerLost(sorted(lost))
+        if silence is not None:
+            _give_up_on_hung(client, futs, workers, silence.look(), stop)
         if "error" not in status and "cancelled" not in status:
             continue
         failed = futs[status.index("error")] if "error" in status else None
@@ -606,11 +631,30 @@ def watch(
             time.sleep(0.5)
             if _lost_ranks(client, ranks):
                 continue
+            if silence is not None and failed is not None:
+                _give_up_on_hung(client, futs, workers, silence.confirm(), stop)
         if stop is not None:
             stop(sorted(ranks - _lost_ranks(client, ranks)))
         if failed is None:  # cancelled from elsewhere (another client, the scheduler)
             raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
         failed.result()  # raises the task's error, with its traceback
+
+
+def _give_up_on_hung(client: Client, futs: list, workers: Sequence[str], hung: dict,
+                     stop: Callable[[list], None] | None) -> None:
+    """With ``hung`` (worker: seconds silent) not empty: retire those workers, ``stop`` the
+    others, cancel ``futs`` and raise :class:`WorkerLost` naming them, as for workers killed."""
+    if not hung:
+        return
+    from .liveness import retire
+
+    gone = sorted(hung)
+    retire(client, gone, hung, workers)
+    left = sorted(set(workers) - set(gone) - _lost_ranks(client, set(workers)))
+    if stop is not None and left:
+        stop(left)
+    client.cancel(futs)
+    raise WorkerLost(gone)
 
 
 def cancel_reason(futs: list) -> str:

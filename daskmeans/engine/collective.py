@@ -17,7 +17,8 @@ placement, and what the client makes for it once (a token every rank connects wi
 One worker takes :class:`SingleRank`. Adding a collective is one module and one entry here;
 the command's ``--collective`` choices are :data:`COLLECTIVES`. The mailbox, the client's
 abort and the :class:`Collective` protocol every kind satisfies are in :mod:`.mailbox`: a rank
-that waits too long, or whose fit the client aborted, raises :class:`CollectiveAborted`.
+whose fit the client aborted raises :class:`CollectiveAborted`, one that waited the
+collective's timeout for a peer :class:`PeerTimeout`, naming the peer where it knows it.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ from ..errors import DaskmeansError
 from ..placement import Placement
 from .dask_collective import DaskCollective
 from .mailbox import (  # re-exported: the engine's one door to collectives
-    OPEN, Collective, CollectiveAborted, CollectiveSpec, abort, install_mailbox, mailbox, release,
+    OPEN, Collective, CollectiveAborted, CollectiveSpec, PeerTimeout, abort, install_mailbox, mailbox, release,
 )
 from .nccl_collective import NcclCollective, gpu_device, nccl_available, nccl_unique_id
 
 __all__ = ["COLLECTIVES", "REGISTRY", "SINGLE", "Collective", "CollectiveAborted", "CollectiveSpec", "DaskCollective",
-           "Kind", "NcclCollective", "SingleRank", "abort", "choose_collective", "install_mailbox", "mailbox",
-           "make_spec", "nccl_unique_id", "open_collective", "release"]
+           "Kind", "NcclCollective", "PeerTimeout", "SingleRank", "abort", "choose_collective", "install_mailbox",
+           "mailbox", "make_spec", "nccl_unique_id", "open_collective", "release"]
 
 
 class SingleRank:

@@ -38,7 +38,7 @@ import numpy as np
 from distributed.comm import get_address_host
 
 from . import shm
-from .mailbox import HANDLER, CollectiveAborted, CollectiveSpec, mailbox
+from .mailbox import HANDLER, CollectiveAborted, CollectiveSpec, PeerTimeout, mailbox
 
 _SEND_LOOP: list[asyncio.AbstractEventLoop] = []
 _SEND_LOOP_LOCK = threading.Lock()
@@ -146,6 +146,7 @@ class DaskCollective:
 
         fut = asyncio.run_coroutine_threadsafe(send(), loop)
         fut.add_done_callback(lambda _: self.box.wake())  # a failed send ends the rank's waits
+        fut.daskmeans_dest = dest  # whom a send that never ends waits for (_wait_sends)
         self._sends.append(fut)
         return queue
 
@@ -163,19 +164,29 @@ class DaskCollective:
                 raise CollectiveAborted(f"rank {self.rank} could not reach its peers: {type(e).__name__}: {e}")
 
     def _wait_sends(self) -> None:
-        """Until every send is answered; gives up when the client aborts the fit or time is out
-        (connecting to a dead peer can take Dask's whole connect timeout)."""
+        """Until every send is answered; gives up when the client aborts the fit, or, naming the
+        peer (:class:`PeerTimeout`), when time is out (connecting to a dead peer can take Dask's
+        whole connect timeout; a stopped peer accepts the bytes but never answers)."""
         fit_id, epoch = self.spec.fit_id, self.spec.epoch
-        deadline = time.monotonic() + self.spec.timeout
+        timeout = self.spec.timeout
+        deadline = time.monotonic() + timeout
         pending = set(self._sends)
         while pending:
             _, pending = concurrent.futures.wait(pending, timeout=0.2, return_when=concurrent.futures.FIRST_EXCEPTION)
             self._check_sends()
-            if pending and (self.box.is_aborted(fit_id, epoch) or time.monotonic() > deadline):
+            if pending and self.box.is_aborted(fit_id, epoch):
                 raise CollectiveAborted(f"rank {self.rank} of fit {fit_id}: send aborted (a peer may be lost)")
+            if pending and time.monotonic() > deadline:
+                peer = min(getattr(f, "daskmeans_dest", self.size) for f in pending)
+                address = self.spec.ranks[peer] if peer < self.size else None
+                who = f"rank {peer}" + (f" (worker {address})" if address else "")
+                raise PeerTimeout(
+                    f"rank {self.rank} of fit {fit_id}: no answer from {who} in {timeout:.0f} s: a worker may be "
+                    f"lost or hung", peer if peer < self.size else None, address, timeout,
+                )
 
     def _take(self, tag: tuple) -> np.ndarray:
-        return self.box.take(tag, self.spec.fit_id, self.spec.timeout, check=self._check_sends)
+        return self.box.take(tag, self.spec.fit_id, self.spec.timeout, check=self._check_sends, ranks=self.spec.ranks)
 
     def _out(self, n: int, be: Any) -> np.ndarray:
         """An int64 array of ``n`` for the sum: the caller's own for NumPy buffers; for GPU

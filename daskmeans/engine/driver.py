@@ -10,24 +10,29 @@ Centroids stay on the workers between segments; only statistics travel to the cl
 worker is lost the client aborts the segment on the others (their collectives raise instead of
 waiting), takes the restart point from a survivor (the centroids every rank had when the
 segment began), places the data again on the workers left, and restarts the segment: the
-result is bitwise that of an undisturbed run.
+result is bitwise that of an undisturbed run. A worker silent for the collective's timeout (a
+stopped process) is retired and lost the same way (:mod:`daskmeans.liveness`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import uuid
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from distributed import Client
+from distributed import Client, wait
 
 from .. import config
 from ..backends.grid import Grid
+from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
-from ..placement import Placement, WorkerLost, blas_capped, submit_per_shard, watch
+from ..liveness import LOOK_SECONDS, run_bounded
+from ..placement import Placement, WorkerLost, _forget_traceback, blas_capped, submit_per_shard, watch
 from . import collective as coll
 from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
 
@@ -65,12 +70,16 @@ def _spec(client: Client, placement: Placement, fit_id: str, epoch: int, request
 
 def _await(client: Client, futs: list, placement: Placement, spec: coll.CollectiveSpec) -> list:
     """Results of one segment's tasks; :class:`WorkerLost` when a rank's worker leaves the
-    cluster, or a rank's error: either way the other ranks' collectives are aborted first."""
+    cluster or is hung (silent for the collective's timeout: see :func:`watch`), or a rank's
+    error: either way the other ranks' collectives are aborted first (within a bound: the
+    abort reaches every listed worker that still answers, and waits for none that does not)."""
 
     def stop(ranks: list) -> None:
-        client.run(coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
+        with contextlib.suppress(TimeoutError):
+            run_bounded(client, coll.abort, spec.fit_id, epoch=spec.epoch, workers=ranks)
 
-    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,))
+    return watch(client, futs, placement.workers, stop=stop, peer_loss=(coll.CollectiveAborted,),
+                 hung_after=spec.timeout)
 
 
 def run_lloyd(
@@ -138,6 +147,7 @@ def run_lloyd(
     history: list[dict] = list(start.history or []) if start is not None else []
     start = start if start is not None else Start(0, np.asarray(centroids, np.float64))
     saver = _Checkpointer(client, checkpoint, checkpoint_every, len(history))
+    failing = 0.0  # once the run fails: the deadline of what is done before the error goes on
     epoch = 0
     workers_seen: set[str] = set()
     try:
@@ -166,20 +176,24 @@ def run_lloyd(
                 placement = replan()
                 epoch += 1
     except BaseException:
-        # Interrupted, or a rank failed: no segment may go on running on the others. With the
-        # scheduler gone there is no one to tell, nor a restart point to fetch (each call
-        # would wait for a reconnection).
-        if client.status == "running":
+        # Interrupted, or a rank failed: no segment may go on running on the others, and the
+        # last checkpoint is brought up to date where a live worker has a later restart point.
+        # Each call is bounded (FAILING_SECONDS) and goes to the workers the scheduler still
+        # lists: the error (or the interrupt) is never held up by a lost or stopped worker,
+        # and with the scheduler gone nothing is tried (each call would wait for a reconnection).
+        failing = time.monotonic() + FAILING_SECONDS  # for all of it, the release below too
+        with contextlib.suppress(Exception):  # never mask the error or the interrupt
+            # Delivered at once to every worker that answers; the bound only ends the wait
+            # for the answers of those that do not.
+            run_bounded(client, coll.abort, fit_id, workers=sorted(workers_seen), seconds=ABORT_SECONDS)
+        if saver.wanted:
             with contextlib.suppress(Exception):
-                client.run(coll.abort, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
-            if saver.wanted:
-                with contextlib.suppress(Exception):  # never mask the interrupt
-                    saver.save(_restart_point(client, placement, [], history))
+                saver.save(_restart_point(client, placement, [], history, seconds=_left(failing)))
         raise
     finally:
-        if client.status == "running":
-            with contextlib.suppress(Exception):
-                client.run(coll.release, fit_id, workers=sorted(workers_seen & set(client.nthreads())))
+        with contextlib.suppress(Exception):
+            run_bounded(client, coll.release, fit_id, workers=sorted(workers_seen),
+                        seconds=_left(failing) if failing else FAILING_SECONDS)
     res0 = results[0]
     final = _final_states(client, placement, np.asarray(res0["centroids"]), precision)
     last = history[-1] if history else {"reassigned": 1, "shift": np.inf}
@@ -202,7 +216,9 @@ def _final_states(client: Client, placement: Placement, centroids: np.ndarray, p
 
 
 class _Checkpointer:
-    """Calls the checkpoint hook every ``every`` iterations (at segment ends) and on demand."""
+    """Calls the checkpoint hook every ``every`` iterations (at segment ends) and on demand,
+    only ever with a later restart point than the last one written (or resumed from): a
+    failing fit's restart point never replaces a checkpoint with an earlier one."""
 
     def __init__(self, client: Client, hook: Callable[[Start], None] | None, every: int, done: int):
         self.client, self.hook, self.every, self.last = client, hook, max(1, int(every or 1)), done
@@ -211,10 +227,11 @@ class _Checkpointer:
 
     def maybe(self, placement: Placement, history: list) -> None:
         if self.wanted and len(history) - self.last >= self.every:
-            self.save(_restart_point(self.client, placement, [], history))
+            # Every rank has just finished the segment: one answer is enough.
+            self.save(_restart_point(self.client, placement, [], history, width=1))
 
     def save(self, start: Start | None) -> None:
-        if start is not None and start.iteration > 0:
+        if start is not None and start.iteration > max(0, self.last):
             self.hook(start)
             self.last, self.saved = start.iteration, start
 
@@ -253,22 +270,103 @@ def _report(results: list, history: list, callback: Callable[[dict], None] | Non
             callback(stats)
 
 
-def _restart_point(client: Client, placement: Placement, lost: list, history: list) -> Start | None:
+# How long the restart point may take: after a lost worker (the survivors' aborted segments
+# stop within a tile, then answer at once: a survivor silent this long is hung too), and when
+# the fit fails or is interrupted (its last checkpoint: the error is never held up longer).
+RESTART_SECONDS = 30.0
+FAILING_SECONDS = 5.0
+ABORT_SECONDS = 2.0  # the abort of a failing fit's segments, within FAILING_SECONDS
+
+
+def _restart_point(client: Client, placement: Placement, lost: list, history: list, *,
+                   seconds: float = RESTART_SECONDS, width: int | None = None) -> Start | None:
     """The state every rank had when the aborted segment began, from a surviving rank (None:
     no rank got as far as a segment, so the placement's own start stands). Its statistics are
     the client's ``history`` where the client has them (a rank's own carry its own kernel
-    times, not the slowest rank's), then the survivor's for iterations never reported."""
-    survivors = [(s, w) for s, w in zip(placement.shards, placement.workers) if w not in lost]
-    if not survivors:
-        raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
-    for shard, w in survivors:
-        try:
-            start = client.submit(restart_state, shard, workers=[w], allow_other_workers=False, pure=False).result(
-                timeout=60
-            )
-        except Exception:  # that worker went too: try the next
-            continue
-        if start is not None and start.history is not None:
-            start.history = history[: start.iteration] + start.history[len(history) :]
-        return start
-    raise DaskmeansError(f"every worker of the fit was lost ({', '.join(lost)}); nothing to restart from")
+    times, not the slowest rank's), then the survivor's for iterations never reported.
+
+    Asked of the ranks whose workers the scheduler still lists and are not in ``lost``, up to
+    ``width`` at once (default: all), the next asked as one leaves or fails; the first answer
+    (the lowest rank among those in) is taken: any survivor's is a valid restart point, and
+    the run from it is bitwise the same. Never longer than ``seconds``.
+
+    Raises
+    ------
+    DaskmeansError
+        No listed worker is left (naming the workers lost, never an empty list), or none of
+        those left answered within ``seconds`` (naming them).
+    SchedulerLost
+        The scheduler is gone.
+    """
+    deadline = time.monotonic() + seconds
+    check_scheduler(client)
+    alive = _listed(client, seconds)
+    ranks = list(enumerate(zip(placement.shards, placement.workers)))
+    queue = [(r, shard, w) for r, (shard, w) in ranks if w not in lost and (alive is None or w in alive)]
+    gone = [w for _, (_, w) in ranks if w in lost or (alive is not None and w not in alive)]
+    asked: dict[int, tuple[Any, str]] = {}  # rank: (future of its restart state, worker)
+    width = len(queue) if width is None else max(1, int(width))
+    try:
+        while True:
+            while queue and len(asked) < width:
+                r, shard, w = queue.pop(0)
+                asked[r] = (client.submit(restart_state, shard, workers=[w], allow_other_workers=False, pure=False,
+                                          key=f"daskmeans-restart-{uuid.uuid4().hex}"), w)
+            if not asked:
+                who = ", ".join(gone) or ", ".join(placement.workers)
+                raise DaskmeansError(f"every worker of the fit was lost ({who}); nothing to restart from")
+            for r in sorted(asked):
+                fut, w = asked[r]
+                if fut.status == "finished":
+                    try:
+                        start = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+                    except Exception as e:  # its worker went as the answer was fetched
+                        _forget_traceback(e)
+                        gone.append(w)
+                        del asked[r]
+                        continue
+                    if start is not None and start.history is not None:
+                        start.history = history[: start.iteration] + start.history[len(history) :]
+                    return start
+                if fut.status in ("error", "cancelled"):  # that worker went too: the next one
+                    gone.append(w)
+                    del asked[r]
+            if not asked:
+                continue
+            if time.monotonic() > deadline:
+                slow = ", ".join(w for _, w in asked.values())
+                raise DaskmeansError(
+                    f"no restart point: worker(s) {slow} did not answer in {seconds:.0f} s"
+                    + (f" and the others were lost ({', '.join(gone)})" if gone else "")
+                )
+            pending = [f for f, _ in asked.values()]
+            try:
+                with client.as_current():
+                    wait(pending, timeout=0.1, return_when="FIRST_COMPLETED")
+            except (TimeoutError, CancelledError) as e:
+                _forget_traceback(e)
+            check_scheduler(client)
+            alive = _listed(client, max(0.5, deadline - time.monotonic()))
+            if alive is not None:
+                for r in [r for r, (_, w) in asked.items() if w not in alive]:
+                    gone.append(asked.pop(r)[1])
+    finally:
+        client.cancel([f for f, _ in asked.values()])
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (time.monotonic()), at least a moment for one call."""
+    return max(0.5, deadline - time.monotonic())
+
+
+def _listed(client: Client, seconds: float) -> set | None:
+    """The workers the scheduler lists (None: it did not answer within ``seconds``, at most
+    LOOK_SECONDS)."""
+    try:
+        return set(client.sync(client.scheduler.ncores, callback_timeout=min(seconds, LOOK_SECONDS)))
+    except Exception as e:
+        _forget_traceback(e)
+        check_scheduler(client)
+        if isinstance(e, TimeoutError):
+            return None
+        raise

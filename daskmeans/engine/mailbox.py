@@ -21,6 +21,21 @@ class CollectiveAborted(DaskmeansError):
     """A collective could not complete: a peer is gone or the client aborted the fit."""
 
 
+class PeerTimeout(CollectiveAborted):
+    """A rank waited the collective's whole timeout for one peer (``peer``: its rank;
+    ``address``: its worker, where known; ``seconds``: the wait): the peer is lost without the
+    scheduler noticing, or hung (a stopped process keeps its connections open). The client
+    then looks which worker has gone silent and takes it for lost
+    (:mod:`daskmeans.liveness`): the peer named here may itself be waiting for another."""
+
+    def __init__(self, message: str, peer: int | None = None, address: str | None = None, seconds: float = 0.0):
+        super().__init__(message)
+        self.peer, self.address, self.seconds = peer, address, float(seconds)
+
+    def __reduce__(self):  # the task's error travels to the client pickled, with its fields
+        return (type(self), (self.args[0], self.peer, self.address, self.seconds))
+
+
 class Collective(Protocol):
     """One rank's end of a collective (:mod:`.collective` makes them by kind)."""
 
@@ -88,9 +103,14 @@ class Mailbox:
         self.cond = threading.Condition()
 
     async def deliver(self, tag: tuple = (), payload: Any = None) -> None:
-        """The worker's RPC handler (runs in the worker's event loop)."""
+        """The worker's RPC handler (runs in the worker's event loop). A message of a fit (or
+        placement) aborted or released is dropped: a peer that resumes after the client gave
+        up on it (a stopped worker continued) would otherwise leave its messages here."""
+        tag = tuple(tag)
         with self.cond:
-            self.messages[tuple(tag)] = payload
+            if len(tag) >= 2 and self.is_aborted(tag[0], tag[1]):
+                return
+            self.messages[tag] = payload
             self.cond.notify_all()
 
     def abort(self, fit_id: str, epoch: int | None = None) -> None:
@@ -110,8 +130,11 @@ class Mailbox:
         if self.is_aborted(fit_id, epoch):
             raise CollectiveAborted(f"fit {fit_id} (placement {epoch}) aborted by the client")
 
-    def take(self, tag: tuple, fit_id: str, timeout: float, check: Callable[[], None] | None = None) -> Any:
-        """The message ``tag``, waiting at most ``timeout`` seconds (``check`` may raise to give up)."""
+    def take(self, tag: tuple, fit_id: str, timeout: float, check: Callable[[], None] | None = None,
+             ranks: tuple[str, ...] = ()) -> Any:
+        """The message ``tag`` (whose last field is the sending rank, an address in ``ranks``),
+        waiting at most ``timeout`` seconds (``check`` may raise to give up): else
+        :class:`PeerTimeout` naming the sender."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while tag not in self.messages:
@@ -120,15 +143,22 @@ class Mailbox:
                     check()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CollectiveAborted(
-                        f"no message from rank {tag[-1]} of fit {fit_id} in {timeout:.0f} s: a worker may be lost"
+                    src = tag[-1]
+                    address = ranks[src] if isinstance(src, int) and 0 <= src < len(ranks) else None
+                    raise PeerTimeout(
+                        f"no message from rank {src} of fit {fit_id} in {timeout:.0f} s"
+                        + (f" (worker {address})" if address else "") + ": a worker may be lost or hung",
+                        src if isinstance(src, int) else None, address, timeout,
                     )
                 self.cond.wait(min(left, 1.0))
             return self.messages.pop(tag)
 
     def forget(self, fit_id: str) -> None:
-        """Drop the fit's messages (an aborted fit stays aborted: a straggling task stops)."""
+        """Drop the fit's messages; the fit counts as aborted from now on (an aborted fit stays
+        aborted): a straggling task stops, and its messages, and those of a peer resumed
+        later, are dropped on arrival."""
         with self.cond:
+            self.aborted.add((fit_id, None))
             for tag in [t for t in self.messages if t[0] == fit_id]:
                 del self.messages[tag]
 

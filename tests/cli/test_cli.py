@@ -226,24 +226,31 @@ def test_a_fit_from_npy_writes_its_model_without_zarr_python(tmp_path):
     assert km.cluster_centers_.shape == (3, 3) and km.n_features_in_ == 3
 
 
+@pytest.mark.parametrize("parsed_first", [False, True], ids=["plain", "size-option"])
 @pytest.mark.parametrize("user_level, shown", [(None, False), ("info", True)])
-def test_the_command_keeps_dask_log_lines_out_unless_the_user_asks(user_level, shown):
-    """Dask logs comm events with tracebacks when an interrupted fit's cluster closes: the
-    command's process keeps them off stderr, unless the user sets Dask's logging level."""
+def test_the_command_keeps_dask_log_lines_out_unless_the_user_asks(user_level, shown, parsed_first):
+    """Dask logs comm events with tracebacks when an interrupted fit's cluster closes, and its
+    client an error when it fails to reconnect to a lost scheduler: the command's process
+    keeps them off stderr, unless the user sets Dask's logging level. Also where parsing a
+    size option (``--chunk-bytes``) imported Dask before the command's settings."""
     import subprocess
     import sys
 
     code = ("from daskmeans import cli\n"
-            "cli._command_process()\n"
+            + ("cli._parser().parse_args(['fit', 'x.npy', '--k', '2', '-o', 'm.zarr', '--chunk-bytes', '4MiB'])\n"
+               "import sys\nassert 'dask.config' in sys.modules\n" if parsed_first else "")
+            + "cli._command_process()\n"
             "import logging, distributed\n"
             "try:\n    raise OSError('comm closed')\nexcept OSError:\n"
-            "    logging.getLogger('distributed.batched').info('Batched Comm Closed', exc_info=True)\n")
+            "    logging.getLogger('distributed.batched').info('Batched Comm Closed', exc_info=True)\n"
+            "logging.getLogger('distributed.client').error('Failed to reconnect to scheduler')\n")
     env = {k: v for k, v in os.environ.items() if k != "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"}
     if user_level:
         env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = user_level
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert ("Batched Comm Closed" in p.stderr and "Traceback" in p.stderr) is shown, p.stderr
+    assert ("Failed to reconnect" in p.stderr) is shown, p.stderr
     if not shown:
         assert p.stderr == ""
 

@@ -153,9 +153,29 @@ def test_dask_collective_wait_ends_on_timeout(client3):
     ws = sorted(client3.nthreads())
     spec = coll.CollectiveSpec("t-timeout", 0, tuple(ws[:2]), "dask", timeout=1.0)
     fut = client3.submit(_allreduce_task, 1, spec, 3, 1, None, workers=[ws[1]], pure=False)
-    with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s"):
+    with pytest.raises(coll.CollectiveAborted, match=r"no message from rank 0 of fit t-timeout in 1 s") as e:
         fut.result(timeout=30)
+    # Typed, naming the peer waited for (the client looks whether that worker went silent).
+    assert isinstance(e.value, coll.PeerTimeout) and (e.value.peer, e.value.address) == (0, ws[0])
+    assert e.value.seconds == 1.0 and f"(worker {ws[0]})" in str(e.value)
     client3.run(coll.release, "t-timeout")
+
+
+def test_messages_of_an_aborted_or_released_fit_are_dropped():
+    """A peer that resumes after the client gave up on it (a stopped worker continued) sends
+    messages of a placement aborted, or of a fit released: none is kept."""
+    import asyncio
+
+    from daskmeans.engine.mailbox import Mailbox
+
+    box = Mailbox()
+    box.abort("f", 0)
+    asyncio.run(box.deliver(("f", 0, 0, 0, 0, 1), np.zeros(1)))
+    asyncio.run(box.deliver(("f", 1, 0, 0, 0, 1), np.zeros(1)))  # the next placement's: kept
+    assert list(box.messages) == [("f", 1, 0, 0, 0, 1)]
+    box.forget("f")
+    asyncio.run(box.deliver(("f", 1, 1, 0, 0, 1), np.zeros(1)))
+    assert box.messages == {} and box.is_aborted("f", 2)
 
 
 def test_closing_segments_unmaps_all_of_them_when_an_unlock_fails(tmp_path):

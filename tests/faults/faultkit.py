@@ -71,9 +71,10 @@ class KillOnTask(WorkerPlugin):
     with ``prefix`` starts executing.
 
     ``skip``: let that many such task starts (on any worker) pass first. ``every_worker``:
-    each worker kills itself at its own first such task (else: exactly one kill in all). The
-    kill is recorded in ``flags/killed*`` (the key and the worker's address). ``pid``: kill
-    that process group instead (the scheduler's), once."""
+    each worker kills itself at its own first such task after ``skip`` of its own (else:
+    exactly one kill in all). The kill is recorded in ``flags/killed*`` (the key, the worker's
+    address and its process id). ``pid``: kill that process group instead (the scheduler's),
+    once."""
 
     def __init__(self, prefix: str, flags: str | Path, skip: int = 0, every_worker: bool = False,
                  pid: int | None = None):
@@ -95,7 +96,12 @@ class KillOnTask(WorkerPlugin):
         note = f"{name} {self.address} {os.getpid()}"
         if self.every_worker:
             tag = "".join(c if c.isalnum() else "_" for c in self.address)
-            if not _claim(flags / f"killed-{tag}", note):
+            for i in range(self.skip + 1):  # this worker's own task starts, counted
+                if _claim(flags / f"seen-{tag}-{i}"):
+                    break
+            else:
+                return
+            if i != self.skip or not _claim(flags / f"killed-{tag}", note):
                 return
         else:
             for i in range(self.skip + 1):  # the lowest free index is this task start's
@@ -149,6 +155,32 @@ class ReplaceOnTask(KillOnTask):
         os.replace(self.src, self.dst)
         if self.kill:
             super().act()
+
+
+class StopOnTask(KillOnTask):
+    """:class:`KillOnTask`'s choice of a task start, whose act is SIGSTOP of the worker's own
+    process: a worker hung for good (its process id is in the record, for the test to end
+    it: :func:`end_stopped`)."""
+
+    def __init__(self, prefix: str, flags: str | Path, skip: int = 0):
+        super().__init__(prefix, flags, skip)
+        self.name = f"daskmeans-faults-stop-{prefix}"
+
+    def act(self) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stopped_pids(flags: Path) -> list[int]:
+    """The process ids :class:`StopOnTask` stopped (the last field of each record)."""
+    return [int(line.split()[-1]) for line in kills(flags)]
+
+
+def end_stopped(flags: Path) -> None:
+    """SIGKILL (which a stopped process takes at once) every process :class:`StopOnTask`
+    stopped: none outlives the test."""
+    for pid in stopped_pids(flags):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kills(flags: Path) -> list[str]:
@@ -455,11 +487,12 @@ class Data:
 
 
 def daskmeans_cli(cluster: DaskProcesses, *argv: str, cwd: Path, timeout: float = 120,
-                  guard: bool = True, stuck_after: float = 3.0) -> tuple[int, str, str]:
+                  guard: bool = True, stuck_after: float = 3.0, env: dict | None = None) -> tuple[int, str, str]:
     """``python -m daskmeans ARGV --scheduler-file ...`` (segments of 0.02 s, so that a fit
-    has several): ``(rc, stdout, stderr)``. ``guard``: :class:`Stuck` as soon as
-    the scheduler holds tasks pinned to lost workers (the command would hang)."""
-    env = environment(DASK_DASKMEANS__SEGMENT_SECONDS="0.02")
+    has several; ``env``: more variables): ``(rc, stdout, stderr)``. ``guard``:
+    :class:`Stuck` as soon as the scheduler holds tasks pinned to lost workers (the command
+    would hang)."""
+    env = environment(**{"DASK_DASKMEANS__SEGMENT_SECONDS": "0.02", **(env or {})})
     p = subprocess.Popen([sys.executable, "-m", "daskmeans", *argv, "--scheduler-file", str(cluster.scheduler_file)],
                          cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)

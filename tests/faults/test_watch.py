@@ -1,8 +1,10 @@
 """How the client waits on a fit's tasks (``placement.watch``, ``placement.wait_on_cluster``),
 with a stand-in client: a task cancelled because its worker went is a lost worker, a lost
 scheduler ends the wait at once, naming it, a result whose worker goes before it is fetched
-is a lost worker, and a cluster left without workers is an error, never a wait forever. The
-wait keeps no futures alive after it returns. BLAS's cap applies inside workers' tasks only."""
+is a lost worker, and a cluster left without workers is an error, never a wait forever. A
+worker silent (no heartbeat) for the collective's timeout, or for half of it once a peer gave
+up waiting, is hung: named while the wait lasts, then retired and lost. The wait keeps no
+futures alive after it returns. BLAS's cap applies inside workers' tasks only."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ from types import SimpleNamespace
 import pytest
 from distributed.client import CancelledFuturesGroup, FutureCancelledError, FuturesCancelledError
 
+import daskmeans.liveness as liveness
 import daskmeans.placement as placement
 from daskmeans.dask_cluster import SchedulerLost
+from daskmeans.engine.mailbox import PeerTimeout
+from daskmeans.progress import Steps, watching
 from daskmeans.placement import WorkerLost
 
 A, B, C = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
@@ -54,8 +59,8 @@ class Client:
         self.looks += 1
         return dict(self.workers)
 
-    def sync(self, fn, callback_timeout=None):
-        return fn()
+    def sync(self, fn, *args, callback_timeout=None, **kwargs):
+        return fn(*args, **kwargs)
 
     @contextlib.contextmanager
     def as_current(self):
@@ -219,3 +224,120 @@ def test_blas_is_capped_only_inside_a_workers_task():
     assert f.__name__ == "len" and f([1, 2]) == 2
     assert tokenize(f) == tokenize(placement.blas_capped(len)) != tokenize(placement.blas_capped(sum))
     assert pickle.loads(pickle.dumps(f))([1]) == 1
+
+
+# ---------------------------------------------------------------- hung workers
+
+
+class Heartbeats(Client):
+    """A stand-in client whose scheduler reports heartbeats: every worker's ``last_seen`` is
+    now, but for ``silent`` (worker: seconds since its last heartbeat); ``run_on_scheduler``
+    removes the worker it is given (what :func:`daskmeans.liveness.retire` runs)."""
+
+    def __init__(self, workers, silent):
+        super().__init__(workers)
+        self.silent, self.removed, self.stopped = dict(silent), [], []
+        self.scheduler.identity = self._identity
+        self.t0 = time.time()
+
+    def _identity(self, n_workers=-1):
+        now = time.time()
+        return {"workers": {w: {"last_seen": self.t0 - self.silent[w] if w in self.silent else now}
+                            for w in self.workers}}
+
+    def run_on_scheduler(self, fn, address, stimulus_id):
+        self.removed.append(address)
+        del self.workers[address]
+
+
+class Failed(Fut):
+    """A task that ended in ``error``."""
+
+    def __init__(self, error):
+        super().__init__("error")
+        self.error = error
+
+    def exception(self):
+        return self.error
+
+    def result(self, timeout=None):
+        raise self.error
+
+
+@pytest.fixture
+def quick_looks(monkeypatch):
+    """Heartbeats looked at from the first round of the wait, Dask's interval 10 ms."""
+    monkeypatch.setattr(liveness, "LOOK_AFTER", 0.0)
+    monkeypatch.setattr(liveness, "FIRST_LOOK", 0.0)
+    monkeypatch.setattr(liveness, "_heartbeat_interval", lambda n: 0.01)
+
+
+def _noted(run) -> str:
+    import io
+
+    out = io.StringIO()
+    with watching(Steps(quiet=True, stream=out, live=False)):
+        run()
+    return out.getvalue()
+
+
+def test_a_worker_silent_for_the_timeout_is_retired_and_lost(waits, quick_looks):
+    """B sends no heartbeat for longer than the collective's timeout while its task waits:
+    the scheduler is told to remove it, the others are stopped, the wait is a WorkerLost."""
+    client = Heartbeats([A, B, C], {B: 40})
+    futs = [Fut("finished"), Fut("pending"), Fut("pending")]
+    stopped = []
+    with pytest.raises(WorkerLost) as e:
+        placement.watch(client, futs, [A, B, C], stop=stopped.append, hung_after=30)
+    assert e.value.args[0] == [B] and client.removed == [B] and stopped == [[A, C]] and client.cancelled == futs
+
+
+def test_the_wait_names_the_silent_worker_then_gives_it_up(waits, quick_looks):
+    """B was last heard from 12 s ago: named at once (a note, shown also when quiet), given
+    up on half a second later, at the timeout of 12.5 s."""
+    import re
+
+    client = Heartbeats([A, B, C], {B: 12})
+    futs = [Fut("pending")] * 3
+
+    def run():
+        with pytest.raises(WorkerLost):
+            placement.watch(client, futs, [A, B, C], hung_after=12.5)
+
+    t0 = time.monotonic()
+    out = _noted(run)
+    assert time.monotonic() - t0 < 5
+    assert out.startswith(f"daskmeans: waiting for worker {B} (rank 1), no reply for 12 s\n"), out
+    assert re.search(rf"daskmeans: worker {B} \(rank 1\) gave no reply for 1[23] s: taken for lost", out), out
+    assert out.count("waiting for worker") == 1 and client.removed == [B]
+
+
+def test_after_a_peer_timeout_the_silent_worker_is_lost_not_the_one_named(waits, quick_looks):
+    """Rank 2 (C) waited for rank 0 (A), which itself waits for the stopped B: B, silent for
+    more than half the timeout, is retired; A, named but heard from, is not."""
+    client = Heartbeats([A, B, C], {B: 160})
+    error = PeerTimeout("no message from rank 0", 0, A, 300.0)
+    futs = [Fut("pending"), Fut("pending"), Failed(error)]
+    with pytest.raises(WorkerLost) as e:
+        placement.watch(client, futs, [A, B, C], stop=lambda r: None, peer_loss=(PeerTimeout,), hung_after=300)
+    assert e.value.args[0] == [B] and client.removed == [B]
+
+
+def test_a_peer_timeout_with_every_worker_heard_from_is_the_error(waits, quick_looks):
+    client = Heartbeats([A, B, C], {})
+    error = PeerTimeout("no message from rank 0", 0, A, 300.0)
+    stopped = []
+    with pytest.raises(PeerTimeout, match="no message from rank 0"):
+        placement.watch(client, [Fut("pending"), Failed(error), Fut("pending")], [A, B, C], stop=stopped.append,
+                        peer_loss=(PeerTimeout,), hung_after=300)
+    assert client.removed == [] and stopped == [[A, B, C]]
+
+
+def test_placing_retires_a_silent_worker_and_waits_on(waits, quick_looks):
+    """wait_on_cluster's tasks may run anywhere: a silent worker is removed (the scheduler
+    runs its tasks on the others) and the wait goes on."""
+    client = Heartbeats([A, B], {B: 40})
+    futs = [Fut("pending")]
+    waits += [None, lambda fs: setattr(futs[0], "status", "finished")]
+    placement.wait_on_cluster(client, futs, hung_after=30)
+    assert client.removed == [B]
