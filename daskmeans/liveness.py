@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from distributed import Client
 
 from .dask_cluster import check_scheduler
-from .progress import note
+from .events import note
 
 # How long a look at the scheduler may take (a scheduler that died since the client last heard
 # from it refuses connections, and Dask retries them for its connect timeout: 30 s).
