@@ -271,9 +271,11 @@ def _report(results: list, history: list, callback: Callable[[dict], None] | Non
 
 
 # How long the restart point may take: after a lost worker (the survivors' aborted segments
-# stop within a tile, then answer at once: a survivor silent this long is hung too), and when
-# the fit fails or is interrupted (its last checkpoint: the error is never held up longer).
-RESTART_SECONDS = 30.0
+# stop, then answer: a GPU survivor's ncclCommAbort with a peer killed mid all-reduce took over
+# 30 s on an H200 pair, so the bound is generous; a survivor that stops sending heartbeats is
+# retired sooner by the liveness watch), and when the fit fails or is interrupted (its last
+# checkpoint: the error is never held up longer).
+RESTART_SECONDS = 120.0
 FAILING_SECONDS = 5.0
 ABORT_SECONDS = 2.0  # the abort of a failing fit's segments, within FAILING_SECONDS
 
