@@ -23,7 +23,8 @@ import daskmeans.liveness as liveness
 import daskmeans.placement as placement
 from daskmeans.dask_cluster import SchedulerLost
 from daskmeans.engine.mailbox import PeerTimeout
-from daskmeans.progress import Steps, watching
+from daskmeans.events import watching
+from daskmeans.progress import Steps
 from daskmeans.placement import WorkerLost
 
 A, B, C = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
