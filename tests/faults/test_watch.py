@@ -277,7 +277,7 @@ def _noted(run) -> str:
     import io
 
     out = io.StringIO()
-    with watching(Steps(quiet=True, stream=out, live=False)):
+    with watching(Steps(quiet=False, stream=out, live=False)):
         run()
     return out.getvalue()
 
@@ -294,8 +294,8 @@ def test_a_worker_silent_for_the_timeout_is_retired_and_lost(waits, quick_looks)
 
 
 def test_the_wait_names_the_silent_worker_then_gives_it_up(waits, quick_looks):
-    """B was last heard from 12 s ago: named at once (a note, shown also when quiet), given
-    up on half a second later, at the timeout of 12.5 s."""
+    """B was last heard from 12 s ago: named at once (a note of the command's progress; -q
+    shows none), given up on half a second later, at the timeout of 12.5 s."""
     import re
 
     client = Heartbeats([A, B, C], {B: 12})
