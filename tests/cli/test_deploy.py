@@ -102,8 +102,8 @@ def _model(path: Path) -> tuple[np.ndarray, dict]:
 def test_local_recipe_fits_predicts_and_describes_bitwise_like_the_local_cluster(recipe, data, tmp_path):
     assert len(recipe.pids) == 3 and recipe.address.startswith("tcp://127.0.0.1:")
     # Relative paths from the data's folder: the workers were started elsewhere.
-    p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "--scheduler-file", recipe.file, "-q",
-                  "-o", tmp_path / "remote.zarr", cwd=data)
+    p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "--scheduler-file", recipe.file,
+                  "-o", tmp_path / "remote.zarr", cwd=data)  # not -q: the line naming the scheduler
     assert p.returncode == 0, p.stderr
     assert f"daskmeans: scheduler {recipe.address}: 2 worker(s) (2 CPU)" in p.stderr
     p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "--workers", "2", "-q",
@@ -148,7 +148,7 @@ def test_two_concurrent_fits_on_one_scheduler_match_their_solo_runs(recipe, data
 
 def test_scheduler_address_from_the_environment(recipe, data, tmp_path):
     env = {**ENV, "DASK_SCHEDULER_ADDRESS": recipe.address}
-    p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "-q", "-o", tmp_path / "m.zarr", cwd=data, env=env)
+    p = daskmeans("fit", "x.zarr", "--k", "6", "--init", "init.npy", "-o", tmp_path / "m.zarr", cwd=data, env=env)
     assert p.returncode == 0 and f"scheduler {recipe.address}: 2 worker(s)" in p.stderr, p.stderr
     p = daskmeans("fit", "x.zarr", "--k", "6", "--workers", "3", "-o", tmp_path / "n.zarr", cwd=data, env=env)
     one_line_error(p, "--workers 3 applies to a local cluster only", "(DASK_SCHEDULER_ADDRESS)")
