@@ -69,7 +69,10 @@ def _original(name: str) -> Any:
         import sklearn.cluster._kmeans as km
 
         value = getattr(km, name)
-        _state["originals"][name] = getattr(value, "_sklearn_class", value)
+        if getattr(value, "__module__", None) == __name__:  # another copy of this module routed it
+            raise RuntimeError(f"sklearn.cluster._kmeans.{name} is routed already, by {value!r}: scikit-learn's own "
+                               f"is unknown here")
+        _state["originals"][name] = value
     return _state["originals"][name]
 
 
