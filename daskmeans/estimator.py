@@ -28,11 +28,14 @@ from .backends import PRECISIONS, get_backend
 from .dask_cluster import api_client, using_client
 from .engine import infer
 from .engine.fit import FitParams, fit_distributed
-from .errors import DaskmeansError, DaskmeansWarning, DataError, not_fitted
+from .errors import DaskmeansError, DataError, not_fitted
 from .io.model_store import load_model, save_model
 from .io.memory_reader import column_names as feature_names
 from .io.readers import Table, file_of, read, read_table, read_weights
 from . import config
+from .conventions import (Boolean, InitLike, NInit, DaskmeansRuntimeWarning, Verbose, call_init, check_init_shape,
+                          clusters_warning, feature_names_out, init_data, random_state_for_init,
+                          resolve_n_init, wrap_output, OUTPUTS)
 from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
 from .events import watched, watching
@@ -40,10 +43,15 @@ from .progress import Progress, Steps
 from .sampling import all_rows_stats, draw_cut, sample_size, take
 from .seeding import REGISTRY as INITS
 from .timing import Phases
-from .validation import (AnyOf, ArrayLike, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_feature_names,
+from .validation import (AnyOf, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_feature_names,
                          check_n_clusters, check_n_features, seed_of, validate_params)
 
 INIT_NAMES = INITS.keys()  # the registered inits' names (a live view)
+# ``algorithm``: the loop each name runs. Elkan's triangle-inequality bounds skip distance
+# computations but give Lloyd's result (scikit-learn's own tests check that they agree); the
+# engine's exact Lloyd loop, whose per-iteration cost is one GEMM pass, computes that result,
+# so "elkan" runs it. A bounded loop (Yinyang) would be one more entry here.
+ALGORITHMS = {"lloyd": "lloyd", "elkan": "lloyd"}
 
 
 def _inference_doc(summary: str, returns: str) -> Callable[[Callable], Callable]:
@@ -74,17 +82,33 @@ class KMeans:
     Parameters
     ----------
     n_clusters : int, default 8
-    init : {"k-means||", "k-means++", "random"}, array (n_clusters, n_features) or .npy path
+    init : {"k-means||", "k-means++", "random"}, callable, array-like (n_clusters, n_features) or .npy path
         ``k-means||`` (Bahmani et al. 2012) runs distributed; ``k-means++`` is greedy
-        k-means++ on a sample of ``daskmeans.init.sample-size`` rows.
-    n_init : int, default 1
-        Runs from different seeds; the one with the lowest inertia is kept.
+        k-means++ on a sample of ``daskmeans.init.sample-size`` rows. A callable is called as
+        scikit-learn calls it, ``init(X, n_clusters, random_state)``, once per run: ``X`` as an
+        array (a CSR matrix for sparse ``X``) when ``X`` is in memory, the lazy Dask array for
+        Dask or file data; ``random_state`` a ``numpy.random.RandomState``. An array-like (an
+        array, a list of rows) gives the centres themselves.
+    n_init : "auto" or int, default "auto"
+        Runs from different seeds; the one with the lowest inertia is kept. ``"auto"`` is
+        scikit-learn's rule: 1 run for ``k-means||`` and ``k-means++`` (and explicit centres),
+        10 for ``random`` and a callable. Explicit centres run once whatever ``n_init`` (with
+        scikit-learn's RuntimeWarning when it asks for more).
     max_iter : int, default 300
     tol : float, default 1e-4
         As scikit-learn: stop when the summed squared centroid shift is at most
         ``tol * mean(var(X, axis=0))``. Also stops when no label changes.
     random_state : int, numpy.random.Generator, RandomState or None
         Seed of every random draw; the same seed gives the same result on any cluster layout.
+    copy_x : bool, default True
+        scikit-learn's: whether ``X`` may be centred in place during the fit. daskmeans never
+        writes to ``X`` (its exact fixed-point sums need no centring), so ``X`` is left as it
+        was with either value.
+    algorithm : {"lloyd", "elkan"}, default "lloyd"
+        scikit-learn's names. Both run the engine's Lloyd loop: Elkan's bounds only skip
+        distance computations and give Lloyd's result, which the engine computes exactly with
+        one GEMM pass per iteration (see :data:`ALGORITHMS`). ``"elkan"`` with one cluster
+        warns as scikit-learn does.
     oversampling_factor : float, default 0.5
         k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
         about 2.5 candidates per cluster by default; the init's cost grows with it).
@@ -127,10 +151,10 @@ class KMeans:
         atomically every ``checkpoint_every`` iterations and when the fit is interrupted;
         ``fit(X, resume=True)`` continues from it, bitwise as if never stopped.
     checkpoint_every : int, default 10
-    verbose : int, default 0
-        1: print one line per iteration on stdout (run, iteration, inertia, shift, reassigned,
-        empty clusters, seconds), as the command line does; 2: also the cluster-size imbalance
-        and the throughput.
+    verbose : bool or int, default 0
+        1 (or True): print one line per iteration on stdout (run, iteration, inertia, shift,
+        reassigned, empty clusters, seconds), as the command line does; 2: also the
+        cluster-size imbalance and the throughput.
     client : distributed.Client, optional
         The cluster to work on. Default: inside a Dask task, the worker's client (see
         below); else the default client (``distributed.default_client()``); else the local
@@ -153,12 +177,23 @@ class KMeans:
     unnamed first column) is refused by ``fit`` unless selected by ``columns``
     (:func:`daskmeans.io.readers.read_table`).
 
+    The estimator follows scikit-learn's conventions where scikit-learn defines them
+    (parameters, inits, errors and warnings, ``get_feature_names_out``, ``set_output``) and
+    passes scikit-learn's own KMeans tests but those listed in ``docs/sklearn.md``, where it
+    differs on purpose: results bitwise the same for any chunking and worker count, its own
+    default init (``k-means||``), ``k-means++`` on a sample. :mod:`daskmeans.accel` runs
+    unmodified scikit-learn code on it.
+
     Attributes
     ----------
     cluster_centers_ : ndarray (n_clusters, n_features)
-    labels_ : dask array (n_samples,) int32, lazy
-        Its blocks live on the fitting client's cluster: compute it while that client is open
-        (``client.compute(km.labels_)`` when it is not the default client).
+    labels_ : ndarray (n_samples,) int32, or a lazy dask array
+        Of the input's kind, as ``predict``'s: a NumPy array when ``X`` was in memory (NumPy,
+        pandas, a list, a sparse matrix; CuPy for CuPy ``X``), computed at the end of the fit
+        and kept when the model is pickled; a lazy Dask array when ``X`` was Dask data or a
+        path, whose blocks live on the fitting client's cluster: compute it while that client
+        is open (``client.compute(km.labels_)`` when it is not the default client). Settable,
+        as scikit-learn's.
     inertia_ : float
         Sum over every row of ``X`` (weighted) of its distance to the nearest centroid, also
         when the fit trained on a sample (``max_samples_per_cluster``).
@@ -188,15 +223,19 @@ class KMeans:
         DataFrame, or anything with ``columns``) whose names are all strings, or where ``X``
         was a file that names them: a CSV header (the columns read), a Zarr array's
         ``feature_names`` attribute.
+    _n_init : int
+        The runs the fit made (``n_init`` resolved, scikit-learn's attribute).
     """
 
     _parameter_constraints = {
         "n_clusters": Interval(1, None, integer=True),
-        "init": AnyOf(Options(INIT_NAMES), ArrayLike()),
-        "n_init": Interval(1, None, integer=True),
+        "init": AnyOf(Options(INIT_NAMES), InitLike()),
+        "n_init": NInit(),
         "max_iter": Interval(1, None, integer=True),
         "tol": Interval(0, None),
         "random_state": NoneOr(RandomStateLike()),
+        "copy_x": Boolean(),
+        "algorithm": Options(tuple(ALGORITHMS)),
         "oversampling_factor": Interval(0, None, closed="neither"),
         "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
         "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
@@ -208,7 +247,7 @@ class KMeans:
         "device_memory_limit": NoneOr(ByteSize()),
         "checkpoint": NoneOr(PathLike()),
         "checkpoint_every": Interval(1, None, integer=True),
-        "verbose": Interval(0, None, integer=True),
+        "verbose": Verbose(),
     }
 
     def __init__(
@@ -216,10 +255,12 @@ class KMeans:
         n_clusters: int = 8,
         *,
         init: Any = "k-means||",
-        n_init: int = 1,
+        n_init: int | str = "auto",
         max_iter: int = 300,
         tol: float = 1e-4,
         random_state: int | None = None,
+        copy_x: bool = True,
+        algorithm: str = "lloyd",
         oversampling_factor: float = 0.5,
         max_samples_per_cluster: int | None = None,
         max_imbalance: float | None = None,
@@ -231,7 +272,7 @@ class KMeans:
         device_memory_limit: int | str | None = None,
         checkpoint: str | None = None,
         checkpoint_every: int = 10,
-        verbose: int = 0,
+        verbose: int | bool = 0,
         client: Any = None,
     ):
         self._store_params(locals())
@@ -272,14 +313,23 @@ class KMeans:
         """An unfitted copy with the same parameters (``sklearn.base.clone``): copies of them,
         but the same client, a handle to the cluster that cannot be copied."""
         params = self.get_params()
-        client = params.pop("client")
-        return type(self)(**copy.deepcopy(params), client=client)
+        shared = {"client": params.pop("client")} if "client" in params else {}
+        # A callable init is kept, not copied (as sklearn.base.clone keeps it).
+        copied = {k: v if callable(v) else copy.deepcopy(v) for k, v in params.items()}
+        twin = type(self)(**copied, **shared)
+        if hasattr(self, "_sklearn_output_config"):  # set_output's choice is kept, as clone keeps it
+            twin._sklearn_output_config = dict(self._sklearn_output_config)
+        return twin
 
     def __getstate__(self) -> dict:
         """Pickled (by joblib, or to travel to a Dask worker) without what lives only in this
-        process: the client, and ``labels_``, which its cluster's workers hold."""
+        process: the client, and lazy ``labels_``, which its cluster's workers hold (labels in
+        memory travel, as scikit-learn's)."""
         state = dict(self.__dict__)
-        state.pop("_labels", None)
+        if "_labels" in state:
+            labels = state.pop("_labels")[0]
+            if _in_memory(labels):
+                state["_labels"] = (labels, None)  # without the client it came from
         state["client"] = None
         return state
 
@@ -325,31 +375,57 @@ class KMeans:
         """
         return self._init_array(n_features)
 
-    def _init_array(self, n_features: int) -> np.ndarray | None:
+    def _init_array(self, n_features: int, data: Any = None, random_state: Any = None) -> np.ndarray | None:
+        """``init`` as centres (n_clusters, n_features) float64, or None for a named init.
+
+        A callable init is called with ``data`` (:func:`~daskmeans.conventions.init_data`'s)
+        and ``random_state``; without ``data`` (before a fit, :meth:`initial_centroids`) it
+        gives None, like a named init.
+        """
         init = self.init
         if isinstance(init, str) and init in INIT_NAMES:
             return None
-        if isinstance(init, (str, os.PathLike)):
-            if not os.path.exists(init):
-                raise DataError(f"init={init!r}: no such file")
-            init = np.load(init, allow_pickle=False)
-        arr = get_backend(init).to_numpy(init.compute() if hasattr(init, "compute") else init)
-        arr = np.asarray(arr, dtype=np.float64)
-        if arr.shape != (self.n_clusters, n_features):
-            raise DataError(
-                f"init array has shape {arr.shape}, should be (n_clusters, n_features) = "
-                f"({self.n_clusters}, {n_features})"
-            )
+        if callable(init):
+            if data is None:
+                return None
+            arr = call_init(init, data, self.n_clusters, random_state)
+        else:
+            if isinstance(init, (str, os.PathLike)):
+                if not os.path.exists(init):
+                    raise DataError(f"init={init!r}: no such file")
+                init = np.load(init, allow_pickle=False)
+            if isinstance(init, (list, tuple)):  # array-like rows (scikit-learn takes them)
+                init = np.asarray(init)
+            arr = get_backend(init).to_numpy(init.compute() if hasattr(init, "compute") else init)
+            arr = np.array(arr, dtype=np.float64)  # a copy: the user's centres are never written to
+        check_init_shape(arr.shape, self.n_clusters, n_features)
         if not np.isfinite(arr).all():
             raise DataError("init array contains NaN or infinity")
         return get_metric(self.metric).check_init(arr)
 
     def _validate_params(self) -> None:
         """Check every parameter against its constraint (no data, no cluster needed)."""
-        validate_params(self.get_params(), self._parameter_constraints)
-        if self.checkpoint is not None and self.n_init != 1:
+        validate_params(self._constrained(), self._parameter_constraints)
+        if self.checkpoint is not None and self.n_init not in (1, "auto"):
             raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
         self._per_cluster()
+
+    def _constrained(self) -> dict[str, Any]:
+        """The values of the constrained parameters, by name (a subclass with scikit-learn's
+        signature keeps daskmeans' other parameters as class attributes)."""
+        return {name: getattr(self, name) for name in self._parameter_constraints}
+
+    def _runs(self) -> int:
+        """``n_init`` resolved for this fit (``"auto"``, explicit centres: see ``n_init``),
+        with scikit-learn's RuntimeWarnings; also kept as ``_n_init``."""
+        if self.algorithm == "elkan" and self.n_clusters == 1:
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                          DaskmeansRuntimeWarning, stacklevel=4)
+        self._n_init = resolve_n_init(self, default=10)
+        if self.checkpoint is not None and self._n_init != 1:
+            raise DaskmeansError(f"n_init={self.n_init} ({self._n_init} runs for init={self.init!r}) should be 1 "
+                                 f"with checkpoint={os.fspath(self.checkpoint)!r}")
+        return self._n_init
 
     def training_rows(self, n_samples: int) -> int:
         """Rows a fit on ``n_samples`` rows trains on (see ``max_samples_per_cluster``).
@@ -398,19 +474,29 @@ class KMeans:
         return read_checkpoint(os.fspath(self.checkpoint))
 
     @property
-    def labels_(self) -> da.Array:
-        """The training labels (n_samples,) int32: a lazy Dask array over the labels the
-        workers keep from the fit (compute it while that cluster's client is open)."""
+    def labels_(self) -> Any:
+        """The training labels (n_samples,) int32: an array of the input's kind when ``X`` was
+        in memory; for Dask or path ``X`` a lazy Dask array over the labels the workers keep
+        from the fit (compute it while that cluster's client is open)."""
         if "_labels" not in self.__dict__:
             raise not_fitted("labels_ exists after fit() (a loaded model has none: use predict(X))")
         labels, client = self.__dict__["_labels"]
-        if client.status in ("closing", "closed"):
+        if client is not None and not _in_memory(labels) and client.status in ("closing", "closed"):
             raise DaskmeansError(
                 "labels_ is held by the workers of the fit's cluster, whose client is closed: compute it "
                 "(client.compute(km.labels_) or km.labels_.compute()) before closing the client, or use "
                 "km.predict(X)"
             )
         return labels
+
+    @labels_.setter
+    def labels_(self, value: Any) -> None:
+        """Replace the training labels (scikit-learn's ``labels_`` is a plain attribute)."""
+        self._labels = (value, None)
+
+    @labels_.deleter
+    def labels_(self) -> None:
+        self.__dict__.pop("_labels", None)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
@@ -487,9 +573,9 @@ class KMeans:
              then: Callable[[Any], Any] | None = None) -> Any:
         """The fit; ``then(client)`` runs after it on the fit's client, its result returned."""
         self._validate_params()
-        callbacks = [c for c in (
-            Progress(False, self.verbose >= 2, self.max_iter, self.n_init, stream=sys.stdout, live=False)
-            if self.verbose else None, callback) if c is not None]
+        runs = self._runs()
+        like = _like(X)  # what labels_ follows: in memory, or lazy
+        callbacks = [c for c in (self._printer(runs), callback) if c is not None]
         phase = Phases()
         seed = seed_of(self.random_state)
         with phase("read"):
@@ -500,7 +586,8 @@ class KMeans:
             path = table.source or file_of(X.name)  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
-            init_arr = self._init_array(d)
+            starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)
+            init_arr = None if starts is None else starts[0]
             w = None if sample_weight is None else read_weights(sample_weight, X)
             every, w_every = X, w  # the rows before the metric's scaling (inference scales them itself)
             X = get_metric(self.metric).rows(X)
@@ -509,7 +596,8 @@ class KMeans:
             if m is not None and seed is None:
                 seed = int(np.random.SeedSequence().generate_state(1)[0])
         params = FitParams(
-            self.n_clusters, self.init if init_arr is None else init_arr, self.n_init, self.max_iter, self.tol,
+            self.n_clusters, self.init if init_arr is None else init_arr, runs if starts is None else 1,
+            self.max_iter, self.tol,
             seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
             self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
             None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
@@ -524,16 +612,46 @@ class KMeans:
                 with phase("sample"):
                     cut = draw_cut(client, X.chunks[0], m, seed)
                     X, w = take(X, cut), None if w is None else take(w, cut)
-            best = fit_distributed(
-                client, X, params, sample_weight=w, path=path, resume=ck, callback=_fanout(callbacks), phase=phase,
-                on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
-            )
+            def fit_from(p: FitParams, run: int = 1) -> Any:
+                """The engine's fit with ``p`` (its runs numbered from ``run`` for the callbacks)."""
+                numbered = _fanout(callbacks) if run == 1 or not callbacks else \
+                    (lambda stats: _fanout(callbacks)({**stats, "run": run}))
+                return fit_distributed(
+                    client, X, p, sample_weight=w, path=path, resume=ck, callback=numbered, phase=phase,
+                    on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+                )
+
+            best = fit_from(params)
+            # A callable init gives each run its own centres: one engine fit per run, the
+            # lowest inertia kept (the engine's own runs start from a named init's seeds).
+            for run, c0 in enumerate(starts[1:] if starts is not None else [], start=2):
+                res = fit_from(dataclasses.replace(params, init=c0), run)
+                if res.inertia < best.inertia:
+                    best = dataclasses.replace(res, best_run=run)
             self.sample_inertia_, self.n_samples_fit_ = best.inertia, int(X.shape[0])
             if m is not None:
                 with phase("all rows"):
                     best = self._over_every_row(client, best, every, w_every)
             self._fitted(best, client, d, names, X.dtype)
+            if _in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
+                self._labels = (infer.materialise(client, best.labels, like), client)
             return None if then is None else then(client)
+
+    def _printer(self, runs: int) -> Callable[[dict], None] | None:
+        """What ``verbose`` prints of each iteration (None when quiet): the command line's lines."""
+        if not self.verbose:
+            return None
+        return Progress(False, self.verbose >= 2, self.max_iter, runs, stream=sys.stdout, live=False)
+
+    def _starts(self, n_features: int, runs: int, data: Any, seed: int | None) -> list[np.ndarray] | None:
+        """The explicit initial centres of each run: one array for array-like or file centres,
+        one per run for a callable init (called with ``data`` and one RandomState for all
+        runs, as scikit-learn calls it), None for a named init."""
+        if not callable(self.init):
+            arr = self._init_array(n_features)
+            return None if arr is None else [arr]
+        state = random_state_for_init(self.random_state, seed)
+        return [self._init_array(n_features, data, state) for _ in range(runs)]
 
     def _over_every_row(self, client: Any, best: Any, X: Any, w: Any) -> Any:
         """``best`` (fitted on a sample) with the labels, inertia and sizes of every row of
@@ -563,17 +681,20 @@ class KMeans:
         self.tol_abs_ = best.tol_abs
         self.converged_ = best.converged
         self.timings_ = best.timings
+        self._n_features_out = int(best.centroids.shape[0])
         self._labels = (best.labels, client)
         # Fewer distinct points than clusters: some clusters end empty, or (ties between equal
-        # centroids split on a GPU) as copies of others. Either way the user should know.
+        # centroids split on a GPU) as copies of others. Either way the user should know (in
+        # scikit-learn's words too, and its ConvergenceWarning where it is in use).
         n_empty = int((best.sizes == 0).sum())
         n_copies = self.n_clusters - len(np.unique(best.centroids, axis=0))
         if n_empty or n_copies:
             warnings.warn(
-                f"at the end of the fit {n_empty} of n_clusters={self.n_clusters} clusters are empty and "
-                f"{n_copies} centroids are copies of others: the data has fewer distinct points than clusters "
-                f"(or they are too close together to split)",
-                DaskmeansWarning, stacklevel=4,
+                f"at the end of the fit {n_empty} of n_clusters={self.n_clusters} clusters are empty and {n_copies} "
+                f"centroids are copies of others: the data has fewer distinct points than clusters (or they are too "
+                f"close together to split). Number of distinct clusters ({self.n_clusters - n_empty}) found smaller "
+                f"than n_clusters ({self.n_clusters}). Possibly due to duplicate points in X.",
+                clusters_warning(), stacklevel=4,
             )
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
@@ -585,8 +706,8 @@ class KMeans:
             ``labels_``, computed to NumPy (CuPy) for in-memory (CuPy) ``X``, lazy for Dask
             or path ``X`` (see the class's Notes).
         """
-        return self._fit(X, sample_weight, None, False,
-                         then=lambda client: infer.materialise(client, self.labels_, _like(X)))
+        self._fit(X, sample_weight, None, False)
+        return self.labels_
 
     # ------------------------------------------------------------ inference
 
@@ -625,17 +746,61 @@ class KMeans:
                     "distances : (n_samples, n_clusters), in X's float dtype")
     def transform(self, X: Any) -> Any:
         with self._inference(self._blocks(X)) as (client, xb):
-            return infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), _like(X))
+            out = infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), _like(X))
+        return wrap_output(self, out, X)  # the container set_output chose
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Fit, then :meth:`transform` ``X``."""
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
-    def score(self, X: Any, y: Any = None) -> float:
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Names of :meth:`transform`'s columns, one per cluster, as scikit-learn names them.
+
+        Parameters
+        ----------
+        input_features : array-like of str, optional
+            Checked against ``feature_names_in_`` (or their number against
+            ``n_features_in_``) as scikit-learn checks them; not used otherwise.
+
+        Returns
+        -------
+        ndarray (n_clusters,) of str (object)
+            The class's name in lower case and the cluster's index: ``kmeans0``, ``kmeans1``,
+            ... (``minibatchkmeans0``, ... for :class:`~daskmeans.MiniBatchKMeans`).
+        """
+        return feature_names_out(self, input_features)
+
+    def set_output(self, *, transform: str | None = None) -> "KMeans":
+        """The container of :meth:`transform` and :meth:`fit_transform`'s output
+        (scikit-learn's ``set_output``, which ``Pipeline.set_output`` calls on each step).
+
+        Parameters
+        ----------
+        transform : {"default", "pandas", "polars"}, optional
+            ``"default"``: arrays of the input's kind (see the class's Notes); ``"pandas"``:
+            a pandas DataFrame with :meth:`get_feature_names_out`'s columns and the index of
+            ``X`` where it is a DataFrame (a Dask DataFrame for Dask or path ``X``);
+            ``"polars"``: a polars DataFrame. None: unchanged (also scikit-learn's global
+            ``transform_output`` applies while this estimator has none of its own).
+
+        Returns
+        -------
+        self
+        """
+        if transform is None:
+            return self
+        Options(OUTPUTS).check("transform", transform)
+        self._sklearn_output_config = {**getattr(self, "_sklearn_output_config", {}), "transform": transform}
+        return self
+
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """Opposite of the inertia of ``X`` (n_samples, n_features) under the fitted centroids
-        (a float, for any kind of ``X``)."""
-        with self._inference(self._blocks(X)) as (client, xb):
-            return -infer.inertia(client, xb, self.cluster_centers_, self.precision) * inertia_scale(self.metric)
+        (a float, for any kind of ``X``), each row weighted by ``sample_weight`` (n_samples,)
+        where given, as scikit-learn's."""
+        x = self._blocks(X)
+        w = None if sample_weight is None else read_weights(sample_weight, x)
+        with self._inference(x) as (client, xb):
+            return -infer.inertia(client, xb, self.cluster_centers_, self.precision, w) * inertia_scale(self.metric)
 
     def plot(self, X: Any = None, path: str | None = None, sample: int | None = None):
         """A report of the fit: convergence (inertia and shift per iteration), cluster sizes
@@ -770,6 +935,14 @@ def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] |
 def _like(X: Any) -> Any:
     """What outputs follow (see the class's Notes): a Table's array (lazy, as its source), else ``X``."""
     return X.array if isinstance(X, Table) else X
+
+
+def _in_memory(x: Any) -> bool:
+    """Whether ``x`` (data given to a fit, or labels) is in memory rather than lazy (a Dask
+    collection, a Table read from a source, a path)."""
+    import dask
+
+    return not (dask.is_dask_collection(x) or isinstance(x, (Table, str, bytes)) or hasattr(x, "__fspath__"))
 
 
 def _names(table: Table) -> np.ndarray | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,8 +35,10 @@ import numpy as np
 from .backends import backend_name, get_backend
 from .backends.grid import float_sums
 from .dask_cluster import resolve_backend, using_client
-from .errors import DataError, InvalidParameterError, not_fitted
-from .estimator import KMeans, _names
+from .engine import infer
+from .conventions import Boolean, DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
+from .errors import DataError, not_fitted
+from .estimator import KMeans, _in_memory, _like, _names
 from .io.readers import read_table, read_weights
 from .placement import Placement, blas_capped, gather, submit_per_shard
 from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
@@ -50,14 +53,6 @@ ROUND_STEPS_MAX = 1000
 
 # Inits drawn from ``init_size`` rows, as scikit-learn's; any other registered init runs over all rows.
 _SAMPLE_INITS = ("k-means++", "random")
-
-
-class _Bool:
-    """``True`` or ``False`` (NumPy's booleans too)."""
-
-    def check(self, name: str, value: Any) -> None:
-        if not isinstance(value, (bool, np.bool_)):
-            raise InvalidParameterError(f"{name}={value!r} should be True or False")
 
 
 @dataclass
@@ -89,6 +84,7 @@ class _State:
     ewa_min: float | None = None
     no_improvement: int = 0
     done: bool = False
+    stopped: str = ""  # why the stop rule fired (scikit-learn's words), for verbose
 
 
 @dataclass(frozen=True)
@@ -117,14 +113,17 @@ class MiniBatchKMeans(KMeans):
     Parameters
     ----------
     n_clusters : int, default 8
-    init : {"k-means++", "random", "k-means||"}, array (n_clusters, n_features) or .npy path
+    init : {"k-means++", "random", "k-means||"}, callable, array-like (n_clusters, n_features) or .npy path
         ``k-means++`` and ``random`` draw from ``init_size`` rows (as scikit-learn);
-        ``k-means||`` is the distributed init over all rows (:class:`~daskmeans.KMeans`'s).
+        ``k-means||`` is the distributed init over all rows (:class:`~daskmeans.KMeans`'s); a
+        callable is called as :class:`~daskmeans.KMeans` calls it, once per ``n_init``.
     max_iter : int, default 100
         Passes over the data: the fit runs at most ``max_iter * n_samples // batch_size`` steps.
     batch_size : int, default 1024
-    verbose : int, default 0
-        1: a line per round of steps on stdout.
+    verbose : bool or int, default 0
+        1 (or True): a line per round of steps on stdout, and why the steps stopped
+        (scikit-learn's "Converged (small centers change)" or "Converged (lack of improvement
+        in inertia)").
     compute_labels : bool, default True
         After the steps, label every row and compute ``inertia_`` (one pass); otherwise
         ``inertia_`` is the smoothed batch inertia times ``n_samples`` and there is no ``labels_``.
@@ -136,11 +135,13 @@ class MiniBatchKMeans(KMeans):
         Stop after this many steps without a new low of the smoothed batch inertia.
     init_size : int, optional
         Rows drawn for ``k-means++``/``random`` and for choosing among ``n_init`` inits
-        (default ``3 * batch_size``, at least ``3 * n_clusters``, at most ``n_samples``).
-    n_init : int, default 3
+        (default ``3 * batch_size``, at least ``3 * n_clusters``, at most ``n_samples``; one
+        below ``n_clusters`` warns and becomes ``3 * n_clusters``, as scikit-learn's).
+    n_init : "auto" or int, default 3
         Inits tried; the one with the lowest inertia on ``init_size`` validation rows is kept
         (cheap for the inits on ``init_size`` rows; one k-means++ draw alone can merge two
-        clusters, and a mini-batch fit rarely splits them again).
+        clusters, and a mini-batch fit rarely splits them again). ``"auto"``: scikit-learn's
+        rule (1 for k-means++, k-means|| and explicit centres, 3 for random and a callable).
     reassignment_ratio : float, default 0.01
         Every ``10 * n_clusters`` rows (or when a cluster has no weight), clusters whose
         weight is below this fraction of the largest are moved to random rows of the batch.
@@ -157,8 +158,11 @@ class MiniBatchKMeans(KMeans):
     n_iter_ : int
         Passes over the data those steps amount to (``ceil(n_steps_ * batch_size / n_samples)``).
     inertia_ : float
-    labels_ : dask array (n_samples,) int32, lazy (with ``compute_labels``)
+    labels_ : ndarray (n_samples,) int32, or a lazy dask array (with ``compute_labels``)
+        Of the input's kind, as :class:`~daskmeans.KMeans`'s.
     n_features_in_ : int
+    _n_init, _init_size : int
+        The inits tried and the rows they were drawn from (scikit-learn's attributes).
     """
 
     metric = "euclidean"  # what the inherited predict/transform/score read
@@ -168,7 +172,7 @@ class MiniBatchKMeans(KMeans):
             "n_clusters", "init", "max_iter", "verbose", "random_state", "tol", "n_init", "backend", "precision", "tier",
             "memory_limit", "device_memory_limit")},
         "batch_size": Interval(1, None, integer=True),
-        "compute_labels": _Bool(),
+        "compute_labels": Boolean(),
         "max_no_improvement": NoneOr(Interval(0, None, integer=True)),
         "init_size": NoneOr(Interval(1, None, integer=True)),
         "reassignment_ratio": Interval(0, None),
@@ -187,7 +191,7 @@ class MiniBatchKMeans(KMeans):
         tol: float = 0.0,
         max_no_improvement: int | None = 10,
         init_size: int | None = None,
-        n_init: int = 3,
+        n_init: int | str = 3,
         reassignment_ratio: float = 0.01,
         backend: str = "auto",
         precision: str = "fp32",
@@ -202,7 +206,23 @@ class MiniBatchKMeans(KMeans):
         return type(self).__name__ + super().__repr__()[len("KMeans"):]
 
     def _validate_params(self) -> None:
-        validate_params(self.get_params(), self._parameter_constraints)
+        validate_params(self._constrained(), self._parameter_constraints)
+
+    def _runs(self) -> int:
+        """``n_init`` resolved (scikit-learn's ``"auto"``: 3 for random and callable inits),
+        kept as ``_n_init``."""
+        self._n_init = resolve_n_init(self, default=3)
+        return self._n_init
+
+    def _candidates(self, n_features: int, runs: int, X: Any, x: Any) -> list | None:
+        """The explicit init candidates: the centres of an array-like or file init, one per
+        run from a callable init (called with ``X``'s data and one RandomState, see
+        :class:`~daskmeans.KMeans`), None for a named init."""
+        if not callable(self.init):
+            arr = self._init_array(n_features)
+            return None if arr is None else [arr]
+        data, state = init_data(_like(X), x), random_state_for_init(self.random_state, seed_of(self.random_state))
+        return [self._init_array(n_features, data, state) for _ in range(runs)]
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "cluster_centers_"):
@@ -214,11 +234,16 @@ class MiniBatchKMeans(KMeans):
         _check_features(self, int(table.array.shape[1]))
         return super()._blocks(table, stacklevel + 1)  # one frame more: this one
 
-    def _init_size(self, n: int, batch: int) -> int:
+    def _resolve_init_size(self, n: int, batch: int) -> int:
+        """The rows the inits are drawn from (see ``init_size``), kept as ``_init_size``."""
         size = self.init_size if self.init_size is not None else 3 * batch
         if size < self.n_clusters:
+            if self.init_size is not None:
+                warnings.warn(f"init_size={self.init_size} should be larger than n_clusters={self.n_clusters}. "
+                              f"Setting it to min(3*n_clusters, n_samples)", DaskmeansRuntimeWarning, stacklevel=4)
             size = 3 * self.n_clusters
-        return min(size, n)
+        self._init_size = min(size, n)
+        return self._init_size
 
     def _rule(self, n: int, batch: int, n_steps: int, tol_abs: float, seed: int) -> _Rule:
         return _Rule(n, batch, n_steps, tol_abs, self.max_no_improvement, float(self.reassignment_ratio), seed,
@@ -229,6 +254,7 @@ class MiniBatchKMeans(KMeans):
         self.counts_ = st.counts.copy()
         self._state = st
         self.n_features_in_ = d
+        self._n_features_out = int(st.centers.shape[0])
         self.backend_ = backend
 
     # ------------------------------------------------------------ fit
@@ -252,13 +278,14 @@ class MiniBatchKMeans(KMeans):
         from .seeding import resolve_init
 
         self._validate_params()
+        runs = self._runs()
         table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
         table.refuse_identifiers()
         names, x = _names(table), table.array
         n, d = (int(s) for s in x.shape)
         k = self.n_clusters
         check_n_clusters(n, k)
-        arr = self._init_array(d)
+        cands = self._candidates(d, runs, X, x)
         w = None if sample_weight is None else read_weights(sample_weight, x)
         with using_client(self.client, self.backend, exclusive=True) as client:
             job = FitJob.open(client, x, k, sample_weight=w, path=table.source, backend=self.backend, tier=self.tier,
@@ -270,19 +297,17 @@ class MiniBatchKMeans(KMeans):
                 tol_abs = float(np.mean(moments["var"])) * float(self.tol)
                 batch = min(int(self.batch_size), n)
                 n_steps = max(1, int(self.max_iter) * n // batch)
-                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
+                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + runs)
                 self._seeds = [int(s) for s in seeds]
                 step_seed, reassign_seed, sample_seed = self._seeds[:3]
                 rule = self._rule(n, batch, n_steps, tol_abs, reassign_seed)
                 # The init: candidates (one per n_init), the one of lowest inertia on validation rows kept.
-                m = self._init_size(n, batch)
+                m = self._resolve_init_size(n, batch)
                 rng = np.random.default_rng(sample_seed)
                 init_rows = np.sort(rng.choice(n, m, replace=False))
                 valid_rows = rng.integers(0, n, m)
-                fixed = None
-                if arr is not None:
-                    fixed = [arr]
-                elif self.init not in _SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
+                fixed = cands
+                if fixed is None and self.init not in _SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
                     fixed = [job.survive(lambda p: resolve_init(client, p, self.init, k, int(s))) for s in seeds[4:]]
                 centers = job.survive(lambda p: _on_rows(
                     client, p, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows, fixed,
@@ -298,13 +323,16 @@ class MiniBatchKMeans(KMeans):
                     if self.verbose:
                         print(f"MiniBatchKMeans: step {st.step}/{n_steps}, smoothed batch inertia per row "
                               f"{float('nan') if st.ewa is None else st.ewa:.6e}", file=sys.stdout, flush=True)
+                if self.verbose and st.stopped:
+                    print(f"{st.stopped} at step {st.step}/{n_steps}", file=sys.stdout, flush=True)
                 self._finish(st, x.dtype, d, backend)
                 self.n_steps_ = st.step
                 self.n_iter_ = int(np.ceil(st.step * batch / n))
                 self.tier_ = tiers.tier
                 if self.compute_labels:
                     labels, self.inertia_ = job.survive(lambda p: _labels_inertia(client, p, st.centers, self.precision))
-                    self._labels = (labels, client)
+                    like = _like(X)  # labels_ of the input's kind, as KMeans's
+                    self._labels = (infer.materialise(client, labels, like) if _in_memory(like) else labels, client)
                 else:
                     self.__dict__.pop("_labels", None)
                     self.inertia_ = float(st.ewa or 0.0) * n
@@ -329,9 +357,10 @@ class MiniBatchKMeans(KMeans):
         n, d = (int(s) for s in x.shape)
         first = not hasattr(self, "cluster_centers_")
         if first:
+            runs = self._runs()
             table.refuse_identifiers()
             check_n_clusters(n, self.n_clusters)
-            arr = self._init_array(d)
+            cands = self._candidates(d, runs, X, x)
         else:
             self._check_feature_names(table)
             _check_features(self, d)
@@ -341,14 +370,14 @@ class MiniBatchKMeans(KMeans):
             rows = client.compute(x.rechunk({0: -1, 1: -1}))
             weights = None if w is None else client.compute(w.rechunk(-1))
             if first:
-                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + self.n_init)
+                seeds = np.random.SeedSequence(seed_of(self.random_state)).generate_state(4 + runs)
                 self._seeds = [int(s) for s in seeds]
-                m = self._init_size(n, min(int(self.batch_size), n))
+                m = self._resolve_init_size(n, min(int(self.batch_size), n))
                 rng = np.random.default_rng(self._seeds[2])
                 init_rows, valid_rows = np.sort(rng.choice(n, m, replace=False)), rng.integers(0, n, m)
                 init = self.init if isinstance(self.init, str) and self.init in _SAMPLE_INITS else "k-means++"  # a sample already
                 st = _State(None, np.zeros(self.n_clusters))  # type: ignore[arg-type]
-                start = (init_rows, valid_rows, None if arr is None else [arr], init, self._seeds[4:])
+                start = (init_rows, valid_rows, cands, init, self._seeds[4:])
             else:
                 st, start = self._state, None
             rule = self._rule(n, n, st.step + 1, 0.0, self._seeds[1])
@@ -357,8 +386,8 @@ class MiniBatchKMeans(KMeans):
             st, labels, inertia = fut.result()
             self._finish(st, x.dtype, d, backend)
             self.n_steps_ = st.step
-            if self.compute_labels:
-                self._labels = (da.from_array(labels, chunks=x.chunks[0]), client)
+            if self.compute_labels:  # of the input's kind, as fit's
+                self._labels = (labels if _in_memory(_like(X)) else da.from_array(labels, chunks=x.chunks[0]), client)
                 self.inertia_ = inertia
         if first:
             names = _names(table)
@@ -533,7 +562,7 @@ def _step(be: Any, xb: Any, wb: Any, st: _State, rule: _Rule) -> _State:
             if (~low).any():  # not so small that they are moved again at once
                 counts[low] = counts[~low].min()
     shift = float(((centers - old) ** 2).sum()) if rule.tol_abs > 0 else 0.0
-    st = _State(centers, counts, st.step + 1, since, st.ewa, st.ewa_min, st.no_improvement, st.done)
+    st = _State(centers, counts, st.step + 1, since, st.ewa, st.ewa_min, st.no_improvement, st.done, st.stopped)
     _stop_rule(st, float(out["inertia"]) / rule.batch_size, shift, rule)
     return st
 
@@ -550,14 +579,14 @@ def _stop_rule(st: _State, batch_inertia: float, shift: float, rule: _Rule) -> N
         alpha = min(1.0, rule.batch_size * 2.0 / (rule.n_samples + 1))
         st.ewa = st.ewa * (1 - alpha) + batch_inertia * alpha
     if rule.tol_abs > 0 and shift <= rule.tol_abs:
-        st.done = True
+        st.done, st.stopped = True, "Converged (small centers change)"
         return
     if st.ewa_min is None or st.ewa < st.ewa_min:
         st.no_improvement, st.ewa_min = 0, st.ewa
     else:
         st.no_improvement += 1
     if rule.max_no_improvement is not None and st.no_improvement >= rule.max_no_improvement:
-        st.done = True
+        st.done, st.stopped = True, "Converged (lack of improvement in inertia)"
 
 
 # ---------------------------------------------------------------- the final labels

@@ -46,11 +46,17 @@ def distances(x: da.Array, centers: np.ndarray, metric: str) -> da.Array:
                         dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
 
 
-def inertia(client: Client, x: da.Array, centers: np.ndarray, precision: str) -> float:
+def inertia(client: Client, x: da.Array, centers: np.ndarray, precision: str, w: da.Array | None = None) -> float:
     """The sum over rows of the squared distance (n,) to the nearest of ``centers`` (k, d),
-    added in chunk order, computed on ``client``."""
-    parts = x.map_blocks(blas_capped(_inertia_block), centers, precision, chunks=((1,) * x.numblocks[0], (1,)),
-                         dtype=np.float64, meta=np.empty((0, 0)))
+    each weighted by ``w`` (n,) where given, added in chunk order, computed on ``client``."""
+    chunks = ((1,) * x.numblocks[0], (1,))
+    if w is None:
+        parts = x.map_blocks(blas_capped(_inertia_block), centers, precision, chunks=chunks, dtype=np.float64,
+                             meta=np.empty((0, 0)))
+    else:
+        w = w.rechunk((x.chunks[0],))[:, None]  # (n, 1): blocks aligned with x's
+        parts = da.map_blocks(blas_capped(_inertia_block_weighted), x, w, centers, precision, chunks=chunks,
+                              dtype=np.float64, meta=np.empty((0, 0)))
     return float(parts.sum().compute(scheduler=client))
 
 
@@ -87,11 +93,37 @@ def _predict_block(block, centers, precision):
 
 def _transform_block(block, centers, metric):
     be, p = _prep(block, centers)
-    d2 = be.to_numpy(be.sqdistances(block, p))
+    d2 = be.to_numpy(_exact_near_zero(be, block, centers, be.sqdistances(block, p)))
     out = get_metric(metric).distances(d2)
     return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
+
+
+def _exact_near_zero(be, block, centers, d2):
+    """``d2`` (n, k) with the entries the GEMM expansion ``|x|^2 - 2 x.c + |c|^2`` cannot tell
+    from 0 recomputed as ``sum((x - c)^2)`` in float64: its cancellation leaves an error of a
+    few ulps of ``|x|^2 + |c|^2``, whose square root (a row at a centroid: 8e-8 instead of 0 in
+    float64) is no distance. Such entries are rare (rows at or next to a centroid)."""
+    xp = be.xp
+    n, d = block.shape
+    if n == 0:
+        return d2
+    c64 = xp.asarray(centers, dtype=xp.float64)
+    xx = (block * block).sum(axis=1, dtype=xp.float64)
+    cc = (c64 * c64).sum(axis=1)
+    bound = (4 * d * float(np.finfo(block.dtype).eps)) * (xx[:, None] + cc[None, :])
+    rows, cols = xp.nonzero(d2 <= bound)
+    if rows.size:
+        diff = block[rows].astype(xp.float64) - c64[cols]
+        d2[rows, cols] = (diff * diff).sum(axis=1)
+    return d2
 
 
 def _inertia_block(block, centers, precision):
     be, p = _prep(block, centers, precision)
     return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
+
+
+def _inertia_block_weighted(block, w, centers, precision):
+    be, p = _prep(block, centers, precision)
+    weights = be.asarray(w[:, 0]).astype(block.dtype)  # as the fit's kernels take sample weights
+    return np.array([[float(be.assign(block, p, weights, want_sums=False)["inertia"])]])

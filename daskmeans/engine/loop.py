@@ -323,7 +323,12 @@ def _iterate(shard: Shard, st: LoopState, fit: FitSpec, comm: Any, seg_t0: float
     if n_empty:
         new = shift = None  # the update from the uncorrected sums: freed before the second one
         cands = _gather_far(_far_points(shard, st.centroids, n_empty, it, be), n_empty, d, comm, be)
-        targets = np.flatnonzero(host[:k] <= 0)
+        # A row at its centroid (distance 0) is no better start for an empty cluster than where
+        # it is: moving it would empty its own cluster or copy a centroid (duplicate points), and
+        # the fit would not settle. As scikit-learn, empty clusters take only rows at a distance
+        # from their centroid, and the others stay where they are.
+        cands = [c for c in cands if c[0] > 0]
+        targets = np.flatnonzero(host[:k] <= 0)[: len(cands)]
         isums, iweights = _relocate(isums, iweights, targets, [(c[2], c[3], c[4]) for c in cands], fit.grid, be)
         new, shift = be.update_centroids(isums, iweights, old, fit.grid)
         m_updated = be.mark()

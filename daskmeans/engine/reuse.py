@@ -301,10 +301,15 @@ def _wait_dropped(client: Client, entries: list, *, wait: bool = True, timeout: 
     if not wait or not keys or client.status != "running":
         return
     deadline = time.monotonic() + timeout
+    # The workers usually let go within a few milliseconds: looks 1 ms apart at first, then
+    # further apart (a fixed 50 ms cost every fit of new data once two datasets were kept,
+    # 12 s of the 95 s of scikit-learn's KMeans tests, which fit 220 small datasets).
+    pause = 0.001
     while time.monotonic() < deadline:
         try:
             if not any(client.run(_holding, keys).values()):
                 return
         except Exception:  # a worker leaving meanwhile: its data is gone with it
             return
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(0.05, 2 * pause)

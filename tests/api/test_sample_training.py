@@ -96,7 +96,7 @@ def test_the_fit_is_the_fit_of_the_sampled_rows_bit_for_bit(client, data):
         assert [h["inertia"] for h in km.history_] == [h["inertia"] for h in ref.history_]
         assert km.n_samples_fit_ == N_PER * K and ref.n_samples_fit_ == N_PER * K
     # Every row: labels as predict gives them, the inertia and sizes of float64 NumPy.
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     assert np.array_equal(labels, km.predict(X))
     d2 = ((X.astype(np.float64)[:, None, :] - km.cluster_centers_.astype(np.float64)[None]) ** 2).sum(axis=2)
     assert np.array_equal(labels, d2.argmin(axis=1))
@@ -114,7 +114,7 @@ def test_a_cosine_fit_on_a_sample_is_that_of_the_sampled_rows(client, data):
     km = _fit(client, _chunked(X, 7), metric="cosine", init=init)
     ref = KMeans(K, metric="cosine", init=init, max_iter=50, client=client).fit(X[rows])
     assert np.array_equal(km.cluster_centers_, ref.cluster_centers_) and km.sample_inertia_ == ref.inertia_
-    assert np.array_equal(km.labels_.compute(), km.predict(X))
+    assert np.array_equal(np.asarray(km.labels_), km.predict(X))
     assert km.inertia_ == pytest.approx(-km.score(X), rel=1e-12)
 
 
@@ -125,7 +125,7 @@ def test_the_same_centroids_for_any_chunking_and_worker_count(client, client1, d
         assert np.array_equal(km.cluster_centers_, fits[0].cluster_centers_)
         assert km.n_iter_ == fits[0].n_iter_
         assert km.cluster_sizes_.tolist() == fits[0].cluster_sizes_.tolist()
-    assert np.array_equal(fits[1].labels_.compute(), fits[2].labels_.compute(scheduler=client1))
+    assert np.array_equal(np.asarray(fits[1].labels_), fits[2].labels_.compute(scheduler=client1))
 
 
 def test_weighted_data_keeps_the_weights_of_the_sampled_rows(client, data):

@@ -34,7 +34,7 @@ def test_toy_case_by_hand(client):
     a = np.deg2rad([0.0, 10.0, 90.0, 100.0])
     X = np.c_[np.cos(a), np.sin(a)] * np.array([[1.0], [50.0], [0.1], [7.0]])
     km = daskmeans.KMeans(2, init=np.array([[1.0, 0.0], [0.0, 3.0]]), metric="cosine", max_iter=10, client=client).fit(X)
-    np.testing.assert_array_equal(km.labels_.compute(), [0, 0, 1, 1])
+    np.testing.assert_array_equal(np.asarray(km.labels_), [0, 0, 1, 1])
     expect = np.c_[np.cos(np.deg2rad([5.0, 95.0])), np.sin(np.deg2rad([5.0, 95.0]))]
     np.testing.assert_allclose(km.cluster_centers_, expect, atol=1e-12)
     assert km.inertia_ == pytest.approx(4 * (1 - np.cos(np.deg2rad(5.0))), rel=1e-9)
@@ -50,7 +50,7 @@ def test_matches_float64_reference(client, dtype):
     init = X[:6].copy()
     lab, C, inertia = _spherical_reference(X.astype(dtype).astype(np.float64), init, 15)
     km = daskmeans.KMeans(6, init=init, metric="cosine", max_iter=15, tol=0, client=client).fit(X.astype(dtype))
-    np.testing.assert_array_equal(km.labels_.compute(), lab)
+    np.testing.assert_array_equal(np.asarray(km.labels_), lab)
     rtol = 1e-9 if dtype == np.float64 else 1e-5
     np.testing.assert_allclose(km.cluster_centers_, C, rtol=rtol, atol=rtol)
     assert km.inertia_ == pytest.approx(inertia, rel=rtol)
@@ -69,7 +69,7 @@ def test_inertia_never_increases_and_chunking_does_not_matter(client):
     ]
     inert = [h["inertia"] for h in fits[0].history_]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(inert, inert[1:]))
-    np.testing.assert_array_equal(fits[0].labels_.compute(), fits[1].labels_.compute())
+    np.testing.assert_array_equal(np.asarray(fits[0].labels_), np.asarray(fits[1].labels_))
     np.testing.assert_allclose(fits[0].cluster_centers_, fits[1].cluster_centers_, rtol=1e-6)
 
 

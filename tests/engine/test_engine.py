@@ -63,7 +63,7 @@ def mixed_20k():
 
 
 def _assert_same_as_sklearn(km, sk):
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     assert labels.dtype == np.int32
     np.testing.assert_array_equal(labels, sk.labels_)
     assert km.inertia_ == pytest.approx(sk.inertia_, rel=1e-6)
@@ -109,7 +109,7 @@ def test_integer_weights_equal_repeated_rows(client):
     kr = KMeans(5, init=init, tol=0.0, client=client).fit(np.repeat(X, w, axis=0))
     rel_close(kw.cluster_centers_, kr.cluster_centers_, 1e-9)
     assert kw.inertia_ == pytest.approx(kr.inertia_, rel=1e-9)
-    np.testing.assert_array_equal(np.repeat(kw.labels_.compute(), w), kr.labels_.compute())
+    np.testing.assert_array_equal(np.repeat(np.asarray(kw.labels_), w), np.asarray(kr.labels_))
 
 
 def test_sample_weight_wrong_length(client):
@@ -159,7 +159,7 @@ def test_cluster_of_zero_weight_points(client):
         assert np.isfinite(h["inertia"]) and np.isfinite(h["shift"]), h
     assert np.isfinite(km.cluster_centers_).all()
     assert np.isfinite(km.inertia_)
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     assert ((X - km.cluster_centers_[labels]) ** 2).sum(axis=1) @ w == pytest.approx(km.inertia_, rel=1e-9)
 
 
@@ -176,7 +176,7 @@ def test_chunking_invariance(client, mixed_20k, init):
         assert Xd.numblocks[0] in (1, 50)
         fits.append(KMeans(8, init=spec, random_state=11, client=client).fit(Xd))
     one, fifty = fits
-    np.testing.assert_array_equal(one.labels_.compute(), fifty.labels_.compute())
+    np.testing.assert_array_equal(np.asarray(one.labels_), np.asarray(fifty.labels_))
     rel_close(fifty.cluster_centers_, one.cluster_centers_, 1e-6)
     assert fifty.inertia_ == pytest.approx(one.inertia_, rel=1e-6)
     assert fifty.n_iter_ == one.n_iter_
@@ -255,14 +255,18 @@ def test_init_same_on_two_and_three_workers(client, client3, mixed_20k, init):
 
 def test_labels_and_fit_predict_use_the_given_cluster(client, client3):
     """An estimator given ``client=`` does not depend on which client is the default one:
-    ``fit_predict`` computes on the fitting client. ``labels_`` lives on that cluster (as
-    documented), so it is computed there."""
+    ``fit_predict`` computes on the fitting client. ``labels_`` of in-memory ``X`` is computed
+    there at the end of the fit (a NumPy array, as scikit-learn's); of Dask ``X`` it lives on
+    that cluster (as documented), so it is computed there."""
     X = np.random.default_rng(0).standard_normal((3000, 3))
     km = KMeans(4, random_state=0, client=client3)
     labels = km.fit_predict(X)
-    assert isinstance(labels, np.ndarray)
+    assert isinstance(labels, np.ndarray) and isinstance(km.labels_, np.ndarray)
     np.testing.assert_array_equal(labels, km.predict(X))
-    np.testing.assert_array_equal(client3.compute(km.labels_).result(), labels)
+    np.testing.assert_array_equal(km.labels_, labels)
+    lazy = KMeans(4, random_state=0, client=client3).fit(da.from_array(X, chunks=1000))
+    assert isinstance(lazy.labels_, da.Array)
+    np.testing.assert_array_equal(client3.compute(lazy.labels_).result(), labels)
 
 
 # ---------------------------------------------------------------- (d) monotone inertia (property)
@@ -293,7 +297,7 @@ def test_inertia_never_increases(client, n, d, k, n_chunks, seed, init, blobs):
     for i, (a, b) in enumerate(zip(hist, hist[1:])):
         assert b <= a * (1 + 1e-9) + 1e-12, f"inertia went up at iteration {i + 2}: {a!r} -> {b!r}"
     assert km.inertia_ <= hist[-1] * (1 + 1e-9) + 1e-12
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     assert labels.shape == (n,) and labels.min() >= 0 and labels.max() < k
     # inertia_ is the inertia of labels_ under cluster_centers_
     ref = ((X - km.cluster_centers_[labels]) ** 2).sum()
@@ -315,7 +319,7 @@ def test_empty_cluster_relocation_matches_sklearn(client, blobs_2d):
     km = KMeans(5, init=init, client=client).fit(da.from_array(X, chunks=(250, -1)))
     assert km.history_[0]["n_empty"] == 1
     assert km.history_[-1]["n_empty"] == 0
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     counts = np.bincount(labels, minlength=5)
     assert (counts > 0).all(), counts
     assert np.isfinite(km.inertia_)
@@ -352,14 +356,28 @@ def test_empty_cluster_relocation_rule(client, blobs_2d):
         cnt[j] = 1
     expected = sums / cnt[:, None]
     rel_close(km.cluster_centers_, expected, 1e-9)
-    counts = np.bincount(km.labels_.compute(), minlength=5)
+    counts = np.bincount(np.asarray(km.labels_), minlength=5)
     assert (counts > 0).all(), counts
     # converged fit from the same init: no empty cluster left, inertia near sklearn's
     full = KMeans(5, init=init, client=client).fit(X)
-    assert (np.bincount(full.labels_.compute(), minlength=5) > 0).all()
+    assert (np.bincount(np.asarray(full.labels_), minlength=5) > 0).all()
     sk = SKKMeans(5, init=init, n_init=1, algorithm="lloyd").fit(X)
     assert (np.bincount(sk.labels_, minlength=5) > 0).all()
     assert full.inertia_ <= 1.5 * sk.inertia_
+
+
+@pytest.mark.parametrize("chunks", [5, 2])
+def test_an_empty_cluster_takes_no_row_at_its_centroid(client, chunks):
+    """Duplicate points, as many centres as points (two of them equal): the second copy's
+    cluster is empty, and the only rows left are at distance 0 from their centroid. Moving one
+    would empty its cluster (the fit never settles); as scikit-learn (its issue 28055), the
+    empty cluster stays where it is and the fit converges at once."""
+    X = np.array([[0, 0], [1, 1], [1, 1], [1, 0], [0, 1]], dtype=float)
+    with pytest.warns(UserWarning, match=r"Number of distinct clusters \(4\) found smaller than n_clusters \(5\)"):
+        km = KMeans(5, init=X, client=client).fit(da.from_array(X, chunks=(chunks, -1)))
+    assert km.n_iter_ == 1 and km.history_[0]["n_empty"] == 1
+    np.testing.assert_array_equal(np.asarray(km.labels_), [0, 1, 1, 3, 4])
+    np.testing.assert_array_equal(km.cluster_centers_, X)
 
 
 # ---------------------------------------------------------------- (f) init methods
@@ -402,7 +420,7 @@ def test_same_random_state_same_model(client, separated, init):
     a = KMeans(8, init=init, random_state=3, client=client).fit(Xd)
     b = KMeans(8, init=init, random_state=3, client=client).fit(Xd)
     rel_close(a.cluster_centers_, b.cluster_centers_, 1e-9)
-    np.testing.assert_array_equal(a.labels_.compute(), b.labels_.compute())
+    np.testing.assert_array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
     assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-9)
     assert a.n_iter_ == b.n_iter_
 
@@ -509,7 +527,7 @@ def test_n_init_keeps_best(client, lloyd_runs, separated):
     assert km.inertia_ == inertias[best]
     np.testing.assert_array_equal(km.cluster_centers_, results[best].centroids)
     assert km.n_iter_ == results[best].n_iter
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     assert ((separated - km.cluster_centers_[labels]) ** 2).sum() == pytest.approx(km.inertia_, rel=1e-9)
     one = KMeans(8, init="random", n_init=1, random_state=0, client=client).fit(separated)
     assert km.inertia_ <= one.inertia_
@@ -524,7 +542,8 @@ def test_n_init_runs_each_start_fresh(client, lloyd_runs):
     results = lloyd_runs
     X, y = make_blobs(3000, 2, centers=3, cluster_std=0.5, random_state=0)
     init = np.stack([X[y == i][0] for i in range(3)])
-    KMeans(3, init=init, n_init=3, client=client).fit(X)
+    # A callable init runs n_init times (explicit centres run once, as scikit-learn's).
+    KMeans(3, init=lambda X, k, random_state: init, n_init=3, client=client).fit(X)
     assert len(results) == 3
     firsts = [r.history[0]["reassigned"] for r in results]
     assert firsts == [len(X)] * 3, f"first-iteration reassigned per run: {firsts}"
@@ -543,7 +562,7 @@ def fitted(client, mixed_20k):
 
 def test_predict_transform_score_numpy(fitted):
     X, km = fitted
-    labels = km.labels_.compute()
+    labels = np.asarray(km.labels_)
     pred = km.predict(X)
     assert isinstance(pred, np.ndarray) and pred.dtype == np.int32
     np.testing.assert_array_equal(pred, labels)
@@ -557,12 +576,38 @@ def test_predict_transform_score_numpy(fitted):
     assert score == pytest.approx(-km.inertia_, rel=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transform_of_the_centroids_is_exactly_zero_on_the_diagonal(client, fitted, dtype):
+    """A row at a centroid is at distance 0: the GEMM expansion's cancellation (8e-8 in
+    float64 after the square root) is recomputed exactly; every other distance as before."""
+    X, km = fitted
+    if dtype == np.float32:  # a float32 model (its centroids float32, as the rows)
+        X = X.astype(dtype)
+        km = KMeans(6, random_state=0, client=client).fit(X)
+    dist = km.transform(np.concatenate([km.cluster_centers_, X[:50]]))
+    np.testing.assert_array_equal(np.diag(dist[:6]), np.zeros(6))
+    c = km.cluster_centers_.astype(np.float64)
+    ref = np.sqrt(((X[:50, None, :].astype(np.float64) - c[None]) ** 2).sum(axis=2))
+    np.testing.assert_allclose(dist[6:], ref, rtol=1e-5 if dtype == np.float32 else 1e-7)
+
+
+def test_score_takes_sample_weight_as_scikit_learn(fitted):
+    X, km = fitted
+    w = np.random.default_rng(4).uniform(0, 3, len(X))
+    sk = SKKMeans(6, init=km.cluster_centers_, n_init=1, max_iter=1).fit(X)
+    sk.cluster_centers_ = km.cluster_centers_
+    assert km.score(X, sample_weight=w) == pytest.approx(sk.score(X, sample_weight=w), rel=1e-10)
+    assert km.score(X, sample_weight=np.ones(len(X))) == pytest.approx(km.score(X), rel=1e-12)
+    assert km.score(da.from_array(X, chunks=(999, -1)), sample_weight=da.from_array(w, chunks=500)) == \
+        pytest.approx(km.score(X, sample_weight=w), rel=1e-12)
+
+
 def test_predict_transform_dask(fitted):
     X, km = fitted
     Xd = da.from_array(X, chunks=(1000, -1))
     pred = km.predict(Xd)
     assert isinstance(pred, da.Array)
-    np.testing.assert_array_equal(pred.compute(), km.labels_.compute())
+    np.testing.assert_array_equal(pred.compute(), np.asarray(km.labels_))
     dist = km.transform(Xd)
     assert isinstance(dist, da.Array) and dist.shape == (len(X), 6)
     np.testing.assert_allclose(dist.compute(), km.transform(X), rtol=1e-12)
@@ -573,7 +618,7 @@ def test_predict_float32_and_integer_input(fitted):
     X, km = fitted
     np.testing.assert_array_equal(km.predict(np.round(X).astype(np.int64)), km.predict(np.round(X)))
     p32 = km.predict(X.astype(np.float32))
-    assert (p32 == km.labels_.compute()).mean() > 0.999
+    assert (p32 == np.asarray(km.labels_)).mean() > 0.999
 
 
 def test_fit_predict(client, mixed_20k):
@@ -582,7 +627,7 @@ def test_fit_predict(client, mixed_20k):
     km = KMeans(5, init=init, client=client)
     out = km.fit_predict(X)
     assert isinstance(out, np.ndarray)
-    np.testing.assert_array_equal(out, km.labels_.compute())
+    np.testing.assert_array_equal(out, np.asarray(km.labels_))
     np.testing.assert_array_equal(out, km.predict(X))
     km2 = KMeans(5, init=init, client=client)
     outd = km2.fit_predict(da.from_array(X, chunks=(500, -1)))

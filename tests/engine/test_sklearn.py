@@ -7,6 +7,7 @@ as much as Dask does): ``KMeans`` implements the estimator protocol itself (``ge
 
 import pickle
 
+import dask.array as da
 import numpy as np
 import pytest
 from sklearn.base import clone
@@ -70,7 +71,9 @@ def test_pipeline_clone_and_nested_params(client):
     assert search.best_params_ == {"n_clusters": 3}  # score is -inertia: more clusters, higher
 
 
-def test_pickled_model_predicts_the_same_and_has_no_labels(client):
+def test_pickled_model_predicts_the_same_and_keeps_only_labels_in_memory(client):
+    """Labels of in-memory data are NumPy and travel with the model, as scikit-learn's; lazy
+    labels (of Dask data) are held by the fit's workers and do not."""
     X = np.random.default_rng(1).standard_normal((500, 4)).astype(np.float32)
     km = KMeans(4, random_state=0, client=client).fit(X)
     back = pickle.loads(pickle.dumps(km))
@@ -78,8 +81,10 @@ def test_pickled_model_predicts_the_same_and_has_no_labels(client):
     np.testing.assert_array_equal(back.cluster_centers_, km.cluster_centers_)
     np.testing.assert_array_equal(back.predict(X), km.predict(X))
     assert back.transform(X).dtype == np.float32
+    np.testing.assert_array_equal(back.labels_, km.labels_)
+    lazy = pickle.loads(pickle.dumps(KMeans(4, random_state=0, client=client).fit(da.from_array(X, chunks=100))))
     with pytest.raises(NotFittedError, match=r"labels_ exists after fit\(\)"):
-        back.labels_
+        lazy.labels_
 
 
 def test_not_fitted_is_also_scikit_learns_error():
