@@ -234,6 +234,9 @@ class Placement:
     # Each chunk's pin once a pass has read it (``Shard.pins``): a placement made again gives
     # them to its shards, so that a chunk read again from the source is checked.
     pins: dict | None = field(default=None, compare=False, repr=False)
+    # The in-memory chunks scattered for it (engine/owned.py): kept while the shards may need
+    # to be made again from them.
+    sources: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -289,6 +292,13 @@ def place(
     arrays = [] if tier == "storage" else [resident]
     if sample_weight is not None:
         arrays.append(to_backend(sample_weight.rechunk((X.chunks[0],)), backend))
+    # Under daskmeans' own keys (the user's keys, known to the scheduler with another run_spec,
+    # made distributed warn on the user's next computation of X), and in-memory chunks
+    # scattered rather than sent inside the graph (engine/owned.py).
+    from .engine.owned import own_keys
+
+    owned = [own_keys(a, client, scatter=True) for a in arrays]
+    arrays, sources = [a for a, _ in owned], [f for _, fs in owned for f in fs]
     persisted = client.persist(arrays) if arrays else []
     xfuts = futures_of(persisted[0]) if tier != "storage" else []
     wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
@@ -369,6 +379,7 @@ def place(
         backend=backend_name(backend),
         tier=tier,
         pins=pins,
+        sources=sources,
     )
 
 
