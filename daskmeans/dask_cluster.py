@@ -507,13 +507,36 @@ def _local_api_client(backend: str) -> Client:
         if held is not None and held[0] == os.getpid():  # closed by the user: start afresh
             _close_quietly(held[1])
         stack = contextlib.ExitStack()
-        n_workers = None if gpu else min(os.cpu_count() or 1, int(config.get("local-threads-max-workers")))
+        n_workers = None if gpu else min(_core_share(), int(config.get("local-threads-max-workers")))
         # BLAS is left as it is: this process is the user's, and engine tasks cap BLAS themselves.
         client = stack.enter_context(connect(None, "gpu" if gpu else "cpu", n_workers, blas_threads=None))
         if not _API_CLUSTERS:
             atexit.register(close_api_clusters)
         _API_CLUSTERS[gpu] = (os.getpid(), stack, client)
         return client
+
+
+def _core_share() -> int:
+    """The cores this process's local CPU cluster may use: all of them, but in a worker process
+    of joblib's process pool (``GridSearchCV(n_jobs=N)``, ``cross_val_score(n_jobs=N)``) the
+    share joblib gives each of its N processes (the ``OMP_NUM_THREADS`` it sets for them:
+    cores // N). Each such process starts a cluster of its own; with a worker per core in each,
+    N processes ran N workers per core and ``n_jobs=2`` took twice as long as ``n_jobs=1``."""
+    cores = os.cpu_count() or 1
+    if not _in_joblib_process():
+        return cores
+    try:
+        share = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return cores
+    return max(1, min(cores, share))
+
+
+def _in_joblib_process() -> bool:
+    """Whether this process is a worker of joblib's process pool (loky)."""
+    import multiprocessing
+
+    return type(multiprocessing.current_process()).__name__ == "LokyProcess"
 
 
 def close_api_clusters() -> None:
