@@ -18,11 +18,13 @@ if _typing.TYPE_CHECKING:  # pragma: no cover
     from .io.model_store import write_data as write
     from .io.readers import read, read_table
     from .minibatch import MiniBatchKMeans
-    from .sweep import sweep
+    from . import sweep
 
-# Public name -> (module, attribute), imported on first use.
+# Public name -> (module, attribute; None: the module itself), imported on first use.
+# ``sweep`` is the module daskmeans.sweep, callable as its function sweep(X, ks): importing
+# the submodule binds this name to it anyway, and a module also gives daskmeans.sweep.figure.
 _LAZY = {"KMeans": ("estimator", "KMeans"), "read": ("io.readers", "read"), "read_table": ("io.readers", "read_table"),
-         "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", "sweep"),
+         "MiniBatchKMeans": ("minibatch", "MiniBatchKMeans"), "sweep": ("sweep", None),
          "release": ("engine.reuse", "release"), "write": ("io.model_store", "write_data"),
          "make_blobs": ("datasets", "make_blobs")}
 
@@ -34,7 +36,8 @@ def __getattr__(name: str) -> object:
         from . import config  # noqa: F401  (registers the dask.config defaults first)
 
         mod, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{mod}", __name__), attr)
+        module = importlib.import_module(f".{mod}", __name__)
+        value = module if attr is None else getattr(module, attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'daskmeans' has no attribute {name!r}")

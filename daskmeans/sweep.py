@@ -3,18 +3,26 @@
 Every K is one :class:`~daskmeans.KMeans` fit on the engine. The data is read once: the
 engine's job keeps the chunks one fit placed for the next fit of the same data
 (:mod:`daskmeans.engine.reuse`), so no fit but the first reads the file. Each fit's inertia is over all rows; the
-silhouette and Davies–Bouldin scores are computed here in NumPy (scikit-learn's definitions)
-on one sample of rows drawn by global index from the seed, the same sample for every K.
+silhouette and Davies–Bouldin scores (scikit-learn's definitions) are computed on one sample
+of rows drawn by global index from the seed, the same sample for every K: the silhouette's
+row sums of distances on the workers, in blocks of rows (:func:`silhouette`), the rest here.
 
 The elbow is the K farthest below the chord of the normalised log-inertia curve: with K and
 log(inertia) each scaled to [0, 1] over the sweep, the point of largest distance below the
 straight line joining the first and last points. The logarithm keeps the first steps from
 dominating: on linear inertia a sweep from K = 1 (inertia 20x the rest) picks the first
-K after it whatever the data (5 blobs, K = 1, 3, 5, 7: 3 linear, 5 in log).
+K after it whatever the data (5 blobs, K = 1, 3, 5, 7: 3 linear, 5 in log). A curve with no
+point below the chord (one that bends the other way, or a straight line) has no elbow.
+
+``daskmeans.sweep`` is this module, callable as :func:`sweep`: ``daskmeans.sweep(X, ks)`` runs
+a sweep, and ``daskmeans.sweep.figure``, ``daskmeans.sweep.elbow``,
+``daskmeans.sweep.SweepResult`` are its other names (a package attribute that was the function
+would be replaced by the module as soon as anything imported ``daskmeans.sweep``).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import sys
@@ -26,43 +34,75 @@ from typing import Any, Callable, Sequence
 # The rows the silhouette and Davies–Bouldin scores are computed on (the silhouette costs
 # sample^2 distances per K).
 SAMPLE_ROWS = 10_000
+# Rows of the sample per silhouette task: a (rows x sample) float64 block of distances (80 MB
+# at the default sample) per task at once.
+SCORE_BLOCK_ROWS = 1024
 ELBOW_RULE = ("the K of largest distance below the chord from the first to the last point of the curve of "
-              "log(inertia) against K, both scaled to [0, 1]")
+              "log(inertia) against K, both scaled to [0, 1]; none where no point lies below it")
 FORMAT = "daskmeans-sweep"
+# How far below the chord (in the normalised units) a point must lie to be an elbow: points
+# on a straight line differ from it by rounding only.
+_BELOW = 1e-9
+# The columns of the table (repr, HTML, to_frame): (attribute, heading, format).
+_COLUMNS = (("inertia", "inertia", "{:.6e}"), ("silhouette", "silhouette", "{:.4f}"),
+            ("davies_bouldin", "Davies-Bouldin", "{:.4f}"), ("n_iter", "iterations", "{:d}"),
+            ("fit_seconds", "fit s", "{:.2f}"), ("score_seconds", "score s", "{:.2f}"), ("seconds", "total s", "{:.2f}"))
 
 
 @dataclass
 class SweepResult:
-    """One sweep over K.
+    """One sweep over K: a table of one row per K, the elbow, the fitted models.
 
     Attributes
     ----------
     ks : list of int, ascending
+        The Ks fitted (all of ``ks_requested`` once ``complete``).
     inertia : list of float
         Each fit's inertia over all rows.
     silhouette, davies_bouldin : list of float or None
         On the sample (None where the score is undefined: fewer than 2 clusters in the
         sample, or as many as its rows).
     n_iter : list of int
+    fit_seconds : list of float
+        Wall seconds of each fit (placing the data, for the first, included).
+    score_seconds : list of float
+        Wall seconds of each K's scores (the sample's labels, silhouette, Davies–Bouldin).
     seconds : list of float
-        Wall seconds of each fit.
+        Wall seconds of each K: its fit and its scores.
     elbow : int or None
-        The chosen K (:func:`elbow`; None for fewer than 3 K).
+        The chosen K (:func:`elbow`, over the Ks fitted); None for fewer than 3 K or a
+        curve with no point below its chord.
     sample_rows, n_samples, n_features : int
+    ks_requested : list of int
+        The Ks asked for.
+    complete : bool
+        Whether every K asked for was fitted (False in the result of an interrupted sweep).
+    sample_seconds : float
+        Wall seconds taken to draw the sample.
+    wall_seconds : float
+        Wall seconds of the whole sweep so far: the sample and every K.
     rule : str
         How the elbow is chosen.
+    models : list of KMeans
+        The fitted estimators, in the order of ``ks`` (not in :meth:`to_dict`).
     """
 
-    ks: list
-    inertia: list
-    silhouette: list
-    davies_bouldin: list
-    n_iter: list
-    seconds: list
-    elbow: int | None
-    sample_rows: int
-    n_samples: int
-    n_features: int
+    ks: list = field(default_factory=list)
+    inertia: list = field(default_factory=list)
+    silhouette: list = field(default_factory=list)
+    davies_bouldin: list = field(default_factory=list)
+    n_iter: list = field(default_factory=list)
+    fit_seconds: list = field(default_factory=list)
+    score_seconds: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    elbow: int | None = None
+    sample_rows: int = 0
+    n_samples: int = 0
+    n_features: int = 0
+    ks_requested: list = field(default_factory=list)
+    complete: bool = False
+    sample_seconds: float = 0.0
+    wall_seconds: float = 0.0
     rule: str = ELBOW_RULE
     models: list = field(default_factory=list, repr=False)
 
@@ -71,6 +111,75 @@ class SweepResult:
         d = asdict(self)
         d.pop("models")
         return {"format": FORMAT, **d}
+
+    def to_frame(self):
+        """The table as a pandas DataFrame: one row per K (index ``k``), the columns
+        ``inertia``, ``silhouette``, ``davies_bouldin``, ``n_iter``, ``fit_seconds``,
+        ``score_seconds``, ``seconds`` and ``elbow`` (True on the elbow's row)."""
+        import pandas as pd
+
+        cols = {name: getattr(self, name) for name, _, _ in _COLUMNS}
+        df = pd.DataFrame(cols, index=pd.Index(self.ks, name="k"))
+        for name in ("silhouette", "davies_bouldin"):  # None (undefined) as NaN
+            df[name] = df[name].astype("float64")
+        df["elbow"] = [k == self.elbow for k in self.ks]
+        return df
+
+    def plot(self, path: str | None = None):
+        """The elbow plot (:func:`figure`): inertia against K with the elbow marked, and the
+        sample's scores; also written to ``path`` (.png, .svg, .pdf) where given.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+        """
+        fig = figure(self)
+        if path is not None:
+            fig.savefig(path, format=os.path.splitext(path)[1].lstrip(".").lower() or None)
+        return fig
+
+    def _headline(self) -> str:
+        done = "" if self.complete else f" (interrupted: {len(self.ks)} of {len(self.ks_requested)} K fitted)"
+        elbow = f"elbow K={self.elbow}" if self.elbow is not None else "no elbow"
+        return (f"sweep of K on {self.n_samples} x {self.n_features}{done}: {elbow}; scores on {self.sample_rows} "
+                f"sampled rows; {self.wall_seconds:.2f} s")
+
+    def _cells(self) -> list[list[str]]:
+        rows = []
+        for i, k in enumerate(self.ks):
+            row = [str(k)]
+            for name, _, fmt in _COLUMNS:
+                v = getattr(self, name)[i]
+                row.append("-" if v is None else fmt.format(v))
+            rows.append(row)
+        return rows
+
+    def __repr__(self) -> str:
+        head = ["K"] + [h for _, h, _ in _COLUMNS]
+        rows = self._cells()
+        width = [max(len(r[j]) for r in [head] + rows) for j in range(len(head))]
+        lines = [self._headline(), "  " + "  ".join(h.rjust(w) for h, w in zip(head, width))]
+        for k, r in zip(self.ks, rows):
+            lines.append(("* " if k == self.elbow else "  ") + "  ".join(c.rjust(w) for c, w in zip(r, width)))
+        if self.elbow is not None:
+            lines.append("* the elbow")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in ["K"] + [h for _, h, _ in _COLUMNS])
+        body = []
+        for k, r in zip(self.ks, self._cells()):
+            style = ' style="font-weight: bold"' if k == self.elbow else ""
+            body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>")
+        return (f"<table><caption>{html.escape(self._headline())}</caption><thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(body)}</tbody></table>")
+
+    def _add(self, line: dict, model: Any) -> None:
+        for key in ("k", "inertia", "silhouette", "davies_bouldin", "n_iter", "fit_seconds", "score_seconds",
+                    "seconds"):
+            getattr(self, "ks" if key == "k" else key).append(line[key])
+        self.models.append(model)
+        self.elbow = elbow(self.ks, self.inertia)
 
 
 def parse_ks(text: str) -> list[int]:
@@ -96,13 +205,19 @@ def parse_ks(text: str) -> list[int]:
 
 
 def elbow(ks: Sequence[int], inertia: Sequence[float]) -> int | None:
-    """The elbow of an inertia curve (:data:`ELBOW_RULE`); None for fewer than 3 points or a
-    flat curve.
+    """The elbow of an inertia curve (:data:`ELBOW_RULE`).
 
     Parameters
     ----------
     ks : sequence of int (m,), ascending
     inertia : sequence of float (m,)
+
+    Returns
+    -------
+    int or None
+        The K farthest below the chord; None for fewer than 3 points, a flat curve, or a
+        curve with no point below its chord (the endpoints lie on it: they are never the
+        elbow).
     """
     import numpy as np
 
@@ -112,25 +227,52 @@ def elbow(ks: Sequence[int], inertia: Sequence[float]) -> int | None:
         return None
     x = (k - k[0]) / (k[-1] - k[0])
     y = (y - y.min()) / (y.max() - y.min())
-    # How far each point lies below the chord from the first point to the last, vertically:
-    # a fixed multiple of the perpendicular distance (the chord's slope is the same for all).
-    below = y[0] + (y[-1] - y[0]) * x - y
-    return int(ks[int(np.argmax(below))])
+    # How far each inner point lies below the chord from the first point to the last,
+    # vertically: a fixed multiple of the perpendicular distance (the chord's slope is the
+    # same for all).
+    below = (y[0] + (y[-1] - y[0]) * x - y)[1:-1]
+    i = int(np.argmax(below))
+    return int(ks[i + 1]) if below[i] > _BELOW else None
 
 
-def _pairwise_sums(x: Any, labels: Any, k: int, block: int = 2048) -> Any:
-    """``out[i, j]``: the sum of Euclidean distances from row ``i`` to the rows of label ``j``
-    (n, k) float64, in row blocks (never the whole n x n matrix)."""
+def _block_sums(x: Any, lab: Any, k: int, start: int, stop: int) -> Any:
+    """``out[i, j]`` for rows ``start:stop`` of ``x``: the sum of Euclidean distances from
+    row ``start + i`` to the rows of label ``j`` (float64, (stop - start, k)); a row's
+    distance to itself is 0. One block of the silhouette's sums, on a worker or here."""
     import numpy as np
 
     sq = np.einsum("ij,ij->i", x, x)
+    d = x[start:stop] @ x.T  # distances squared, built in place: one block-sized array
+    d *= -2.0
+    d += sq[start:stop, None]
+    d += sq[None, :]
+    np.maximum(d, 0.0, out=d)
+    np.sqrt(d, out=d)
+    d[np.arange(stop - start), np.arange(start, stop)] = 0.0
     onehot = np.zeros((len(x), k))
-    onehot[np.arange(len(x)), labels] = 1.0
-    out = np.empty((len(x), k))
-    for s in range(0, len(x), block):
-        d2 = sq[s:s + block, None] - 2.0 * (x[s:s + block] @ x.T) + sq[None, :]
-        out[s:s + block] = np.sqrt(np.maximum(d2, 0.0)) @ onehot
-    return out
+    onehot[np.arange(len(x)), lab] = 1.0
+    return d @ onehot
+
+
+def _pairwise_sums(x: Any, labels: Any, k: int, client: Any = None, rows: Any = None,
+                   block: int = SCORE_BLOCK_ROWS) -> Any:
+    """``out[i, j]``: the sum of Euclidean distances from row ``i`` to the rows of label ``j``
+    (n, k) float64, in blocks of ``block`` rows (never the whole n x n matrix): on the
+    workers of ``client`` where given (``rows``: ``x`` scattered to them), a task per block
+    (the same bits as here)."""
+    import numpy as np
+
+    stops = [min(s + block, len(x)) for s in range(0, len(x), block)]
+    starts = list(range(0, len(x), block))
+    if client is None or rows is None:
+        return np.concatenate([_block_sums(x, labels, k, a, b) for a, b in zip(starts, stops)])
+    from .placement import blas_capped
+
+    m = len(starts)
+    tag = os.urandom(6).hex()
+    futs = client.map(blas_capped(_block_sums), [rows] * m, [labels] * m, [k] * m, starts, stops, pure=False,
+                      key=[f"daskmeans-silhouette-{tag}-{i}" for i in range(m)])
+    return np.concatenate(client.gather(futs))
 
 
 def _scored(x: Any, labels: Any) -> tuple[Any, Any, int | None]:
@@ -145,7 +287,7 @@ def _scored(x: Any, labels: Any) -> tuple[Any, Any, int | None]:
     return x, lab, (k if 2 <= k <= len(x) - 1 else None)
 
 
-def silhouette(x: Any, labels: Any) -> float | None:
+def silhouette(x: Any, labels: Any, *, client: Any = None, rows: Any = None) -> float | None:
     """Mean silhouette coefficient (Rousseeuw 1987; scikit-learn's ``silhouette_score``): per
     row ``(b - a) / max(a, b)``, ``a`` the mean distance to the other rows of its cluster,
     ``b`` the least mean distance to another cluster's rows; 0 for a row alone in its cluster.
@@ -154,6 +296,11 @@ def silhouette(x: Any, labels: Any) -> float | None:
     ----------
     x : ndarray (n, d)
     labels : ndarray (n,) int
+    client : distributed.Client, optional
+        Compute the row sums of distances (the n^2 part) on its workers, a block of
+        :data:`SCORE_BLOCK_ROWS` rows per task, given ``rows``: ``x`` as float64, scattered
+        to them (``client.scatter(x, broadcast=True)``). The result is the same as here.
+    rows : distributed.Future, optional
 
     Returns
     -------
@@ -164,7 +311,7 @@ def silhouette(x: Any, labels: Any) -> float | None:
     x, lab, k = _scored(x, labels)
     if k is None:
         return None
-    sums = _pairwise_sums(x, lab, k)
+    sums = _pairwise_sums(x, lab, k, client, rows)
     size = np.bincount(lab, minlength=k).astype(np.float64)
     own = size[lab]
     a = sums[np.arange(len(x)), lab] / np.maximum(own - 1, 1)
@@ -206,6 +353,8 @@ def sweep(
     random_state: int = 0,
     client: Any = None,
     callback: Callable[[dict], None] | None = None,
+    verbose: int = 0,
+    output: str | None = None,
     **kmeans_params: Any,
 ) -> SweepResult:
     """Fit :class:`~daskmeans.KMeans` for each K in ``ks`` and score each fit.
@@ -223,8 +372,14 @@ def sweep(
     client : distributed.Client, optional
         As :class:`~daskmeans.KMeans`'s.
     callback : callable(dict), optional
-        Called after each fit with its K's line of the summary (``k``, ``inertia``,
-        ``silhouette``, ``davies_bouldin``, ``n_iter``, ``seconds``).
+        Called after each K with its row of the table (``k``, ``inertia``, ``silhouette``,
+        ``davies_bouldin``, ``n_iter``, ``fit_seconds``, ``score_seconds``, ``seconds``).
+    verbose : int, default 0
+        1: a line per K on stdout (its row, and the time left at this pace), and the sample's;
+        2 and more: also each fit's iterations (``KMeans(verbose=verbose - 1)``).
+    output : str, optional
+        A JSON file (:meth:`SweepResult.to_dict`) written after each K, atomically, with the
+        Ks fitted so far (``complete`` false until the last): a sweep interrupted keeps them.
     **kmeans_params
         Other :class:`~daskmeans.KMeans` parameters (``init``, ``n_init``, ``max_iter``,
         ``tol``, ``backend``, ``tier``...).
@@ -233,51 +388,124 @@ def sweep(
     -------
     SweepResult
         With ``models``: the fitted estimators, in the order of ``result.ks``.
+
+    Raises
+    ------
+    KeyboardInterrupt
+        Ctrl-C (or SIGTERM in the command) during the sweep: its ``result`` attribute is the
+        :class:`SweepResult` of the Ks fitted before it (``complete`` False).
     """
     import numpy as np
 
+    from .backends import get_backend
     from .errors import InvalidParameterError
     from .estimator import KMeans
     from .io.readers import read
-    from .backends import get_backend
+    from .events import advance, step
     from .validation import Interval, check_n_clusters
 
+    t_start = time.perf_counter()
     ks = sorted({int(k) for k in ks})
     if not ks:
         raise InvalidParameterError("ks=[] should hold at least one number of clusters")
     for k in ks:
         Interval(1, None, integer=True).check("k", k)
     Interval(1, None, integer=True).check("sample", sample)
+    Interval(0, None, integer=True).check("verbose", verbose)
     x = read(X)
     n, d = (int(s) for s in x.shape)
     check_n_clusters(n, ks[-1])
-    models = [KMeans(k, random_state=random_state, client=client, **kmeans_params) for k in ks]
+    fit_verbose = kmeans_params.pop("verbose", max(0, verbose - 1))
+    models = [KMeans(k, random_state=random_state, client=client, verbose=fit_verbose, **kmeans_params) for k in ks]
     models[0]._validate_params()
     c = models[0]._client()
+
+    def say(line: str) -> None:
+        if verbose:  # as KMeans(verbose=1): lines on stdout (a notebook's cell output)
+            print(line, file=sys.stdout, flush=True)
+
     # One read for every K: each fit runs on the engine's job, which keeps the data placed by
     # one fit for the next fit of the same data (engine/reuse.py).
     # The same rows for every K, chosen by global index (so for any chunking).
     idx = np.arange(n) if n <= sample else np.sort(np.random.default_rng(random_state).choice(n, sample, replace=False))
-    rows = c.compute(x[idx]).result()
-    rows = get_backend(rows).to_numpy(rows)
-    out = SweepResult([], [], [], [], [], [], None, len(rows), n, d, models=[])
-    for km in models:
-        t0 = time.perf_counter()
-        km.client = c
-        km.fit(x)
-        seconds = time.perf_counter() - t0
-        labels = np.asarray(km.predict(rows))
-        line = {"k": km.n_clusters, "inertia": float(km.inertia_), "silhouette": silhouette(rows, labels),
-                "davies_bouldin": davies_bouldin(rows, labels), "n_iter": int(km.n_iter_), "seconds": seconds}
-        for key, attr in (("k", "ks"), ("inertia", "inertia"), ("silhouette", "silhouette"),
-                          ("davies_bouldin", "davies_bouldin"), ("n_iter", "n_iter"), ("seconds", "seconds")):
-            getattr(out, attr).append(line[key])
-        out.models.append(km)
-        km.client = client
-        if callback is not None:
-            callback(line)
-    out.elbow = elbow(out.ks, out.inertia)
+    rows = _sample_rows(c, x, idx)
+    rows = np.asarray(get_backend(rows).to_numpy(rows))
+    scored = np.asarray(rows, np.float64)
+    # The sample on every worker once (the silhouette's blocks are computed there).
+    shared = c.scatter(scored, broadcast=True, hash=False) if len(scored) > SCORE_BLOCK_ROWS else None
+    out = SweepResult(sample_rows=len(rows), n_samples=n, n_features=d, ks_requested=list(ks),
+                      sample_seconds=time.perf_counter() - t_start)
+    say(f"daskmeans: sweep of K in {ks} on {n} x {d}: scores on {len(rows)} sampled rows "
+        f"(drawn in {out.sample_seconds:.2f} s)")
+    try:
+        with step("sweep", total=len(ks), unit="K"):
+            for i, km in enumerate(models):
+                t0 = time.perf_counter()
+                km.client = c
+                km.fit(x)
+                t1 = time.perf_counter()
+                labels = np.asarray(get_backend_numpy(km.predict(rows)))
+                line = {"k": km.n_clusters, "inertia": float(km.inertia_),
+                        "silhouette": silhouette(scored, labels, client=c if shared is not None else None, rows=shared),
+                        "davies_bouldin": davies_bouldin(scored, labels), "n_iter": int(km.n_iter_)}
+                t2 = time.perf_counter()
+                line.update(fit_seconds=t1 - t0, score_seconds=t2 - t1, seconds=t2 - t0)
+                km.client = client
+                out._add(line, km)
+                out.wall_seconds = time.perf_counter() - t_start
+                out.complete = len(out.ks) == len(ks)
+                if output is not None:
+                    write_summary(out, output)
+                advance(i + 1)
+                left = (len(ks) - i - 1) * (out.wall_seconds - out.sample_seconds) / (i + 1)
+                say(describe_line(line) + (f"; about {left:.0f} s left" if i + 1 < len(ks) else ""))
+                if callback is not None:
+                    callback(line)
+    except KeyboardInterrupt as e:
+        out.wall_seconds = time.perf_counter() - t_start
+        e.result = out  # the Ks fitted before it
+        raise
+    finally:
+        if shared is not None:
+            shared.release()
     return out
+
+
+def get_backend_numpy(a: Any) -> Any:
+    """``a`` (labels of the sample) as a NumPy array."""
+    from .backends import get_backend
+
+    return get_backend(a).to_numpy(a)
+
+
+def describe_line(s: dict) -> str:
+    """One K's row as the line the command and ``verbose`` print."""
+    sil = "-" if s["silhouette"] is None else f"{s['silhouette']:.4f}"
+    db = "-" if s["davies_bouldin"] is None else f"{s['davies_bouldin']:.4f}"
+    return (f"daskmeans: K={s['k']}: inertia {s['inertia']:.6e}, silhouette {sil}, Davies-Bouldin {db}, "
+            f"{s['n_iter']} iterations; fit {s['fit_seconds']:.2f} s, scores {s['score_seconds']:.2f} s")
+
+
+def _sample_rows(client: Any, x: Any, idx: Any) -> Any:
+    """Rows ``idx`` of ``x``: taken here from an array held in this process's memory (its
+    graph only data: sending it to the cluster would send the whole array), else computed on
+    the cluster under daskmeans' own keys (engine/owned.py: never a key of the user's graph)."""
+    import dask
+
+    from .engine.owned import own_keys
+
+    if _in_memory(x):
+        return dask.compute(x[idx], scheduler="sync")[0]
+    owned, _ = own_keys(x)
+    return client.compute(owned[idx]).result()
+
+
+def _in_memory(x: Any) -> bool:
+    """Whether every node of ``x``'s graph is data (no task to run)."""
+    from dask._task_spec import DataNode
+
+    graph = x.__dask_graph__()
+    return all(isinstance(v, DataNode) or type(v).__module__.startswith(("numpy", "cupy")) for v in dict(graph).values())
 
 
 def figure(result: SweepResult):
@@ -366,18 +594,32 @@ def add_parser(sub: Any, data_args: Callable, cluster_args: Callable) -> None:
     cluster_args(s)
 
 
+def no_elbow_reason(result: SweepResult) -> str:
+    """Why ``result`` has no elbow, in words (its elbow is None)."""
+    if len(result.ks) < 3:
+        return "it needs at least 3 values of K"
+    return ("no K lies below the chord joining the first and last points of log(inertia) against K: the curve "
+            "does not bend into a flatter part")
+
+
 def run_command(args: Any) -> int:
-    """``daskmeans sweep``: the outputs claimed before any work, one line per K, the elbow."""
+    """``daskmeans sweep``: the outputs claimed before any work, a line per K (a bar on a
+    terminal), the summary rewritten after each K (kept on Ctrl-C), the elbow."""
     from . import cli
     from .dask_cluster import check_paths_on_workers, describe
     from .errors import DaskmeansError
-    from .io.paths import Outputs, atomic_file
+    from .io.paths import Outputs, atomic_file, check_output
+    from .events import note, watching
+    from .progress import Steps
 
     with Outputs() as outputs:
         cli._check_cluster_args(args)
         if args.overwrite and os.path.isfile(args.output) and not is_summary(args.output):
             raise DaskmeansError(f"{args.output} is not a daskmeans sweep summary: --overwrite replaces only one")
-        outputs.claim(args.output, None, args.overwrite, [args.data])
+        # The summary is rewritten after each K (each write atomic, at once, not at the end):
+        # checked as any output first, then claimed as replaceable by the sweep's own writes.
+        check_output(args.output, args.overwrite, [args.data])
+        outputs.claim(args.output, None, True, [args.data], defer=False)
         if args.plot:
             outputs.claim(args.plot, "plot", args.overwrite, [args.data, args.output])
             cli._check_image_suffix(args.plot)
@@ -392,32 +634,42 @@ def run_command(args: Any) -> int:
             def line(s: dict) -> None:
                 cli._check_interrupt()
                 if not args.quiet:
-                    sil = "-" if s["silhouette"] is None else f"{s['silhouette']:.4f}"
-                    db = "-" if s["davies_bouldin"] is None else f"{s['davies_bouldin']:.4f}"
-                    cli._say(f"daskmeans: K={s['k']}: inertia {s['inertia']:.6e}, silhouette {sil}, "
-                             f"Davies-Bouldin {db}, {s['n_iter']} iterations in {s['seconds']:.2f} s")
+                    note(describe_line(s))  # above the bar on a terminal
 
-            with cli._config(args):
-                res = sweep(X, args.k, sample=args.sample, random_state=args.seed, client=client, callback=line,
-                            init=args.init, n_init=args.n_init, max_iter=args.max_iter, backend=args.backend)
-        write_summary(res, args.output)
+            try:
+                with cli._config(args), watching(Steps(args.quiet)):
+                    res = sweep(X, args.k, sample=args.sample, random_state=args.seed, client=client, callback=line,
+                                output=args.output, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
+                                backend=args.backend)
+            except KeyboardInterrupt as e:
+                part = getattr(e, "result", None)
+                if part is not None and part.ks:
+                    cli._say(f"daskmeans: {len(part.ks)} of {len(args.k)} K fitted before the interrupt "
+                             f"(K={', '.join(map(str, part.ks))}): their summary is in {args.output}")
+                else:
+                    cli._say(f"daskmeans: no K was fitted before the interrupt: {args.output} not written")
+                raise
         if args.plot:
             with atomic_file(args.plot, kind="plot") as tmp:
                 figure(res).savefig(tmp, format=os.path.splitext(args.plot)[1].lstrip(".").lower())
         cli._check_interrupt()
     cli._say(f"daskmeans: elbow at K={res.elbow}" if res.elbow is not None else
-             "daskmeans: no elbow (it needs at least 3 values of K and a curve that is not flat)")
-    cli._say(f"daskmeans: summary written to {args.output}" + (f", plot to {args.plot}" if args.plot else ""))
+             f"daskmeans: no elbow: {no_elbow_reason(res)}")
+    cli._say(f"daskmeans: {len(res.ks)} K in {res.wall_seconds:.2f} s (fits {sum(res.fit_seconds):.2f} s, scores "
+             f"{sum(res.score_seconds):.2f} s, sample {res.sample_seconds:.2f} s); summary written to {args.output}"
+             + (f", plot to {args.plot}" if args.plot else ""))
     return 0
 
 
 class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`sweep`: ``daskmeans.sweep`` is the public function, but
-    once the submodule is imported (the command does) Python binds the package's ``sweep``
-    attribute to the module itself; ``daskmeans.sweep(X, ks)`` then still runs the sweep."""
+    """This module, callable as :func:`sweep` (see the module docstring): Python binds the
+    package's ``sweep`` attribute to the module whenever ``daskmeans.sweep`` is imported, so
+    the public name is the module, and calling it runs :func:`sweep` (with its signature and
+    docstring for ``help`` and ``inspect``)."""
 
-    def __call__(self, X: Any, ks: Sequence[int], **kwargs: Any) -> SweepResult:
-        return sweep(X, ks, **kwargs)
+    __call__ = staticmethod(sweep)
 
 
 sys.modules[__name__].__class__ = _CallableModule
+# inspect.signature(daskmeans.sweep) is the function's (a callable's __call__ would lose X).
+__signature__ = __import__("inspect").signature(sweep)
