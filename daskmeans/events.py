@@ -29,6 +29,8 @@ class Watcher(Protocol):
 
 
 _watcher: contextvars.ContextVar[Watcher | None] = contextvars.ContextVar("daskmeans_steps", default=None)
+# Inside a step that another one hides (a fit's placing inside the sweep's bar over K).
+_nested: contextvars.ContextVar[bool] = contextvars.ContextVar("daskmeans_nested_step", default=False)
 
 
 @contextlib.contextmanager
@@ -53,7 +55,12 @@ def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
     A step inside another (one the caller knows nothing of) leaves the outer one shown."""
     steps = _watcher.get()
     if steps is None or steps.name is not None:
-        yield
+        # The outer step's count is not this one's: its advances are dropped.
+        token = _nested.set(True)
+        try:
+            yield
+        finally:
+            _nested.reset(token)
         return
     steps.start(name, total, unit)
     try:
@@ -67,7 +74,7 @@ def step(name: str, total: int | None = None, unit: str = "") -> Iterator[None]:
 def advance(done: int, total: int | None = None) -> None:
     """``done`` units of the step under way are done (of ``total``, where it is known only now)."""
     steps = _watcher.get()
-    if steps is not None:
+    if steps is not None and not _nested.get():
         steps.advance(done, total)
 
 

@@ -259,7 +259,7 @@ def _pairwise_sums(x: Any, labels: Any, k: int, client: Any = None, rows: Any = 
     """``out[i, j]``: the sum of Euclidean distances from row ``i`` to the rows of label ``j``
     (n, k) float64, in blocks of ``block`` rows (never the whole n x n matrix): on the
     workers of ``client`` where given (``rows``: ``x`` scattered to them), a task per block
-    (the same bits as here)."""
+    (the same values, to the rounding of BLAS's threads)."""
     import numpy as np
 
     stops = [min(s + block, len(x)) for s in range(0, len(x), block)]
@@ -299,7 +299,8 @@ def silhouette(x: Any, labels: Any, *, client: Any = None, rows: Any = None) -> 
     client : distributed.Client, optional
         Compute the row sums of distances (the n^2 part) on its workers, a block of
         :data:`SCORE_BLOCK_ROWS` rows per task, given ``rows``: ``x`` as float64, scattered
-        to them (``client.scatter(x, broadcast=True)``). The result is the same as here.
+        to them (``client.scatter(x, broadcast=True)``). The result is the same as here (to
+        the rounding of BLAS's threads).
     rows : distributed.Future, optional
 
     Returns
