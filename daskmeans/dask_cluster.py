@@ -510,6 +510,16 @@ def _local_api_client(backend: str) -> Client:
         n_workers = None if gpu else min(_core_share(), int(config.get("local-threads-max-workers")))
         # BLAS is left as it is: this process is the user's, and engine tasks cap BLAS themselves.
         client = stack.enter_context(connect(None, "gpu" if gpu else "cpu", n_workers, blas_threads=None))
+        if not gpu and _in_joblib_process() and _first_of_its_pool():
+            import warnings
+
+            from .errors import DaskmeansWarning
+
+            # One line (no source line: it would be joblib's), from one process of the pool.
+            warnings.warn(
+                f"each joblib worker process (n_jobs > 1) starts its own local cluster, here of {n_workers} "
+                f"worker(s) (its share of the cores); for every fit on one cluster use n_jobs=1 with a "
+                f"distributed.Client, or joblib.parallel_backend('dask')", DaskmeansWarning, stacklevel=1000)
         if not _API_CLUSTERS:
             atexit.register(close_api_clusters)
         _API_CLUSTERS[gpu] = (os.getpid(), stack, client)
@@ -530,6 +540,22 @@ def _core_share() -> int:
     except ValueError:
         return cores
     return max(1, min(cores, share))
+
+
+def _first_of_its_pool() -> bool:
+    """Whether this joblib worker process is the first of its parent's to ask (a marker file
+    per parent process in a per-user temporary directory): the pool's note is said once."""
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(), f"daskmeans-{os.getuid()}")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.close(os.open(os.path.join(folder, f"joblib-{os.getppid()}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:  # no temporary directory to write: said by each process
+        return True
+    return True
 
 
 def _in_joblib_process() -> bool:
