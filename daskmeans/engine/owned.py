@@ -19,9 +19,9 @@ their data is on the cluster and the scheduler holds no run_spec for them.
 
 In-memory data (a NumPy array read by :mod:`daskmeans.io.memory_reader`) is made of data nodes
 that would travel inside the graph (distributed warns "Sending large graph of size 61.04 MiB"
-for a 1e6 x 16 float32 array): with ``scatter`` it is scattered instead, each chunk to the
-worker that will hold it, and the futures are returned so that the placement keeps them alive
-(its shards are made again from them if Dask needs to).
+for a 1e6 x 16 array): with ``scatter``, data of that size is scattered instead, each chunk to
+the worker that will hold it, and the futures are returned so that the placement keeps them
+alive (its shards are made again from them if Dask needs to).
 """
 
 from __future__ import annotations
@@ -62,10 +62,13 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
         Needed with ``scatter``.
     scatter : bool, default False
         Scatter the chunks of daskmeans' in-memory reader (:data:`MEMORY`) found in the graph
-        instead of sending them inside it: in row order, each to a worker in turn of the
-        client's, equal rows per worker (so that the placement moves none). A user's own
-        graph keeps its data nodes (they are its lineage: a chunk lost with a worker is made
-        again from them).
+        instead of sending them inside it, where they would make a graph distributed warns of
+        (``distributed.admin.large-graph-warning-threshold``): in row order, equal rows per
+        worker (so that the placement moves none). Smaller data, and a user's own graph, keep
+        their data nodes: they are the lineage from which Dask makes a chunk lost with a worker
+        again, also after the fit (``labels_``); scattered data lost with a worker is placed
+        again by a fit under way (engine/job.py), but a finished fit's lazy results that need
+        it cannot be computed.
 
     Returns
     -------
@@ -84,7 +87,7 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     rename = {k: _renamed(k, token) for k in nodes}
     held: list = []
     data = sorted((k for k, v in nodes.items() if isinstance(v, DataNode) and _name(k).startswith(MEMORY)), key=str)
-    if scatter and client is not None and data:
+    if scatter and client is not None and data and _nbytes(nodes, data) > _large_graph_bytes():
         from ..placement import _balance
 
         data.sort(key=lambda k: k[1:] if isinstance(k, tuple) else ())  # row order
@@ -100,6 +103,17 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     out.update(futures)
     name = _renamed((opt.name,), token)[0]
     return da.Array(out, name, x.chunks, meta=x._meta), held
+
+
+def _nbytes(nodes: dict, keys: list) -> int:
+    return int(sum(getattr(nodes[k].value, "nbytes", 0) for k in keys))
+
+
+def _large_graph_bytes() -> int:
+    """The size of graph from which distributed warns ("Sending large graph")."""
+    from dask.utils import parse_bytes
+
+    return parse_bytes(dask.config.get("distributed.admin.large-graph-warning-threshold", "10MB"))
 
 
 def _name(key: Any) -> str:
