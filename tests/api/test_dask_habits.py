@@ -178,7 +178,8 @@ def test_grid_search_two_jobs_not_slower_than_one():
     """Acceptance of issue 47: 4 values of n_clusters, cv=3, 6000 x 4. Each timed from a fresh
     interpreter (a cluster started for it, loky's processes started for it), twice in turn;
     the faster of each is compared, with room for this shared 2-core machine's noise. Before
-    (a worker per core in each loky process) n_jobs=2 took twice as long."""
+    (a worker per core in each loky process) n_jobs=2 took 1.4x to 2x as long; the test below
+    checks the cause itself."""
     code = """
         import json, sys, time
         import numpy as np
@@ -208,4 +209,24 @@ def test_grid_search_two_jobs_not_slower_than_one():
             if said:
                 assert said[0].startswith("sys:1: DaskmeansWarning: each joblib worker process (n_jobs > 1) starts "
                                           "its own local cluster, here of ") and "n_jobs=1 with a" in said[0]
-    assert min(seconds[2]) <= 1.3 * min(seconds[1]), seconds
+    # Quiet: 5.2 s and 5.1 s; 1.4x to 2x before. What is left is loky's processes importing
+    # daskmeans and loading the kernels, and the refit's cluster in this process.
+    assert min(seconds[2]) <= 1.5 * min(seconds[1]), seconds
+
+
+def test_each_joblib_process_takes_its_share_of_the_cores():
+    out = run_script("""
+        import json, os
+        from joblib import Parallel, delayed
+
+        def fit(seed):
+            import numpy as np
+            from distributed import default_client
+            from daskmeans import KMeans
+            KMeans(2, random_state=seed).fit(np.random.default_rng(seed).normal(size=(200, 2)))
+            return os.getpid(), len(default_client().nthreads())
+
+        print(json.dumps({"workers": Parallel(n_jobs=2)(delayed(fit)(s) for s in range(4)),
+                          "cpus": os.cpu_count()}))
+    """)
+    assert {n for _, n in out["workers"]} == {max(1, out["cpus"] // 2)}, out
