@@ -559,107 +559,12 @@ def is_summary(path: str) -> bool:
         return False
 
 
-# ---------------------------------------------------------------- the command
-
-
-def add_parser(sub: Any, data_args: Callable, cluster_args: Callable) -> None:
-    """The ``sweep`` subcommand's parser (``cli.py`` passes its shared option groups)."""
-    import argparse
-
-    from .validation import int_option, path_option
-
-    def ks_option(text: str) -> list[int]:
-        try:
-            return parse_ks(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"--k {text}: {e}") from None
-
-    s = sub.add_parser("sweep", help="fit DATA for several K and pick the elbow (inertia, silhouette, Davies-Bouldin)")
-    s.add_argument("data", help="the rows to cluster (.zarr, .csv or .npy)")
-    s.add_argument("--k", type=ks_option, required=True, metavar="K,K,...",
-                   help="the numbers of clusters to fit: a list (8,16,32) or ranges (2-12)")
-    s.add_argument("-o", "--output", type=path_option("-o"), default="sweep.json", metavar="SWEEP.json",
-                   help="the summary: each K's inertia, scores, iterations and seconds, and the elbow "
-                        "(default sweep.json)")
-    s.add_argument("--plot", type=path_option("--plot"), metavar="ELBOW.png", help="also draw the elbow plot here (.png, .svg or .pdf)")
-    s.add_argument("--sample", type=int_option("--sample"), default=SAMPLE_ROWS, metavar="N",
-                   help=f"rows drawn for the silhouette and Davies-Bouldin scores (default {SAMPLE_ROWS})")
-    s.add_argument("--init", default="k-means||", help="each fit's init (as fit's --init)")
-    s.add_argument("--n-init", type=int_option("--n-init"), default=1, help="runs per K, the best kept")
-    s.add_argument("--max-iter", type=int_option("--max-iter"), default=300, help="iterations per fit at most")
-    s.add_argument("--seed", type=int_option("--seed", low=0, high=2**32 - 1), default=0,
-                   help="seed of every fit and of the sample (default 0)")
-    s.add_argument("--overwrite", action="store_true", help="replace an existing summary and plot")
-    s.add_argument("-q", "--quiet", action="store_true", help="no line per K")
-    data_args(s)
-    cluster_args(s)
-
-
 def no_elbow_reason(result: SweepResult) -> str:
     """Why ``result`` has no elbow, in words (its elbow is None)."""
     if len(result.ks) < 3:
         return "it needs at least 3 values of K"
     return ("no K lies below the chord joining the first and last points of log(inertia) against K: the curve "
             "does not bend into a flatter part")
-
-
-def run_command(args: Any) -> int:
-    """``daskmeans sweep``: the outputs claimed before any work, a line per K (a bar on a
-    terminal), the summary rewritten after each K (kept on Ctrl-C), the elbow."""
-    from . import cli
-    from .dask_cluster import check_paths_on_workers, describe
-    from .errors import DaskmeansError
-    from .io.paths import Outputs, atomic_file, check_output
-    from .events import note, watching
-    from .progress import Steps
-
-    with Outputs() as outputs:
-        cli._check_cluster_args(args)
-        if args.overwrite and os.path.isfile(args.output) and not is_summary(args.output):
-            raise DaskmeansError(f"{args.output} is not a daskmeans sweep summary: --overwrite replaces only one")
-        # The summary is rewritten after each K (each write atomic, at once, not at the end):
-        # checked as any output first, then claimed as replaceable by the sweep's own writes.
-        check_output(args.output, args.overwrite, [args.data])
-        outputs.claim(args.output, None, True, [args.data], defer=False)
-        if args.plot:
-            outputs.claim(args.plot, "plot", args.overwrite, [args.data, args.output])
-            cli._check_image_suffix(args.plot)
-        table = cli._read(args)
-        table.refuse_identifiers()  # a CSV id column is no feature, as for fit
-        X = table.array
-        with cli._connect(args) as client:
-            cli._say(f"daskmeans: {describe(client)}")
-            check_paths_on_workers(client, read=[args.data])
-            cli._say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, K in {args.k}")
-
-            def line(s: dict) -> None:
-                cli._check_interrupt()
-                if not args.quiet:
-                    note(describe_line(s))  # above the bar on a terminal
-
-            try:
-                with cli._config(args), watching(Steps(args.quiet)):
-                    res = sweep(X, args.k, sample=args.sample, random_state=args.seed, client=client, callback=line,
-                                output=args.output, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
-                                backend=args.backend)
-            except KeyboardInterrupt as e:
-                part = getattr(e, "result", None)
-                if part is not None and part.ks:
-                    cli._say(f"daskmeans: {len(part.ks)} of {len(args.k)} K fitted before the interrupt "
-                             f"(K={', '.join(map(str, part.ks))}): their summary is in {args.output}")
-                else:
-                    cli._say(f"daskmeans: no K was fitted before the interrupt: {args.output} not written")
-                raise
-        if args.plot:
-            with atomic_file(args.plot, kind="plot") as tmp:
-                figure(res).savefig(tmp, format=os.path.splitext(args.plot)[1].lstrip(".").lower())
-        cli._check_interrupt()
-    cli._say(f"daskmeans: elbow at K={res.elbow}" if res.elbow is not None else
-             f"daskmeans: no elbow: {no_elbow_reason(res)}")
-    cli._say(f"daskmeans: {len(res.ks)} K in {res.wall_seconds:.2f} s (fits {sum(res.fit_seconds):.2f} s, scores "
-             f"{sum(res.score_seconds):.2f} s, sample {res.sample_seconds:.2f} s); summary written to {args.output}"
-             + (f", plot to {args.plot}" if args.plot else ""))
-    return 0
 
 
 class _CallableModule(types.ModuleType):
