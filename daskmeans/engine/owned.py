@@ -31,7 +31,6 @@ from typing import Any
 
 import dask
 import dask.array as da
-import numpy as np
 
 PREFIX = "daskmeans-data"
 # The name prefix of the in-memory reader's chunks (io/memory_reader.py).
@@ -74,8 +73,8 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     -------
     (dask array, list of futures)
         The same values, chunks and meta, named ``daskmeans-data-<token>`` (new names at
-        each call); the scattered
-        futures (keep them for as long as results made from the array may be made again).
+        each call); the scattered futures (keep them for as long as results made from the
+        array may be made again).
     """
     from dask._task_spec import Alias, DataNode, convert_legacy_graph
 
