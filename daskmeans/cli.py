@@ -570,10 +570,10 @@ def _cmd_sweep(args) -> int:
             except KeyboardInterrupt as e:
                 part = getattr(e, "result", None)
                 if part is not None and part.ks:
-                    _say(f"daskmeans: {len(part.ks)} of {len(args.k)} K fitted before the interrupt "
-                         f"(K={', '.join(map(str, part.ks))}): their summary is in {args.output}")
+                    _tell(f"daskmeans: {len(part.ks)} of {len(args.k)} K fitted before the interrupt "
+                          f"(K={', '.join(map(str, part.ks))}): their summary is in {args.output}")
                 else:
-                    _say(f"daskmeans: no K was fitted before the interrupt: {args.output} not written")
+                    _tell(f"daskmeans: no K was fitted before the interrupt: {args.output} not written")
                 raise
         if args.plot:
             with atomic_file(args.plot, kind="plot") as tmp:
