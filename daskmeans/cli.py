@@ -466,7 +466,6 @@ def _cmd_fit(args) -> int:
             if target is not None and target.format == "zarr":
                 # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
                 threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
-            t0 = time.perf_counter()
             progress = _Progress(args.quiet, args.verbose, args.max_iter, args.n_init)
             cluster.enter_context(watching(Steps(args.quiet)))  # placing, the init, the labels' write
             with _config(args), contextlib.closing(progress):
