@@ -31,6 +31,7 @@ chunks, and the shards' workspaces are overwritten by each run before they are r
 
 from __future__ import annotations
 
+import atexit
 import collections
 import copy
 import os
@@ -225,6 +226,26 @@ def put(client: Client, entry: Entry) -> None:
         entries[entry.source] = entry
         while len(entries) > KEEP:
             entries.popitem(last=False)
+
+
+# ---------------------------------------------------------------- the end of the process
+
+
+def _release_at_exit() -> None:
+    """At the interpreter's exit, release what is kept (before distributed closes the clusters
+    still open: this module registers after distributed's own exit handlers, which run later).
+
+    Kept data is wanted by its client until :func:`release`; a script that ends with its
+    cluster and client open had distributed close the cluster first, and the scheduler logged
+    per worker "Removing worker ... caused the cluster to lose already computed task(s), which
+    will be recomputed elsewhere: {'daskmeans-shard-...'}": alarming, and about nothing."""
+    try:
+        release(timeout=5.0)
+    except Exception:  # noqa: BLE001  (a client closing meanwhile: nothing is left to release)
+        pass
+
+
+atexit.register(_release_at_exit)
 
 
 def drop(client: Client, entries: list) -> None:

@@ -157,7 +157,12 @@ def test_close_after_a_fit_logs_nothing_alarming():
                 np.asarray(km.labels_)  # NumPy for NumPy input; a Dask array computes
                 client.close()
                 cluster.close()
-            print(json.dumps({"records": log.records}))
+            print(json.dumps({"records": log.records}), flush=True)
+            # A script that ends with its cluster and client open: distributed closes them at
+            # exit (its log, on stderr, is read by the test).
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
+            client = Client(cluster)
+            KMeans(4, random_state=0, client=client).fit(X)
     """
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"daskmeans-close-{os.getpid()}.py")
     with open(path, "w") as f:
@@ -171,7 +176,8 @@ def test_close_after_a_fit_logs_nothing_alarming():
     records = json.loads(proc.stdout.strip().splitlines()[-1])["records"]
     alarming = [r for r in records if "daskmeans" in r or "lost" in r.lower() or "error" in r.lower()]
     assert alarming == [], records
-    assert "Traceback" not in proc.stderr and "daskmeans-shard" not in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "daskmeans-" not in proc.stderr, proc.stderr[-3000:]
+    assert "lose already computed" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_grid_search_two_jobs_not_slower_than_one():
@@ -183,7 +189,7 @@ def test_grid_search_two_jobs_not_slower_than_one():
     Wall-clock parallelism cannot be measured on a host whose cores other work already fills:
     n_jobs=2 does more work in all (two more interpreters import daskmeans and load the
     kernels; the refit starts a cluster here), which two free cores absorb and busy ones do
-    not (1.9x at a load of 6 on 2 cores). The test is skipped there, saying so."""
+    not (1.9x at a load of 6 to 8 on 2 cores). The test is skipped there, saying so."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     code = """
         import json, sys, time
@@ -216,7 +222,7 @@ def test_grid_search_two_jobs_not_slower_than_one():
             if said:
                 assert said[0].startswith("sys:1: DaskmeansWarning: each joblib worker process (n_jobs > 1) starts "
                                           "its own local cluster, here of ") and "n_jobs=1 with a" in said[0]
-    if min(loads) > cores:
+    if min(loads) > 1.5 * cores:  # this test's own processes count too
         pytest.skip(f"the host's cores are busy with other work (load {min(loads):.1f} on {cores} cores): "
                     f"n_jobs=2 vs n_jobs=1 cannot be timed ({seconds})")
     # Quiet: 5.2 s and 5.1 s.
