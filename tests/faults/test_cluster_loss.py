@@ -6,12 +6,10 @@ test_worker_loss.py.)"""
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 
 import pytest
 
-from faultkit import K, environment, kill_on, kills, leftovers, one_error_line
+from faultkit import K, command_while_killing, leftovers, one_error_line
 
 SOON = 20  # seconds from the kill to the command's exit (the issue asks for 35 s of the command)
 
@@ -35,24 +33,14 @@ def test_scheduler_killed_mid_fit_is_one_line_soon(fresh_cluster, fault_data, tm
     cluster = fresh_cluster(nanny=False)
     model, labels = tmp_path / "model.zarr", tmp_path / "labels.zarr"
     flags = tmp_path / "flags"
-    argv = [sys.executable, "-m", "daskmeans", "fit", *fault_data.cli("zarr", 9), "--k", str(K), "--seed", "0",
-            "-o", str(model), "--labels", str(labels), "-q", "--scheduler-file", str(cluster.scheduler_file)]
-    with kill_on(cluster.client, flags, prefix, skip=skip, pid=cluster.scheduler.pid):
-        p = subprocess.Popen(argv, cwd=tmp_path, env=environment(DASK_DASKMEANS__SEGMENT_SECONDS="0.02"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 90
-            while not (flags / "killed").exists() and p.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)  # polling for the kill, with a deadline
-            assert kills(flags), "the scheduler was not killed"
-            _, err = p.communicate(timeout=SOON)
-        except subprocess.TimeoutExpired:
-            raise TooSlow(f"the command still ran {SOON} s after the scheduler was killed") from None
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    one_error_line(p.returncode, err, "lost the connection to the scheduler")
+    argv = ["fit", *fault_data.cli("zarr", 9), "--k", str(K), "--seed", "0", "-o", str(model), "--labels", str(labels),
+            "-q"]
+    try:
+        rc, err = command_while_killing(cluster, argv, flags, prefix, cwd=tmp_path, after_kill=SOON, skip=skip,
+                                        pid=cluster.scheduler.pid)
+    except subprocess.TimeoutExpired:
+        raise TooSlow(f"the command still ran {SOON} s after the scheduler was killed") from None
+    one_error_line(rc, err, "lost the connection to the scheduler")
     assert not model.exists() and not labels.exists() and leftovers(tmp_path) == []
 
 

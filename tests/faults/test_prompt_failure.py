@@ -8,13 +8,12 @@ test_cluster_loss.py.)"""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from faultkit import K, daskmeans_cli, environment, kill_on, kills, leftovers, one_error_line
+from faultkit import K, command_while_killing, daskmeans_cli, kill_on, kills, leftovers, one_error_line
 
 SOON = 10.0  # seconds from the last kill to the command's exit (the old waits were 60 s each)
 
@@ -78,28 +77,16 @@ def test_scheduler_killed_with_checkpoint_ends_soon(fresh_cluster, fault_data, t
     cluster = fresh_cluster(nanny=False)
     model, ck = tmp_path / "model.zarr", tmp_path / "ck.zarr"
     flags = tmp_path / "flags"
-    argv = [sys.executable, "-m", "daskmeans", "fit", *fault_data.cli("zarr", 9), "--k", str(K), "--seed", "0",
-            "-o", str(model), "--checkpoint", str(ck), "--checkpoint-every", "1", "-q",
-            "--scheduler-file", str(cluster.scheduler_file)]
-    with kill_on(cluster.client, flags, prefix, skip=skip, pid=cluster.scheduler.pid):
-        p = subprocess.Popen(argv, cwd=tmp_path, env=environment(DASK_DASKMEANS__SEGMENT_SECONDS="0.02"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 90
-            while not (flags / "killed").exists() and p.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)  # polling for the kill, with a deadline
-            assert kills(flags), "the scheduler was not killed"
-            try:
-                _, err = p.communicate(timeout=3 * SOON)  # ample: the bound is checked below
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"the command still ran {3 * SOON:.0f} s after the scheduler was killed") from None
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    argv = ["fit", *fault_data.cli("zarr", 9), "--k", str(K), "--seed", "0", "-o", str(model), "--checkpoint", str(ck),
+            "--checkpoint-every", "1", "-q"]
+    try:  # ample: the bound is checked below
+        rc, err = command_while_killing(cluster, argv, flags, prefix, cwd=tmp_path, after_kill=3 * SOON, skip=skip,
+                                        pid=cluster.scheduler.pid)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the command still ran {3 * SOON:.0f} s after the scheduler was killed") from None
     ended = time.time()
     assert ended - last_kill(flags) < SOON, (ended - last_kill(flags), err)
-    one_error_line(p.returncode, err, "lost the connection to the scheduler")
+    one_error_line(rc, err, "lost the connection to the scheduler")
     only_our_lines(err)
     assert not model.exists() and leftovers(tmp_path) == []
     valid_or_absent(ck)
