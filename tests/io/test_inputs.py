@@ -90,7 +90,8 @@ def test_labels_after_the_client_closes_say_what_to_do(X):
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=logging.ERROR) as lc, Client(lc, set_as_default=False) as c:
-        km = KMeans(3, init=X[:3], client=c).fit(X)
+        # Dask input: labels_ stays lazy, held by the workers (NumPy input's labels_ are NumPy).
+        km = KMeans(3, init=X[:3], client=c).fit(da.from_array(X, chunks=(len(X) // 2, -1)))
         labels = c.compute(km.labels_).result()
         assert labels.shape == (len(X),)
     with pytest.raises(DaskmeansError, match=r"labels_ is held by the workers of the fit's cluster, whose client "
