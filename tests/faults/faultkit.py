@@ -501,19 +501,22 @@ def daskmeans_cli(cluster: DaskProcesses, *argv: str, cwd: Path, timeout: float 
 
 def command_while_killing(cluster: DaskProcesses, argv: list[str], flags: Path, prefix: str, *, cwd: Path,
                           after_kill: float, skip: int = 0, pid: int | None = None) -> tuple[int, str]:
-    """``python -m daskmeans ARGV --scheduler-file ...`` (segments of 0.02 s) while
+    """``python -m daskmeans ARGV --scheduler-file ...`` (a segment per iteration, so that the
+    kill at a segment task start comes however fast the iterations run) while
     :class:`KillOnTask` of ``prefix`` (``pid``: the process group it kills) is registered:
     ``(rc, stderr)`` once the command ends, which it must within ``after_kill`` seconds of the
     kill (:class:`subprocess.TimeoutExpired` otherwise; the command is killed then)."""
     argv = [sys.executable, "-m", "daskmeans", *argv, "--scheduler-file", str(cluster.scheduler_file)]
     with kill_on(cluster.client, flags, prefix, skip=skip, pid=pid):
-        p = subprocess.Popen(argv, cwd=cwd, env=environment(DASK_DASKMEANS__SEGMENT_SECONDS="0.02"),
+        p = subprocess.Popen(argv, cwd=cwd, env=environment(DASK_DASKMEANS__SEGMENT_SECONDS="0"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + 90
             while not (flags / "killed").exists() and p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)  # polling for the kill, with a deadline
-            assert kills(flags), f"no kill on {prefix}"
+            if not kills(flags):
+                _, err = p.communicate(timeout=60)
+                raise AssertionError(f"no kill on {prefix}: the command ended first (rc {p.returncode}):\n{err}")
             _, err = p.communicate(timeout=after_kill)
         finally:
             if p.poll() is None:

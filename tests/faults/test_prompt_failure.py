@@ -53,7 +53,8 @@ def test_every_worker_killed_with_checkpoint_ends_soon(fresh_cluster, fault_data
     with kill_on(cluster.client, tmp_path / "flags", "daskmeans-segment", skip=skip, every_worker=True) as flags:
         rc, _, err = daskmeans_cli(cluster, "fit", *fault_data.cli("npy", 9), "--k", str(K), "--seed", "0",
                                    "-o", str(model), "--checkpoint", str(ck), "--checkpoint-every", "1", "-q",
-                                   cwd=tmp_path, timeout=60, stuck_after=SOON)
+                                   cwd=tmp_path, timeout=60, stuck_after=SOON,
+                                   env={"DASK_DASKMEANS__SEGMENT_SECONDS": "0"})  # the kills come however fast
     ended = time.time()
     assert len(kills(flags)) == 3, kills(flags)
     assert ended - last_kill(flags) < SOON, (ended - last_kill(flags), err)
