@@ -33,6 +33,7 @@ from . import config
 from .backends import backend_name, get_backend
 from .dask_cluster import check_scheduler
 from .errors import DaskmeansError, InputChanged
+from .io.ranges import on_cores
 from .io.readers import split_rows
 from .options import TIERS  # noqa: F401  (the tiers' registry, re-exported)
 from .events import advance
@@ -170,8 +171,7 @@ class Shard:
         be = self.be if self.tier != "host" else get_backend("numpy")  # the host tier's blocks are host memory
         n = len(self.chunk_ids)
         if be.on_host and n > 1:
-            with ThreadPoolExecutor(min(n, _pin_threads()), thread_name_prefix="daskmeans-pin") as ex:
-                list(ex.map(lambda j: self._pin(j, be, self.blocks[j]), range(n)))
+            on_cores(lambda j: self._pin(j, be, self.blocks[j]), range(n))
         else:
             for j in range(n):
                 self._pin(j, be, self.blocks[j])
@@ -188,12 +188,6 @@ class Shard:
                 f"the data changed during the fit: row chunk {cid} (rows {off} to {off + rows - 1}) read again "
                 f"differs from its first read; the input must not change while a fit reads it"
             )
-
-
-def _pin_threads() -> int:
-    import os
-
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 @sizeof.register(Shard)
