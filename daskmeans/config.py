@@ -4,7 +4,7 @@ Every tunable (chunk and tile bytes, reduction fan-in, init sampling) is read th
 :func:`get`; the defaults live in ``daskmeans.yaml`` beside this module.
 
 A worker in another process does not see the client's ``dask.config.set``: every engine task
-carries the client's :func:`snapshot` of the namespace (:class:`daskmeans.placement.blas_capped`)
+carries the client's :func:`snapshot` of the namespace (:class:`daskmeans.engine.task.blas_capped`)
 and runs under :func:`applied`, so that :func:`get` on the worker answers what the client set.
 """
 

@@ -40,7 +40,9 @@ from .conventions import Boolean, DaskmeansRuntimeWarning, init_data, random_sta
 from .errors import DataError, not_fitted
 from .estimator import KMeans, _in_memory, _like, _names
 from .io.readers import read_table, read_weights
-from .placement import Placement, blas_capped, gather, submit_per_shard
+from .engine.placement import Placement
+from .engine.task import blas_capped, submit_per_shard
+from .engine.watch import gather
 from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
 
 # Rows taken per round (bytes of float64 rows): fewer, larger rounds cost fewer tasks and, in

@@ -23,7 +23,7 @@ from distributed import Client
 
 from .backends import get_backend
 from .metric import inertia_scale
-from .placement import blas_capped
+from .engine.task import blas_capped
 from .seeding.rows import row_uniforms
 
 # The Philox stream of the sample's draws, apart from the inits' streams (small integers).

@@ -266,7 +266,7 @@ def _pairwise_sums(x: Any, labels: Any, k: int, client: Any = None, rows: Any = 
     starts = list(range(0, len(x), block))
     if client is None or rows is None:
         return np.concatenate([_block_sums(x, labels, k, a, b) for a, b in zip(starts, stops)])
-    from .placement import blas_capped
+    from .engine.task import blas_capped
 
     m = len(starts)
     tag = os.urandom(6).hex()

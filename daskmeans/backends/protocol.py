@@ -103,7 +103,7 @@ class Backend(Protocol):
 
     def pin(self, X: Any) -> int:
         """A 64-bit hash of the block's values in row order (a chunk's pin: a chunk read again
-        during a fit is checked against it, :class:`daskmeans.placement.Shard`); computed where
+        during a fit is checked against it, :class:`daskmeans.engine.placement.Shard`); computed where
         the block lives, so that a device block is never copied to be pinned."""
 
     def sqdistances(self, X: Any, p: Any) -> Any:

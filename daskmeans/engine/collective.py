@@ -30,7 +30,7 @@ from distributed import Client
 
 from ..backends import get_backend
 from ..errors import DaskmeansError
-from ..placement import Placement
+from .placement import Placement
 from .dask_collective import DaskCollective
 from .mailbox import (  # re-exported: the engine's one door to collectives
     OPEN, Collective, CollectiveAborted, CollectiveSpec, PeerTimeout, abort, install_mailbox, mailbox, release,

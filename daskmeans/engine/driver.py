@@ -32,7 +32,9 @@ from ..backends.grid import Grid
 from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
-from ..placement import Placement, WorkerLost, _forget_traceback, blas_capped, submit_per_shard, watch
+from .placement import Placement
+from .task import blas_capped, submit_per_shard
+from .watch import WorkerLost, forget_traceback, watch
 from . import collective as coll
 from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
 
@@ -106,7 +108,7 @@ def run_lloyd(
     Parameters
     ----------
     client : distributed.Client
-    placement : Placement of the data (see :func:`daskmeans.placement.place`)
+    placement : Placement of the data (see :func:`daskmeans.engine.placement.place`)
     centroids : ndarray, shape (K, D)
     max_iter : int
     tol_abs : float
@@ -323,7 +325,7 @@ def _restart_point(client: Client, placement: Placement, lost: list, history: li
                     try:
                         start = fut.result(timeout=max(0.1, deadline - time.monotonic()))
                     except Exception as e:  # its worker went as the answer was fetched
-                        _forget_traceback(e)
+                        forget_traceback(e)
                         gone.append(w)
                         del asked[r]
                         continue
@@ -346,7 +348,7 @@ def _restart_point(client: Client, placement: Placement, lost: list, history: li
                 with client.as_current():
                     wait(pending, timeout=0.1, return_when="FIRST_COMPLETED")
             except (TimeoutError, CancelledError) as e:
-                _forget_traceback(e)
+                forget_traceback(e)
             check_scheduler(client)
             alive = _listed(client, max(0.5, deadline - time.monotonic()))
             if alive is not None:
@@ -367,7 +369,7 @@ def _listed(client: Client, seconds: float) -> set | None:
     try:
         return set(client.sync(client.scheduler.ncores, callback_timeout=min(seconds, LOOK_SECONDS)))
     except Exception as e:
-        _forget_traceback(e)
+        forget_traceback(e)
         check_scheduler(client)
         if isinstance(e, TimeoutError):
             return None

@@ -18,7 +18,8 @@ from ..backends import backend_name, get_backend
 from ..dask_cluster import resolve_backend
 from ..errors import DataError
 from ..metric import get_metric
-from ..placement import blas_capped, to_backend
+from .placement import to_backend
+from .task import blas_capped
 
 
 def blocks(client: Client, x: da.Array, requested: str, metric: str) -> da.Array:

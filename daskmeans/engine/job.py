@@ -28,7 +28,8 @@ from ..backends import backend_name
 from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import split_rows
-from ..placement import NO_WORKER_SECONDS, Placement, WorkerLost, balance_chunks, place, wait_a_little
+from .placement import Placement, balance_chunks, place
+from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
 from ..events import note, step
 from ..timing import Phases
 from . import reuse

@@ -45,7 +45,7 @@ from ..backends.digest import splitmix64
 from ..backends.grid import Grid
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
-from ..placement import Shard
+from .placement import Shard
 from . import collective as coll
 
 

@@ -14,7 +14,9 @@ from distributed import Client
 from ..backends.digest import block_digest, combine
 from ..backends.grid import check_range
 from ..errors import DataError
-from ..placement import Placement, Shard, gather, submit_per_shard
+from .placement import Placement, Shard
+from .task import submit_per_shard
+from .watch import gather
 
 
 def _chunk(be, xp, off: int, block, w, digest: bool) -> dict:
@@ -82,7 +84,7 @@ def _merge(items: list) -> dict:
 def data_moments(client: Client, placement: Placement, digest: bool = False) -> dict:
     """Mean, variance and largest absolute value per feature (float64) and the total weight,
     in one pass; raises on NaN/inf (in X or the weights) and on negative weights. ``pins``:
-    each chunk's pin (:class:`daskmeans.placement.Shard`), also set as ``placement.pins``. With
+    each chunk's pin (:class:`daskmeans.engine.placement.Shard`), also set as ``placement.pins``. With
     ``digest``: also ``digest``, the data's content digest (rows and weights) as 32 hex
     digits, the same for any chunking and placement."""
     futs = submit_per_shard(client, placement, _moments, [digest] * len(placement.shards), name="daskmeans-moments")

@@ -87,11 +87,11 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     held: list = []
     data = sorted((k for k, v in nodes.items() if isinstance(v, DataNode) and _name(k).startswith(MEMORY)), key=str)
     if scatter and client is not None and data and _nbytes(nodes, data) > _large_graph_bytes():
-        from ..placement import _balance
+        from .placement import balance_owners
 
         data.sort(key=lambda k: k[1:] if isinstance(k, tuple) else ())  # row order
         rows = [int(getattr(nodes[k].value, "shape", (1,))[0]) for k in data]
-        owner = _balance([None] * len(data), rows, dict.fromkeys(sorted(client.nthreads()), 1))
+        owner = balance_owners([None] * len(data), rows, dict.fromkeys(sorted(client.nthreads()), 1))
         for w in dict.fromkeys(owner):
             mine = [k for k, o in zip(data, owner) if o == w]
             for k, f in zip(mine, client.scatter([nodes[k].value for k in mine], hash=False, workers=[w])):

@@ -28,7 +28,7 @@ from distributed import Client
 from .. import config
 from ..backends import get_backend
 from ..errors import DaskmeansError
-from ..placement import TIERS
+from ..options import TIERS
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ def plan(
     if gpu and device_budget is None:
         raise DaskmeansError("the GPU backend was chosen but no worker reports a GPU")
     from ..io.readers import split_rows
-    from ..placement import balance_chunks
+    from .placement import balance_chunks
 
     X = balance_chunks(X, n_workers)  # as place() will split it
     n, d = (int(s) for s in X.shape)

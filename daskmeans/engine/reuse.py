@@ -46,7 +46,7 @@ from distributed import Client
 
 from ..backends import get_backend
 from ..io import blocks
-from ..placement import Placement
+from .placement import Placement
 
 # Datasets kept per client (the most recently fitted last).
 KEEP = 2

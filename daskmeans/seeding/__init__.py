@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from distributed import Client
 
     from ..backends.grid import Grid
-    from ..placement import Placement
+    from ..engine.placement import Placement
 
 
 @dataclass(frozen=True)

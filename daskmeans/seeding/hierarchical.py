@@ -39,7 +39,9 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
-from ..placement import Placement, Shard, blas_capped, gather, submit_per_shard
+from ..engine.placement import Placement, Shard
+from ..engine.task import blas_capped, submit_per_shard
+from ..engine.watch import gather
 from ..events import advance
 from .kernels import seed_batched, weighted_lloyd
 from .kmeans_parallel import _INIT_PRECISION

@@ -17,7 +17,9 @@ from distributed import Client
 from .. import config
 from ..backends import get_backend
 from ..backends.grid import Grid
-from ..placement import Placement, Shard, blas_capped, gather
+from ..engine.placement import Placement, Shard
+from ..engine.task import blas_capped
+from ..engine.watch import gather
 from ..events import advance
 from ..reduction import tree_reduce
 from . import rows

@@ -11,7 +11,8 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
-from ..placement import Placement, blas_capped
+from ..engine.placement import Placement
+from ..engine.task import blas_capped
 from .kernels import kmeans_plusplus, local_trials
 from .rows import gather_rows, result, row_parts
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from ..placement import Placement
+from ..engine.placement import Placement
 from .rows import take_rows
 
 

@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from ..placement import Placement, Shard, gather, submit_per_shard
+from ..engine.placement import Placement, Shard
+from ..engine.task import submit_per_shard
+from ..engine.watch import gather
 
 
 def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,6 +66,6 @@ def row_uniforms(seed: int, stream: int, start: int, n: int) -> np.ndarray:
 
 
 def result(client: Client, placement: Placement, fut: Any) -> Any:
-    """``fut``'s result; :class:`~daskmeans.placement.WorkerLost` if a shard's worker goes
+    """``fut``'s result; :class:`~daskmeans.engine.watch.WorkerLost` if a shard's worker goes
     meanwhile (the caller places the data again and starts the init over)."""
     return gather(client, [fut], placement)[0]

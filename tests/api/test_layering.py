@@ -87,7 +87,8 @@ def test_the_check_allows_public_names_own_classes_and_other_libraries(snippet):
 
 
 # What schedules work on a cluster: futures, placement, collectives, the loop and its driver.
-SCHEDULING_MODULES = ("distributed", "daskmeans.placement", "daskmeans.reduction", "daskmeans.engine.loop",
+SCHEDULING_MODULES = ("distributed", "daskmeans.engine.placement", "daskmeans.engine.watch",
+                      "daskmeans.engine.task", "daskmeans.reduction", "daskmeans.engine.loop",
                       "daskmeans.engine.driver", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
                       "daskmeans.engine.dask_collective", "daskmeans.engine.nccl_collective",
                       "daskmeans.engine.moments", "daskmeans.engine.plan")
@@ -122,7 +123,7 @@ def test_the_estimator_holds_no_scheduling():
     (private_uses, "from .estimator import KMeans\nkm = KMeans(2)\nkm._validate_params()"),
     (private_uses, "def f(km):\n    return km._init_array(3)"),
     (private_uses, "def f(km):\n    return km._labels"),
-    (scheduling_in, "from .placement import place"),
+    (scheduling_in, "from .engine.placement import place"),
     (scheduling_in, "from distributed import wait"),
     (scheduling_in, "from .engine.collective import open_collective"),
     (scheduling_in, "client.submit(f, x)"),

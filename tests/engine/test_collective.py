@@ -17,7 +17,7 @@ from daskmeans.engine import shm
 from daskmeans.engine.dask_collective import _close_segments
 from daskmeans.engine.mailbox import Collective
 from daskmeans.errors import DaskmeansError
-from daskmeans.placement import Placement
+from daskmeans.engine.placement import Placement
 
 
 def _buffers(rank: int, n: int, calls: int) -> list[np.ndarray]:

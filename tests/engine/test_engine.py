@@ -18,7 +18,7 @@ import daskmeans.estimator
 from daskmeans import DataError, InvalidParameterError, KMeans, NotFittedError
 from daskmeans.seeding import resolve_init
 from daskmeans.io.readers import read
-from daskmeans.placement import place
+from daskmeans.engine.placement import place
 
 
 def rel_close(a, b, rel):

@@ -12,7 +12,7 @@ from sklearn.datasets import make_blobs
 
 from daskmeans import KMeans
 from daskmeans.io.readers import read
-from daskmeans.placement import place
+from daskmeans.engine.placement import place
 from daskmeans.seeding import chosen_init, resolve_init
 from daskmeans.seeding.hierarchical import deal, mesoclusters, split_k
 

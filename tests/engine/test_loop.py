@@ -176,7 +176,7 @@ def test_large_centroids_reach_the_workers_outside_the_graph(client, monkeypatch
 
 
 def test_one_chunk_is_split_so_every_worker_gets_rows(client, data):
-    from daskmeans.placement import place
+    from daskmeans.engine.placement import place
 
     p = place(client, da.from_array(data, chunks=(len(data), -1)), "numpy")
     assert p.row_chunks == (6000, 6000)  # one chunk per worker
@@ -357,7 +357,7 @@ def test_every_worker_lost_is_a_clear_error(data):
 
         with dask.config.set({"daskmeans.segment-seconds": 0}):
             with pytest.raises(DaskmeansError, match="every worker of the fit was lost|left the cluster"):
-                # Ends once the cluster has had no worker for placement.NO_WORKER_SECONDS (10 s).
+                # Ends once the cluster has had no worker for watch.NO_WORKER_SECONDS (10 s).
                 _finishes_within(60, KMeans(10, init=data[:10].astype(np.float64), tol=0, max_iter=10_000,
                                             client=c).fit, X, callback=kill_all)
 

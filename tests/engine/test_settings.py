@@ -10,7 +10,8 @@ import numpy as np
 from daskmeans.backends.grid import Grid
 from daskmeans.engine.driver import run_lloyd
 from daskmeans.engine.moments import data_moments
-from daskmeans.placement import blas_capped, place
+from daskmeans.engine.placement import place
+from daskmeans.engine.task import blas_capped
 
 
 def _tile_bytes_seen() -> int:

@@ -1,4 +1,4 @@
-"""How the client waits on a fit's tasks (``placement.watch``, ``placement.wait_on_cluster``),
+"""How the client waits on a fit's tasks (``watch.watch``, ``watch.wait_on_cluster``),
 with a stand-in client: a task cancelled because its worker went is a lost worker, a lost
 scheduler ends the wait at once, naming it, a result whose worker goes before it is fetched
 is a lost worker, and a cluster left without workers is an error, never a wait forever. A
@@ -20,12 +20,13 @@ import pytest
 from distributed.client import CancelledFuturesGroup, FutureCancelledError, FuturesCancelledError
 
 import daskmeans.liveness as liveness
-import daskmeans.placement as placement
+import daskmeans.engine.task as task
+import daskmeans.engine.watch as watch
 from daskmeans.dask_cluster import SchedulerLost
 from daskmeans.engine.mailbox import PeerTimeout
 from daskmeans.events import watching
 from daskmeans.progress import Steps
-from daskmeans.placement import WorkerLost
+from daskmeans.engine.watch import WorkerLost
 
 A, B, C = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
 
@@ -73,7 +74,7 @@ class Client:
 
 @pytest.fixture
 def waits(monkeypatch):
-    """``placement.wait`` replaced: each call runs the next of the given actions."""
+    """``watch.wait`` replaced: each call runs the next of the given actions."""
     actions = []
 
     def wait(futs, timeout=None):
@@ -82,7 +83,7 @@ def waits(monkeypatch):
             action(futs)
         raise TimeoutError
 
-    monkeypatch.setattr(placement, "wait", wait)
+    monkeypatch.setattr(watch, "wait", wait)
     return actions
 
 
@@ -97,7 +98,7 @@ def test_a_task_cancelled_with_its_lost_worker_is_a_lost_worker(waits):
 
     waits.append(forgotten)
     with pytest.raises(WorkerLost) as e:
-        placement.watch(client, futs, [A, B, C])
+        watch.watch(client, futs, [A, B, C])
     assert e.value.args[0] == [B] and client.cancelled == futs
 
 
@@ -106,7 +107,7 @@ def test_a_lost_scheduler_ends_the_wait_at_once_naming_it(waits):
     client.scheduler.ncores = None  # never asked: it would wait for Dask's connect timeout
     t0 = time.monotonic()
     with pytest.raises(SchedulerLost, match=r"scheduler tcp://10\.0\.0\.9:8786"):
-        placement.watch(client, [Fut("cancelled"), Fut("cancelled")], [A, B])
+        watch.watch(client, [Fut("cancelled"), Fut("cancelled")], [A, B])
     assert time.monotonic() - t0 < 2
 
 
@@ -120,7 +121,7 @@ def test_a_scheduler_lost_during_the_look_is_a_lost_scheduler(waits):
 
     client.sync = sync
     with pytest.raises(SchedulerLost):
-        placement.watch(client, [Fut()], [A, B])
+        watch.watch(client, [Fut()], [A, B])
 
 
 def test_a_busy_scheduler_is_asked_again(waits):
@@ -135,7 +136,7 @@ def test_a_busy_scheduler_is_asked_again(waits):
 
     client.sync = sync
     with pytest.raises(WorkerLost):
-        placement.watch(client, [Fut()], [A, B])
+        watch.watch(client, [Fut()], [A, B])
     assert len(calls) == 2
 
 
@@ -152,7 +153,7 @@ def test_a_result_lost_before_it_is_fetched_is_a_lost_worker(waits):
         futs = [Fut("finished"), Fut("finished")]
         t0 = time.monotonic()
         with pytest.raises(WorkerLost) as e:
-            placement.watch(client, futs, [A, B])
+            watch.watch(client, futs, [A, B])
         assert e.value.args[0] == [B] and client.cancelled == futs and time.monotonic() - t0 < 5
     finally:
         loop.call_soon_threadsafe(loop.stop)
@@ -171,7 +172,7 @@ def test_the_wait_keeps_no_futures_alive():
                 DaskClient(cluster, set_as_default=False) as client:
             def wait_once():
                 futs = [client.submit(time.sleep, 2, pure=False)]
-                placement.wait_a_little(client, futs, 0.05)
+                watch.wait_a_little(client, futs, 0.05)
                 return weakref.ref(futs[0])
 
             assert wait_once()() is None
@@ -184,8 +185,8 @@ def test_placing_on_a_cluster_left_without_workers_ends(waits):
     once no worker has been seen for the given time: Dask would keep the tasks forever."""
     client = Client([])
     t0 = time.monotonic()
-    with pytest.raises(placement.DaskmeansError, match="every worker left the cluster"):
-        placement.wait_on_cluster(client, [Fut("pending")], no_worker_seconds=0.3)
+    with pytest.raises(watch.DaskmeansError, match="every worker left the cluster"):
+        watch.wait_on_cluster(client, [Fut("pending")], no_worker_seconds=0.3)
     assert time.monotonic() - t0 < 5
 
 
@@ -200,13 +201,13 @@ def test_placing_waits_for_a_worker_that_comes_back(waits):
         futs[0].status = "finished"
 
     waits += [None, back, done]
-    placement.wait_on_cluster(client, futs, no_worker_seconds=30)
+    watch.wait_on_cluster(client, futs, no_worker_seconds=30)
 
 
 def test_a_lost_scheduler_ends_the_placement_wait(waits):
     client = Client([A], status="connecting")
     with pytest.raises(SchedulerLost):
-        placement.wait_on_cluster(client, [Fut("cancelled")])
+        watch.wait_on_cluster(client, [Fut("cancelled")])
 
 
 def test_blas_is_capped_only_inside_a_workers_task():
@@ -219,11 +220,11 @@ def test_blas_is_capped_only_inside_a_workers_task():
     from faultkit import blas_threads
 
     before = blas_threads()
-    with placement.worker_blas_threads():
+    with task.worker_blas_threads():
         assert blas_threads() == before
-    f = placement.blas_capped(len)
+    f = task.blas_capped(len)
     assert f.__name__ == "len" and f([1, 2]) == 2
-    assert tokenize(f) == tokenize(placement.blas_capped(len)) != tokenize(placement.blas_capped(sum))
+    assert tokenize(f) == tokenize(task.blas_capped(len)) != tokenize(task.blas_capped(sum))
     assert pickle.loads(pickle.dumps(f))([1]) == 1
 
 
@@ -289,7 +290,7 @@ def test_a_worker_silent_for_the_timeout_is_retired_and_lost(waits, quick_looks)
     futs = [Fut("finished"), Fut("pending"), Fut("pending")]
     stopped = []
     with pytest.raises(WorkerLost) as e:
-        placement.watch(client, futs, [A, B, C], stop=stopped.append, hung_after=30)
+        watch.watch(client, futs, [A, B, C], stop=stopped.append, hung_after=30)
     assert e.value.args[0] == [B] and client.removed == [B] and stopped == [[A, C]] and client.cancelled == futs
 
 
@@ -303,7 +304,7 @@ def test_the_wait_names_the_silent_worker_then_gives_it_up(waits, quick_looks):
 
     def run():
         with pytest.raises(WorkerLost):
-            placement.watch(client, futs, [A, B, C], hung_after=12.5)
+            watch.watch(client, futs, [A, B, C], hung_after=12.5)
 
     t0 = time.monotonic()
     out = _noted(run)
@@ -320,7 +321,7 @@ def test_after_a_peer_timeout_the_silent_worker_is_lost_not_the_one_named(waits,
     error = PeerTimeout("no message from rank 0", 0, A, 300.0)
     futs = [Fut("pending"), Fut("pending"), Failed(error)]
     with pytest.raises(WorkerLost) as e:
-        placement.watch(client, futs, [A, B, C], stop=lambda r: None, peer_loss=(PeerTimeout,), hung_after=300)
+        watch.watch(client, futs, [A, B, C], stop=lambda r: None, peer_loss=(PeerTimeout,), hung_after=300)
     assert e.value.args[0] == [B] and client.removed == [B]
 
 
@@ -329,7 +330,7 @@ def test_a_peer_timeout_with_every_worker_heard_from_is_the_error(waits, quick_l
     error = PeerTimeout("no message from rank 0", 0, A, 300.0)
     stopped = []
     with pytest.raises(PeerTimeout, match="no message from rank 0"):
-        placement.watch(client, [Fut("pending"), Failed(error), Fut("pending")], [A, B, C], stop=stopped.append,
+        watch.watch(client, [Fut("pending"), Failed(error), Fut("pending")], [A, B, C], stop=stopped.append,
                         peer_loss=(PeerTimeout,), hung_after=300)
     assert client.removed == [] and stopped == [[A, B, C]]
 
@@ -340,5 +341,5 @@ def test_placing_retires_a_silent_worker_and_waits_on(waits, quick_looks):
     client = Heartbeats([A, B], {B: 40})
     futs = [Fut("pending")]
     waits += [None, lambda fs: setattr(futs[0], "status", "finished")]
-    placement.wait_on_cluster(client, futs, hung_after=30)
+    watch.wait_on_cluster(client, futs, hung_after=30)
     assert client.removed == [B]

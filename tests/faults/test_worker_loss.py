@@ -27,7 +27,7 @@ import pytest
 import zarr
 
 import daskmeans
-import daskmeans.placement as placement
+import daskmeans.engine.watch as watch
 import faultkit
 from faultkit import CHUNKS, K, KINDS, Stuck, daskmeans_cli, kill_on, kills, leftovers, one_error_line, run_guarded
 
@@ -276,14 +276,14 @@ EVERY_WORKER = [
 @pytest.mark.parametrize("cluster", ["no-nanny"], indirect=True)  # a nanny would restart them
 def test_every_worker_killed_is_one_line(cluster, fault_data, tmp_path, prefix):
     """Each worker kills itself as its first task of ``prefix`` starts: one line, exit
-    status 1, no output. (A fit may wait placement.NO_WORKER_SECONDS for a worker to come
+    status 1, no output. (A fit may wait watch.NO_WORKER_SECONDS for a worker to come
     back: the guard gives it longer.)"""
     cluster.restore()
     model, labels = tmp_path / "model.zarr", tmp_path / "labels.zarr"
     with kill_on(cluster.client, tmp_path / "flags", prefix, every_worker=True) as flags:
         rc, _, err = daskmeans_cli(cluster, "fit", *fault_data.cli("npy", 9), "--k", str(K), "--seed", str(SEED),
                                    "-o", str(model), "--labels", str(labels), "-q", cwd=tmp_path, timeout=90,
-                                   stuck_after=placement.NO_WORKER_SECONDS + 5)
+                                   stuck_after=watch.NO_WORKER_SECONDS + 5)
     assert len(kills(flags)) == 3
     one_error_line(rc, err, "every worker")
     assert not model.exists() and not labels.exists() and leftovers(tmp_path) == []

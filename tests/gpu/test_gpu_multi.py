@@ -90,7 +90,7 @@ def test_nccl_is_chosen_between_gpu_workers():
 
     from daskmeans.engine.collective import choose_collective
     from daskmeans.io.readers import read
-    from daskmeans.placement import place
+    from daskmeans.engine.placement import place
 
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=":0") as lc, Client(lc) as c:
         p = place(c, read(np.ones((40_000, 8), np.float32)), "cupy")

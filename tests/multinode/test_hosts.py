@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import daskmeans
-import daskmeans.placement as placement
+import daskmeans.engine.placement as placement
+import daskmeans.engine.task as task
+import daskmeans.engine.watch as watch
 import faultkit
 import hostkit
 from faultkit import K, daskmeans_cli, kills, leftovers, one_error_line
@@ -105,7 +107,7 @@ def test_every_host_reads_the_file_and_holds_its_share_of_rows(two_hosts, host_d
         assert {hostkit.host_of(w) for w in p.workers} == set(HOSTS[:2])
         shares = [sum(p.row_chunks[i] for i in ids) for ids in p.chunk_ids]
         assert sum(shares) == faultkit.N_ROWS and max(shares) - min(shares) <= max(p.row_chunks), shares
-        futs = placement.submit_per_shard(c, p, hostkit.read_shard, name="multinode-read")
+        futs = task.submit_per_shard(c, p, hostkit.read_shard, name="multinode-read")
         seen = set()
         for worker, (address, blocks) in zip(p.workers, c.gather(futs)):
             assert address == worker
@@ -137,12 +139,12 @@ def test_a_host_lost_mid_fit_is_recovered_bitwise(two_hosts, host_data, one_work
 @pytest.mark.slow
 def test_every_host_lost_is_one_line(two_hosts, host_data, tmp_path):
     """Both hosts' workers SIGKILLed in the loop: one line, exit status 1, no model. (The fit
-    waits placement.NO_WORKER_SECONDS for a worker to come back: the guard gives it longer.)"""
+    waits watch.NO_WORKER_SECONDS for a worker to come back: the guard gives it longer.)"""
     two_hosts.restore()
     model = tmp_path / "model.zarr"
     with hostkit.kill_hosts(two_hosts.client, tmp_path / "flags", "daskmeans-segment", HOSTS[:2]) as flags:
         rc, _, err = daskmeans_cli(two_hosts, *fit_argv(host_data, "npy", 3, model, "-q"), cwd=tmp_path,
-                                   timeout=90, stuck_after=placement.NO_WORKER_SECONDS + 5)
+                                   timeout=90, stuck_after=watch.NO_WORKER_SECONDS + 5)
     assert len(kills(flags)) == 4
     one_error_line(rc, err, "every worker")
     assert not model.exists() and leftovers(tmp_path) == []

@@ -1,10 +1,10 @@
-"""The balancing of chunks over workers by hand (placement._balance, balance_chunks): pure
+"""The balancing of chunks over workers by hand (placement.balance_owners, balance_chunks): pure
 functions of the chunks' holders, rows and the workers' threads; no cluster."""
 
 import dask.array as da
 import pytest
 
-from daskmeans.placement import _balance, balance_chunks
+from daskmeans.engine.placement import balance_chunks, balance_owners
 
 
 @pytest.mark.parametrize("holders, rows, nthreads, owners", [
@@ -22,7 +22,7 @@ from daskmeans.placement import _balance, balance_chunks
     ([None], [4], {"a": 1, "b": 1}, ["b"]),
 ])
 def test_balance_by_hand(holders, rows, nthreads, owners):
-    assert _balance(holders, rows, nthreads) == owners
+    assert balance_owners(holders, rows, nthreads) == owners
 
 
 @pytest.mark.parametrize("chunks, n_workers, expected", [

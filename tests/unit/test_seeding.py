@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from daskmeans.backends import numpy_backend
-from daskmeans.placement import Shard
+from daskmeans.engine.placement import Shard
 from daskmeans.seeding.kernels import seed_batched
 from daskmeans.seeding.kmeans_parallel import _cand_weights, _par_update
 

@@ -9,17 +9,16 @@ one long task per worker then runs over its blocks (:mod:`daskmeans.engine.loop`
 Balance: rows are spread evenly over the workers; data whose whole chunks cannot be shared
 out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chunks first
 (:func:`balance_chunks`), so that no worker waits on another because of chunk sizes.
+
+The waits that see a lost worker are :mod:`daskmeans.engine.watch`'s; the wrapper every task
+on a shard runs in is :mod:`daskmeans.engine.task`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import functools
 import heapq
-import threading
-import time
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -27,16 +26,15 @@ import dask
 import dask.array as da
 import numpy as np
 from dask.sizeof import sizeof
-from distributed import Client, futures_of, wait
+from distributed import Client, futures_of
 
-from . import config
-from .backends import backend_name, get_backend
-from .dask_cluster import check_scheduler
-from .errors import DaskmeansError, InputChanged
-from .io.ranges import on_cores
-from .io.readers import split_rows
-from .options import TIERS  # noqa: F401  (the tiers' registry, re-exported)
-from .events import advance
+from .. import config
+from ..backends import backend_name, get_backend
+from ..errors import InputChanged
+from ..io.ranges import on_cores
+from ..io.readers import split_rows
+from .task import unique_key
+from .watch import WorkerLost, wait_on_cluster, watch
 
 
 class ChunkReader:
@@ -48,7 +46,7 @@ class ChunkReader:
         self.graph = dict(block.__dask_graph__())
         self.key = block.__dask_keys__()[0][0]
         if sizeof(self.graph) > 2**20:  # a file reader's graph is a few hundred bytes
-            from .errors import DataError
+            from ..errors import DataError
 
             raise DataError(
                 "the storage tier re-reads each chunk from its source, but this array is held in the "
@@ -289,7 +287,7 @@ def place(
     # Under daskmeans' own keys (the user's keys, known to the scheduler with another run_spec,
     # made distributed warn on the user's next computation of X), and in-memory chunks
     # scattered rather than sent inside the graph (engine/owned.py).
-    from .engine.owned import own_keys
+    from .owned import own_keys
 
     owned = [own_keys(a, client, scatter=True) for a in arrays]
     arrays, sources = [a for a, _ in owned], [f for _, fs in owned for f in fs]
@@ -309,7 +307,7 @@ def place(
 
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
     holders = [sorted(who[key])[0] if key is not None and who.get(key) else None for key in xkeys]
-    owner = _balance(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
+    owner = balance_owners(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
     xf = [by_key[k] for k in xkeys] if tier != "storage" else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
     # The moves and shards go to their workers, or (loose restrictions) anywhere once their
@@ -352,7 +350,7 @@ def place(
                 workers=[w],
                 allow_other_workers=True,
                 pure=False,
-                key=f"daskmeans-shard-{_token()}",
+                key=unique_key("daskmeans-shard"),
             )
         )
     # A worker lost meanwhile is a WorkerLost (the fit places its data again), not a shard
@@ -406,7 +404,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _balance(holders: list, rows: list[int], nthreads: dict[str, int]) -> list[str]:
+def balance_owners(holders: list, rows: list[int], nthreads: dict[str, int]) -> list[str]:
     """A worker for each chunk: rows spread in proportion to ``nthreads`` (weights), keeping
     each chunk where it already is unless its holder is full (then it moves to the emptiest).
 
@@ -436,339 +434,3 @@ def _row_keys(x: da.Array) -> Sequence:
     return [k[0] if isinstance(k, list) else k for k in keys]
 
 
-def _token() -> str:
-    import uuid
-
-    return uuid.uuid4().hex
-
-
-class WorkerLost(Exception):
-    """A worker holding a shard of the placement left the cluster (``args[0]``: addresses).
-
-    A shard's tasks are pinned to its worker, and a restarted worker comes back at a new
-    address: without this, they would wait for it forever."""
-
-
-def _forget_traceback(e: BaseException | None) -> None:
-    """Drop the tracebacks of a caught exception and of those it chains. Distributed's
-    ``sync`` keeps the exception it raises in a local of a frame of its traceback: a cycle,
-    which kept the frames' futures (a placement's shards and their data on the workers, tasks
-    pinned to a lost worker) alive until the next garbage collection."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        e.__traceback__ = None
-        e = e.__cause__ or e.__context__
-
-
-def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
-    """Wait up to ``seconds`` for ``futs`` on ``client`` (``wait()`` alone would use the
-    default client, maybe another one). Returns early, without raising, when one of them is
-    cancelled (a lost worker's pinned task, a lost scheduler): their statuses tell."""
-    try:
-        with client.as_current():
-            wait(futs, timeout=seconds)
-    except (TimeoutError, CancelledError) as e:
-        _forget_traceback(e)
-
-
-def gather(client: Client, futs: list, placement: "Placement") -> list:
-    """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
-    :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone, or silent
-    for longer than the collective's timeout (hung: see :func:`watch`)."""
-    return watch(client, futs, placement.workers, hung_after=config.get_seconds("collective-timeout"))
-
-
-# How long a look at the worker list may take: a scheduler that died since the client last
-# heard from it refuses connections, and Dask retries them for its connect timeout (30 s).
-_LOOK_SECONDS = 5.0
-
-
-def _workers(client: Client) -> dict | None:
-    """The cluster's workers (address: threads); None when a live scheduler is too busy to
-    answer within :data:`_LOOK_SECONDS`; :class:`SchedulerLost` if the scheduler is gone
-    (also when it goes during the look)."""
-    check_scheduler(client)
-    try:
-        return client.sync(client.scheduler.ncores, callback_timeout=_LOOK_SECONDS)
-    except Exception as e:
-        _forget_traceback(e)
-        check_scheduler(client)  # the connection dropped during the look
-        if isinstance(e, TimeoutError):
-            return None
-        raise
-
-
-def _lost_ranks(client: Client, ranks: set) -> set:
-    """Those of ``ranks`` no longer in the cluster (none when the scheduler does not answer in
-    time: the next look tells); :class:`SchedulerLost` if the scheduler is gone."""
-    alive = _workers(client)
-    return set() if alive is None else ranks - set(alive)
-
-
-# A cluster left without workers this long is given up on: a nanny restarts a killed worker
-# within seconds, and without one the tasks would wait for a worker forever.
-NO_WORKER_SECONDS = 10.0
-
-
-def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WORKER_SECONDS,
-                    hung_after: float | None = None) -> None:
-    """Wait for ``futs``, tasks that any worker may run (a placement's persisted chunks), as
-    ``distributed.wait`` does, but never forever: :class:`SchedulerLost` when the scheduler
-    goes, a :class:`DaskmeansError` when the cluster has had no worker for
-    ``no_worker_seconds``, a task's error raised, a cancellation a DaskmeansError. With
-    ``hung_after`` (seconds), a worker silent that long is retired
-    (:func:`daskmeans.liveness.retire`): the scheduler runs its tasks on the others."""
-    from .liveness import Silence, retire
-
-    silence = Silence(client, None, hung_after) if hung_after is not None else None
-    empty_since = None
-    while True:
-        wait_a_little(client, futs)
-        status = [f.status for f in futs]
-        advance(status.count("finished"), len(futs))  # chunks placed, for the command's progress
-        if all(s == "finished" for s in status):
-            return
-        if "error" in status:
-            futs[status.index("error")].result()  # raises the task's error
-        if "cancelled" in status:
-            check_scheduler(client)
-            raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
-        workers = _workers(client)
-        if silence is not None:
-            hung = silence.look()
-            if hung:
-                retire(client, sorted(hung), hung)
-        now = time.monotonic()
-        if workers is None or workers:
-            empty_since = None
-        elif empty_since is None:
-            empty_since = now
-        elif now - empty_since >= no_worker_seconds:
-            raise DaskmeansError(
-                f"every worker left the cluster and none came back in {no_worker_seconds:.0f} s: there is nothing "
-                f"to place the data on (start workers, or a cluster whose nannies restart them)"
-            )
-
-
-def _fetch(client: Client, futs: list, ranks: set) -> list:
-    """``client.gather(futs)`` of finished futures, watching ``ranks`` meanwhile: a result
-    whose worker goes before it is fetched would be computed again, and a task pinned to that
-    worker would wait for it forever (:class:`WorkerLost` instead; :class:`SchedulerLost`
-    when the scheduler goes)."""
-    import asyncio
-    import concurrent.futures
-
-    done = asyncio.run_coroutine_threadsafe(client.gather(futs, asynchronous=True), client.loop.asyncio_loop)
-    try:
-        while True:
-            try:
-                return done.result(timeout=0.5)
-            except concurrent.futures.TimeoutError as e:
-                _forget_traceback(e)
-            except CancelledError as e:  # a result lost: its worker, or the scheduler, went
-                _forget_traceback(e)
-                lost = _lost_ranks(client, ranks)
-                if not lost:  # the loss may reach the worker list a moment later
-                    time.sleep(0.5)
-                    lost = _lost_ranks(client, ranks)
-                if lost:
-                    client.cancel(futs)
-                    raise WorkerLost(sorted(lost)) from None
-                raise DaskmeansError(f"tasks of the fit were cancelled: {' '.join(str(e).split())}") from None
-            lost = _lost_ranks(client, ranks)
-            if lost:
-                client.cancel(futs)
-                raise WorkerLost(sorted(lost))
-    finally:
-        done.cancel()
-
-
-def watch(
-    client: Client,
-    futs: list,
-    workers: Sequence[str],
-    *,
-    fetch: bool = True,
-    stop: Callable[[list], None] | None = None,
-    peer_loss: tuple = (),
-    hung_after: float | None = None,
-) -> list | None:
-    """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
-    those workers; their results (``fetch``), or None.
-
-    A worker gone: ``stop(survivors)``, the tasks cancelled, :class:`WorkerLost`; a task
-    cancelled because its worker went (Dask may forget a task whose pinned dependency was
-    lost) is such a loss too. The scheduler gone: :class:`SchedulerLost` at once (Dask has
-    cancelled every task). A task's error: ``stop(workers left)`` (tasks that wait for their
-    peers must not wait for it), then the error; an error of a ``peer_loss`` type (a task that
-    gave up on a lost peer), or a cancellation, first gives a worker's loss time to reach the
-    worker list.
-
-    With ``hung_after`` (seconds; the collective's timeout), a worker that sends the scheduler
-    no heartbeat for that long, or for half of it once a ``peer_loss`` error says a peer gave
-    up waiting, is hung: a note says whom the wait is for while it lasts, then the worker is
-    retired (:func:`daskmeans.liveness.retire`) and lost as above (``stop`` of the others,
-    :class:`WorkerLost`): a stopped worker keeps its connections, and Dask would list it for
-    its ``worker-ttl`` (5 minutes) while its tasks wait.
-    """
-    from .liveness import Silence
-
-    ranks = set(workers)
-    silence = Silence(client, workers, hung_after) if hung_after is not None else None
-    while True:
-        wait_a_little(client, futs)
-        status = [f.status for f in futs]  # one look: they change as we go
-        if all(s == "finished" for s in status):  # the common case: no scheduler query
-            return _fetch(client, futs, ranks) if fetch else None
-        lost = _lost_ranks(client, ranks)
-        if lost:
-            if stop is not None and ranks - lost:
-                stop(sorted(ranks - lost))
-            client.cancel(futs)
-            raise WorkerLost(sorted(lost))
-        if silence is not None:
-            _give_up_on_hung(client, futs, workers, silence.look(), stop)
-        if "error" not in status and "cancelled" not in status:
-            continue
-        failed = futs[status.index("error")] if "error" in status else None
-        if failed is None or isinstance(failed.exception(), peer_loss):
-            time.sleep(0.5)
-            if _lost_ranks(client, ranks):
-                continue
-            if silence is not None and failed is not None:
-                _give_up_on_hung(client, futs, workers, silence.confirm(), stop)
-        if stop is not None:
-            stop(sorted(ranks - _lost_ranks(client, ranks)))
-        if failed is None:  # cancelled from elsewhere (another client, the scheduler)
-            raise DaskmeansError(f"tasks of the fit were cancelled: {cancel_reason(futs)}")
-        failed.result()  # raises the task's error, with its traceback
-
-
-def _give_up_on_hung(client: Client, futs: list, workers: Sequence[str], hung: dict,
-                     stop: Callable[[list], None] | None) -> None:
-    """With ``hung`` (worker: seconds silent) not empty: retire those workers, ``stop`` the
-    others, cancel ``futs`` and raise :class:`WorkerLost` naming them, as for workers killed."""
-    if not hung:
-        return
-    from .liveness import retire
-
-    gone = sorted(hung)
-    retire(client, gone, hung, workers)
-    left = sorted(set(workers) - set(gone) - _lost_ranks(client, set(workers)))
-    if stop is not None and left:
-        stop(left)
-    client.cancel(futs)
-    raise WorkerLost(gone)
-
-
-def cancel_reason(futs: list) -> str:
-    """Why a cancelled future among ``futs`` was cancelled, as one line."""
-    for f in futs:
-        if f.status == "cancelled":
-            try:
-                f.result(timeout=5)
-            except CancelledError as e:
-                _forget_traceback(e)
-                return " ".join(str(e).split())
-            except Exception:
-                pass
-    return "reason unknown"
-
-
-def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: Sequence, name: str, **kwargs) -> list:
-    """Submit ``fn(shard, *extra)`` once per shard on the shard's worker, with BLAS's threads
-    capped to the worker's (:class:`blas_capped`); returns futures."""
-    futs = []
-    for i, (shard, w) in enumerate(zip(placement.shards, placement.workers)):
-        extra = [a[i] for a in args_per_shard]
-        futs.append(
-            client.submit(
-                blas_capped(fn),
-                shard,
-                *extra,
-                # Pinned: a shard never moves (moving it would copy its data, and the step's
-                # label workspace lives in the worker's copy).
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-                key=f"{name}-{_token()}",
-                **kwargs,
-            )
-        )
-    return futs
-
-
-# ---------------------------------------------------------------- BLAS threads on the workers
-
-_BLAS_LOCK = threading.Lock()
-_BLAS: dict = {"users": 0, "limiter": None, "controller": None}
-
-
-def _worker_threads() -> int | None:
-    """The calling Dask worker's thread count; None outside a worker's task."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return None
-    state = getattr(worker, "state", None)
-    n = getattr(state, "nthreads", None) or getattr(worker, "nthreads", None)
-    return int(n) if n else None
-
-
-@contextlib.contextmanager
-def worker_blas_threads() -> Iterator[None]:
-    """While the block runs in a Dask worker's task, BLAS's thread pools are capped to the
-    worker's threads (threadpoolctl), restored when the last such block of the process ends.
-
-    A nanny starts its worker with ``OMP_NUM_THREADS=1`` and the like, and the command's
-    in-process workers cap BLAS for as long as their cluster runs
-    (:func:`daskmeans.dask_cluster._local`); a worker started otherwise (``dask worker
-    --no-nanny``, a user's own cluster) runs BLAS on every core from each of its threads,
-    oversubscribing the cores (docs/performance.md, "CPU path"). Outside a worker: no effect."""
-    n = _worker_threads()
-    if n is None:
-        yield
-        return
-    with _BLAS_LOCK:
-        if _BLAS["users"] == 0:
-            if _BLAS["controller"] is None:  # the loaded libraries, looked up once (~1 ms)
-                from threadpoolctl import ThreadpoolController
-
-                _BLAS["controller"] = ThreadpoolController()
-            _BLAS["limiter"] = _BLAS["controller"].limit(limits=n, user_api="blas")
-        _BLAS["users"] += 1
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            _BLAS["users"] -= 1
-            if _BLAS["users"] == 0:
-                limiter, _BLAS["limiter"] = _BLAS["limiter"], None
-                limiter.restore_original_limits()
-
-
-class blas_capped:
-    """``fn`` run under :func:`worker_blas_threads` and the daskmeans settings of the process
-    that made it (:func:`daskmeans.config.snapshot`, taken here: the client's): the picklable
-    body of every engine task (submitted, or mapped: ``map_blocks`` names its tasks after
-    ``fn``), so that a setting made on the client applies in worker processes too."""
-
-    def __init__(self, fn: Callable, settings: dict | None = None):
-        self.fn = fn
-        self.settings = config.snapshot() if settings is None else dict(settings)
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with config.applied(self.settings), worker_blas_threads():
-            return self.fn(*args, **kwargs)
-
-    def __dask_tokenize__(self) -> Any:
-        from dask.base import tokenize
-
-        return ("daskmeans-blas-capped", tokenize(self.fn), tokenize(sorted(self.settings.items())))
-
-    def __reduce__(self):
-        return (blas_capped, (self.fn, self.settings))
