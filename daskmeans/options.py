@@ -1,9 +1,11 @@
 """Choices that belong to no heavier module, in one light module: the command's ``--help``
 reads them without loading NumPy or Dask.
 
-:data:`TIERS` is the registry of memory tiers (``engine.plan`` chooses one, ``placement``
-places the rows in it): the estimator's ``tier=`` values, the command's ``--tier`` choices and
-its help come from it. :data:`LABEL_SUFFIXES` are the labels outputs' formats (``predict -o``,
+:data:`TIERS` names the memory tiers with their help (``engine.plan`` chooses one,
+``engine.placement`` places the rows in it): the estimator's ``tier=`` values, the command's
+``--tier`` choices and its help come from it. The tiers themselves are objects in
+:data:`daskmeans.engine.tiers.REGISTRY`, with the same names and help in the same order
+(``engine.tiers.register`` adds to both). :data:`LABEL_SUFFIXES` are the labels outputs' formats (``predict -o``,
 ``fit --labels``), checked as the command line is parsed. :data:`METRICS` names the metrics whose hooks
 :data:`daskmeans.metric.REGISTRY` holds; the inits' registry is :data:`daskmeans.seeding.REGISTRY`.
 """
@@ -15,7 +17,8 @@ METRICS = ("euclidean", "cosine")
 # GEMM precisions of the GPU kernels (labels are exact in all of them; see backends.cupy_backend).
 PRECISIONS = ("fp32", "tf32", "bf16")
 
-# Where a worker keeps its rows during the iterations: name -> what it means, for the help.
+# Where a worker keeps its rows during the iterations: name -> what it means, for the help
+# ("auto", then engine.tiers.REGISTRY's tiers, in its order).
 TIERS: dict[str, str] = {
     "auto": "the first of device, host, storage that fits the budgets",
     "device": "GPU memory",

@@ -28,6 +28,7 @@ from ..backends import backend_name
 from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import split_rows
+from . import tiers as tier_registry
 from .placement import Placement, balance_chunks, place
 from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
 from ..events import note, step
@@ -158,7 +159,7 @@ class FitJob:
                 reuse.drop(client, [kept])
                 kept = None
             if kept is None:
-                reuse.make_room(client, 0 if tiers.tier == "storage" else tiers.share, tiers.host_budget)
+                reuse.make_room(client, tier_registry.get(tiers.tier).kept_bytes(tiers.share), tiers.host_budget)
         return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase)
 
     # ------------------------------------------------------------ the data on the workers

@@ -16,13 +16,10 @@ on a shard runs in is :mod:`daskmeans.engine.task`'s.
 
 from __future__ import annotations
 
-import collections
 import heapq
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-import dask
 import dask.array as da
 import numpy as np
 from dask.sizeof import sizeof
@@ -33,51 +30,10 @@ from ..backends import backend_name, get_backend
 from ..errors import InputChanged
 from ..io.ranges import on_cores
 from ..io.readers import split_rows
+from . import tiers
 from .task import unique_key
+from .tiers import Tier
 from .watch import WorkerLost, wait_on_cluster, watch
-
-
-class ChunkReader:
-    """Reads one row chunk from its source on the worker (the storage tier): the chunk's
-    culled task graph, run in the calling thread. Only the path and offsets travel."""
-
-    def __init__(self, block: da.Array):
-        (block,) = dask.optimize(block)
-        self.graph = dict(block.__dask_graph__())
-        self.key = block.__dask_keys__()[0][0]
-        if sizeof(self.graph) > 2**20:  # a file reader's graph is a few hundred bytes
-            from ..errors import DataError
-
-            raise DataError(
-                "the storage tier re-reads each chunk from its source, but this array is held in the "
-                "client's memory: read the data from a file (Zarr, .npy, CSV) or give the workers more memory"
-            )
-
-    def read(self) -> np.ndarray:
-        from dask.local import get_sync
-
-        return np.asarray(get_sync(self.graph, self.key))
-
-
-def _read_ahead(readers: list, depth: int, check: Callable[[int, np.ndarray], None]) -> Iterator[np.ndarray]:
-    """The readers' chunks in order, up to ``depth`` read ahead by a thread while the caller
-    computes (storage tier: reading and decompressing overlap the kernels); ``check(j,
-    block)`` runs on each chunk ``j`` in that thread, as it is read (its pin)."""
-
-    def read(j: int) -> np.ndarray:
-        block = readers[j].read()
-        check(j, block)
-        return block
-
-    with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-read-ahead") as ex:
-        pending = collections.deque(ex.submit(read, j) for j in range(min(depth, len(readers))))
-        nxt = len(pending)
-        while pending:
-            block = pending.popleft().result()
-            if nxt < len(readers):
-                pending.append(ex.submit(read, nxt))
-                nxt += 1
-            yield block
 
 
 @dataclass
@@ -94,14 +50,15 @@ class Shard:
     dtype : numpy dtype
     backend : "numpy" or "cupy"
         Where the kernels run (``items()`` yields the backend's arrays).
-    tier : "device", "host" or "storage"
-        ``device``: chunks resident as backend arrays (for NumPy, host memory); ``host``:
+    tier : Tier (or its registered name, turned into the object)
+        What the shard keeps and how it yields its blocks (:mod:`daskmeans.engine.tiers`):
+        ``device``, chunks resident as backend arrays (for NumPy, host memory); ``host``,
         resident in pinned host memory, copied to the GPU chunk by chunk each pass;
-        ``storage``: re-read from the source each pass, read ahead by a thread.
+        ``storage``, re-read from the source each pass, read ahead by a thread.
     blocks : list of arrays, or None
-        The resident chunks (device and host tiers).
-    readers : list of ChunkReader, or None
-        The storage tier's chunk readers.
+        The resident chunks (a tier whose ``resident`` is true).
+    readers : list, or None
+        The chunk readers of a tier that keeps no rows (``Tier.readers``).
     weights : list of arrays (n_i,), or None
         Sample weights (small: always resident, as backend arrays).
     pins : dict of int to int
@@ -119,7 +76,7 @@ class Shard:
     n_features: int
     dtype: Any
     backend: str
-    tier: str
+    tier: Tier
     blocks: list | None = None
     readers: list | None = None
     weights: list | None = None
@@ -130,6 +87,9 @@ class Shard:
     pins: dict = field(default_factory=dict)
     # The resident blocks were checked against (or gave) their pins.
     pinned: bool = False
+
+    def __post_init__(self) -> None:
+        self.tier = tiers.get(self.tier)
 
     @property
     def be(self) -> Any:
@@ -143,17 +103,12 @@ class Shard:
         """Yield ``(chunk_id, row_offset, block, weights_or_None)`` in order, ``block`` on the
         backend (copied or read here for the host and storage tiers: valid until the next
         chunk is requested)."""
-        be = self.be
         ws = self.weights or [None] * len(self.chunk_ids)
-        if self.tier == "storage":  # each chunk checked against its pin as it is read
-            source = (be.asarray(b) for b in _read_ahead(
-                self.readers, int(config.get("read-ahead")), lambda j, b: self._pin(j, get_backend("numpy"), b)))
-        else:
-            if not self.pinned:
-                self.pin_resident()
-            # host tier on a GPU: copies overlap the previous chunk's kernels
-            source = be.staged(self.blocks) if self.tier == "host" else iter(self.blocks)
-        yield from zip(self.chunk_ids, self.offsets, source, ws)
+        # Resident blocks are checked once, before the first pass; a tier that reads its
+        # chunks again checks each as it is read (Tier.stream).
+        if self.tier.resident and not self.pinned:
+            self.pin_resident()
+        yield from zip(self.chunk_ids, self.offsets, self.tier.stream(self), ws)
 
     def expect(self, pins: dict | None) -> None:
         """Check this shard's chunks against the client's ``pins`` (a shard made again by
@@ -164,18 +119,18 @@ class Shard:
                 self.pinned = False
 
     def pin_resident(self) -> None:
-        """Pin (or check) every resident block, where it lives: the host tier's (and a host
-        backend's) several at once (XXH3 releases the GIL), a device's on the device."""
-        be = self.be if self.tier != "host" else get_backend("numpy")  # the host tier's blocks are host memory
+        """Pin (or check) every resident block, where it lives: host memory's several at once
+        (XXH3 releases the GIL), a device's on the device."""
+        be = get_backend(self.tier.resident_backend(self.backend))  # the backend of the blocks as held
         n = len(self.chunk_ids)
         if be.on_host and n > 1:
-            on_cores(lambda j: self._pin(j, be, self.blocks[j]), range(n))
+            on_cores(lambda j: self.check_pin(j, be, self.blocks[j]), range(n))
         else:
             for j in range(n):
-                self._pin(j, be, self.blocks[j])
+                self.check_pin(j, be, self.blocks[j])
         self.pinned = True
 
-    def _pin(self, j: int, be: Any, block: Any) -> None:
+    def check_pin(self, j: int, be: Any, block: Any) -> None:
         """Record chunk ``j``'s pin (``be.pin``), or raise where it differs from the one recorded."""
         cid = self.chunk_ids[j]
         pin = be.pin(block)
@@ -196,13 +151,7 @@ def _sizeof_shard(s: Shard) -> int:
 def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, pins,
                 *arrays) -> Shard:
     be = get_backend(backend)
-    if tier == "device":
-        # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
-        blocks = [be.asarray(a) for a in arrays[:n_blocks]]
-    elif tier == "host":
-        blocks = [be.pinned(a) for a in arrays[:n_blocks]]
-    else:
-        blocks = None
+    blocks = [tier.hold(be, a) for a in arrays[:n_blocks]] if tier.resident else None
     weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
                  blocks, readers, weights, pins=dict(pins or {}))
@@ -219,7 +168,7 @@ class Placement:
     n_features: int
     dtype: np.dtype
     backend: str
-    tier: str = "device"
+    tier: Tier = tiers.device.TIER  # or a registered name, turned into its object
     # The collective chosen for these ranks, by the name asked for (asking the workers costs
     # round trips: each run of a fit, and each re-fit of kept data, asks once per placement).
     collectives: dict = field(default_factory=dict, compare=False, repr=False)
@@ -229,6 +178,9 @@ class Placement:
     # The in-memory chunks scattered for it (engine/owned.py): kept while the shards may need
     # to be made again from them.
     sources: list = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tier = tiers.get(self.tier)
 
     @property
     def n_samples(self) -> int:
@@ -252,7 +204,7 @@ def place(
     X: da.Array,
     backend: str,
     sample_weight: da.Array | None = None,
-    tier: str = "device",
+    tier: str | Tier = tiers.device.TIER,
     *,
     balance: bool = True,
     pins: dict | None = None,
@@ -266,7 +218,8 @@ def place(
     X : dask array, shape (n, d), one chunk along columns
     backend : "numpy" or "cupy"
     sample_weight : dask array, shape (n,), chunked like X's rows, optional
-    tier : "device", "host" or "storage" (see :class:`Shard`; :func:`daskmeans.engine.plan.plan`
+    tier : str or Tier
+        A registered tier's name or object (see :class:`Shard`; :func:`daskmeans.engine.plan.plan`
         chooses)
     balance : bool, default True
         Cut ``X`` first so that every worker gets a near-equal share (:func:`balance_chunks`).
@@ -277,11 +230,12 @@ def place(
         The chunks' pins from a pass over an earlier placement of the same chunks (see
         :class:`Shard`): the shards check their chunks against them.
     """
+    tier = tiers.get(tier)
     X = X.rechunk({1: -1})
     if balance:
         X = balance_chunks(X, len(client.nthreads()))
-    resident = X if tier == "storage" else to_backend(X, backend if tier == "device" else "numpy")
-    arrays = [] if tier == "storage" else [resident]
+    held = tier.resident_backend(backend_name(backend))  # None: the shards read their chunks each pass
+    arrays = [] if held is None else [to_backend(X, held)]
     if sample_weight is not None:
         arrays.append(to_backend(sample_weight.rechunk((X.chunks[0],)), backend))
     # Under daskmeans' own keys (the user's keys, known to the scheduler with another run_spec,
@@ -292,14 +246,14 @@ def place(
     owned = [own_keys(a, client, scatter=True) for a in arrays]
     arrays, sources = [a for a, _ in owned], [f for _, fs in owned for f in fs]
     persisted = client.persist(arrays) if arrays else []
-    xfuts = futures_of(persisted[0]) if tier != "storage" else []
+    xfuts = futures_of(persisted[0]) if held is not None else []
     wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
     # Never forever: a lost scheduler, or no worker left, ends the wait in one line; a hung
     # worker is retired (its tasks run elsewhere).
     wait_on_cluster(client, xfuts + (wfuts or []), hung_after=config.get_seconds("collective-timeout"))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
-    xkeys = list(_row_keys(persisted[0])) if tier != "storage" else [None] * X.numblocks[0]
+    xkeys = list(_row_keys(persisted[0])) if held is not None else [None] * X.numblocks[0]
     wkeys = list(_row_keys(persisted[-1])) if wfuts is not None else None
     wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
     who = client.who_has(list(by_key.values())) if by_key else {}
@@ -308,7 +262,7 @@ def place(
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
     holders = [sorted(who[key])[0] if key is not None and who.get(key) else None for key in xkeys]
     owner = balance_owners(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
-    xf = [by_key[k] for k in xkeys] if tier != "storage" else [None] * len(xkeys)
+    xf = [by_key[k] for k in xkeys] if held is not None else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
     # The moves and shards go to their workers, or (loose restrictions) anywhere once their
     # worker is gone: a result made from a shard later (the labels) is then made again from
@@ -329,8 +283,8 @@ def place(
     shards = []
     rows = [int(c) for c in X.chunks[0]]
     for w, ids in groups:
-        readers = [ChunkReader(X.blocks[i]) for i in ids] if tier == "storage" else None
-        args = [xf[i] for i in ids] if tier != "storage" else []
+        readers = tier.readers(X, ids)
+        args = [xf[i] for i in ids] if held is not None else []
         if wf is not None:
             args += [wf[i] for i in ids]
         shards.append(

@@ -28,7 +28,7 @@ from distributed import Client
 from .. import config
 from ..backends import get_backend
 from ..errors import DaskmeansError
-from ..options import TIERS
+from . import tiers as tier_registry
 
 
 @dataclass(frozen=True)
@@ -206,11 +206,11 @@ def plan(
     DaskmeansError
         When the working set fits no budget, or a forced tier cannot hold the data.
     """
-    if tier not in TIERS:
-        raise DaskmeansError(f"tier={tier!r} should be one of {', '.join(map(repr, TIERS))}")
+    asked = tier_registry.lookup(tier)  # None: "auto"; a name not registered is refused here
     gpu = not get_backend(backend).on_host
-    if tier == "device" and not gpu:
-        raise DaskmeansError("tier='device' needs GPU workers; CPU workers hold data in the 'host' tier")
+    unusable = None if asked is None else asked.unusable(gpu)
+    if unusable is not None:  # before measuring the workers' budgets
+        raise DaskmeansError(unusable)
     if budgets is None:
         budgets = worker_budgets(client, memory_limit, device_memory_limit)
     n_workers = max(1, len(budgets))
@@ -240,24 +240,9 @@ def plan(
     if working > limit:
         raise DaskmeansError(_too_small(k, d, parts, limit, "device" if gpu else "host", flag, chunk_rows,
                                         chunk_rows > cap, min(n, rows), get_backend(backend).tile_setting))
-    fits_device = gpu and share + working <= device_budget
-    # Host memory holds the data and, on a host backend, the loop's working set beside it: where
-    # the budget holds the working set but not both, the storage tier streams the data.
-    host_need = share + (0 if gpu else working)
-    fits_host = host_need <= host_budget
-    if tier == "auto":
-        tier = "device" if fits_device else "host" if fits_host else "storage"
-    elif tier == "device" and not fits_device:
-        raise DaskmeansError(
-            f"tier='device' needs {format_bytes(share + working)} per GPU worker, more than its device memory budget "
-            f"{format_bytes(device_budget)} (--device-memory-limit): use tier 'host' or 'storage', or more GPUs"
-        )
-    elif tier == "host" and not fits_host:
-        loop = "" if gpu else f" ({format_bytes(share)} of data, {format_bytes(working)} for the loop)"
-        raise DaskmeansError(
-            f"tier='host' needs {format_bytes(host_need)} of host memory per worker{loop}, more than its budget "
-            f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
-        )
+    # The tier asked for where the data fits it (else its refusal), or auto's first that fits;
+    # each tier weighs its own need (engine/tiers).
+    tier = tier_registry.choose(tier, tier_registry.Need(share, working, gpu, host_budget, device_budget)).name
     rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None
     seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
     return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)

@@ -100,12 +100,13 @@ class Entry:
     @property
     def on_device(self) -> bool:
         """Whether the data is held in GPU memory (the device tier of a GPU backend)."""
-        return self.placement.tier == "device" and not get_backend(self.placement.backend).on_host
+        held = self.placement.tier.resident_backend(self.placement.backend)
+        return held is not None and not get_backend(held).on_host
 
     @property
     def host_bytes(self) -> int:
-        """Bytes per worker held in host memory (the storage tier holds none)."""
-        return 0 if self.on_device or self.placement.tier == "storage" else int(self.share)
+        """Bytes per worker held in host memory (a tier that re-reads its rows holds none)."""
+        return 0 if self.on_device else self.placement.tier.kept_bytes(self.share)
 
 
 def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
@@ -266,7 +267,7 @@ def held(client: Client) -> list[dict]:
     """What ``client``'s cache holds, oldest first: per dataset its Dask ``name`` (of the
     chunks placed), ``tier``, ``workers`` and the keys of its ``shards``."""
     with _LOCK:
-        return [{"name": e.key[0], "tier": e.placement.tier, "workers": list(e.placement.workers),
+        return [{"name": e.key[0], "tier": e.placement.tier.name, "workers": list(e.placement.workers),
                  "shards": [f.key for f in e.placement.shards]} for e in _entries(client).values()]
 
 

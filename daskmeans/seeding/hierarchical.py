@@ -142,7 +142,7 @@ def _sample(shard: Shard, key: int, stream: int, rate: float) -> _Sample:
         sel = np.flatnonzero(u < rate)
         if not len(sel):
             continue
-        whole = len(sel) == block.shape[0] and shard.tier == "device"
+        whole = len(sel) == block.shape[0] and shard.tier.yields_resident
         rows.append(off + sel)
         us.append(u[sel])
         blocks.append(block if whole else block[xp.asarray(sel)])
