@@ -83,7 +83,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
     from daskmeans.engine.collective import choose_collective
     from daskmeans.engine.driver import run_lloyd
     from daskmeans.engine.moments import data_moments
-    from daskmeans.placement import place
+    from daskmeans.engine.placement import place
 
     n, d, k = PROBLEMS[problem].shape
     devices = ",".join(str(i) for i in range(n_gpus))

@@ -10,8 +10,10 @@ Balance: rows are spread evenly over the workers; data whose whole chunks cannot
 out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chunks first
 (:func:`balance_chunks`), so that no worker waits on another because of chunk sizes.
 
-The waits that see a lost worker are :mod:`daskmeans.engine.watch`'s; the wrapper every task
-on a shard runs in is :mod:`daskmeans.engine.task`'s.
+What a shard keeps of its chunks and how it yields them in a pass are its tier's
+(:mod:`daskmeans.engine.tiers`); the waits that see a lost worker are
+:mod:`daskmeans.engine.watch`'s; the wrapper every task on a shard runs in is
+:mod:`daskmeans.engine.task`'s.
 """
 
 from __future__ import annotations
