@@ -583,7 +583,7 @@ class KMeans:
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
             names, X = _names(table), table.array
-            path = table.source or file_of(X.name)  # a path given or an array read() from one: messages name it
+            path = table.source or file_of(X)  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)

@@ -139,16 +139,12 @@ def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tie
 
 
 def _files(X: da.Array, path: str | None) -> tuple:
-    """Size and modification times of the files daskmeans reads ``X`` from: a reader's keys
-    name the path, so a file written again would otherwise look like the same data."""
-    paths = set()
+    """Size and modification times of the files daskmeans reads ``X`` from (``path`` and those
+    its graph names, :func:`daskmeans.io.blocks.files_of`): a reader's keys name the path, so
+    a file written again would otherwise look like the same data."""
+    paths = {p for p in blocks.files_of(X) if os.path.exists(p)}
     if path is not None:
         paths.add(os.path.abspath(path))
-    layers = getattr(X.__dask_graph__(), "layers", {})
-    for name in layers:
-        src = blocks.source(name)
-        if src is not None:
-            paths.update(a for a in src[1] if isinstance(a, str) and os.path.isabs(a) and os.path.exists(a))
     return tuple((p, _signature(p)) for p in sorted(paths))
 
 

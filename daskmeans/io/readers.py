@@ -23,17 +23,20 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 
 from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
-from .blocks import Table, file_of, float_dtype, float_dtype_arg, remember, remember_file, rows_per_chunk, split_rows
-from .blocks import source as _source
+from .blocks import (
+    FILE_ANNOTATION, RowSource, Table, file_of, files_of, float_dtype, float_dtype_arg, rows_of, rows_per_chunk,
+    split_rows, with_rows,
+)
 
-__all__ = ["FORMATS", "Format", "Table", "file_of", "float_dtype", "format_of", "read", "read_table", "read_weights",
-           "rows_per_chunk", "split_rows"]
+__all__ = ["FORMATS", "Format", "RowSource", "Table", "file_of", "files_of", "float_dtype", "format_of", "read",
+           "read_table", "read_weights", "rows_of", "rows_per_chunk", "split_rows"]
 
 
 @dataclass(frozen=True)
@@ -200,10 +203,14 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
             if name not in fmt.options and _given(value):
                 takers = "/".join(f.name for f in FORMATS if name in f.options)
                 raise DataError(f"{name}={value!r} applies to {takers} input only, not to {path}")
-        opened = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
+        # Every task the reader makes names the file (whatever is derived from its array).
+        with dask.annotate(**{FILE_ANNOTATION: path}):
+            opened = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
         # A format that knows more of its columns than the array says so in a Table.
         table = opened if isinstance(opened, Table) else Table(opened)
-        x, meta = table.array, dataclasses.replace(table, source=path)
+        rows = table.rows or rows_of(table.array)
+        rows = None if rows is None else dataclasses.replace(rows, path=path)
+        x, meta = table.array, dataclasses.replace(table, source=path, rows=rows)
     elif memory_reader.is_dataframe(source):
         x = memory_reader.from_dataframe(source, cb)
     elif memory_reader.is_sparse(source):
@@ -215,19 +222,20 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
     else:
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
     if not isinstance(source, (str, os.PathLike)):
-        meta = Table(x, None if names is None else tuple(str(n) for n in names))
+        # A Dask array a reader returned earlier (read()'s) is read again in other chunks too.
+        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x))
     if any(np.isnan(c) for c in x.chunks[0]):
         warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=3)
         x = x.compute_chunk_sizes()
-    src = _source(x.name)
-    x = _finish(x, dt)
-    if src is not None:
-        remember(x.name, (*src[:-1], x.dtype))
-    if meta.columns is not None and len(meta.columns) != int(x.shape[1]):
-        raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(x.shape[1])}")
-    if meta.source is not None:
-        remember_file(x.name, meta.source)  # read()'s bare array still names its file in messages
-    return dataclasses.replace(meta, array=x)
+    rows = meta.rows
+    y = _finish(x, dt)
+    if rows is not None and rows.out_dtype != y.dtype:
+        rows = dataclasses.replace(rows, out_dtype=np.dtype(y.dtype))
+    if rows is not None:
+        with_rows(y, rows)  # read()'s bare array is read again in other chunks too (split_rows)
+    if meta.columns is not None and len(meta.columns) != int(y.shape[1]):
+        raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(y.shape[1])}")
+    return dataclasses.replace(meta, array=y, rows=rows)
 
 
 def _given(value: Any) -> bool:
