@@ -32,10 +32,12 @@ from .gpu_staging import staged  # noqa: F401  (the host tier's half of the cont
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
 from ..errors import DataError
 from .grid import Grid
+from .protocol import DeviceBudget
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "tile_setting", "working_bytes"]
+           "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
+           "step_rate"]
 
 
 def __getattr__(attr: str) -> Any:
@@ -49,6 +51,47 @@ def __getattr__(attr: str) -> Any:
 name = "cupy"
 on_host = False
 tile_setting = "gpu-tile-bytes"
+# NCCL's all-reduce on the device buffers, one rank per GPU; Dask's comms through host memory.
+collectives = ("nccl", "dask")
+# The GEMM rate the preflight's estimate assumes: nominal (measuring would start cuBLAS during
+# planning); the estimate only needs the order of magnitude.
+NOMINAL_FLOPS = 50e12
+
+
+def device_count() -> int:
+    """CUDA devices CuPy sees here (0 without CuPy, a driver or a device)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
+        return 0
+
+
+def available() -> bool:
+    """True where CuPy imports and sees at least one CUDA device."""
+    return device_count() > 0
+
+
+def device_budget() -> DeviceBudget | None:
+    """The current GPU's free memory (within CuPy's pool limit where one is set:
+    ``CUPY_GPU_MEMORY_LIMIT`` or ``set_limit``, what the pool may still take), its total
+    memory and multiprocessors; None where there is no GPU."""
+    if not available():
+        return None
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    pool = cupy.get_default_memory_pool()
+    limit = pool.get_limit()
+    if limit:
+        free = min(free + pool.free_bytes(), limit - pool.used_bytes())
+    return DeviceBudget(int(free), int(total), int(gpu_device.sm_count(gpu_device.device_id())))
+
+
+def step_rate() -> float:
+    """The nominal GEMM rate (:data:`NOMINAL_FLOPS`)."""
+    return NOMINAL_FLOPS
 
 
 def asarray(block: Any, dtype: Any = None) -> Any:

@@ -1,15 +1,44 @@
-"""The backend contract: what the engine may call on a block, whatever the array library.
+"""The backend contract: what the engine may call on a block, whatever the array library,
+and what it asks of the machine a backend runs on.
 
 Both :mod:`.numpy_backend` and :mod:`.cupy_backend` are modules that satisfy
 :class:`Backend`; ``tests/unit/test_backends.py`` checks that every member exists in each
 with the same parameters. Shapes: ``X`` is one block ``(n, d)``, centroids ``(K, d)``.
+
+Besides the kernels, a backend answers the questions the engine would otherwise ask an array
+library itself (``engine/plan.py`` and ``dask_cluster.py`` import none): whether it can run
+here and on how many devices (:meth:`Backend.available`, :meth:`Backend.device_count`), the
+device memory this worker may still use (:meth:`Backend.device_budget`), its step rate for the
+preflight's estimate (:meth:`Backend.step_rate`) and the collectives its buffers can be summed
+by (``collectives``, names of :data:`daskmeans.engine.collective.REGISTRY`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 from .grid import Grid
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """What one worker's device offers a fit (:meth:`Backend.device_budget`).
+
+    Attributes
+    ----------
+    free : int
+        Bytes the backend may still allocate on the device: its free memory, within the
+        library's own pool limit where one is set.
+    total : int
+        The device's memory, bytes.
+    processors : int
+        Its multiprocessors (SMs), which size some kernels' tiles (0: unknown).
+    """
+
+    free: int
+    total: int
+    processors: int = 0
 
 
 @runtime_checkable
@@ -20,6 +49,26 @@ class Backend(Protocol):
     # Capabilities: what the engine asks instead of a backend's name.
     on_host: bool  # buffers are host NumPy memory (no device budget, no device collective)
     tile_setting: str  # the daskmeans setting that bounds the kernels' tiles (working_bytes)
+    # The collectives (names in engine.collective.REGISTRY) that can sum its buffers: "dask"
+    # takes any backend's (through host memory where they are not); "nccl" CuPy's alone.
+    collectives: tuple[str, ...]
+
+    def available(self) -> bool:
+        """Whether the backend can run in this process: its library imports and, for a device
+        backend, at least one device is visible (asked on each worker by ``dask_cluster``)."""
+
+    def device_count(self) -> int:
+        """The devices this process sees for the backend (0 for a host backend, and where its
+        library, a driver or a device is missing)."""
+
+    def device_budget(self) -> DeviceBudget | None:
+        """The current device's memory this worker may still use and its multiprocessors, for
+        the memory plan (asked on each worker); None for a host backend."""
+
+    def step_rate(self) -> float:
+        """This worker's rate at the iterations' own work, counted as 2 N K D FLOP/s (measured
+        on the host, where it takes a few ms; a device's nominal GEMM rate, since measuring
+        would start its libraries during planning): for the preflight's time estimate."""
 
     @property
     def xp(self) -> Any:
@@ -117,4 +166,4 @@ def members() -> Iterable[str]:
 
 def capabilities() -> dict[str, type]:
     """The capability attributes a backend module must define, with their types."""
-    return {"on_host": bool, "tile_setting": str}
+    return {"on_host": bool, "tile_setting": str, "collectives": tuple}

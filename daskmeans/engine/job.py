@@ -141,7 +141,7 @@ class FitJob:
             # The same data placed by an earlier fit on this client: its placement, budgets and
             # moments (taken out of the cache while this fit runs).
             kept = reuse.take(client, source)
-            budgets = kept.budgets if kept is not None else worker_budgets(client, *limits)
+            budgets = kept.budgets if kept is not None else worker_budgets(client, *limits, backend)
             tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets)
             if max_iter is not None:
                 slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))

@@ -1,8 +1,10 @@
 """Memory budgets, the memory tier of a fit, and the preflight check, before any data moves.
 
 Each worker has a host budget (``memory_limit``: default half the Dask worker's memory limit,
-or of the memory available) and, on a GPU worker, a device budget (``device_memory_limit``:
-default the GPU's free memory, within CuPy's pool limit if one is set). The loop needs a
+or of the memory available) and, for a device backend, a device budget (``device_memory_limit``:
+default what the backend says its device has free, :meth:`Backend.device_budget
+<daskmeans.backends.protocol.Backend.device_budget>`: on a GPU its free memory, within
+CuPy's pool limit if one is set). Nothing here imports an array library. The loop needs a
 working set besides the data (centroids, the iteration buffers, the kernels' tiles); the
 data's share per worker then decides the tier:
 
@@ -26,7 +28,7 @@ from dask.utils import format_bytes, parse_bytes
 from distributed import Client
 
 from .. import config
-from ..backends import get_backend
+from ..backends import backend_here, get_backend
 from ..errors import DaskmeansError
 from ..placement import TIERS
 
@@ -50,8 +52,11 @@ class TierPlan:
                 f"{format_bytes(self.host_budget)}{dev}")
 
 
-def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None, dask_worker: Any = None) -> dict:
-    """On a worker: its host budget and, where CuPy sees a GPU, its device budget (bytes)."""
+def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None, backend: str | None = None,
+                      dask_worker: Any = None) -> dict:
+    """On a worker: its host budget and, where ``backend`` (None: what ``auto`` would run
+    here) has a device, its device budget (bytes), its step rate and its multiprocessors,
+    asked of the backend (:meth:`~daskmeans.backends.protocol.Backend.device_budget`)."""
     host = memory_limit
     if host is None:
         limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
@@ -60,60 +65,11 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
 
             limit = psutil.virtual_memory().available
         host = int(limit * 0.5)  # the other half: Dask, Python, labels, read-ahead, spikes
-    try:
-        import cupy
-
-        has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no CuPy, no driver or no device: a CPU worker
-        has_gpu = False
-    device = None
-    if has_gpu:
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        pool = cupy.get_default_memory_pool()
-        limit = pool.get_limit()
-        if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
-            free = min(free + pool.free_bytes(), limit - pool.used_bytes())
-        device = int(free) if device_memory_limit is None else int(device_memory_limit)
-        from ..backends.gpu_device import sm_count as sms
-
-        sm_count = sms(cupy.cuda.runtime.getDevice())
-    return {"host": int(host), "device": device, "flops": _step_rate() if device is None else GPU_NOMINAL_FLOPS,
-            "sm_count": int(sm_count) if device is not None else 0}
-
-
-# A GPU's GEMM rate for the preflight estimate: nominal (measuring would start cuBLAS during
-# planning); the estimate only needs the order of magnitude.
-GPU_NOMINAL_FLOPS = 50e12
-
-
-def _step_rate() -> float:
-    """This CPU worker's rate at the iterations' own work, counted as 2 N K D FLOP/s: the NumPy
-    backend's whole step (BLAS GEMM tiles, then the compiled pass with the exact sums) on 2048
-    rows of 64 features against 512 centroids (a few ms), the best of three after a first call (which
-    loads the compiled pass, as the fit's first iteration would), under the BLAS thread limit
-    the worker's tasks run with. A bare 256^3 GEMM (in cache) said 150 GFLOP/s per worker on
-    the 2-core CI host, where the iterations ran at 41: the warning then promised a third of
-    the fit's time."""
-    import time
-
-    import numpy as np
-
-    from ..backends import get_backend
-    from ..backends.grid import Grid
-
-    be = get_backend("numpy")
-    rng = np.random.default_rng(0)
-    n, d, k = 2048, 64, 512
-    x = rng.standard_normal((n, d), dtype=np.float32)
-    p = be.prepare(rng.standard_normal((k, d)), np.float32)
-    grid = Grid(np.full(d, 8.0), float(n))
-    be.assign(x, p, want_sums=True, grid=grid)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        be.assign(x, p, want_sums=True, grid=grid)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n * k * d / max(best, 1e-9)
+    be = backend_here(backend)
+    budget = be.device_budget()
+    device = None if budget is None else int(budget.free) if device_memory_limit is None else int(device_memory_limit)
+    return {"host": int(host), "device": device, "flops": float(be.step_rate()),
+            "sm_count": 0 if budget is None else int(budget.processors)}
 
 
 def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n_workers: int) -> str | None:
@@ -189,7 +145,9 @@ def plan(
     ----------
     client : distributed.Client
     X : dask array (n, d)
-    backend : "numpy" or "cupy"
+    backend : str
+        A registry name (``backends.REGISTRY``): its capabilities decide the budget that bounds
+        the loop (``on_host``) and its tiles (``working_bytes``, ``tile_setting``).
     k : int
         Number of clusters (the working set grows with K x D).
     tier : {"auto", "device", "host", "storage"}
@@ -258,7 +216,8 @@ def plan(
             f"tier='host' needs {format_bytes(host_need)} of host memory per worker{loop}, more than its budget "
             f"{format_bytes(host_budget)} (--memory-limit): use tier 'storage', or more workers"
         )
-    rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None
+    rates = [float(b["flops"]) for b in budgets.values() if b.get("flops")]
+    rate = min(rates) if rates else None
     seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
     return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)
 
@@ -271,10 +230,11 @@ def budget_limits(memory_limit: int | str | None = None,
 
 
 def worker_budgets(client: Client, memory_limit: int | str | None = None,
-                   device_memory_limit: int | str | None = None) -> dict:
-    """Every worker's budgets and rate, measured on the worker: ``{address: {"host": bytes,
-    "device": bytes or None, "flops": GEMM FLOP/s, "sm_count": int}}``."""
-    return client.run(_budget_on_worker, *budget_limits(memory_limit, device_memory_limit))
+                   device_memory_limit: int | str | None = None, backend: str | None = None) -> dict:
+    """Every worker's budgets and rate, measured on the worker by ``backend`` (a registry
+    name; None: what ``auto`` runs on each): ``{address: {"host": bytes, "device": bytes or
+    None, "flops": 2 N K D FLOP/s, "sm_count": int}}``."""
+    return client.run(_budget_on_worker, *budget_limits(memory_limit, device_memory_limit), backend)
 
 
 def _bytes(value: int | str | None, key: str) -> int | None:
