@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import dask.array as da
 import numpy as np
 
-from .backends import PRECISIONS, get_backend
+from .backends import PRECISIONS, get_backend, names as backend_names
 from .dask_cluster import api_client, using_client
 from .engine import infer
 from .engine.fit import FitParams, fit_distributed
@@ -239,7 +239,7 @@ class KMeans:
         "oversampling_factor": Interval(0, None, closed="neither"),
         "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
         "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
-        "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
+        "backend": Options(backend_names),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
         "tier": Options(TIERS),

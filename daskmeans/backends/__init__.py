@@ -136,6 +136,12 @@ def choices() -> tuple[str, ...]:
     return ("auto", *((e.aliases or (n,))[0] for n, e in REGISTRY.items()))
 
 
+def names() -> tuple[str, ...]:
+    """Every value ``backend=`` takes: :func:`choices` first, then the other names and aliases."""
+    first = choices()
+    return first + tuple(n for n in aliases_map() if n not in first)
+
+
 def backend_name(obj: Any = "numpy") -> str:
     """The registry name of the backend :func:`get_backend` gives for ``obj`` (a name or alias,
     or an array), without importing it (the NumPy backend's compiled kernels cost a GPU fit

@@ -7,7 +7,12 @@ line breaks are counted by tasks too, for the chunks' lengths). In-memory NumPy/
 DataFrames, sparse matrices and Dask arrays are accepted too.
 
 Adding a format is a module with an ``open_<format>(path, chunk_bytes, dtype, **options)``
-function (see :mod:`daskmeans.io.npy_reader`) and an entry in :data:`FORMATS`.
+function (see :mod:`daskmeans.io.npy_reader`) and an entry in :data:`FORMATS` (or a call of
+:func:`register`). A reader returns its array, or a :class:`Table` of it; what the engine
+needs of its source comes with it: :func:`read_table` names the file in every task the reader
+makes (a Dask annotation, :func:`daskmeans.io.blocks.files_of`), and an array made by
+:func:`daskmeans.io.blocks.row_blocks` says how it is read again in other row chunks
+(``Table.rows``). Nothing is registered on the side.
 
 :func:`read_table` also returns what the source says of its columns (:class:`Table`): their
 names (a CSV header, a Zarr array's ``feature_names`` attribute, a DataFrame's column names),
@@ -36,7 +41,7 @@ from .blocks import (
 )
 
 __all__ = ["FORMATS", "Format", "RowSource", "Table", "file_of", "files_of", "float_dtype", "format_of", "read",
-           "read_table", "read_weights", "rows_of", "rows_per_chunk", "split_rows"]
+           "read_table", "read_weights", "register", "rows_of", "rows_per_chunk", "split_rows", "unregister"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,31 @@ FORMATS: tuple[Format, ...] = (
     Format(".npy", npy_reader.SUFFIXES, npy_reader.open_npy),
     Format("Zarr", zarr_reader.SUFFIXES, zarr_reader.open_zarr, options=("dataset",), directories=True),
 )
+
+
+def register(fmt: Format) -> None:
+    """Add the format ``fmt`` to :data:`FORMATS` (tried after those before it).
+
+    Raises
+    ------
+    ValueError
+        Its name is taken, or a suffix is another format's.
+    """
+    global FORMATS
+    for other in FORMATS:
+        shared = set(fmt.suffixes) & set(other.suffixes)
+        if other.name == fmt.name or shared:
+            what = f"name {fmt.name!r}" if other.name == fmt.name else f"suffix {sorted(shared)[0]!r}"
+            raise ValueError(f"format {fmt.name!r}: its {what} is the {other.name} format's already")
+    FORMATS = FORMATS + (fmt,)
+
+
+def unregister(name: str) -> None:
+    """Remove the format named ``name`` from :data:`FORMATS`."""
+    global FORMATS
+    if name not in {f.name for f in FORMATS}:
+        raise ValueError(f"format {name!r} is not registered: registered are {[f.name for f in FORMATS]}")
+    FORMATS = tuple(f for f in FORMATS if f.name != name)
 
 
 def format_of(path: str) -> Format:
