@@ -132,10 +132,11 @@ class Shard:
     pins: dict = field(default_factory=dict)
     # The resident blocks were checked against (or gave) their pins.
     pinned: bool = False
+    tunables: Any = None  # the kernels' settings the plan resolved on the client (backends.protocol.Tunables)
 
     @property
     def be(self) -> Any:
-        return get_backend(self.backend)
+        return get_backend(self.backend, self.tunables)
 
     @property
     def n(self) -> int:
@@ -196,7 +197,7 @@ def _sizeof_shard(s: Shard) -> int:
 
 
 def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, pins,
-                *arrays) -> Shard:
+                *arrays, tunables=None) -> Shard:
     be = get_backend(backend)
     if tier == "device":
         # The backend's asarray makes each block contiguous and aligned, once, for the kernels.
@@ -207,7 +208,7 @@ def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_bl
         blocks = None
     weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
-                 blocks, readers, weights, pins=dict(pins or {}))
+                 blocks, readers, weights, pins=dict(pins or {}), tunables=tunables)
 
 
 @dataclass
@@ -258,6 +259,7 @@ def place(
     *,
     balance: bool = True,
     pins: dict | None = None,
+    tunables: Any = None,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -278,6 +280,8 @@ def place(
     pins : dict of int to int, optional
         The chunks' pins from a pass over an earlier placement of the same chunks (see
         :class:`Shard`): the shards check their chunks against them.
+    tunables : backends.protocol.Tunables, optional
+        The kernels' settings (the plan's), which each shard's backend runs with.
     """
     X = X.rechunk({1: -1})
     if balance:
@@ -349,6 +353,7 @@ def place(
                 readers,
                 {i: pins[i] for i in ids if i in pins} if pins else None,
                 *args,
+                tunables=tunables,
                 workers=[w],
                 allow_other_workers=True,
                 pure=False,

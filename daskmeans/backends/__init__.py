@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from ..options import PRECISIONS  # noqa: F401  (re-exported)
-from .protocol import Backend  # noqa: F401  (re-exported)
+from .protocol import Backend, Tunables  # noqa: F401  (re-exported)
 
 
 def _cupy_memory_limit_in_bytes() -> None:
@@ -183,10 +183,55 @@ def on_gpu(name: str) -> bool:
     return not get_backend(name).on_host
 
 
-def get_backend(obj: Any = "numpy") -> ModuleType:
+def get_backend(obj: Any = "numpy", tunables: Tunables | None = None) -> Any:
     """Backend module for a name or alias (``"numpy"``, ``"cupy"``, ``"cpu"``, ``"gpu"``, or a
-    registered one) or an array (see :func:`backend_name`)."""
-    return importlib.import_module(REGISTRY[backend_name(obj)].module)
+    registered one) or an array (see :func:`backend_name`); with ``tunables``, the module with
+    them bound (:class:`Tuned`: its ``prepare``, ``working_bytes`` and ``warm`` take them)."""
+    module = importlib.import_module(REGISTRY[backend_name(obj)].module)
+    return module if tunables is None else Tuned(module, tunables)
+
+
+class Tuned:
+    """A backend module with the kernels' settings bound: every member is the module's, but
+    :meth:`prepare`, :meth:`working_bytes` and :meth:`warm` run with :attr:`tunables` (what
+    ``prepare`` returns carries them to ``assign``, ``min_sqdist`` and ``sqdistances``).
+    Satisfies :class:`.protocol.Backend` as its module does; compares equal to another view
+    of the same module and tunables."""
+
+    __slots__ = ("module", "tunables")
+
+    def __init__(self, module: ModuleType, tunables: Tunables):
+        self.module = module
+        self.tunables = tunables
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.module, attr)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Tuned) and (self.module, self.tunables) == (other.module, other.tunables)
+
+    def __hash__(self) -> int:
+        return hash((self.module.__name__, self.tunables))
+
+    def __repr__(self) -> str:
+        return f"Tuned({self.module.__name__}, {self.tunables})"
+
+    def __reduce__(self) -> tuple:  # by the module's name: a module does not pickle
+        return (_tuned, (self.module.__name__, self.tunables))
+
+    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None) -> Any:
+        return self.module.prepare(centroids, dtype, precision, tunables or self.tunables)
+
+    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
+        return self.module.working_bytes(k, d, rows, sm_count, tunables or self.tunables)
+
+    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
+             tunables: Tunables | None = None) -> Any:
+        return self.module.warm(k, d, dtype, precision, rows, tunables or self.tunables)
+
+
+def _tuned(module: str, tunables: Tunables) -> Tuned:
+    return Tuned(importlib.import_module(module), tunables)
 
 
 def device_backend_here() -> str | None:

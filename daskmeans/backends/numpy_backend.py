@@ -1,7 +1,8 @@
 """NumPy kernels: exact float32/float64 nearest-centroid assignment and fixed-point partial sums.
 
 Distances are computed as ``||c||^2 - 2 x.c`` by GEMM over row tiles whose rows and
-``rows x K`` distance block together are bounded in bytes (``daskmeans.tile-bytes``), so the
+``rows x K`` distance block together are bounded in bytes (``Tunables.tile_bytes``, from
+``daskmeans.tile-bytes`` on the client), so the
 N x K matrix never exists whole and the tile's rows are still in cache for the second pass; NumPy takes each tile's row argmin (vectorised), then one compiled pass
 (:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
 inertia, the reassigned count and the per-cluster sums (int64 on a :class:`.grid.Grid`).
@@ -21,9 +22,9 @@ from typing import Any, Callable
 
 import numpy
 
-from .. import config
 from ..errors import DataError
 from .grid import Grid
+from .protocol import Tunables, tunables_in_force
 
 name = "numpy"
 xp = numpy
@@ -117,12 +118,13 @@ def elapsed(start: float, end: float) -> float:
     return end - start
 
 
-def working_bytes(k: int, d: int, rows: int, sm_count: int = 0) -> int:
-    """One tile of rows and their K distances (float64 at most), within ``tile-bytes``."""
-    return min(config.get_bytes("tile-bytes"), rows * (k + d) * 8)
+def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
+    """One tile of rows and their K distances (float64 at most), within ``tile_bytes``."""
+    return min((tunables or tunables_in_force()).tile_bytes, rows * (k + d) * 8)
 
 
-def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> None:
+def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
+         tunables: Tunables | None = None) -> None:
     """Nothing to start: Numba loads the cached CPU kernels at their first call."""
     return None
 
@@ -134,27 +136,29 @@ class Prepared:
     centroids: numpy.ndarray  # (K, D) in the data dtype
     neg2_ct: numpy.ndarray  # (D, K) = -2 * centroids.T, C-contiguous for the GEMM
     sqnorm: numpy.ndarray  # (K,) ||c||^2 in the data dtype
+    tile_bytes: int  # a tile's rows and distances, bytes (Tunables.tile_bytes)
 
     @property
     def k(self) -> int:
         return self.centroids.shape[0]
 
 
-def prepare(centroids: Any, dtype: Any, precision: str = "fp32") -> Prepared:
-    """Cast centroids ``(K, D)`` to the data dtype and precompute ``-2 C^T`` and ``||c||^2``.
+def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None) -> Prepared:
+    """Cast centroids ``(K, D)`` to the data dtype and precompute ``-2 C^T`` and ``||c||^2``;
+    the kernels on what this returns tile by ``tunables.tile_bytes``.
 
     ``precision`` names a GPU GEMM mode; CPUs have no TF32/BF16 GEMM, so every mode computes
     in the data dtype here (checked once per fit, by the estimator)."""
     c = numpy.ascontiguousarray(centroids, dtype=dtype)
     sq = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64)).astype(dtype)
-    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq)
+    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq, int((tunables or tunables_in_force()).tile_bytes))
 
 
-def _tile_rows(k: int, d: int, itemsize: int) -> int:
-    """Rows per tile: its rows (D values) and distances (K values) within ``tile-bytes``, so
+def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
+    """Rows per tile: its rows (D values) and distances (K values) within ``tile_bytes``, so
     that the compiled pass re-reads the rows from the core's cache, not from memory
     (docs/performance.md, "CPU path")."""
-    return max(64, config.get_bytes("tile-bytes") // max(1, (k + d) * itemsize))
+    return max(64, tile_bytes // max(1, (k + d) * itemsize))
 
 
 class _Workspace:
@@ -185,7 +189,7 @@ def _tiles(X: numpy.ndarray, p: Prepared):
     """Yield ``(start, stop, g, lab)`` per row tile: ``g = ||c||^2 - 2 x.c`` (rows, K) in the
     data dtype and its row-wise argmin (lowest index on ties), in reused buffers."""
     n = X.shape[0]
-    step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize)
+    step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize, p.tile_bytes)
     ws = _workspace(min(step, n), p.k, X.dtype)
     for s in range(0, n, step):
         xt = X[s : s + step]

@@ -15,10 +15,81 @@ by (``collectives``, names of :data:`daskmeans.engine.collective.REGISTRY`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from .grid import Grid
+
+# The daskmeans settings behind each field of :class:`Tunables`.
+TUNABLE_SETTINGS = {
+    "tile_bytes": "tile-bytes",
+    "gpu_tile_bytes": "gpu-tile-bytes",
+    "gpu_tile_bytes_max": "gpu-tile-bytes-max",
+    "gpu_fp32_gemm": "gpu-fp32-gemm",
+    "gpu_tf32_gemm": "gpu-tf32-gemm",
+}
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """The kernels' settings: resolved once on the client (``engine.plan.kernel_tunables``, from
+    the ``daskmeans.*`` settings of :data:`TUNABLE_SETTINGS`) and passed to the backend with
+    its work (:meth:`Backend.prepare`, :meth:`Backend.working_bytes`, :meth:`Backend.warm`,
+    or bound by ``backends.get_backend(name, tunables)``), never read from the configuration
+    where the kernels run. None of them changes a result: tiles and GEMM modes decide speed
+    and memory, labels and sums are exact in each.
+
+    Attributes
+    ----------
+    tile_bytes : int
+        A CPU distance tile's rows and K distances, bytes (``daskmeans.tile-bytes``).
+    gpu_tile_bytes, gpu_tile_bytes_max : int
+        A GPU GEMM output tile, bytes, and the most it grows to at wide K.
+    gpu_fp32_gemm, gpu_tf32_gemm : str
+        The GEMM behind the fp32 and tf32 precisions (``"auto"`` or a mode's name).
+    """
+
+    tile_bytes: int
+    gpu_tile_bytes: int
+    gpu_tile_bytes_max: int
+    gpu_fp32_gemm: str
+    gpu_tf32_gemm: str
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "Tunables":
+        """From ``daskmeans`` settings by dotted key (``config.snapshot()`` on the client, or the
+        YAML's defaults); sizes such as ``"256MiB"`` become bytes.
+
+        Raises
+        ------
+        ValueError
+            A size that is not one, naming the setting and its value.
+        """
+        from dask.utils import parse_bytes
+
+        values = {}
+        for f in fields(cls):
+            key = TUNABLE_SETTINGS[f.name]
+            value = settings[key]
+            if f.name.endswith("bytes") or f.name.endswith("bytes_max"):
+                try:
+                    value = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"daskmeans.{key}={value!r} should be a size such as '256MiB'") from None
+            else:
+                value = str(value)
+            values[f.name] = value
+        return cls(**values)
+
+
+def tunables_in_force() -> Tunables:
+    """The tunables of the settings in force here (``config.snapshot()``: inside an engine task
+    the client's, shipped with it): what a kernel called without any (``tunables=None``) runs
+    with. The engine passes its own, resolved once on the client by the plan; this serves the
+    callers that have none (kernels called directly, tasks outside a fit's placement)."""
+    from ..config import snapshot
+
+    return Tunables.from_settings(snapshot())
 
 
 @dataclass(frozen=True)
@@ -110,19 +181,24 @@ class Backend(Protocol):
         """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
         the next while the current one's kernels run); each valid until the next is asked for."""
 
-    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0) -> int:
+    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
         """Bytes the kernels allocate for themselves while they assign blocks of up to
         ``rows`` rows of ``d`` features to ``k`` centroids (distance tiles), on a device of
-        ``sm_count`` multiprocessors (0: unknown): for the memory plan, on the client."""
+        ``sm_count`` multiprocessors (0: unknown), with ``tunables``' tiles (None:
+        :func:`tunables_in_force`): for the memory plan, on the client."""
 
-    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
+    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
+             tunables: Tunables | None = None) -> Any:
         """Start, in the background, whatever the kernels of a fit of K x d (blocks of
-        ``rows`` rows of ``dtype``) need before their first call (a GPU compiles them); returns
-        at once (a thread, or None where there is nothing to do)."""
+        ``rows`` rows of ``dtype``, ``tunables``' tiles and GEMM modes) need before their first
+        call (a GPU compiles them); returns at once (a thread, or None where there is nothing
+        to do)."""
 
-    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32") -> Any:
+    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None) -> Any:
         """Centroids ``(K, d)`` cast to ``dtype`` and what every block's kernels read of them
-        (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`."""
+        (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`;
+        ``tunables`` the kernels' settings for every call on what this returns (None:
+        :func:`tunables_in_force`)."""
 
     def assign(self, X: Any, p: Any, sample_weight: Any = None, want_sums: bool = True,
                prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None,

@@ -152,7 +152,7 @@ class FitJob:
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
             warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]))
-            key = reuse.placement_key(X, w, backend, tiers.tier)
+            key = reuse.placement_key(X, w, backend, tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
                 reuse.drop(client, [kept])
                 kept = None
@@ -183,7 +183,7 @@ class FitJob:
                     # The chunks' pins from the passes over the placement lost: a chunk read
                     # again from the source is checked against its first read.
                     self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
-                                           balance=False, pins=self.pins)
+                                           balance=False, pins=self.pins, tunables=self.tiers.tunables)
                 return step_(self.placement)
             except WorkerLost as lost:
                 last = lost.args[0]

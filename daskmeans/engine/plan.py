@@ -1,4 +1,5 @@
-"""Memory budgets, the memory tier of a fit, and the preflight check, before any data moves.
+"""Memory budgets, the memory tier of a fit, the kernels' settings, and the preflight check,
+before any data moves.
 
 Each worker has a host budget (``memory_limit``: default half the Dask worker's memory limit,
 or of the memory available) and, for a device backend, a device budget (``device_memory_limit``:
@@ -12,6 +13,10 @@ data's share per worker then decides the tier:
 - ``host``: resident in host memory (pinned, on a GPU worker: copied to the GPU chunk by
   chunk each pass);
 - ``storage``: re-read from the source each pass, a thread reading ahead.
+
+The kernels' settings (:func:`kernel_tunables`: tile bytes, GEMM modes) are resolved here, on
+the client, once per plan (``TierPlan.tunables``), and travel to the backend with the fit's
+shards: the workers never read them from their configuration.
 
 The result is bitwise the same in every tier (the same chunks meet the same kernels). A
 working set that fits no budget is refused here, in one line with the numbers and the flag
@@ -29,6 +34,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import backend_here, get_backend
+from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
 from ..placement import TIERS
 
@@ -45,6 +51,7 @@ class TierPlan:
     chunk_rows: int | None = None  # rows per chunk to place (chunks cut to fit the budget), or as read
     iteration_seconds: float | None = None  # an estimate of one iteration's time (2 N K D at the workers' step rate)
     flop_rate: float | None = None  # the slowest worker's step rate (2 N K D FLOP/s), measured, or a GPU's nominal one
+    tunables: Tunables | None = None  # the kernels' settings, resolved here on the client (kernel_tunables)
 
     def describe(self) -> str:
         dev = "" if self.device_budget is None else f", device budget {format_bytes(self.device_budget)}"
@@ -88,27 +95,46 @@ def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n
             f"rows or a lower max_iter shorten it")
 
 
+def kernel_tunables() -> Tunables:
+    """The kernels' settings (tile bytes, GEMM modes: :class:`~daskmeans.backends.protocol.Tunables`)
+    from the ``daskmeans.*`` settings, resolved on the client once per plan and passed to the
+    backend with the fit's work, so that no worker reads them from its configuration.
+
+    Raises
+    ------
+    DaskmeansError
+        A tile size that is not a size (naming the setting and its value).
+    """
+    try:
+        return Tunables.from_settings(config.snapshot())
+    except ValueError as e:
+        raise DaskmeansError(str(e)) from None
+
+
 def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0) -> dict[str, int]:
+                  sm_count: int = 0, tunables: Tunables | None = None) -> dict[str, int]:
     """What one worker's loop needs besides its data, part by part (bytes): ``model``, K x D
     float64 centroids (current, previous, new), the iteration buffer (one int64 per sum, sent
     and received), a chunk's sums and the update's temporaries; ``tiles``, the kernels' own
     buffers (the backend's ``working_bytes`` for a chunk's rows on a device of ``sm_count``
     SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
-    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32)."""
+    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32).
+    ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
+    tunables = tunables if tunables is not None else kernel_tunables()
     return {
         "model": k * d * 8 * (3 + 2 + 2) + n_chunks * 8,
-        "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count)),
+        "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count, tunables)),
         "chunks": 2 * chunk_bytes,
         "labels": rows_per_worker * 4 * 3,
     }
 
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0) -> int:
+                  sm_count: int = 0, tunables: Tunables | None = None) -> int:
     """The sum of :func:`working_parts`."""
-    return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count).values()))
+    return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count,
+                                 tunables).values()))
 
 
 def _too_small(k: int, d: int, parts: dict[str, int], limit: int, memory: str, flag: str, chunk_rows: int,
@@ -166,6 +192,7 @@ def plan(
     """
     if tier not in TIERS:
         raise DaskmeansError(f"tier={tier!r} should be one of {', '.join(map(repr, TIERS))}")
+    tunables = kernel_tunables()  # once, here on the client: the fit's kernels get these
     gpu = not get_backend(backend).on_host
     if tier == "device" and not gpu:
         raise DaskmeansError("tier='device' needs GPU workers; CPU workers hold data in the 'host' tier")
@@ -193,7 +220,7 @@ def plan(
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
     sms = max(int(b.get("sm_count") or 0) for b in budgets.values()) if budgets else 0
-    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms)
+    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms, tunables)
     working = sum(parts.values())
     if working > limit:
         raise DaskmeansError(_too_small(k, d, parts, limit, "device" if gpu else "host", flag, chunk_rows,
@@ -219,7 +246,7 @@ def plan(
     rates = [float(b["flops"]) for b in budgets.values() if b.get("flops")]
     rate = min(rates) if rates else None
     seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
-    return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)
+    return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate, tunables)
 
 
 def budget_limits(memory_limit: int | str | None = None,

@@ -131,11 +131,13 @@ def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, back
                   tuple(sorted(client.nthreads().items())), _files(X, path))
 
 
-def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str) -> tuple:
+def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
+                  tunables: Any = None) -> tuple:
     """What identifies a placement: the keys of the chunks placed (the fit's chunking), the
-    weights' keys, the backend and the tier."""
+    weights' keys, the backend, the tier, and the kernels' settings its shards run with
+    (``backends.protocol.Tunables``: settings changed between fits place the data again)."""
     w = None if sample_weight is None else sample_weight.name
-    return (X.name, X.chunks, str(X.dtype), w, backend, tier)
+    return (X.name, X.chunks, str(X.dtype), w, backend, tier, tunables)
 
 
 def _files(X: da.Array, path: str | None) -> tuple:

@@ -4,6 +4,7 @@ and a fit through either gives the bits of the built-in one it copies."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import types
@@ -44,6 +45,14 @@ def copied_backend():
         return numpy_backend.assign(*args, **kwargs)
 
     module.assign = assign
+    module.tunables_seen = []
+
+    @functools.wraps(numpy_backend.prepare)
+    def prepare(centroids, dtype, precision="fp32", tunables=None):
+        module.tunables_seen.append(tunables)  # what the engine passed (None: it had none to pass)
+        return numpy_backend.prepare(centroids, dtype, precision, tunables)
+
+    module.prepare = prepare
     sys.modules[MODULE] = module
     backends.register(COPY, MODULE, aliases=("cpu-copy",))
     try:
@@ -142,3 +151,40 @@ def test_formats_register_once_and_unregister():
     with pytest.raises(ValueError, match=r"format 'npy2' is not registered"):
         readers.unregister("npy2")
     assert all(f.name != "npy2" for f in readers.FORMATS)
+
+
+def test_the_plans_tunables_reach_the_loops_kernels(threads_client, copied_backend):
+    """Resolved once on the client (engine.plan.kernel_tunables) and passed with the shards:
+    the Lloyd loop's kernels are given them, and they change no bit."""
+    import dask
+
+    from daskmeans.engine.plan import kernel_tunables
+
+    X = _data()
+    ref, _ = _fit(threads_client, X, backend=COPY)
+    copied_backend.tunables_seen.clear()
+    with dask.config.set({"daskmeans.tile-bytes": "4KiB"}):
+        small = kernel_tunables()
+        got, _ = _fit(threads_client, X, backend=COPY)
+    assert small.tile_bytes == 4096
+    passed = [t for t in copied_backend.tunables_seen if t is not None]
+    assert passed and all(t == small for t in passed)
+    assert got.tobytes() == ref.tobytes()
+
+
+def test_tunables_come_from_the_settings_and_name_a_bad_size():
+    import dask
+
+    from daskmeans import DaskmeansError
+    from daskmeans.engine.plan import kernel_tunables
+
+    t = kernel_tunables()
+    assert (t.tile_bytes, t.gpu_tile_bytes, t.gpu_tile_bytes_max) == (2**20, 256 * 2**20, 4 * 2**30)
+    assert (t.gpu_fp32_gemm, t.gpu_tf32_gemm) == ("auto", "auto")
+    with dask.config.set({"daskmeans.gpu-tile-bytes": "lots"}):
+        with pytest.raises(DaskmeansError, match=r"daskmeans.gpu-tile-bytes='lots' should be a size such as '256MiB'"):
+            kernel_tunables()
+    bound = backends.get_backend("cpu", t)
+    assert isinstance(bound, protocol.Backend) and bound.name == "numpy" and bound.tunables is t
+    assert bound.working_bytes(20, 10, 10**6) == 2**20
+    assert backends.get_backend("cpu", dataclasses.replace(t, tile_bytes=4096)).working_bytes(20, 10, 10**6) == 4096
