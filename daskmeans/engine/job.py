@@ -151,7 +151,7 @@ class FitJob:
                 X = split_rows(X, tiers.chunk_rows)
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
-            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]))
+            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables)
             key = reuse.placement_key(X, w, backend, tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
                 reuse.drop(client, [kept])
