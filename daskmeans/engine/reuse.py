@@ -12,10 +12,12 @@ The same data means, on the same client and the same workers:
 
 - before planning (:func:`source_key`): the Dask keys and chunks of the array and of the
   weights, the dtype, the backend, the requested tier, the memory budgets asked for, and for
-  the files daskmeans reads (``read``'s registry, or the fit's path) their size and
-  modification times, since those readers' keys name the path, not the contents;
-- after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking)
-  and the tier chosen. A fit whose plan chooses another tier (a larger K) places again.
+  the files daskmeans reads (those the array's graph names, ``io.blocks.files_of``, and the
+  fit's path) their size and modification times, since those readers' keys name the path,
+  not the contents;
+- after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking),
+  the tier chosen and the kernels' tunables. A fit whose plan chooses another tier (a larger
+  K) places again.
 
 A fit takes the entry out of the cache for its duration (two fits at once never share shards:
 the second places its own) and puts its placement back only when it ends without error, once
