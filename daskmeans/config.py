@@ -6,6 +6,9 @@ Every tunable (chunk and tile bytes, reduction fan-in, init sampling) is read th
 A worker in another process does not see the client's ``dask.config.set``: every engine task
 carries the client's :func:`snapshot` of the namespace (:class:`daskmeans.engine.task.blas_capped`)
 and runs under :func:`applied`, so that :func:`get` on the worker answers what the client set.
+The kernels' settings (tile bytes, GEMM modes) do not take this path in a fit: the plan
+resolves them on the client into ``backends.protocol.Tunables`` and passes them to the backend
+(``engine.plan.kernel_tunables``); a kernel called without them reads :func:`snapshot`.
 """
 
 from __future__ import annotations

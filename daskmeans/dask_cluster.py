@@ -136,12 +136,18 @@ def check_workers(client: Client) -> None:
     run_checked(client)
 
 
+def worker_devices(client: Client) -> dict[str, str | None]:
+    """Each worker of ``client``: the device backend it can run (the registry's first usable
+    there, :func:`daskmeans.backends.device_backend_here`: CuPy seeing a CUDA device), or
+    None, asked in the round trip that checks their daskmeans (:func:`run_checked`)."""
+    return run_checked(client, ("daskmeans.backends", "device_backend_here"))
+
+
 def worker_kinds(client: Client) -> tuple[list[str], list[str]]:
-    """The addresses of ``client``'s workers that see a CUDA device through CuPy, and the
-    others, asked in the round trip that checks their daskmeans (:func:`run_checked`)."""
-    res = run_checked(client, ("daskmeans.backends", "gpu_available"))
-    gpus = sorted(w for w, ok in res.items() if ok)
-    return gpus, sorted(w for w, ok in res.items() if not ok)
+    """The addresses of ``client``'s workers with a usable device backend (GPU workers), and
+    the others (see :func:`worker_devices`)."""
+    res = worker_devices(client)
+    return sorted(w for w, b in res.items() if b), sorted(w for w, b in res.items() if not b)
 
 
 def resolve_backend(client: Client, requested: str = "auto", data_backend: str | None = None) -> str:
@@ -158,7 +164,9 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
     if name is not None and get_backend(name).on_host:  # a host backend runs on any worker
         check_workers(client)  # that can import daskmeans: said in one line before any work
         return name
-    gpus, cpus = worker_kinds(client)
+    devices = worker_devices(client)
+    gpus = sorted(w for w, b in devices.items() if b)
+    cpus = sorted(w for w, b in devices.items() if not b)
     if name is None:
         if gpus and cpus:
             raise DaskmeansError(
@@ -166,7 +174,9 @@ def resolve_backend(client: Client, requested: str = "auto", data_backend: str |
                 f"choose backend='cpu' (--backend cpu) to use every worker with NumPy, or start the cluster "
                 f"with GPU workers only"
             )
-        return requested_backend("gpu" if gpus else "cpu")
+        # Every worker's device backend (the registry's first usable there), else the host's.
+        found = devices[gpus[0]] if gpus else None
+        return found if isinstance(found, str) else requested_backend("gpu" if gpus else "cpu")
     if cpus:
         raise DaskmeansError(
             f"backend='gpu' but {len(cpus)} of the cluster's {len(gpus) + len(cpus)} workers have no usable GPU "

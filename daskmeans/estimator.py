@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import dask.array as da
 import numpy as np
 
-from .backends import PRECISIONS, get_backend
+from .backends import PRECISIONS, get_backend, names as backend_names
 from .dask_cluster import api_client, using_client
 from .engine import infer
 from .engine.fit import FitParams, fit_distributed
@@ -239,7 +239,7 @@ class KMeans:
         "oversampling_factor": Interval(0, None, closed="neither"),
         "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
         "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
-        "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
+        "backend": Options(backend_names),
         "metric": Options(METRICS),
         "precision": Options(PRECISIONS),
         "tier": Options(TIERS),
@@ -583,7 +583,7 @@ class KMeans:
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
             names, X = _names(table), table.array
-            path = table.source or file_of(X.name)  # a path given or an array read() from one: messages name it
+            path = table.source or file_of(X)  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)

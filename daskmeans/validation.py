@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import DataError, InvalidParameterError
 
@@ -40,13 +40,15 @@ class Interval:
 
 @dataclass(frozen=True)
 class Options:
-    """One of a fixed set of strings."""
+    """One of a set of strings: fixed, or a registry's at the time of the check (a callable
+    returning them, so that an entry registered later is accepted)."""
 
-    values: tuple[str, ...]
+    values: tuple[str, ...] | Callable[[], tuple[str, ...]]
 
     def check(self, name: str, value: Any) -> None:
-        if not isinstance(value, str) or value not in self.values:
-            allowed = ", ".join(repr(v) for v in self.values)
+        values = self.values() if callable(self.values) else self.values
+        if not isinstance(value, str) or value not in values:
+            allowed = ", ".join(repr(v) for v in values)
             raise InvalidParameterError(f"{name}={value!r} should be one of {allowed}")
 
 

@@ -14,7 +14,7 @@ chunking and either backend give the same integers.
 
 Labels are those of exact distances in both regimes and in every ``precision``: "fp32"
 (split TF32, three TF32 products in one tensor-core GEMM of depth 3D, or cuBLAS's fp32 GEMM;
-``daskmeans.gpu-fp32-gemm``), "tf32" (one TF32 product) and "bf16" (bfloat16 inputs) differ
+``Tunables.gpu_fp32_gemm``, from ``daskmeans.gpu-fp32-gemm`` on the client), "tf32" (one TF32 product) and "bf16" (bfloat16 inputs) differ
 in speed and in how many rows need the exact re-check (``rechecked``), never in labels.
 CUDA sources are files under ``cuda/`` (:mod:`.cuda_src` compiles them). CuPy is imported
 lazily so that importing daskmeans never needs a GPU.
@@ -32,10 +32,12 @@ from .gpu_staging import staged  # noqa: F401  (the host tier's half of the cont
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
 from ..errors import DataError
 from .grid import Grid
+from .protocol import DeviceBudget, Tunables, tunables_in_force
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "tile_setting", "working_bytes"]
+           "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
+           "step_rate"]
 
 
 def __getattr__(attr: str) -> Any:
@@ -49,6 +51,47 @@ def __getattr__(attr: str) -> Any:
 name = "cupy"
 on_host = False
 tile_setting = "gpu-tile-bytes"
+# NCCL's all-reduce on the device buffers, one rank per GPU; Dask's comms through host memory.
+collectives = ("nccl", "dask")
+# The GEMM rate the preflight's estimate assumes: nominal (measuring would start cuBLAS during
+# planning); the estimate only needs the order of magnitude.
+NOMINAL_FLOPS = 50e12
+
+
+def device_count() -> int:
+    """CUDA devices CuPy sees here (0 without CuPy, a driver or a device)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, no driver, or no device: all mean "no GPU here"
+        return 0
+
+
+def available() -> bool:
+    """True where CuPy imports and sees at least one CUDA device."""
+    return device_count() > 0
+
+
+def device_budget() -> DeviceBudget | None:
+    """The current GPU's free memory (within CuPy's pool limit where one is set:
+    ``CUPY_GPU_MEMORY_LIMIT`` or ``set_limit``, what the pool may still take), its total
+    memory and multiprocessors; None where there is no GPU."""
+    if not available():
+        return None
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    pool = cupy.get_default_memory_pool()
+    limit = pool.get_limit()
+    if limit:
+        free = min(free + pool.free_bytes(), limit - pool.used_bytes())
+    return DeviceBudget(int(free), int(total), int(gpu_device.sm_count(gpu_device.device_id())))
+
+
+def step_rate() -> float:
+    """The nominal GEMM rate (:data:`NOMINAL_FLOPS`)."""
+    return NOMINAL_FLOPS
 
 
 def asarray(block: Any, dtype: Any = None) -> Any:
@@ -132,12 +175,13 @@ def elapsed(start: Any, end: Any) -> float:
     return cupy.cuda.get_elapsed_time(start, end) / 1e3
 
 
-def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,
+def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None, *,
             _layout: str = "auto", _centroids: str = "auto") -> Prepared:
     """Cast centroids ``(K, D)`` to the data dtype and precompute what the kernels read.
 
     ``precision`` is one of :data:`~daskmeans.options.PRECISIONS`, checked once per fit by
-    the estimator. ``_layout`` (:func:`.gpu_plan.select_layout`) and ``_centroids``
+    the estimator; ``tunables`` (None: those in force, :func:`.protocol.tunables_in_force`) pick its GEMM and size the tiles of every
+    kernel on what this returns. ``_layout`` (:func:`.gpu_plan.select_layout`) and ``_centroids``
     (:func:`.gpu_plan.small_config`) force a kernel variant: for kernel benchmarks and tests.
     """
     import cupy
@@ -147,22 +191,21 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", *,
     k, d = c.shape
     small = gpu_plan.small_config(k, d, gpu_device.shared_optin(gpu_device.device_id()), _centroids)
     if small is not None:
-        return Prepared(c, c64, precision, small)  # c64: contiguous, as c
-    return gpu_gemm.prepare(c, c64, precision, _layout)
+        return Prepared(c, c64, precision, small, tunables=tunables or tunables_in_force())  # c64: contiguous, as c
+    return gpu_gemm.prepare(c, c64, precision, _layout, tunables)
 
 
-def working_bytes(k: int, d: int, rows: int, sm_count: int = 0) -> int:
+def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
     """Two GEMM tiles (one GEMM overlaps the previous tile's selection) where K x D takes the
     GEMM regime, sized as :func:`.gpu_gemm.tile_rows` sizes them; none in the fused regime."""
     if not uses_tiles(k, d):
         return 0
-    from .. import config
-
-    return 2 * gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, config.get_bytes("gpu-tile-bytes"),
-                                   config.get_bytes("gpu-tile-bytes-max"), sm_count)
+    t = tunables or tunables_in_force()
+    return 2 * gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, sm_count)
 
 
-def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
+def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
+         tunables: Tunables | None = None) -> Any:
     """Start compiling, in a background thread, the kernels a fit of K x D (data ``dtype``,
     blocks of ``rows`` rows) launches: the moments and update module and the assignment's
     (fused, or selection and sums), together. Returns the thread.
@@ -174,7 +217,7 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
     import threading
 
     small = gpu_plan.small_config(k, d, gpu_device.shared_optin(gpu_device.device_id()))
-    calls = gpu_small.compiles(small, d, dtype) if small else gpu_gemm.compiles(k, d, dtype, precision, rows)
+    calls = gpu_small.compiles(small, d, dtype) if small else gpu_gemm.compiles(k, d, dtype, precision, rows, tunables)
 
     def compile_all() -> None:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy
 
-from .. import config
+from .protocol import Tunables, tunables_in_force
 from . import cuda_src, gpu_device, gpu_plan
 from .gpu_device import ptr
 from .gpu_plan import CSQ_PAD, Prepared
@@ -26,15 +26,16 @@ from .gpu_sums import label_sums
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14  # cudaDataType_t (library_types.h)
 
 
-def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
+def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tunables | None = None) -> Prepared:
     """The GEMM regime's centroid side: ``c`` ``(K, D)`` in the data dtype and its float64
-    values ``c64``; the centroids as the GEMM reads them, their squared norms and the error
-    bound's coefficients."""
+    values ``c64``; the centroids as the GEMM reads them (in the GEMM mode ``tunables`` pick
+    for ``precision``), their squared norms and the error bound's coefficients."""
     import cupy
 
+    tunables = tunables or tunables_in_force()
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
-    mode = _gemm_mode(precision, gemm64, k)
+    mode = _gemm_mode(precision, gemm64, k, tunables)
     kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4  # whole 16-byte vectors of the tile's rows
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
@@ -54,7 +55,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto") -> Prepared:
     csq[:k] = sq
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
-                    cexp)
+                    cexp, tunables)
 
 
 def _max_abs(X: Any) -> float:
@@ -62,9 +63,9 @@ def _max_abs(X: Any) -> float:
     return float(max(X.max(), -X.min())) if X.size else 0.0
 
 
-def _gemm_mode(precision: str, gemm64: bool, k: int) -> int:
-    return gpu_plan.gemm_mode(precision, gemm64, config.get("gpu-fp32-gemm"),
-                              gpu_device.compute_capability(gpu_device.device_id()), config.get("gpu-tf32-gemm"), k)
+def _gemm_mode(precision: str, gemm64: bool, k: int, tunables: Tunables) -> int:
+    return gpu_plan.gemm_mode(precision, gemm64, tunables.gpu_fp32_gemm,
+                              gpu_device.compute_capability(gpu_device.device_id()), tunables.gpu_tf32_gemm, k)
 
 
 def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple, scale: float = 1.0) -> None:
@@ -157,31 +158,33 @@ def gemm(p: Prepared, xt, out, ldr: int | None = None, alpha: float = -2.0) -> N
 
 def tile_rows(p: Prepared, n: int) -> int:
     """Rows of one GEMM tile for a block of ``n`` rows (:func:`.gpu_plan.tile_rows` within
-    ``daskmeans.gpu-tile-bytes``)."""
-    return _tile_rows(n, p.a.shape[0], p.centroids.shape[1], p.mode, tile_dtype(p).itemsize)
+    the prepared centroids' ``Tunables.gpu_tile_bytes``)."""
+    return _tile_rows(n, p.a.shape[0], p.centroids.shape[1], p.mode, tile_dtype(p).itemsize,
+                      p.tunables or tunables_in_force())
 
 
-def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int) -> int:
+def _tile_rows(n: int, kpad: int, d: int, mode: int, out_itemsize: int, tunables: Tunables) -> int:
     # gemm_prep's copy of a tile (prep_buffer): none in mode 0, 3D float32 columns in mode 2.
     cols, item = (0, 0) if mode == 0 else (3 * d if mode == 2 else d, 2 if mode in (3, 4) else 4)
-    return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, config.get_bytes("gpu-tile-bytes"),
+    return gpu_plan.tile_rows(n, kpad, out_itemsize, cols, item, tunables.gpu_tile_bytes,
                               gpu_plan.fill_rows(gpu_device.sm_count(gpu_device.device_id())),
-                              config.get_bytes("gpu-tile-bytes-max"))
+                              tunables.gpu_tile_bytes_max)
 
 
 def _select_kernel(dtype: Any, gemm_dtype: Any, rpt: int) -> Any:
     return cuda_src.select_cols_kernel(dtype, rpt) if rpt else cuda_src.select_rows_kernel(dtype, gemm_dtype)
 
 
-def compiles(k: int, d: int, dtype: Any, precision: str, n: int) -> list:
+def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunables | None = None) -> list:
     """The compile calls of the modules a fit of K x D launches on blocks of ``n`` rows of
-    ``dtype`` (the selection as :func:`run` picks it, ``gemm_prep`` and the sums), for
-    :func:`.cupy_backend.warm`."""
+    ``dtype`` (the selection as :func:`run` picks it under ``tunables``, ``gemm_prep`` and the
+    sums), for :func:`.cupy_backend.warm`."""
+    tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    mode = _gemm_mode(precision, gemm64, k)
+    mode = _gemm_mode(precision, gemm64, k, tunables)
     kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
-    rows = _tile_rows(n, kpad, d, mode, gdt.itemsize)
+    rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),
                                  precision)
     return [lambda: _select_kernel(dtype, gdt, rpt), lambda: cuda_src.prep_kernel(dtype, 0),

@@ -50,6 +50,7 @@ class Prepared:
     mode: int = 0  # GEMM inputs, as gemm_prep's MODE: 0 as given, 1 TF32, 2 split TF32 (3D), 3 bf16, 4 fp16
     layout: str = "auto"
     cexp: int = 0  # mode 4: the centroids were multiplied by 2^cexp (max |c| 2^cexp <= 2^14)
+    tunables: Any = None  # the protocol's Tunables the kernels on these centroids run with (tiles)
 
     @property
     def k(self) -> int:

@@ -1,15 +1,115 @@
-"""The backend contract: what the engine may call on a block, whatever the array library.
+"""The backend contract: what the engine may call on a block, whatever the array library,
+and what it asks of the machine a backend runs on.
 
 Both :mod:`.numpy_backend` and :mod:`.cupy_backend` are modules that satisfy
 :class:`Backend`; ``tests/unit/test_backends.py`` checks that every member exists in each
 with the same parameters. Shapes: ``X`` is one block ``(n, d)``, centroids ``(K, d)``.
+
+Besides the kernels, a backend answers the questions the engine would otherwise ask an array
+library itself (``engine/plan.py`` and ``dask_cluster.py`` import none): whether it can run
+here and on how many devices (:meth:`Backend.available`, :meth:`Backend.device_count`), the
+device memory this worker may still use (:meth:`Backend.device_budget`), its step rate for the
+preflight's estimate (:meth:`Backend.step_rate`) and the collectives its buffers can be summed
+by (``collectives``, names of :data:`daskmeans.engine.collective.REGISTRY`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from .grid import Grid
+
+# The daskmeans settings behind each field of :class:`Tunables`.
+TUNABLE_SETTINGS = {
+    "tile_bytes": "tile-bytes",
+    "gpu_tile_bytes": "gpu-tile-bytes",
+    "gpu_tile_bytes_max": "gpu-tile-bytes-max",
+    "gpu_fp32_gemm": "gpu-fp32-gemm",
+    "gpu_tf32_gemm": "gpu-tf32-gemm",
+}
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """The kernels' settings: resolved once on the client (``engine.plan.kernel_tunables``, from
+    the ``daskmeans.*`` settings of :data:`TUNABLE_SETTINGS`) and passed to the backend with
+    its work (:meth:`Backend.prepare`, :meth:`Backend.working_bytes`, :meth:`Backend.warm`,
+    or bound by ``backends.get_backend(name, tunables)``), never read from the configuration
+    where the kernels run. None of them changes a result: tiles and GEMM modes decide speed
+    and memory, labels and sums are exact in each.
+
+    Attributes
+    ----------
+    tile_bytes : int
+        A CPU distance tile's rows and K distances, bytes (``daskmeans.tile-bytes``).
+    gpu_tile_bytes, gpu_tile_bytes_max : int
+        A GPU GEMM output tile, bytes, and the most it grows to at wide K.
+    gpu_fp32_gemm, gpu_tf32_gemm : str
+        The GEMM behind the fp32 and tf32 precisions (``"auto"`` or a mode's name).
+    """
+
+    tile_bytes: int
+    gpu_tile_bytes: int
+    gpu_tile_bytes_max: int
+    gpu_fp32_gemm: str
+    gpu_tf32_gemm: str
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "Tunables":
+        """From ``daskmeans`` settings by dotted key (``config.snapshot()`` on the client, or the
+        YAML's defaults); sizes such as ``"256MiB"`` become bytes.
+
+        Raises
+        ------
+        ValueError
+            A size that is not one, naming the setting and its value.
+        """
+        from dask.utils import parse_bytes
+
+        values = {}
+        for f in fields(cls):
+            key = TUNABLE_SETTINGS[f.name]
+            value = settings[key]
+            if f.name.endswith("bytes") or f.name.endswith("bytes_max"):
+                try:
+                    value = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"daskmeans.{key}={value!r} should be a size such as '256MiB'") from None
+            else:
+                value = str(value)
+            values[f.name] = value
+        return cls(**values)
+
+
+def tunables_in_force() -> Tunables:
+    """The tunables of the settings in force here (``config.snapshot()``: inside an engine task
+    the client's, shipped with it): what a kernel called without any (``tunables=None``) runs
+    with. The engine passes its own, resolved once on the client by the plan; this serves the
+    callers that have none (kernels called directly, tasks outside a fit's placement)."""
+    from ..config import snapshot
+
+    return Tunables.from_settings(snapshot())
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """What one worker's device offers a fit (:meth:`Backend.device_budget`).
+
+    Attributes
+    ----------
+    free : int
+        Bytes the backend may still allocate on the device: its free memory, within the
+        library's own pool limit where one is set.
+    total : int
+        The device's memory, bytes.
+    processors : int
+        Its multiprocessors (SMs), which size some kernels' tiles (0: unknown).
+    """
+
+    free: int
+    total: int
+    processors: int = 0
 
 
 @runtime_checkable
@@ -20,6 +120,26 @@ class Backend(Protocol):
     # Capabilities: what the engine asks instead of a backend's name.
     on_host: bool  # buffers are host NumPy memory (no device budget, no device collective)
     tile_setting: str  # the daskmeans setting that bounds the kernels' tiles (working_bytes)
+    # The collectives (names in engine.collective.REGISTRY) that can sum its buffers: "dask"
+    # takes any backend's (through host memory where they are not); "nccl" CuPy's alone.
+    collectives: tuple[str, ...]
+
+    def available(self) -> bool:
+        """Whether the backend can run in this process: its library imports and, for a device
+        backend, at least one device is visible (asked on each worker by ``dask_cluster``)."""
+
+    def device_count(self) -> int:
+        """The devices this process sees for the backend (0 for a host backend, and where its
+        library, a driver or a device is missing)."""
+
+    def device_budget(self) -> DeviceBudget | None:
+        """The current device's memory this worker may still use and its multiprocessors, for
+        the memory plan (asked on each worker); None for a host backend."""
+
+    def step_rate(self) -> float:
+        """This worker's rate at the iterations' own work, counted as 2 N K D FLOP/s (measured
+        on the host, where it takes a few ms; a device's nominal GEMM rate, since measuring
+        would start its libraries during planning): for the preflight's time estimate."""
 
     @property
     def xp(self) -> Any:
@@ -61,19 +181,24 @@ class Backend(Protocol):
         """The host tier's ``blocks`` as the kernels take them, one at a time (a GPU copies
         the next while the current one's kernels run); each valid until the next is asked for."""
 
-    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0) -> int:
+    def working_bytes(self, k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
         """Bytes the kernels allocate for themselves while they assign blocks of up to
         ``rows`` rows of ``d`` features to ``k`` centroids (distance tiles), on a device of
-        ``sm_count`` multiprocessors (0: unknown): for the memory plan, on the client."""
+        ``sm_count`` multiprocessors (0: unknown), with ``tunables``' tiles (None:
+        :func:`tunables_in_force`): for the memory plan, on the client."""
 
-    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20) -> Any:
+    def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
+             tunables: Tunables | None = None) -> Any:
         """Start, in the background, whatever the kernels of a fit of K x d (blocks of
-        ``rows`` rows of ``dtype``) need before their first call (a GPU compiles them); returns
-        at once (a thread, or None where there is nothing to do)."""
+        ``rows`` rows of ``dtype``, ``tunables``' tiles and GEMM modes) need before their first
+        call (a GPU compiles them); returns at once (a thread, or None where there is nothing
+        to do)."""
 
-    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32") -> Any:
+    def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None) -> Any:
         """Centroids ``(K, d)`` cast to ``dtype`` and what every block's kernels read of them
-        (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`."""
+        (one per iteration); ``precision`` one of :data:`~daskmeans.options.PRECISIONS`;
+        ``tunables`` the kernels' settings for every call on what this returns (None:
+        :func:`tunables_in_force`)."""
 
     def assign(self, X: Any, p: Any, sample_weight: Any = None, want_sums: bool = True,
                prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None,
@@ -117,4 +242,4 @@ def members() -> Iterable[str]:
 
 def capabilities() -> dict[str, type]:
     """The capability attributes a backend module must define, with their types."""
-    return {"on_host": bool, "tile_setting": str}
+    return {"on_host": bool, "tile_setting": str, "collectives": tuple}

@@ -80,7 +80,7 @@ class Kind:
 
 
 def _nccl_unusable(client: Client, placement: Placement) -> str | None:
-    if get_backend(placement.backend).on_host:
+    if "nccl" not in get_backend(placement.backend).collectives:  # the backend's buffers: not NCCL's
         return f"NCCL needs GPU workers; backend is {placement.backend}"
     workers = list(placement.workers)
     if not all(client.run(nccl_available, workers=workers).values()):

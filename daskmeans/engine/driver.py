@@ -39,11 +39,17 @@ from . import collective as coll
 from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
 
 
-def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int) -> None:
+def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int,
+                 tunables: Any = None) -> None:
     """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
-    rows) in the background, and return: the compiles overlap the placement and the moments
-    pass instead of delaying the first iteration (an empty kernel cache)."""
-    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows), config.snapshot())
+    rows, the plan's ``tunables``: default those of the client's settings) in the background,
+    and return: the compiles overlap the placement and the moments pass instead of delaying
+    the first iteration (an empty kernel cache)."""
+    if tunables is None:
+        from .plan import kernel_tunables
+
+        tunables = kernel_tunables()
+    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows), tunables)
 
 
 

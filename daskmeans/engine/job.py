@@ -143,7 +143,7 @@ class FitJob:
             # The same data placed by an earlier fit on this client: its placement, budgets and
             # moments (taken out of the cache while this fit runs).
             kept = reuse.take(client, source)
-            budgets = kept.budgets if kept is not None else worker_budgets(client, *limits)
+            budgets = kept.budgets if kept is not None else worker_budgets(client, *limits, backend)
             tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets)
             if max_iter is not None:
                 slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))
@@ -153,8 +153,8 @@ class FitJob:
                 X = split_rows(X, tiers.chunk_rows)
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
-            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]))
-            key = reuse.placement_key(X, w, backend, tiers.tier)
+            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables)
+            key = reuse.placement_key(X, w, backend, tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
                 reuse.drop(client, [kept])
                 kept = None
@@ -185,7 +185,7 @@ class FitJob:
                     # The chunks' pins from the passes over the placement lost: a chunk read
                     # again from the source is checked against its first read.
                     self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
-                                           balance=False, pins=self.pins)
+                                           balance=False, pins=self.pins, tunables=self.tiers.tunables)
                 return step_(self.placement)
             except WorkerLost as lost:
                 last = lost.args[0]

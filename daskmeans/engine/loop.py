@@ -484,10 +484,9 @@ def final_labels(shard: Shard, centroids: Any, precision: str, pins: dict | None
     return final
 
 
-def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, settings: dict | None = None) -> None:
+def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, tunables: Any = None) -> None:
     """On a worker (``client.run``): start compiling the kernels of a fit (returns at once),
-    chosen under the client's ``settings`` (tile sizes and GEMM modes pick the kernels)."""
+    chosen under the plan's ``tunables`` (tile sizes and GEMM modes pick the kernels)."""
     from ..backends import get_backend
 
-    with config.applied(settings):
-        get_backend(backend).warm(k, d, np.dtype(dtype), precision, rows)
+    get_backend(backend, tunables).warm(k, d, np.dtype(dtype), precision, rows)

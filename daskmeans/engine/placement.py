@@ -89,13 +89,14 @@ class Shard:
     pins: dict = field(default_factory=dict)
     # The resident blocks were checked against (or gave) their pins.
     pinned: bool = False
+    tunables: Any = None  # the kernels' settings the plan resolved on the client (backends.protocol.Tunables)
 
     def __post_init__(self) -> None:
         self.tier = tiers.get(self.tier)
 
     @property
     def be(self) -> Any:
-        return get_backend(self.backend)
+        return get_backend(self.backend, self.tunables)
 
     @property
     def n(self) -> int:
@@ -151,12 +152,12 @@ def _sizeof_shard(s: Shard) -> int:
 
 
 def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, pins,
-                *arrays) -> Shard:
+                *arrays, tunables=None) -> Shard:
     be = get_backend(backend)
     blocks = [tier.hold(be, a) for a in arrays[:n_blocks]] if tier.resident else None
     weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
-                 blocks, readers, weights, pins=dict(pins or {}))
+                 blocks, readers, weights, pins=dict(pins or {}), tunables=tunables)
 
 
 @dataclass
@@ -210,6 +211,7 @@ def place(
     *,
     balance: bool = True,
     pins: dict | None = None,
+    tunables: Any = None,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -231,6 +233,8 @@ def place(
     pins : dict of int to int, optional
         The chunks' pins from a pass over an earlier placement of the same chunks (see
         :class:`Shard`): the shards check their chunks against them.
+    tunables : backends.protocol.Tunables, optional
+        The kernels' settings (the plan's), which each shard's backend runs with.
     """
     tier = tiers.get(tier)
     X = X.rechunk({1: -1})
@@ -303,6 +307,7 @@ def place(
                 readers,
                 {i: pins[i] for i in ids if i in pins} if pins else None,
                 *args,
+                tunables=tunables,
                 workers=[w],
                 allow_other_workers=True,
                 pure=False,

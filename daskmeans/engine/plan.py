@@ -1,8 +1,11 @@
-"""Memory budgets, the memory tier of a fit, and the preflight check, before any data moves.
+"""Memory budgets, the memory tier of a fit, the kernels' settings, and the preflight check,
+before any data moves.
 
 Each worker has a host budget (``memory_limit``: default half the Dask worker's memory limit,
-or of the memory available) and, on a GPU worker, a device budget (``device_memory_limit``:
-default the GPU's free memory, within CuPy's pool limit if one is set). The loop needs a
+or of the memory available) and, for a device backend, a device budget (``device_memory_limit``:
+default what the backend says its device has free, :meth:`Backend.device_budget
+<daskmeans.backends.protocol.Backend.device_budget>`: on a GPU its free memory, within
+CuPy's pool limit if one is set). Nothing here imports an array library. The loop needs a
 working set besides the data (centroids, the iteration buffers, the kernels' tiles); the
 data's share per worker then decides the tier:
 
@@ -10,6 +13,10 @@ data's share per worker then decides the tier:
 - ``host``: resident in host memory (pinned, on a GPU worker: copied to the GPU chunk by
   chunk each pass);
 - ``storage``: re-read from the source each pass, a thread reading ahead.
+
+The kernels' settings (:func:`kernel_tunables`: tile bytes, GEMM modes) are resolved here, on
+the client, once per plan (``TierPlan.tunables``), and travel to the backend with the fit's
+shards: the workers never read them from their configuration.
 
 The result is bitwise the same in every tier (the same chunks meet the same kernels). A
 working set that fits no budget is refused here, in one line with the numbers and the flag
@@ -26,7 +33,8 @@ from dask.utils import format_bytes, parse_bytes
 from distributed import Client
 
 from .. import config
-from ..backends import get_backend
+from ..backends import backend_here, get_backend
+from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
 from . import tiers as tier_registry
 
@@ -43,6 +51,7 @@ class TierPlan:
     chunk_rows: int | None = None  # rows per chunk to place (chunks cut to fit the budget), or as read
     iteration_seconds: float | None = None  # an estimate of one iteration's time (2 N K D at the workers' step rate)
     flop_rate: float | None = None  # the slowest worker's step rate (2 N K D FLOP/s), measured, or a GPU's nominal one
+    tunables: Tunables | None = None  # the kernels' settings, resolved here on the client (kernel_tunables)
 
     def describe(self) -> str:
         dev = "" if self.device_budget is None else f", device budget {format_bytes(self.device_budget)}"
@@ -50,8 +59,11 @@ class TierPlan:
                 f"{format_bytes(self.host_budget)}{dev}")
 
 
-def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None, dask_worker: Any = None) -> dict:
-    """On a worker: its host budget and, where CuPy sees a GPU, its device budget (bytes)."""
+def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None, backend: str | None = None,
+                      dask_worker: Any = None) -> dict:
+    """On a worker: its host budget and, where ``backend`` (None: what ``auto`` would run
+    here) has a device, its device budget (bytes), its step rate and its multiprocessors,
+    asked of the backend (:meth:`~daskmeans.backends.protocol.Backend.device_budget`)."""
     host = memory_limit
     if host is None:
         limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
@@ -60,60 +72,11 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
 
             limit = psutil.virtual_memory().available
         host = int(limit * 0.5)  # the other half: Dask, Python, labels, read-ahead, spikes
-    try:
-        import cupy
-
-        has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no CuPy, no driver or no device: a CPU worker
-        has_gpu = False
-    device = None
-    if has_gpu:
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        pool = cupy.get_default_memory_pool()
-        limit = pool.get_limit()
-        if limit:  # CUPY_GPU_MEMORY_LIMIT or set_limit(): what the pool may still take
-            free = min(free + pool.free_bytes(), limit - pool.used_bytes())
-        device = int(free) if device_memory_limit is None else int(device_memory_limit)
-        from ..backends.gpu_device import sm_count as sms
-
-        sm_count = sms(cupy.cuda.runtime.getDevice())
-    return {"host": int(host), "device": device, "flops": _step_rate() if device is None else GPU_NOMINAL_FLOPS,
-            "sm_count": int(sm_count) if device is not None else 0}
-
-
-# A GPU's GEMM rate for the preflight estimate: nominal (measuring would start cuBLAS during
-# planning); the estimate only needs the order of magnitude.
-GPU_NOMINAL_FLOPS = 50e12
-
-
-def _step_rate() -> float:
-    """This CPU worker's rate at the iterations' own work, counted as 2 N K D FLOP/s: the NumPy
-    backend's whole step (BLAS GEMM tiles, then the compiled pass with the exact sums) on 2048
-    rows of 64 features against 512 centroids (a few ms), the best of three after a first call (which
-    loads the compiled pass, as the fit's first iteration would), under the BLAS thread limit
-    the worker's tasks run with. A bare 256^3 GEMM (in cache) said 150 GFLOP/s per worker on
-    the 2-core CI host, where the iterations ran at 41: the warning then promised a third of
-    the fit's time."""
-    import time
-
-    import numpy as np
-
-    from ..backends import get_backend
-    from ..backends.grid import Grid
-
-    be = get_backend("numpy")
-    rng = np.random.default_rng(0)
-    n, d, k = 2048, 64, 512
-    x = rng.standard_normal((n, d), dtype=np.float32)
-    p = be.prepare(rng.standard_normal((k, d)), np.float32)
-    grid = Grid(np.full(d, 8.0), float(n))
-    be.assign(x, p, want_sums=True, grid=grid)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        be.assign(x, p, want_sums=True, grid=grid)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n * k * d / max(best, 1e-9)
+    be = backend_here(backend)
+    budget = be.device_budget()
+    device = None if budget is None else int(budget.free) if device_memory_limit is None else int(device_memory_limit)
+    return {"host": int(host), "device": device, "flops": float(be.step_rate()),
+            "sm_count": 0 if budget is None else int(budget.processors)}
 
 
 def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n_workers: int) -> str | None:
@@ -132,27 +95,46 @@ def iteration_warning(n: int, k: int, d: int, max_iter: int, plan: "TierPlan", n
             f"rows or a lower max_iter shorten it")
 
 
+def kernel_tunables() -> Tunables:
+    """The kernels' settings (tile bytes, GEMM modes: :class:`~daskmeans.backends.protocol.Tunables`)
+    from the ``daskmeans.*`` settings, resolved on the client once per plan and passed to the
+    backend with the fit's work, so that no worker reads them from its configuration.
+
+    Raises
+    ------
+    DaskmeansError
+        A tile size that is not a size (naming the setting and its value).
+    """
+    try:
+        return Tunables.from_settings(config.snapshot())
+    except ValueError as e:
+        raise DaskmeansError(str(e)) from None
+
+
 def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0) -> dict[str, int]:
+                  sm_count: int = 0, tunables: Tunables | None = None) -> dict[str, int]:
     """What one worker's loop needs besides its data, part by part (bytes): ``model``, K x D
     float64 centroids (current, previous, new), the iteration buffer (one int64 per sum, sent
     and received), a chunk's sums and the update's temporaries; ``tiles``, the kernels' own
     buffers (the backend's ``working_bytes`` for a chunk's rows on a device of ``sm_count``
     SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
-    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32)."""
+    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32).
+    ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
+    tunables = tunables if tunables is not None else kernel_tunables()
     return {
         "model": k * d * 8 * (3 + 2 + 2) + n_chunks * 8,
-        "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count)),
+        "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count, tunables)),
         "chunks": 2 * chunk_bytes,
         "labels": rows_per_worker * 4 * 3,
     }
 
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0) -> int:
+                  sm_count: int = 0, tunables: Tunables | None = None) -> int:
     """The sum of :func:`working_parts`."""
-    return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count).values()))
+    return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count,
+                                 tunables).values()))
 
 
 def _too_small(k: int, d: int, parts: dict[str, int], limit: int, memory: str, flag: str, chunk_rows: int,
@@ -189,7 +171,9 @@ def plan(
     ----------
     client : distributed.Client
     X : dask array (n, d)
-    backend : "numpy" or "cupy"
+    backend : str
+        A registry name (``backends.REGISTRY``): its capabilities decide the budget that bounds
+        the loop (``on_host``) and its tiles (``working_bytes``, ``tile_setting``).
     k : int
         Number of clusters (the working set grows with K x D).
     tier : {"auto", "device", "host", "storage"}
@@ -207,6 +191,7 @@ def plan(
         When the working set fits no budget, or a forced tier cannot hold the data.
     """
     asked = tier_registry.lookup(tier)  # None: "auto"; a name not registered is refused here
+    tunables = kernel_tunables()  # once, here on the client: the fit's kernels get these
     gpu = not get_backend(backend).on_host
     unusable = None if asked is None else asked.unusable(gpu)
     if unusable is not None:  # before measuring the workers' budgets
@@ -235,7 +220,7 @@ def plan(
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
     sms = max(int(b.get("sm_count") or 0) for b in budgets.values()) if budgets else 0
-    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms)
+    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms, tunables)
     working = sum(parts.values())
     if working > limit:
         raise DaskmeansError(_too_small(k, d, parts, limit, "device" if gpu else "host", flag, chunk_rows,
@@ -243,9 +228,10 @@ def plan(
     # The tier asked for where the data fits it (else its refusal), or auto's first that fits;
     # each tier weighs its own need (engine/tiers).
     tier = tier_registry.choose(tier, tier_registry.Need(share, working, gpu, host_budget, device_budget)).name
-    rate = min(float(b.get("flops") or GPU_NOMINAL_FLOPS) for b in budgets.values()) if budgets else None
+    rates = [float(b["flops"]) for b in budgets.values() if b.get("flops")]
+    rate = min(rates) if rates else None
     seconds = 2.0 * n * k * d / (rate * n_workers) if rate else None
-    return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate)
+    return TierPlan(tier, share, working, host_budget, device_budget, cut, seconds, rate, tunables)
 
 
 def budget_limits(memory_limit: int | str | None = None,
@@ -256,10 +242,11 @@ def budget_limits(memory_limit: int | str | None = None,
 
 
 def worker_budgets(client: Client, memory_limit: int | str | None = None,
-                   device_memory_limit: int | str | None = None) -> dict:
-    """Every worker's budgets and rate, measured on the worker: ``{address: {"host": bytes,
-    "device": bytes or None, "flops": GEMM FLOP/s, "sm_count": int}}``."""
-    return client.run(_budget_on_worker, *budget_limits(memory_limit, device_memory_limit))
+                   device_memory_limit: int | str | None = None, backend: str | None = None) -> dict:
+    """Every worker's budgets and rate, measured on the worker by ``backend`` (a registry
+    name; None: what ``auto`` runs on each): ``{address: {"host": bytes, "device": bytes or
+    None, "flops": 2 N K D FLOP/s, "sm_count": int}}``."""
+    return client.run(_budget_on_worker, *budget_limits(memory_limit, device_memory_limit), backend)
 
 
 def _bytes(value: int | str | None, key: str) -> int | None:

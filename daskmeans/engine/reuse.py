@@ -12,10 +12,12 @@ The same data means, on the same client and the same workers:
 
 - before planning (:func:`source_key`): the Dask keys and chunks of the array and of the
   weights, the dtype, the backend, the requested tier, the memory budgets asked for, and for
-  the files daskmeans reads (``read``'s registry, or the fit's path) their size and
-  modification times, since those readers' keys name the path, not the contents;
-- after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking)
-  and the tier chosen. A fit whose plan chooses another tier (a larger K) places again.
+  the files daskmeans reads (those the array's graph names, ``io.blocks.files_of``, and the
+  fit's path) their size and modification times, since those readers' keys name the path,
+  not the contents;
+- after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking),
+  the tier chosen and the kernels' tunables. A fit whose plan chooses another tier (a larger
+  K) places again.
 
 A fit takes the entry out of the cache for its duration (two fits at once never share shards:
 the second places its own) and puts its placement back only when it ends without error, once
@@ -132,24 +134,22 @@ def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, back
                   tuple(sorted(client.nthreads().items())), _files(X, path))
 
 
-def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str) -> tuple:
+def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
+                  tunables: Any = None) -> tuple:
     """What identifies a placement: the keys of the chunks placed (the fit's chunking), the
-    weights' keys, the backend and the tier."""
+    weights' keys, the backend, the tier, and the kernels' settings its shards run with
+    (``backends.protocol.Tunables``: settings changed between fits place the data again)."""
     w = None if sample_weight is None else sample_weight.name
-    return (X.name, X.chunks, str(X.dtype), w, backend, tier)
+    return (X.name, X.chunks, str(X.dtype), w, backend, tier, tunables)
 
 
 def _files(X: da.Array, path: str | None) -> tuple:
-    """Size and modification times of the files daskmeans reads ``X`` from: a reader's keys
-    name the path, so a file written again would otherwise look like the same data."""
-    paths = set()
+    """Size and modification times of the files daskmeans reads ``X`` from (``path`` and those
+    its graph names, :func:`daskmeans.io.blocks.files_of`): a reader's keys name the path, so
+    a file written again would otherwise look like the same data."""
+    paths = {p for p in blocks.files_of(X) if os.path.exists(p)}
     if path is not None:
         paths.add(os.path.abspath(path))
-    layers = getattr(X.__dask_graph__(), "layers", {})
-    for name in layers:
-        src = blocks.source(name)
-        if src is not None:
-            paths.update(a for a in src[1] if isinstance(a, str) and os.path.isabs(a) and os.path.exists(a))
     return tuple((p, _signature(p)) for p in sorted(paths))
 
 

@@ -4,7 +4,7 @@ the source says of its columns), and Dask arrays of row blocks that a reader can
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -33,7 +33,7 @@ class Table:
         header (the columns kept by ``columns``/``drop_columns``), a Zarr array's
         ``feature_names`` attribute, a DataFrame's string column names; None otherwise.
     source : str or None
-        The absolute path read, for messages; None for data in memory.
+        The absolute path read (what reuse, pins and messages name); None for data in memory.
     identifier_error : str or None
         Why a column looks like an identifier rather than a feature (the CSV reader's rule:
         :func:`daskmeans.io.csv_reader.identifier_columns`), a message; None if none does.
@@ -43,6 +43,9 @@ class Table:
         of the source, by name or position, read as written (text) in ``array``'s row chunks,
         one table of strings per chunk, with the NumPy dtype each has in the reader's sample;
         the CSV reader's, None for other sources.
+    rows : RowSource or None
+        How ``array`` is read again in other row chunks (:func:`split_rows`), where its
+        reader can; None otherwise (the array is then rechunked).
     """
 
     array: da.Array
@@ -50,6 +53,7 @@ class Table:
     source: str | None = None
     identifier_error: str | None = None
     other_columns: Callable[[Sequence[str | int]], tuple[list[str], list[str], list[Any]]] | None = None
+    rows: RowSource | None = None
 
     def refuse_identifiers(self) -> None:
         """Raise a DataError where a column of the table looks like an identifier."""
@@ -93,17 +97,66 @@ def non_numeric(dtypes: Any) -> list[tuple[str, str]]:
     return [(c, str(t)) for c, t in dtypes.items() if not is_numeric_dtype(t) or is_bool_dtype(t)]
 
 
-# Arrays as a reader returned them from a file, by Dask name: how to read them again in other
-# row chunks. Splitting a chunk with rechunk would read the whole chunk once per part (the
-# storage tier re-reads every part every pass); read again, each part reads only its rows.
-_SOURCES: collections.OrderedDict[str, tuple] = collections.OrderedDict()
-_MAX_SOURCES = 64
-_FILES: collections.OrderedDict[str, str] = collections.OrderedDict()
+# The annotation every Dask layer a reader makes for a file carries (the file's absolute path):
+# a graph names the files it reads however it was derived from the reader's array (a column
+# selection, a conversion), and a re-fit sees the file rewritten (``engine/reuse.py``).
+FILE_ANNOTATION = "daskmeans-file"
+# The attribute of the array a reader returns that says how its rows are read again
+# (:class:`RowSource`): on that array object alone, since the recipe holds for it and for no
+# array derived from it (every Dask operation makes a new array object, without it).
+_ROWS_ATTRIBUTE = "daskmeans_rows"
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """How a reader reads the rows of its array again, in other row chunks.
+
+    Splitting a chunk with ``rechunk`` would read the whole chunk once per part (the storage
+    tier re-reads every part every pass); read again, each part reads only its rows.
+
+    Attributes
+    ----------
+    fn : callable
+        ``fn(*args, start, stop) -> ndarray (stop - start, d)`` of ``dtype``.
+    args : tuple
+        What names the file for ``fn`` (only these travel in the graph).
+    n, d : int
+        The file's rows and columns.
+    dtype : numpy.dtype
+        What ``fn`` returns.
+    align : int
+        Row chunks hold a multiple of this many rows (the file's own chunks).
+    out_dtype : numpy.dtype
+        The array's dtype (``dtype`` converted by :func:`daskmeans.io.readers.read`).
+    path : str or None
+        The file (absolute path), which the blocks read again name (:data:`FILE_ANNOTATION`).
+    """
+
+    fn: Callable[..., np.ndarray]
+    args: tuple
+    n: int
+    d: int
+    dtype: np.dtype
+    align: int
+    out_dtype: np.dtype
+    path: str | None = None
+
+    def blocks(self, rows: int) -> da.Array:
+        """The array again, in chunks of ``rows`` rows rounded to :attr:`align` (the same
+        values: the file read in other ranges)."""
+        import dask
+
+        with dask.annotate(**({FILE_ANNOTATION: self.path} if self.path else {})):
+            y = row_blocks(self.fn, self.args, self.n, self.d, self.dtype,
+                           max(self.align, rows // self.align * self.align), self.align)
+        y = y.astype(self.out_dtype) if y.dtype != self.out_dtype else y
+        return with_rows(y, dataclasses.replace(self, out_dtype=np.dtype(y.dtype)))
 
 
 def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype: Any, rows: int,
                align: int) -> da.Array:
-    """A Dask array of ``fn(*args, start, stop)`` blocks of ``rows`` rows (the last shorter).
+    """A Dask array of ``fn(*args, start, stop)`` blocks of ``rows`` rows (the last shorter),
+    which says how it is read again in other chunks (:func:`rows_of`).
 
     Parameters
     ----------
@@ -129,43 +182,50 @@ def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype
         for s in range(0, n, rows)
     ]
     x = da.concatenate(blocks, axis=0)
-    remember(x.name, (fn, args, n, d, np.dtype(dtype), align, np.dtype(dtype)))
+    return with_rows(x, RowSource(fn, tuple(args), int(n), int(d), np.dtype(dtype), int(align), np.dtype(dtype)))
+
+
+def with_rows(x: da.Array, rows: RowSource | None) -> da.Array:
+    """``x``, which now says how its rows are read again (``rows``; None: it cannot be)."""
+    if rows is None:
+        x.__dict__.pop(_ROWS_ATTRIBUTE, None)
+    else:
+        setattr(x, _ROWS_ATTRIBUTE, rows)
     return x
 
 
-def source(name: str) -> tuple | None:
-    """How the array of Dask name ``name`` is read again (see :func:`remember`), or None."""
-    return _SOURCES.get(name)
+def rows_of(x: Any) -> RowSource | None:
+    """How the array ``x`` a reader returned is read again in other chunks, or None (data in
+    memory, or an array derived from a reader's)."""
+    src = getattr(x, _ROWS_ATTRIBUTE, None)
+    return src if isinstance(src, RowSource) else None
 
 
-def remember(name: str, src: tuple) -> None:
-    """Keep ``src`` = ``(fn, args, n, d, dtype, align, out_dtype)`` as how the array of Dask
-    name ``name`` is read again (the last 64 arrays are kept)."""
-    _SOURCES[name] = src
-    while len(_SOURCES) > _MAX_SOURCES:
-        _SOURCES.popitem(last=False)
+def files_of(x: da.Array) -> tuple[str, ...]:
+    """The files (absolute paths, sorted) whose rows the Dask array ``x`` reads: the
+    :data:`FILE_ANNOTATION` of its graph's layers (so any array derived from a reader's names
+    them too)."""
+    graph = x.__dask_graph__()
+    layers = getattr(graph, "layers", {})
+    found = set()
+    for layer in layers.values():
+        path = (getattr(layer, "annotations", None) or {}).get(FILE_ANNOTATION)
+        if isinstance(path, str):
+            found.add(path)
+    return tuple(sorted(found))
 
 
-def file_of(name: str) -> str | None:
-    """The file (absolute path) the array of Dask name ``name`` was read from by
-    :func:`daskmeans.io.readers.read`, or None: what messages about its rows name."""
-    return _FILES.get(name)
-
-
-def remember_file(name: str, path: str) -> None:
-    """Keep ``path`` as the file of the array of Dask name ``name`` (the last 64 arrays)."""
-    _FILES[name] = path
-    while len(_FILES) > _MAX_SOURCES:
-        _FILES.popitem(last=False)
+def file_of(x: da.Array) -> str | None:
+    """The one file (absolute path) the array ``x`` was read from by
+    :func:`daskmeans.io.readers.read`, or None (data in memory, or rows of several files):
+    what messages about its rows name."""
+    files = files_of(x) if isinstance(x, da.Array) else ()
+    return files[0] if len(files) == 1 else None
 
 
 def split_rows(x: da.Array, rows: int) -> da.Array:
     """``x`` in chunks of about ``rows`` rows: read again from its file in those chunks when
-    ``x`` is what a reader returned for a file (rows rounded to the file's own chunks),
-    else rechunked."""
-    src = _SOURCES.get(x.name)
-    if src is None:
-        return x.rechunk({0: rows})
-    fn, args, n, d, dtype, align, out_dtype = src
-    y = row_blocks(fn, args, n, d, dtype, max(align, rows // align * align), align)
-    return y.astype(out_dtype) if y.dtype != out_dtype else y
+    ``x`` is what a reader returned for a file (rows rounded to the file's own chunks:
+    :func:`rows_of`), else rechunked."""
+    src = rows_of(x)
+    return x.rechunk({0: rows}) if src is None else src.blocks(rows)

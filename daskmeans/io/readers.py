@@ -7,7 +7,12 @@ line breaks are counted by tasks too, for the chunks' lengths). In-memory NumPy/
 DataFrames, sparse matrices and Dask arrays are accepted too.
 
 Adding a format is a module with an ``open_<format>(path, chunk_bytes, dtype, **options)``
-function (see :mod:`daskmeans.io.npy_reader`) and an entry in :data:`FORMATS`.
+function (see :mod:`daskmeans.io.npy_reader`) and an entry in :data:`FORMATS` (or a call of
+:func:`register`). A reader returns its array, or a :class:`Table` of it; what the engine
+needs of its source comes with it: :func:`read_table` names the file in every task the reader
+makes (a Dask annotation, :func:`daskmeans.io.blocks.files_of`), and an array made by
+:func:`daskmeans.io.blocks.row_blocks` says how it is read again in other row chunks
+(``Table.rows``). Nothing is registered on the side.
 
 :func:`read_table` also returns what the source says of its columns (:class:`Table`): their
 names (a CSV header, a Zarr array's ``feature_names`` attribute, a DataFrame's column names),
@@ -23,17 +28,20 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 
 from ..errors import DaskmeansWarning, DataError
 from ..validation import check_2d_numeric
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
-from .blocks import Table, file_of, float_dtype, float_dtype_arg, remember, remember_file, rows_per_chunk, split_rows
-from .blocks import source as _source
+from .blocks import (
+    FILE_ANNOTATION, RowSource, Table, file_of, files_of, float_dtype, float_dtype_arg, rows_of, rows_per_chunk,
+    split_rows, with_rows,
+)
 
-__all__ = ["FORMATS", "Format", "Table", "file_of", "float_dtype", "format_of", "read", "read_table", "read_weights",
-           "rows_per_chunk", "split_rows"]
+__all__ = ["FORMATS", "Format", "RowSource", "Table", "file_of", "files_of", "float_dtype", "format_of", "read",
+           "read_table", "read_weights", "register", "rows_of", "rows_per_chunk", "split_rows", "unregister"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,31 @@ FORMATS: tuple[Format, ...] = (
     Format(".npy", npy_reader.SUFFIXES, npy_reader.open_npy),
     Format("Zarr", zarr_reader.SUFFIXES, zarr_reader.open_zarr, options=("dataset",), directories=True),
 )
+
+
+def register(fmt: Format) -> None:
+    """Add the format ``fmt`` to :data:`FORMATS` (tried after those before it).
+
+    Raises
+    ------
+    ValueError
+        Its name is taken, or a suffix is another format's.
+    """
+    global FORMATS
+    for other in FORMATS:
+        shared = set(fmt.suffixes) & set(other.suffixes)
+        if other.name == fmt.name or shared:
+            what = f"name {fmt.name!r}" if other.name == fmt.name else f"suffix {sorted(shared)[0]!r}"
+            raise ValueError(f"format {fmt.name!r}: its {what} is the {other.name} format's already")
+    FORMATS = FORMATS + (fmt,)
+
+
+def unregister(name: str) -> None:
+    """Remove the format named ``name`` from :data:`FORMATS`."""
+    global FORMATS
+    if name not in {f.name for f in FORMATS}:
+        raise ValueError(f"format {name!r} is not registered: registered are {[f.name for f in FORMATS]}")
+    FORMATS = tuple(f for f in FORMATS if f.name != name)
 
 
 def format_of(path: str) -> Format:
@@ -200,10 +233,14 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
             if name not in fmt.options and _given(value):
                 takers = "/".join(f.name for f in FORMATS if name in f.options)
                 raise DataError(f"{name}={value!r} applies to {takers} input only, not to {path}")
-        opened = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
+        # Every task the reader makes names the file (whatever is derived from its array).
+        with dask.annotate(**{FILE_ANNOTATION: path}):
+            opened = fmt.open(path, cb, dt, **{k: v for k, v in options.items() if k in fmt.options})
         # A format that knows more of its columns than the array says so in a Table.
         table = opened if isinstance(opened, Table) else Table(opened)
-        x, meta = table.array, dataclasses.replace(table, source=path)
+        rows = table.rows or rows_of(table.array)
+        rows = None if rows is None else dataclasses.replace(rows, path=path)
+        x, meta = table.array, dataclasses.replace(table, source=path, rows=rows)
     elif memory_reader.is_dataframe(source):
         x = memory_reader.from_dataframe(source, cb)
     elif memory_reader.is_sparse(source):
@@ -215,19 +252,20 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
     else:
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
     if not isinstance(source, (str, os.PathLike)):
-        meta = Table(x, None if names is None else tuple(str(n) for n in names))
+        # A Dask array a reader returned earlier (read()'s) is read again in other chunks too.
+        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x))
     if any(np.isnan(c) for c in x.chunks[0]):
         warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=3)
         x = x.compute_chunk_sizes()
-    src = _source(x.name)
-    x = _finish(x, dt)
-    if src is not None:
-        remember(x.name, (*src[:-1], x.dtype))
-    if meta.columns is not None and len(meta.columns) != int(x.shape[1]):
-        raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(x.shape[1])}")
-    if meta.source is not None:
-        remember_file(x.name, meta.source)  # read()'s bare array still names its file in messages
-    return dataclasses.replace(meta, array=x)
+    rows = meta.rows
+    y = _finish(x, dt)
+    if rows is not None and rows.out_dtype != y.dtype:
+        rows = dataclasses.replace(rows, out_dtype=np.dtype(y.dtype))
+    if rows is not None:
+        with_rows(y, rows)  # read()'s bare array is read again in other chunks too (split_rows)
+    if meta.columns is not None and len(meta.columns) != int(y.shape[1]):
+        raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(y.shape[1])}")
+    return dataclasses.replace(meta, array=y, rows=rows)
 
 
 def _given(value: Any) -> bool:
