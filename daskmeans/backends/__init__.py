@@ -13,7 +13,7 @@ A backend is a module of pure kernels on one in-memory block (no Dask, no I/O) t
     Centroid-side precomputation shared by every block of one iteration.
 ``assign(X, prepared, sample_weight=None, want_sums=True, grid=None)``
     Nearest-centroid labels, min squared distances' sum (inertia), and per-cluster sums and
-    weights as int64 multiples of a :class:`~daskmeans.backends.grid.Grid`'s steps (each value
+    weights as int64 multiples of a :class:`~daskmeans.numerics.grid.Grid`'s steps (each value
     rounded once, then added exactly: the same integers for any chunking) and int64 counts
     for one block.
 ``min_sqdist(X, prepared, grid=None)``

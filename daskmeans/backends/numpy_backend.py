@@ -23,7 +23,7 @@ import numpy
 
 from .. import config
 from ..errors import DataError
-from .grid import Grid
+from ..numerics.grid import Grid
 
 name = "numpy"
 xp = numpy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
-from .grid import Grid
+from ..numerics.grid import Grid
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """The engine: how a fit runs on a cluster.
 
-- the kernels' per-cluster sums are fixed-point integers (:mod:`daskmeans.backends.grid`)
+- the kernels' per-cluster sums are fixed-point integers (:mod:`daskmeans.numerics.grid`)
   whose sum does not depend on the order of addition, so a result is bitwise the same for any
   chunking, number of workers and chunk-to-worker placement;
 - :mod:`.collective` is the registry of the collectives that combine equal-sized integer

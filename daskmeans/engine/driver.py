@@ -28,7 +28,7 @@ import numpy as np
 from distributed import Client, wait
 
 from .. import config
-from ..backends.grid import Grid
+from ..numerics.grid import Grid
 from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
@@ -114,7 +114,7 @@ def run_lloyd(
         the mean feature variance).
     grid : Grid
         The fixed-point grid of the per-cluster sums and weights (from the data's largest
-        absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
+        absolute values and total weight, :class:`daskmeans.numerics.grid.Grid`).
     callback : callable(stats dict), optional
         Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
         n_empty, rechecked, imbalance`` (largest cluster over the mean), ``n_moved``

@@ -5,7 +5,7 @@ Per segment (a few iterations, about ``daskmeans.segment-seconds`` long; the cli
 
     rank r:   for each iteration of the segment:
                   for each local chunk: assign + per-cluster partials (backend kernel, pure)
-                      buffer += the chunk's sums, int64 on the fit's grid (backends.grid)
+                      buffer += the chunk's sums, int64 on the fit's grid (numerics.grid)
                   total = collective.allreduce(buffer)      (identical bits on every rank)
                   centroids = update(total); stop rule, identically on every rank
               return the segment's per-iteration statistics (rank 0)
@@ -41,8 +41,8 @@ import numpy as np
 from distributed import get_worker
 
 from .. import config
-from ..backends.digest import splitmix64
-from ..backends.grid import Grid
+from ..numerics.grid import Grid
+from ..numerics.hashing import row_keys
 from ..errors import DaskmeansError
 from ..metric import get_metric, inertia_scale
 from ..placement import Shard
@@ -188,16 +188,9 @@ def _gather_far(cands: list, n_far: int, d: int, comm: Any, be: Any) -> list:
     return merged[:n_far]
 
 
-def _row_keys(xp: Any, rows: Any, salt: int) -> Any:
-    """A pseudo-random uint64 per global row (SplitMix64 of the row and ``salt``), the same
-    bits with NumPy and CuPy: which chunk or worker holds a row does not change its key."""
-    with np.errstate(over="ignore"):
-        return splitmix64(xp, rows.astype(xp.uint64) + xp.uint64((salt * 0x9E3779B97F4A7C15) % (1 << 64)))
-
-
 def _members(shard: Shard, over: np.ndarray, k: int, iteration: int, salt: int, be: Any) -> dict:
     """For each cluster of ``over`` (host ints, of ``k``), its local row of the smallest key
-    (:func:`_row_keys`) in step ``iteration``: ``{cluster: (key, row, x, w)}``."""
+    (:func:`~daskmeans.numerics.hashing.row_keys`) in step ``iteration``: ``{cluster: (key, row, x, w)}``."""
     xp = be.xp
     is_over = xp.zeros(k, bool)
     is_over[xp.asarray(over)] = True
@@ -207,7 +200,7 @@ def _members(shard: Shard, over: np.ndarray, k: int, iteration: int, salt: int, 
         idx = xp.flatnonzero(is_over[lab])
         if not idx.size:
             continue
-        keys = _row_keys(xp, idx + off, salt) >> xp.uint64(11)  # 53 bits: exact as float64 too
+        keys = row_keys(xp, idx + off, salt) >> xp.uint64(11)  # 53 bits: exact as float64 too
         labs = lab[idx]
         # By cluster, then key, then row (idx ascends; both sorts are stable).
         order = xp.argsort(keys, kind="stable")

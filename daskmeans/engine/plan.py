@@ -99,7 +99,7 @@ def _step_rate() -> float:
     import numpy as np
 
     from ..backends import get_backend
-    from ..backends.grid import Grid
+    from ..numerics.grid import Grid
 
     be = get_backend("numpy")
     rng = np.random.default_rng(0)

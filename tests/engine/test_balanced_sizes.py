@@ -11,8 +11,9 @@ import pytest
 
 from daskmeans import KMeans
 from daskmeans.backends import get_backend
-from daskmeans.backends.grid import Grid
-from daskmeans.engine.loop import _balance, _relocate, _row_keys
+from daskmeans.numerics.grid import Grid
+from daskmeans.engine.loop import _balance, _relocate
+from daskmeans.numerics.hashing import row_keys
 from daskmeans.errors import DaskmeansError, InvalidParameterError
 from daskmeans.io.checkpoint import read_checkpoint
 
@@ -51,10 +52,10 @@ def test_relocate_gives_each_target_its_row_alone_on_the_grid():
 
 def test_row_keys_depend_on_the_row_and_salt_only():
     rows = np.arange(1000, dtype=np.int64)
-    k = _row_keys(np, rows, 7)
-    np.testing.assert_array_equal(k[10:20], _row_keys(np, rows[10:20], 7))
+    k = row_keys(np, rows, 7)
+    np.testing.assert_array_equal(k[10:20], row_keys(np, rows[10:20], 7))
     assert len(np.unique(k)) == 1000
-    assert not np.array_equal(k, _row_keys(np, rows, 8))
+    assert not np.array_equal(k, row_keys(np, rows, 8))
 
 
 def test_balanced_fit_is_bitwise_the_same_for_any_chunking_and_worker_count(client, client3, skewed):
