@@ -34,7 +34,8 @@ from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
 from ..placement import Placement, WorkerLost, _forget_traceback, blas_capped, submit_per_shard, watch
 from . import collective as coll
-from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
+from .loop import Start, final_labels, restart_state, run_segment, warm
+from .step import FitSpec
 
 
 def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int) -> None:
