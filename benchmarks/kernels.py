@@ -120,7 +120,7 @@ def main(argv=None):
     import torch
 
     from daskmeans.backends import get_backend
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     be = get_backend("cupy")
     dev = torch.cuda.get_device_name()

@@ -79,7 +79,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
     from daskmeans.engine.collective import choose_collective
     from daskmeans.engine.driver import run_lloyd
     from daskmeans.engine.moments import data_moments

@@ -38,7 +38,7 @@ def profile(problem: problems.Problem) -> None:
 
     from daskmeans.backends import cupy_backend as be
     from daskmeans.backends import gpu_device, gpu_small
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     name, n = problem.name, problem.n
     X, C = problems.cupy_randn(problem)

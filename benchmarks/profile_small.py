@@ -39,7 +39,7 @@ def profile(problem: problems.Problem) -> None:
 
     from daskmeans.backends import cupy_backend as be
     from daskmeans.backends import gpu_device, gpu_plan
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     ev, synced = meta.event_ms, meta.synced_ms
     name, (n, d, k) = problem.name, problem.shape

@@ -26,7 +26,7 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
 
     from daskmeans.backends import cupy_backend as be
     from daskmeans.backends import gpu_device, gpu_gemm, gpu_sums
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     name, (n, d, k) = problem.name, problem.shape
     X, C = problems.cupy_randn(problem)

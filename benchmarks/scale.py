@@ -98,7 +98,7 @@ def estimate_step_s(d: int, k: int, rows: int) -> float:
     import cupy
 
     from daskmeans.backends import get_backend
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     be = get_backend("cupy")
     rng = cupy.random.default_rng(1)

@@ -15,7 +15,7 @@ recovery from a lost worker), checks it in the moments pass, then runs its steps
 Each step's batch is ``batch_size`` rows drawn uniformly with replacement by global index
 (``default_rng([seed, step])``), so the same rows, in the same order, make every batch whatever
 the chunking or the workers; the batch's per-cluster sums are the kernels' exact integer sums
-(:mod:`daskmeans.backends.grid`), so centroids, counts and the step count are bitwise the same
+(:mod:`daskmeans.numerics.grid`), so centroids, counts and the step count are bitwise the same
 for any chunking, worker count and tier. A round takes up to ``ROUND_BYTES`` of rows, so the
 storage tier re-reads the data once per round rather than once per step.
 """
@@ -33,7 +33,7 @@ import dask.array as da
 import numpy as np
 
 from .backends import backend_name, get_backend
-from .backends.grid import float_sums
+from .numerics.grid import float_sums
 from .dask_cluster import resolve_backend, using_client
 from .engine import infer
 from .conventions import Boolean, DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init

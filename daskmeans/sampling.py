@@ -1,7 +1,7 @@
 """Training on a sample (FAISS's ``max_points_per_centroid``): which rows a fit keeps, the
 sample as a Dask array, and the pass over every row once the centroids are fitted.
 
-Row ``i`` draws ``u_i`` from :func:`daskmeans.seeding.rows.row_uniforms` (a counter-based
+Row ``i`` draws ``u_i`` from :func:`daskmeans.numerics.hashing.row_uniforms` (a counter-based
 generator jumped to the row, keyed by the seed), and the sample is the ``m`` rows of smallest
 ``(u_i, i)``: a function of the seed, ``n`` and ``m`` alone, so the same rows for any
 chunking and worker count. The cut (the ``m``-th smallest pair) is found without sorting all
@@ -24,7 +24,7 @@ from distributed import Client
 from .backends import get_backend
 from .metric import inertia_scale
 from .engine.task import blas_capped
-from .seeding.rows import row_uniforms
+from .numerics.hashing import row_uniforms
 
 # The Philox stream of the sample's draws, apart from the inits' streams (small integers).
 SAMPLE_STREAM = 0x73616D706C65  # "sample"

@@ -15,7 +15,7 @@ the array package whose blocks it takes. In short:
     Centroid-side precomputation shared by every block of one iteration.
 ``assign(X, prepared, sample_weight=None, want_sums=True, grid=None)``
     Nearest-centroid labels, min squared distances' sum (inertia), and per-cluster sums and
-    weights as int64 multiples of a :class:`~daskmeans.backends.grid.Grid`'s steps (each value
+    weights as int64 multiples of a :class:`~daskmeans.numerics.grid.Grid`'s steps (each value
     rounded once, then added exactly: the same integers for any chunking) and int64 counts
     for one block.
 ``min_sqdist(X, prepared, grid=None)``

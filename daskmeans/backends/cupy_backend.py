@@ -31,7 +31,7 @@ from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
 from ..errors import DataError
-from .grid import Grid
+from ..numerics.grid import Grid
 from .protocol import DeviceBudget, Tunables, tunables_in_force
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy
 
 from ..errors import DataError
-from .grid import Grid
+from ..numerics.grid import Grid
 from .protocol import Tunables, tunables_in_force
 
 name = "numpy"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
-from .grid import Grid
+from ..numerics.grid import Grid
 
 # The daskmeans settings behind each field of :class:`Tunables`.
 TUNABLE_SETTINGS = {

@@ -3,7 +3,7 @@
 The loop needs a single operation, ``allreduce(buf)``: every rank contributes a 1-D int64
 buffer of the same length and gets the element-wise sum. Integer sums are exact in any order,
 so every collective gives the same bits. Floats ride along in two ways: as integers on a
-fixed-point grid (:mod:`daskmeans.backends.grid`), or as the bit pattern of a float64 in a
+fixed-point grid (:mod:`daskmeans.numerics.grid`), or as the bit pattern of a float64 in a
 slot that only one rank fills (the others leave 0, and ``x + 0`` is ``x``), which makes the
 same call an all-gather.
 

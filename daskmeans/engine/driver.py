@@ -28,7 +28,7 @@ import numpy as np
 from distributed import Client, wait
 
 from .. import config
-from ..backends.grid import Grid
+from ..numerics.grid import Grid
 from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
@@ -36,7 +36,8 @@ from .placement import Placement
 from .task import blas_capped, submit_per_shard
 from .watch import WorkerLost, forget_traceback, watch
 from . import collective as coll
-from .loop import FitSpec, Start, final_labels, restart_state, run_segment, warm
+from .loop import Start, final_labels, restart_state, run_segment, warm
+from .step import FitSpec
 
 
 def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int,
@@ -122,7 +123,7 @@ def run_lloyd(
         the mean feature variance).
     grid : Grid
         The fixed-point grid of the per-cluster sums and weights (from the data's largest
-        absolute values and total weight, :class:`daskmeans.backends.grid.Grid`).
+        absolute values and total weight, :class:`daskmeans.numerics.grid.Grid`).
     callback : callable(stats dict), optional
         Called with each iteration's statistics (``iteration, inertia, shift, reassigned,
         n_empty, rechecked, imbalance`` (largest cluster over the mean), ``n_moved``

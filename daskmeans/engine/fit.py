@@ -24,7 +24,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
-from ..backends.grid import Grid, check_resolution
+from ..numerics.grid import Grid, check_resolution
 from ..errors import InputChanged
 from ..io.checkpoint import check_fingerprint, write_checkpoint
 from ..metric import get_metric

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from distributed import Client
 
-from ..backends.digest import block_digest, combine
-from ..backends.grid import check_range
+from ..numerics.digest import block_digest, combine
+from ..numerics.grid import check_range
 from ..errors import DataError
 from .placement import Placement, Shard
 from .task import submit_per_shard
@@ -41,7 +41,7 @@ def _moments(shard: Shard, digest: bool = False) -> dict:
     """Row count, per-feature mean, M2 and largest absolute value (float64), total weight,
     the first non-finite row if any, and whether any weight is negative, over this shard's
     chunks in one pass; with ``digest``, also the content digests of the rows and of the
-    weights (:mod:`daskmeans.backends.digest`)."""
+    weights (:mod:`daskmeans.numerics.digest`)."""
     be = shard.be
     rec = _merge([_chunk(be, be.xp, off, block, w, digest) for _, off, block, w in shard.items()])
     rec["pins"] = {cid: shard.pins[cid] for cid in shard.chunk_ids}  # recorded by this, the first pass

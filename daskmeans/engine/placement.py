@@ -344,7 +344,7 @@ def balance_chunks(X: da.Array, n_workers: int) -> da.Array:
     ``n_workers`` times as many equal chunks as the largest share held (of at least
     ``daskmeans.min-chunk-rows`` rows): one chunk becomes one per worker, 15 chunks on 2
     workers become 16. The result does not depend on the chunking (the sums are exact
-    integers, :mod:`daskmeans.backends.grid`), so this is free to follow the worker count."""
+    integers, :mod:`daskmeans.numerics.grid`), so this is free to follow the worker count."""
     n, nb = int(X.shape[0]), X.numblocks[0]
     if n == 0 or _largest_share(X.chunks[0], n_workers) <= 1.02 * n / n_workers:
         return X

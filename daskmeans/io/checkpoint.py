@@ -10,7 +10,7 @@ What it resumes must be what it was written for, so reading one checks, before a
   (:func:`daskmeans.io.model_store.history_problem`, as a model's), finite centroids of the
   fingerprint's shape;
 - against the fit (:func:`check_fingerprint`): the parameters, the data's shape and dtype,
-  and a content digest of the data (:mod:`daskmeans.backends.digest`), which a change of
+  and a content digest of the data (:mod:`daskmeans.numerics.digest`), which a change of
   values that keeps the shape cannot pass.
 """
 

@@ -238,7 +238,7 @@ def model_problem(centers: np.ndarray, attrs: dict, sizes: np.ndarray | None) ->
     the kernels compute ``|x|^2 - 2 x.c + |c|^2`` in that dtype, and a larger centroid
     overflows every distance (centroids of 1e300 sent every row to cluster 0). A fit never
     writes one: the moments pass refuses data whose rows' squared norms can exceed that bound
-    (:func:`daskmeans.backends.grid.check_range`), and every centroid is a mean of rows, so
+    (:func:`daskmeans.numerics.grid.check_range`), and every centroid is a mean of rows, so
     no larger than they are.
     """
     from ..options import METRICS

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from distributed import Client
 
-    from ..backends.grid import Grid
     from ..engine.placement import Placement
+    from ..numerics.grid import Grid
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def resolve_init(client: "Client", placement: "Placement", init: str, k: int, se
 # Public functions of the modules, imported on first use (PEP 562).
 _LAZY = {
     "kmeans_plusplus": "kernels", "seed_batched": "kernels", "weighted_lloyd": "kernels",
-    "take_rows": "rows", "row_uniforms": "rows",
+    "take_rows": "rows",
     "init_kmeans_parallel": "kmeans_parallel", "init_kmeans_plusplus": "kmeans_plusplus", "init_random": "random_rows",
     "init_hierarchical": "hierarchical", "split_k": "hierarchical",
 }

@@ -5,7 +5,7 @@ each a distance pass of every candidate against a batch's draws, none of it shar
 GPUs. Here (cuVS's mesoclusters; FAISS trains on a sample too):
 
 1. **Sample** (one pass, one task per shard): a row belongs to it when its uniform draw
-   (:func:`~daskmeans.seeding.rows.row_uniforms`, by global row) is below ``m / n``, ``m =
+   (:func:`~daskmeans.numerics.hashing.row_uniforms`, by global row) is below ``m / n``, ``m =
    min(n, init.hierarchical-sample-per-centre * K)``; each shard keeps its sampled rows in place.
 2. **Mesoclusters**: ``M = round(sqrt(K))`` centres by k-means (:func:`seed_batched`, then
    :func:`weighted_lloyd`) of the nested subsample of at most ``256 M`` rows, on one worker.
@@ -43,9 +43,10 @@ from ..engine.placement import Placement, Shard
 from ..engine.task import blas_capped, submit_per_shard
 from ..engine.watch import gather
 from ..events import advance
+from ..numerics.hashing import row_uniforms
 from .kernels import seed_batched, weighted_lloyd
 from .kmeans_parallel import _INIT_PRECISION
-from .rows import result, row_uniforms
+from .rows import result
 
 # The mesoclusters' k-means: at most this many sampled rows per mesocentre (FAISS's default
 # ``max_points_per_centroid``) and this many weighted Lloyd iterations after their seeding.

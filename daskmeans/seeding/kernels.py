@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..backends import get_backend
-from ..backends.grid import Grid, float_sums
+from ..numerics.grid import Grid, float_sums
 
 
 def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None) -> Any:

@@ -16,16 +16,17 @@ from distributed import Client
 
 from .. import config
 from ..backends import get_backend
-from ..backends.grid import Grid
 from ..engine.placement import Placement, Shard
 from ..engine.task import blas_capped
 from ..engine.watch import gather
+from ..numerics.grid import Grid
+from ..numerics.hashing import row_uniforms
 from ..events import advance
 from ..reduction import tree_reduce
 from . import rows
 from .kernels import seed_batched, weighted_lloyd
 from .kmeans_plusplus import init_kmeans_plusplus
-from .rows import result, row_uniforms, take_rows
+from .rows import result, take_rows
 
 
 # The distance passes of the init run in TF32 on GPUs: labels and distances are exact in

@@ -1,5 +1,6 @@
 """What every init needs from the placed data: rows by global index, gathered from the
-shards that hold them, and per-row random draws that do not depend on the chunking.
+shards that hold them (the per-row draws that do not depend on the chunking are
+:func:`daskmeans.numerics.hashing.row_uniforms`).
 
 The inits submit their tasks on the shards through :data:`submit_per_shard` here (one place
 to watch them: the fault tests kill a worker as the first of them starts).
@@ -49,20 +50,6 @@ def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndar
     """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
     parts = row_parts(client, placement, rows)
     return result(client, placement, client.submit(gather_rows, parts, rows, pure=False))
-
-
-def row_uniforms(seed: int, stream: int, start: int, n: int) -> np.ndarray:
-    """Uniform draws in [0, 1) for the global rows ``start .. start + n - 1`` of a stream.
-
-    A row's draw depends on the row alone, not on the chunk or worker holding it, so a seed
-    samples the same rows for any chunking and worker count: a counter-based generator
-    (Philox) jumped to the row. (``phi``, a float sum whose rounding depends on the chunking,
-    can only change a row whose draw lies within an ulp of its probability.)
-    """
-    bg = np.random.Philox(key=np.array([seed, stream], dtype=np.uint64))
-    q, r = divmod(int(start), 4)  # a Philox counter step gives 4 draws
-    bg.advance(q)
-    return np.random.Generator(bg).random(n + r)[r:]
 
 
 def result(client: Client, placement: Placement, fut: Any) -> Any:

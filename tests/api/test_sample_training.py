@@ -15,7 +15,7 @@ from daskmeans import sampling
 from daskmeans.errors import DaskmeansError, InvalidParameterError
 from daskmeans.io.checkpoint import read_checkpoint
 from daskmeans.sampling import draw_cut, sample_rows, take
-from daskmeans.seeding.rows import row_uniforms
+from daskmeans.numerics.hashing import row_uniforms
 
 N_ROWS, N_PER, K = 6000, 60, 5  # a sample of 300 rows
 

@@ -11,10 +11,11 @@ import pytest
 
 from daskmeans import KMeans
 from daskmeans.backends import get_backend
-from daskmeans.backends.grid import Grid
-from daskmeans.engine.loop import _balance, _relocate, _row_keys
+from daskmeans.engine.reseed import balance, relocate
 from daskmeans.errors import DaskmeansError, InvalidParameterError
 from daskmeans.io.checkpoint import read_checkpoint
+from daskmeans.numerics.grid import Grid
+from daskmeans.numerics.hashing import row_keys
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,12 @@ def skewed():
 
 def test_balance_picks_the_largest_over_the_bound_and_as_many_smallest_below_the_mean():
     counts = np.array([10, 1, 40, 3, 3, 23, 0, 20])  # mean 12.5
-    over, donors = _balance(counts, 12.5, 1.5)  # above 18.75: 40 (2), 23 (5), 20 (7)
+    over, donors = balance(counts, 12.5, 1.5)  # above 18.75: 40 (2), 23 (5), 20 (7)
     assert over.tolist() == [2, 5, 7]
     assert donors.tolist() == [6, 1, 3]  # 0, 1, 3 rows (ties: the lower index)
-    over, donors = _balance(counts, 12.5, 2.0)  # above 25: only cluster 2
+    over, donors = balance(counts, 12.5, 2.0)  # above 25: only cluster 2
     assert over.tolist() == [2] and donors.tolist() == [6]
-    over, donors = _balance(np.array([5, 5, 5, 5]), 5.0, 1.1)
+    over, donors = balance(np.array([5, 5, 5, 5]), 5.0, 1.1)
     assert len(over) == len(donors) == 0
 
 
@@ -44,17 +45,17 @@ def test_relocate_gives_each_target_its_row_alone_on_the_grid():
     x = np.array([1.0, 2.0, 3.0, 10.0, 12.0])
     sums = np.array([[grid.on_grid(np.array([v]), 1.0)[0][0] for v in (1 + 2 + 3, 10 + 12)]]).T.astype(np.int64)
     weights = np.array([3, 2], np.int64) * grid.on_grid(np.array([0.0]), 1.0)[1]
-    s, w = _relocate(sums, weights, np.array([1]), [(0, np.array([x[2]]), 1.0)], grid, be)
+    s, w = relocate(sums, weights, np.array([1]), [(0, np.array([x[2]]), 1.0)], grid, be)
     np.testing.assert_array_equal(grid.sums(s).ravel(), [3.0, 3.0])
     np.testing.assert_array_equal(grid.weights(w), [2.0, 1.0])
 
 
 def test_row_keys_depend_on_the_row_and_salt_only():
     rows = np.arange(1000, dtype=np.int64)
-    k = _row_keys(np, rows, 7)
-    np.testing.assert_array_equal(k[10:20], _row_keys(np, rows[10:20], 7))
+    k = row_keys(np, rows, 7)
+    np.testing.assert_array_equal(k[10:20], row_keys(np, rows[10:20], 7))
     assert len(np.unique(k)) == 1000
-    assert not np.array_equal(k, _row_keys(np, rows, 8))
+    assert not np.array_equal(k, row_keys(np, rows, 8))
 
 
 def test_balanced_fit_is_bitwise_the_same_for_any_chunking_and_worker_count(client, client3, skewed):

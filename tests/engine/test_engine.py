@@ -184,7 +184,7 @@ def test_chunking_invariance(client, mixed_20k, init):
 
 
 def test_row_uniforms_do_not_depend_on_the_split():
-    from daskmeans.seeding import row_uniforms
+    from daskmeans.numerics.hashing import row_uniforms
 
     whole = row_uniforms(11, 2, 0, 1000)
     cuts = [0, 1, 3, 4, 9, 250, 251, 999, 1000]
@@ -198,7 +198,7 @@ def test_row_uniforms_do_not_depend_on_the_split():
 def test_seeded_init_is_bitwise_the_same_for_any_chunking_and_worker_count(client1, client, client3, mixed_20k, init):
     """The same seed gives the same model bit for bit for 3 chunkings x 1, 2 and 3 workers:
     the init draws by global row (k-means||: a counter-based generator jumped to the row), and
-    the sums are exact integers (backends.grid), for float32 and float64 data alike."""
+    the sums are exact integers (numerics.grid), for float32 and float64 data alike."""
     fits = []
     for X in (mixed_20k.astype(np.float32), mixed_20k):
         for c in (client1, client, client3):

@@ -1,4 +1,4 @@
-"""The one Lloyd loop (engine.loop), its exact sums (backends.grid) and its collectives
+"""The one Lloyd loop (engine.loop), its exact sums (numerics.grid) and its collectives
 (engine.collective): hand-computed cases, equivalence, and the properties that matter —
 bitwise the same result for any number of workers, and a lost worker changes nothing."""
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from daskmeans import DaskmeansError, KMeans
 from daskmeans.backends import numpy_backend as nb
-from daskmeans.backends.grid import Grid, float_sums
+from daskmeans.numerics.grid import Grid, float_sums
 
 
 # ---------------------------------------------------------------- the sums' grid (pure)

@@ -1,5 +1,5 @@
 """Data the exact sums or the distances cannot carry is refused with one clear error, never
-turned into a wrong model (backends.grid.check_resolution / check_range)."""
+turned into a wrong model (numerics.grid.check_resolution / check_range)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from daskmeans import KMeans
-from daskmeans.backends.grid import Grid, check_range, check_resolution
+from daskmeans.numerics.grid import Grid, check_range, check_resolution
 from daskmeans.errors import DataError
 
 

@@ -7,7 +7,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from daskmeans.backends.grid import Grid
+from daskmeans.numerics.grid import Grid
 from daskmeans.engine.driver import run_lloyd
 from daskmeans.engine.moments import data_moments
 from daskmeans.engine.placement import place

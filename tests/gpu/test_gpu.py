@@ -537,7 +537,7 @@ def test_gpu_update_gives_the_numpy_backends_centroids_and_shift(k, d):
 
     from daskmeans.backends import cupy_backend as cb
     from daskmeans.backends import numpy_backend as nb
-    from daskmeans.backends.grid import Grid
+    from daskmeans.numerics.grid import Grid
 
     rng = np.random.default_rng(k)
     X = rng.normal(0, 5, (2000, d))
@@ -840,10 +840,10 @@ def test_balanced_sizes_on_the_gpu():
     from distributed import Client
 
     import daskmeans
-    from daskmeans.engine.loop import _row_keys
+    from daskmeans.numerics.hashing import row_keys
 
     rows = np.arange(5000, dtype=np.int64)
-    np.testing.assert_array_equal(cupy.asnumpy(_row_keys(cupy, cupy.asarray(rows), 9)), _row_keys(np, rows, 9))
+    np.testing.assert_array_equal(cupy.asnumpy(row_keys(cupy, cupy.asarray(rows), 9)), row_keys(np, rows, 9))
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(0, 1, (6000, 4)), rng.normal(10, 3, (600, 4)),
                         rng.normal(-10, 3, (600, 4))]).astype(np.float32)

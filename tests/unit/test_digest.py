@@ -1,4 +1,4 @@
-"""The data's content digest (backends.digest): the same for any chunking, different for
+"""The data's content digest (numerics.digest): the same for any chunking, different for
 any change of a value or of the rows' order."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daskmeans.backends.digest import MASK, block_digest, combine
+from daskmeans.numerics.digest import MASK, block_digest, combine
 
 
 def _digest(x, cuts):

@@ -9,7 +9,7 @@ import pytest
 
 from daskmeans.backends import get_backend
 from daskmeans.backends import numpy_backend as nb
-from daskmeans.backends.grid import Grid, float_sums
+from daskmeans.numerics.grid import Grid, float_sums
 
 # Tilings of the kernel: default tiles, tiny tiles ((K + D) * itemsize > tile-bytes, so 64-row
 # tiles), and tiles of a row count that divides nothing (1000 rows of K + D = 7 float64 values).
@@ -54,7 +54,7 @@ def test_toy_1d_exact(dtype, regime):
         out = nb.assign(X, nb.prepare(C, dtype))
     assert out["labels"].dtype == np.int32
     np.testing.assert_array_equal(out["labels"], [0, 0, 1, 1])
-    assert out["sums"].dtype == np.int64  # on the grid (backends.grid)
+    assert out["sums"].dtype == np.int64  # on the grid (numerics.grid)
     np.testing.assert_array_equal(float_sums(out)[0], [[1.0], [21.0]])
     assert out["counts"].dtype == np.int64
     np.testing.assert_array_equal(out["counts"], [2, 2])
@@ -203,7 +203,7 @@ def test_float32_close_to_reference(regime):
     ref = reference(X.astype(np.float64), C.astype(np.float32).astype(np.float64))
     with dask.config.set(REGIMES[regime]):
         out = nb.assign(X, nb.prepare(C, np.float32))
-    assert out["sums"].dtype == np.int64  # on the grid (backends.grid)
+    assert out["sums"].dtype == np.int64  # on the grid (numerics.grid)
     chosen = ref["d2"][np.arange(len(X)), out["labels"]]
     np.testing.assert_allclose(chosen, ref["sqdist"], rtol=1e-4, atol=1e-4)
     assert (out["labels"] == ref["labels"]).mean() > 0.99

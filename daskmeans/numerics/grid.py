@@ -62,7 +62,7 @@ class Grid:
     @classmethod
     def for_block(cls, X: Any, sample_weight: Any = None) -> "Grid":
         """The grid of one block's own bounds (callers outside a fit: the init, tests)."""
-        from . import get_backend
+        from ..backends import get_backend
 
         be = get_backend(X)
         xp = be.xp
@@ -179,7 +179,7 @@ def check_range(max_abs: np.ndarray, dtype: Any) -> None:
 
 
 def _xp(a: Any) -> Any:
-    from . import get_backend
+    from ..backends import get_backend
 
     return get_backend(a).xp
 

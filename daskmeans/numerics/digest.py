@@ -13,31 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from .hashing import MASK, column_keys, row_hashes
 
-MASK = (1 << 64) - 1
 _ROWS = 1 << 14  # rows hashed at a time: the (rows, d) uint64 temporary stays small
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def splitmix64(xp: Any, h: Any) -> Any:
-    """splitmix64's finaliser, elementwise on uint64 (a bijection that spreads every bit): the
-    one row hash of the package (the digest's terms, the balancing's per-row keys), the same
-    bits with NumPy and CuPy."""
-    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-def _column_keys(xp: Any, d: int) -> Any:
-    """An odd, well-mixed uint64 multiplier per column (a value's hash weight by position)."""
-    return splitmix64(xp, xp.arange(1, d + 1, dtype=xp.uint64) * _GOLDEN) | np.uint64(1)
 
 
 def block_digest(xp: Any, block: Any, row_offset: int) -> int:
     """The digest of ``block`` (n, d) (or (n,) weights) whose first row is global row
-    ``row_offset``: the wrapped sum over rows ``i`` of
-    ``mix(mix(sum_j bits_ij * key_j) + i * golden)``.
+    ``row_offset``: the wrapped sum over rows ``i`` of their hashes
+    (:func:`~daskmeans.numerics.hashing.row_hashes`).
 
     Returns
     -------
@@ -50,15 +34,12 @@ def block_digest(xp: Any, block: Any, row_offset: int) -> int:
     n, d = a.shape
     bits = a.view(xp.dtype(f"u{a.dtype.itemsize}")) if a.dtype.itemsize in (1, 2, 4, 8) else None
     if bits is None:
-        raise TypeError(f"cannot digest values of dtype {a.dtype}")
-    keys = _column_keys(xp, d)
+        raise TypeError(f"cannot digest values of dtype {a.dtype}: a digest reads values of 1, 2, 4 or 8 bytes")
+    keys = column_keys(xp, d)
     total = 0
-    with np.errstate(over="ignore"):
-        for s in range(0, n, _ROWS):
-            part = bits[s : s + _ROWS].astype(xp.uint64)
-            row = splitmix64(xp, (part * keys[None, :]).sum(axis=1, dtype=xp.uint64))
-            idx = xp.arange(row_offset + s, row_offset + s + part.shape[0], dtype=xp.uint64)
-            total += int(splitmix64(xp, row + idx * _GOLDEN).sum(dtype=xp.uint64))
+    for s in range(0, n, _ROWS):
+        # Python ints from here: the wrapped sum is taken once, at the end.
+        total += int(row_hashes(xp, bits[s : s + _ROWS].astype(xp.uint64), keys, row_offset + s).sum(dtype=xp.uint64))
     return total & MASK
 
 

@@ -1,0 +1,266 @@
+"""One Lloyd step on a rank's shard, and the record it returns (:class:`IterationStats`).
+
+::
+
+    for each local chunk: assign + per-cluster partials (backend kernel, pure)
+        buffer += the chunk's sums, int64 on the fit's grid (numerics.grid)
+    total = collective.allreduce(buffer)           (identical bits on every rank)
+    centroids = update(total)
+    the re-seeding hook (engine.reseed): empty clusters, size balancing -> update again
+
+The int64 buffer of one step (:class:`Layout`) carries everything the ranks combine: the
+fixed-point sums and weights, the counts, each chunk's inertia (as float64 bits in the chunk's
+own slot, so the total is added in chunk order on every rank), the reassigned and re-checked
+row counts, and rank 0's "this is the segment's last iteration" flag. Nothing in the result
+depends on how many workers there are or which chunks each holds.
+
+A rank queues the step's work without waiting in between: the kernels, the collective (NCCL's;
+the Dask collective adds on the host), the copy of the statistics to the host and the centroid
+update (launched before the statistics are read; launched again in the rare step that
+re-seeds). The host then waits for the collective (watching for a lost peer), for the
+statistics, and for the shift. Each rank times its kernels with the backend's marks (CUDA
+events on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import DaskmeansError
+from ..metric import get_metric, inertia_scale
+from ..numerics.grid import Grid
+from .placement import Shard
+from .reseed import Reduced, Reseed
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """What every rank needs to run iterations identically (one record per run)."""
+
+    max_iter: int
+    tol_abs: float
+    metric: str
+    precision: str
+    grid: Grid  # the fixed-point grid of the per-cluster sums and weights
+    n_chunks: int
+    n_samples: int
+    segment_seconds: float
+    # Balance (None: off): while the largest cluster holds more than this multiple of the mean
+    # cluster size, the smallest clusters' centroids move into the clusters above it
+    # (:class:`.reseed.SizeBalance`); ``seed`` chooses the rows they move to.
+    max_imbalance: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """One Lloyd step's statistics, identical on every rank but the timings (this rank's).
+
+    FAISS's ``ClusteringIterationStats`` in this loop's terms: ``obj`` is :attr:`inertia`,
+    ``time`` :attr:`seconds`, ``time_search`` :attr:`kernel_seconds`, ``imbalance_factor``
+    :attr:`imbalance`, ``nsplit`` :attr:`n_moved`.
+
+    Attributes
+    ----------
+    iteration : int
+        Steps completed, this one included (1 for the first).
+    inertia : float
+        The objective under the step's centroids (before its update), summed in chunk order.
+    shift : float
+        The update's summed squared centroid shift (the metric's).
+    reassigned : int
+        Rows whose label changed in this step.
+    n_empty : int
+        Clusters without weight after the assignment.
+    rechecked : float
+        Rows whose label a low-precision GEMM left to an exact re-check, over the rows.
+    imbalance : float
+        The largest cluster's row count over the mean.
+    n_moved : int
+        Centroids moved to balance the sizes (no fixed point where not 0).
+    kernel_seconds, collective_seconds, update_seconds, seconds : float
+        This rank's time in the kernels, the collective, the update, the whole step.
+    gb_per_s : float
+        The data's bytes over :attr:`seconds`.
+    end_segment : bool
+        Rank 0 asked to end the segment after this step (the loop's, not a statistic).
+    """
+
+    iteration: int
+    inertia: float
+    shift: float
+    reassigned: int
+    n_empty: int
+    rechecked: float
+    imbalance: float
+    n_moved: int
+    kernel_seconds: float
+    collective_seconds: float
+    update_seconds: float
+    seconds: float
+    gb_per_s: float
+    end_segment: bool = False
+
+    def as_dict(self) -> dict:
+        """The statistics as the fit's history and users' callbacks receive them: every
+        attribute but :attr:`end_segment`, in this order."""
+        out = dataclasses.asdict(self)
+        del out["end_segment"]
+        return out
+
+    def settled(self, tol_abs: float) -> bool:
+        """Scikit-learn's stop rule: no label changed or the shift is at most ``tol_abs``; a
+        step that moved centroids to balance the sizes is no fixed point."""
+        return (self.reassigned == 0 or self.shift <= tol_abs) and not self.n_moved
+
+
+class Layout:
+    """Offsets of the fields in one step's int64 buffer (K clusters, D features, the fit's
+    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, then the scalars that travel to
+    the host: one inertia slot per chunk, reassigned, re-checked, the segment's flag."""
+
+    def __init__(self, k: int, d: int, n_chunks: int):
+        self.k, self.d = k, d
+        o = 0
+        self.sums = slice(o, o + k * d)
+        o = self.sums.stop
+        self.weights = slice(o, o + k)
+        o = self.weights.stop
+        self.counts = slice(o, o + k)
+        self.small = o = self.counts.stop  # from here on the scalars travel to the host
+        self.inertia = o  # n_chunks float64 slots
+        self.reassigned = o + n_chunks
+        self.rechecked = self.reassigned + 1
+        self.flag = self.rechecked + 1
+        self.n = self.flag + 1
+
+    @property
+    def host_words(self) -> int:
+        """int64 words of the host copy (weights onwards)."""
+        return self.n - self.weights.start
+
+
+def _slot(shard: Shard, iteration: int) -> list | None:
+    """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
+    labels = shard.labels.get(iteration % 2)
+    return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
+
+
+def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any, host: np.ndarray,
+               reseed: Reseed, *, end_segment: bool = False,
+               interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
+    """One Lloyd step on this rank.
+
+    Parameters
+    ----------
+    shard : Shard
+        This rank's chunks; the step's labels go to its workspace (``shard.labels``).
+    centroids : backend array, shape (K, D) float64
+        The step's centroids (identical on every rank).
+    iteration : int
+        Steps done before this one.
+    fit : FitSpec
+    comm : Collective
+    host : ndarray, shape (Layout(K, D, fit.n_chunks).host_words,) int64
+        The rank's host buffer of the statistics (page-locked on a GPU, allocated before the
+        collective is queued), reused step after step.
+    reseed : Reseed
+        Called once the sums are reduced (:func:`.reseed.for_fit`).
+    end_segment : bool
+        This rank asks every rank to end the segment after this step (rank 0 decides; the
+        others' flags are 0, and every rank learns the sum).
+    interrupt : callable, optional
+        Called between the kernels' pieces of work; raises once the client gave up on the fit
+        (an interrupt, a lost worker): a step of minutes stops within a tile, not at its end.
+
+    Returns
+    -------
+    (centroids, IterationStats)
+        The new centroids ``(K, D)`` float64 (backend array, the same bits on every rank) and
+        the step's statistics.
+    """
+    be = shard.be
+    xp = be.xp
+    t_start = time.perf_counter()
+    m_start = be.mark()
+    k, d = centroids.shape
+    lay = Layout(k, d, fit.n_chunks)
+    buf = xp.zeros(lay.n, xp.int64)
+    fv = buf.view(xp.float64)
+    if end_segment:
+        buf[lay.flag] = 1
+    prep = be.prepare(centroids, shard.dtype, fit.precision)
+    it = iteration
+    prev = _slot(shard, it - 1) if it > 0 else None
+    out_slot = _slot(shard, it)
+    labels = []
+    for j, (cid, _, block, w) in enumerate(shard.items()):
+        out = be.assign(
+            block, prep, w, want_sums=True, prev_labels=None if prev is None else prev[j],
+            out_labels=None if out_slot is None else out_slot[j], grid=fit.grid, interrupt=interrupt,
+        )
+        labels.append(out["labels"])
+        # Integers on the fit's grid: the total does not depend on chunking or placement.
+        buf[lay.sums] += out["sums"].reshape(-1)
+        buf[lay.weights] += out["weights"]
+        buf[lay.counts] += out["counts"]
+        if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
+            raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks (ids 0 to {fit.n_chunks - 1})")
+        fv[lay.inertia + cid] = out["inertia"]
+        # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
+        buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
+        buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
+    shard.labels[it % 2] = labels
+    m_kernels = be.mark()
+    total = comm.allreduce(buf, wait=False)  # NCCL: queued; the host waits below, once the rest is queued too
+    m_reduced = be.mark()
+    # One copy to the host of the weights, counts and scalars (2K + a few int64): the empty
+    # clusters and the largest one are counted on the host (on the GPU each needed a kernel and
+    # a synchronisation, and CuPy's CUB reductions seconds of NVRTC on a cold kernel cache).
+    host = be.to_numpy(total[lay.weights.start :], out=host, blocking=False)
+    m_copied = be.mark()
+    isums = total[lay.sums].reshape(k, d)
+    iweights = total[lay.weights]
+    old = centroids
+    # Queued behind the copy, so that the GPU updates while the host reads the statistics.
+    new, shift = be.update_centroids(isums, iweights, old, fit.grid)
+    m_updated = be.mark()
+    comm.wait()  # watches for a lost peer or an abort while it waits
+    be.wait(m_copied)
+    small = host[lay.small - lay.weights.start :]
+    smallf = small.view(np.float64)
+    reduced = Reduced(shard, comm, it, old, isums, iweights, host[:k], host[k : 2 * k], fit.grid, fit.n_samples)
+    n_empty = int(np.count_nonzero(reduced.weights <= 0))  # empty means no weight (as scikit-learn)
+    n_moved = 0
+    moved = reseed(reduced)
+    if moved is not None:
+        new = shift = None  # the update from the uncorrected sums: freed before the second one
+        new, shift = be.update_centroids(moved.isums, moved.iweights, old, fit.grid)
+        m_updated = be.mark()
+        n_moved = moved.n_moved
+    new, shift = get_metric(fit.metric).update(new, old, shift)
+    shift = float(shift)
+    be.wait(m_updated)
+    seconds = time.perf_counter() - t_start
+    stats = IterationStats(
+        iteration=it + 1,
+        inertia=float(np.sum(smallf[: fit.n_chunks])) * inertia_scale(fit.metric),
+        shift=shift,
+        reassigned=int(small[lay.reassigned - lay.small]),
+        n_empty=n_empty,
+        rechecked=int(small[lay.rechecked - lay.small]) / max(1, fit.n_samples),
+        imbalance=reduced.imbalance,
+        n_moved=n_moved,
+        kernel_seconds=be.elapsed(m_start, m_kernels),
+        collective_seconds=be.elapsed(m_kernels, m_reduced),
+        update_seconds=be.elapsed(m_reduced, m_updated),
+        seconds=seconds,
+        gb_per_s=fit.n_samples * d * np.dtype(shard.dtype).itemsize / max(seconds, 1e-12) / 1e9,
+        end_segment=bool(small[lay.flag - lay.small]),
+    )
+    return new, stats
