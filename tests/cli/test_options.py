@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from daskmeans.cli import _parser, main
+from daskmeans.cli import main
+from daskmeans.cli.main import parser as command_parser
 
 FIT = ["fit", "x.npy", "--k", "3"]
 PREDICT = ["predict", "m.zarr", "x.npy", "-o", "l.zarr"]
@@ -100,7 +101,7 @@ GOOD = [
 
 @pytest.mark.parametrize("argv, parsed", GOOD)
 def test_good_option_values_are_parsed(argv, parsed):
-    args = vars(_parser().parse_args(argv))
+    args = vars(command_parser().parse_args(argv))
     assert {k: args[k] for k in parsed} == parsed
 
 
