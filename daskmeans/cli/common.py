@@ -154,8 +154,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", help="CSV: comma-separated feature columns to keep (names or positions)")
     p.add_argument("--drop-columns", help="CSV: comma-separated columns to drop, e.g. a label column")
     p.add_argument("--chunk-bytes", type=size_option("--chunk-bytes"),
-                   help="target bytes per row chunk (e.g. 128MiB); default daskmeans.chunk-bytes, and for a fit on "
-                        "GPU workers daskmeans.gpu-chunk-bytes (within an eighth of their device memory budget)")
+                   help="bytes per row chunk (e.g. 128MiB; default daskmeans.chunk-bytes, and for a fit on GPU workers "
+                        "daskmeans.gpu-chunk-bytes within an eighth of their device memory budget)")
 
 
 def add_keep_arg(p: argparse.ArgumentParser) -> None:
