@@ -9,8 +9,8 @@ times each, alternating:
   and the table's one row-major copy (what any reader must at least do);
 - ``daskmeans``: ``daskmeans.read(path, chunk_bytes=...)`` (the header, the layout and the row
   counts) and its ``.compute()`` on a local cluster of in-process single-threaded workers, as
-  the command starts one for one GPU (``--workers 1``, ``--chunk-bytes`` the command's
-  ``gpu-chunk-bytes``).
+  the command starts one for one GPU (``--workers 1``, ``--chunk-bytes`` the size a fit on
+  GPU workers reads in, ``gpu-chunk-bytes``).
 
 Prints one JSON document (``--out PATH`` writes it too): the medians, the file's bytes, and
 ``parse_gbps`` (the file's bytes over ``read`` + ``compute``, the whole read) next to the

@@ -88,7 +88,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
     n, d, k = PROBLEMS[problem].shape
     devices = ",".join(str(i) for i in range(n_gpus))
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, dashboard_address=":0") as lc, Client(lc) as c:
-        # Chunked as `daskmeans fit` reads a file for a local GPU cluster (daskmeans.gpu-chunk-bytes).
+        # Chunked as a fit on GPU workers reads a file (daskmeans.gpu-chunk-bytes: engine/plan.py).
         from daskmeans import config
         from daskmeans.io.readers import rows_per_chunk
 

@@ -144,7 +144,9 @@ class FitJob:
             # moments (taken out of the cache while this fit runs).
             kept = reuse.take(client, source)
             budgets = kept.budgets if kept is not None else worker_budgets(client, *limits, backend)
-            tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets)
+            # Data daskmeans read from a file is in chunks of its own choosing, which the plan
+            # may grow for GPU workers; a caller's chunks are only ever cut.
+            tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets, own_chunks=path is not None)
             if max_iter is not None:
                 slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))
                 if slow:

@@ -48,7 +48,7 @@ class TierPlan:
     working: int  # what the loop needs besides the data
     host_budget: int
     device_budget: int | None
-    chunk_rows: int | None = None  # rows per chunk to place (chunks cut to fit the budget), or as read
+    chunk_rows: int | None = None  # rows per chunk to place (cut to fit the budget, grown for GPU workers), or as read
     iteration_seconds: float | None = None  # an estimate of one iteration's time (2 N K D at the workers' step rate)
     flop_rate: float | None = None  # the slowest worker's step rate (2 N K D FLOP/s), measured, or a GPU's nominal one
     tunables: Tunables | None = None  # the kernels' settings, resolved here on the client (kernel_tunables)
@@ -164,8 +164,16 @@ def plan(
     device_memory_limit: int | str | None = None,
     *,
     budgets: dict | None = None,
+    own_chunks: bool = False,
 ) -> TierPlan:
-    """Choose the tier of ``X`` on the workers of ``client`` and check the budgets.
+    """Choose the tier of ``X`` on the workers of ``client``, the fit's chunk size, and check
+    the budgets.
+
+    Chunks larger than an eighth of the budget are cut. On GPU workers, ``X`` read by
+    daskmeans from a file (``own_chunks``) is read again in chunks of about
+    ``daskmeans.gpu-chunk-bytes``, within that eighth of the workers' measured device budget:
+    fewer, larger kernel calls (the GEMM tiles fill up) and fewer tasks. A caller's own
+    chunks are only cut.
 
     Parameters
     ----------
@@ -184,6 +192,9 @@ def plan(
         The workers' budgets as :func:`worker_budgets` measured them for these limits (a
         re-fit of data still placed plans with those its placement was planned with); default:
         measured now.
+    own_chunks : bool
+        Whether ``X``'s row chunks are daskmeans' choice (a file it read, at
+        ``daskmeans.chunk-bytes`` or the command's ``--chunk-bytes``) rather than the caller's.
 
     Raises
     ------
@@ -214,6 +225,11 @@ def plan(
     # are cut (the result does not depend on the chunking).
     cap = max(int(config.get("min-chunk-rows")), limit // 8 // max(1, d * item))
     cut = cap if max(X.chunks[0]) > cap else None
+    if cut is None and gpu and own_chunks and X.numblocks[0] > 1:
+        # GPU kernels want large blocks: chunks of daskmeans.gpu-chunk-bytes where the file was
+        # read in chunks of half that or less (the command's --chunk-bytes sets both).
+        grown = min(cap, max(1, config.get_bytes("gpu-chunk-bytes") // max(1, d * item)))
+        cut = grown if 2 * max(X.chunks[0]) <= grown else None
     if cut:
         X = balance_chunks(split_rows(X, cut), n_workers)
     chunk_rows = max(X.chunks[0])

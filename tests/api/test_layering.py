@@ -44,7 +44,9 @@ def private_uses(source: str, package: str = "daskmeans") -> list[str]:
     """What ``source`` (a module of ``package``) uses of other modules' or objects' private
     names: ``from x import _name``; ``module._name`` where ``module`` is one of the package's
     modules; ``obj._name`` on anything but ``self``/``cls`` (its own classes) and modules
-    outside the package (``os._exit``)."""
+    outside the package (``os._exit``). ``package`` resolves relative imports (a module of a
+    subpackage: ``daskmeans.cli``)."""
+    top = package.split(".")[0]
     tree = ast.parse(source)
     ours: set[str] = set()  # names bound to the package's modules
     theirs: set[str] = set()  # names bound to other modules
@@ -53,14 +55,14 @@ def private_uses(source: str, package: str = "daskmeans") -> list[str]:
         if isinstance(node, ast.Import):
             for a in node.names:
                 bound = a.asname or a.name.split(".")[0]
-                (ours if a.name.split(".")[0] == package else theirs).add(bound)
+                (ours if a.name.split(".")[0] == top else theirs).add(bound)
         elif isinstance(node, ast.ImportFrom):
             mod = source_module(node, package)
             for a in node.names:
                 if private(a.name):
                     found.append(f"line {node.lineno}: from {mod} import {a.name}")
                 if is_module(f"{mod}.{a.name}"):
-                    (ours if mod.split(".")[0] == package else theirs).add(a.asname or a.name)
+                    (ours if mod.split(".")[0] == top else theirs).add(a.asname or a.name)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and private(node.attr):
             owner = node.value.id if isinstance(node.value, ast.Name) else None
@@ -71,8 +73,18 @@ def private_uses(source: str, package: str = "daskmeans") -> list[str]:
     return found
 
 
-def test_the_cli_uses_no_private_name_of_another_module():
-    assert private_uses(package_source("cli.py")) == []
+CLI_MODULES = sorted(f for f in os.listdir(os.path.join(PACKAGE, "cli")) if f.endswith(".py"))
+
+
+def test_the_cli_is_a_package_of_the_expected_modules():
+    """The command is ``cli/``: the check below then reads each of its modules."""
+    assert {"__init__.py", "main.py", "common.py", "fit.py", "predict.py", "sweep.py"} <= set(CLI_MODULES)
+    assert not os.path.exists(os.path.join(PACKAGE, "cli.py"))
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_the_cli_uses_no_private_name_of_another_module(module):
+    assert private_uses(package_source(f"cli/{module}"), "daskmeans.cli") == []
 
 
 @pytest.mark.parametrize("snippet", [
@@ -224,3 +236,14 @@ def test_the_layering_check_sees_an_upward_import():
     layers = design_layers()
     assert layer_index("daskmeans.engine.job", layers) > layer_index("daskmeans.cli", layers)
     assert layer_index("daskmeans.events", layers) == len(layers) - 1
+
+
+@pytest.mark.parametrize("snippet", [
+    "from .common import _say",
+    "from . import common\ncommon._say('x')",
+    "from ..estimator import _like",
+])
+def test_the_check_reads_a_subpackage_s_relative_imports(snippet):
+    """In ``daskmeans.cli``, ``from . import common`` binds a module of the package: its
+    private names are found as any other module's."""
+    assert len(private_uses(snippet, "daskmeans.cli")) == 1

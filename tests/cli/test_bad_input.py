@@ -145,12 +145,12 @@ def test_fewer_distinct_points_than_clusters_is_a_warning(d, capsys):
     (["--k", "3", "--scheduler", "tcp://127.0.0.1:1", "--workers", "2"], "--workers 2 applies to a local cluster only"),
 ])
 def test_invalid_parameters_fail_before_any_cluster_is_started_or_contacted(d, capsys, monkeypatch, flags, message):
-    import daskmeans.cli
+    from daskmeans.cli import common
 
     def no_cluster(args):
         raise AssertionError("a cluster was started or contacted")
 
-    monkeypatch.setattr(daskmeans.cli, "_connect", no_cluster)
+    monkeypatch.setattr(common, "connect", no_cluster)
     rc = main(["fit", str(d / "ok.npy"), *flags, "-o", str(d / "never.zarr")])
     err = capsys.readouterr().err
     assert rc == 1, err

@@ -135,18 +135,19 @@ def test_an_interrupt_python_drops_in_a_finaliser_still_stops_the_fit(problem, m
     import dask
 
     from daskmeans import cli
+    from daskmeans.cli import fit as fit_command
 
     class Finaliser:
         def __del__(self):
             signal.raise_signal(signal.SIGINT)  # the handler's exception is raised here, and dropped
 
-    class Progress(cli._Progress):
+    class Progress(fit_command.FitProgress):
         def __call__(self, stats):
             if stats["iteration"] == 3:
                 Finaliser()
             super().__call__(stats)
 
-    monkeypatch.setattr(cli, "_Progress", Progress)
+    monkeypatch.setattr(fit_command, "FitProgress", Progress)
     ck, out = problem / "ck-finaliser.zarr", problem / "m-finaliser.zarr"
     # Python's own handler, as in an interactive shell (a background job inherits SIG_IGN).
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -229,7 +230,7 @@ def test_a_signal_dropped_in_a_finaliser_prints_no_traceback(capsys):
     nothing for it and raises it again at its next check. Other dropped exceptions still print."""
     import sys
 
-    from daskmeans import cli
+    from daskmeans.cli import common
 
     class Dropped:
         def __init__(self, exc):
@@ -240,16 +241,16 @@ def test_a_signal_dropped_in_a_finaliser_prints_no_traceback(capsys):
 
     hook = sys.unraisablehook
     sys.unraisablehook = sys.__unraisablehook__  # Python's own printing, not pytest's collector
-    cli._pending = cli.Terminated
+    common.set_pending(common.Terminated)
     try:
-        with cli._quiet_dropped_signals():
-            Dropped(cli.Terminated())
+        with common.quiet_dropped_signals():
+            Dropped(common.Terminated())
             Dropped(ValueError("a real bug"))
-            with pytest.raises(cli.Terminated):
-                cli._check_interrupt()
+            with pytest.raises(common.Terminated):
+                common.check_interrupt()
         assert sys.unraisablehook is sys.__unraisablehook__
     finally:
-        cli._pending = None
+        common.set_pending(None)
         sys.unraisablehook = hook
     err = capsys.readouterr().err
     assert "Terminated" not in err and "ValueError: a real bug" in err, err

@@ -196,9 +196,9 @@ def test_the_command_keeps_jinja_for_a_dashboard_only(argv, jinja):
     import sys
 
     pytest.importorskip("jinja2")
-    code = ("from daskmeans import cli\n"
-            f"args = cli._parser().parse_args({argv!r})\n"
-            "cli._command_process(dashboard=args.dashboard)\n"
+    code = ("from daskmeans.cli.main import command_process, parser\n"
+            f"args = parser().parse_args({argv!r})\n"
+            "command_process(dashboard=args.dashboard)\n"
             "try:\n    import jinja2\nexcept ImportError:\n    print('JINJA False')\nelse:\n    print('JINJA True')\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -216,7 +216,7 @@ def test_a_fit_from_npy_writes_its_model_without_zarr_python(tmp_path):
     x = np.random.default_rng(0).standard_normal((3000, 3)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "m.zarr"
-    code = ("import sys\nfrom daskmeans import cli\ncli._command_process()\n"
+    code = ("import sys\nfrom daskmeans import cli\nfrom daskmeans.cli.main import command_process\ncommand_process()\n"
             f"assert cli.main(['fit', {str(tmp_path / 'x.npy')!r}, '--k', '3', '-q', '-o', {str(out)!r}]) == 0\n"
             "print('ZARR', 'zarr' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -236,10 +236,10 @@ def test_the_command_keeps_dask_log_lines_out_unless_the_user_asks(user_level, s
     import subprocess
     import sys
 
-    code = ("from daskmeans import cli\n"
-            + ("cli._parser().parse_args(['fit', 'x.npy', '--k', '2', '-o', 'm.zarr', '--chunk-bytes', '4MiB'])\n"
+    code = ("from daskmeans.cli.main import command_process, parser\n"
+            + ("parser().parse_args(['fit', 'x.npy', '--k', '2', '-o', 'm.zarr', '--chunk-bytes', '4MiB'])\n"
                "import sys\nassert 'dask.config' in sys.modules\n" if parsed_first else "")
-            + "cli._command_process()\n"
+            + "command_process()\n"
             "import logging, distributed\n"
             "try:\n    raise OSError('comm closed')\nexcept OSError:\n"
             "    logging.getLogger('distributed.batched').info('Batched Comm Closed', exc_info=True)\n"
@@ -261,7 +261,7 @@ def test_every_flag_is_in_the_readme_cli_reference_and_back():
     import re
     from pathlib import Path
 
-    from daskmeans.cli import _parser
+    from daskmeans.cli.main import parser
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
@@ -275,7 +275,7 @@ def test_every_flag_is_in_the_readme_cli_reference_and_back():
                 yield path, [s for s in a.option_strings if s not in ("-h", "--help")]
 
     flags, commands = set(), set()
-    for path, opts in walk(_parser(), ()):
+    for path, opts in walk(parser(), ()):
         commands.add(" ".join(path))
         flags.update(opts)
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-z])(?![\w-])", section))

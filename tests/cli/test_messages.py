@@ -15,7 +15,8 @@ import pytest
 import zarr
 
 from daskmeans import KMeans
-from daskmeans.cli import _parser, main
+from daskmeans.cli import main
+from daskmeans.cli.main import parser as command_parser
 from daskmeans.datasets import make_blobs
 from daskmeans.io.model_store import write_array
 from terminal import on_a_terminal
@@ -127,7 +128,7 @@ def _actions(parser: argparse.ArgumentParser, path: tuple = ("daskmeans",)):
 
 
 def test_every_option_and_argument_has_help():
-    empty = [f"{' '.join(path)} {a.option_strings or a.dest}" for path, a in _actions(_parser())
+    empty = [f"{' '.join(path)} {a.option_strings or a.dest}" for path, a in _actions(command_parser())
              if not (a.help or "").strip()]
     assert empty == []
 
@@ -158,7 +159,7 @@ def test_choices_help_and_readme_come_from_the_registries(capsys):
     from daskmeans.metric import REGISTRY as METRICS
     from daskmeans.options import TIERS
 
-    options = {a.dest: a for _, a in _actions(_parser()) if a.option_strings}
+    options = {a.dest: a for _, a in _actions(command_parser()) if a.option_strings}
     assert list(options["metric"].choices) == list(METRICS) == _readme_choices("--metric")
     assert list(options["tier"].choices) == list(TIERS) == _readme_choices("--tier")
     init_row = next(line for line in README.splitlines() if line.startswith("| `--init "))

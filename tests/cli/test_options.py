@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from daskmeans.cli import _parser, main
+from daskmeans.cli import main
+from daskmeans.cli.main import parser as command_parser
 
 FIT = ["fit", "x.npy", "--k", "3"]
 PREDICT = ["predict", "m.zarr", "x.npy", "-o", "l.zarr"]
@@ -100,8 +101,33 @@ GOOD = [
 
 @pytest.mark.parametrize("argv, parsed", GOOD)
 def test_good_option_values_are_parsed(argv, parsed):
-    args = vars(_parser().parse_args(argv))
+    args = vars(command_parser().parse_args(argv))
     assert {k: args[k] for k in parsed} == parsed
+
+
+@pytest.mark.parametrize("argv, settings", [
+    (FIT, {}),
+    (FIT + ["--chunk-bytes", "64MiB", "--collective", "dask"],
+     {"daskmeans.gpu-chunk-bytes": "64MiB", "daskmeans.collective": "dask"}),
+])
+def test_the_flags_reach_the_fit_as_settings(argv, settings):
+    """The command plans no chunk size: --chunk-bytes, the user's, is the size DATA is read
+    in and the one the engine keeps on GPU workers (daskmeans.gpu-chunk-bytes)."""
+    import dask
+
+    from daskmeans.cli import common
+
+    before = {key: dask.config.get(key, None) for key in ("daskmeans.gpu-chunk-bytes", "daskmeans.collective")}
+    with common.settings(command_parser().parse_args(argv)):
+        assert {key: dask.config.get(key, None) for key in before} == {**before, **settings}
+
+
+def test_a_collective_is_checked_against_its_registry_when_given(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(FIT + ["--collective", "mpi"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("daskmeans fit: error: --collective mpi: should be one of auto, nccl, dask "
+                                       "(see daskmeans fit --help)\n")
 
 
 def test_other_usage_errors_are_one_line_too(capsys):

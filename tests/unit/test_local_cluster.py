@@ -47,7 +47,7 @@ def test_other_errors_of_a_close_are_raised():
 
 def test_an_error_without_a_message_is_named_by_its_type():
     """The command's one line never ends empty (``daskmeans: error: `` told nothing)."""
-    from daskmeans.cli import _os_error_line
+    from daskmeans.cli.main import os_error_line
 
-    assert _os_error_line(TimeoutError()) == "TimeoutError (no message)"
-    assert _os_error_line(OSError(28, "No space left on device", "/x/m.zarr")) == "/x/m.zarr: No space left on device"
+    assert os_error_line(TimeoutError()) == "TimeoutError (no message)"
+    assert os_error_line(OSError(28, "No space left on device", "/x/m.zarr")) == "/x/m.zarr: No space left on device"
