@@ -40,7 +40,7 @@ from .metric import METRICS, get_metric, inertia_scale
 from .options import TIERS
 from .events import watched, watching
 from .progress import Progress, Steps
-from .sampling import all_rows_stats, draw_cut, sample_size, take
+from .sampling import sample_size
 from .seeding import REGISTRY as INITS
 from .timing import Phases
 from .validation import (AnyOf, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_feature_names,
@@ -587,16 +587,15 @@ class KMeans:
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)
-            init_arr = None if starts is None else starts[0]
             w = None if sample_weight is None else read_weights(sample_weight, X)
-            every, w_every = X, w  # the rows before the metric's scaling (inference scales them itself)
-            X = get_metric(self.metric).rows(X)
             rows = self.training_rows(n)
             m = None if rows == n else rows
-            if m is not None and seed is None:
+            if m is not None and seed is None:  # the sample and the runs draw from one seed
                 seed = int(np.random.SeedSequence().generate_state(1)[0])
         params = FitParams(
-            self.n_clusters, self.init if init_arr is None else init_arr, runs if starts is None else 1,
+            # Explicit centres: one array, or one per run of a callable init (the engine runs each).
+            self.n_clusters, self.init if starts is None else starts[0] if len(starts) == 1 else starts,
+            runs if starts is None else len(starts),
             self.max_iter, self.tol,
             seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
             self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
@@ -608,30 +607,11 @@ class KMeans:
         steps = watching(Steps(False, stream=sys.stdout, live=False)) if self.verbose and not watched() \
             else contextlib.nullcontext()
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
-            if m is not None:
-                with phase("sample"):
-                    cut = draw_cut(client, X.chunks[0], m, seed)
-                    X, w = take(X, cut), None if w is None else take(w, cut)
-            def fit_from(p: FitParams, run: int = 1) -> Any:
-                """The engine's fit with ``p`` (its runs numbered from ``run`` for the callbacks)."""
-                numbered = _fanout(callbacks) if run == 1 or not callbacks else \
-                    (lambda stats: _fanout(callbacks)({**stats, "run": run}))
-                return fit_distributed(
-                    client, X, p, sample_weight=w, path=path, resume=ck, callback=numbered, phase=phase,
-                    on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
-                )
-
-            best = fit_from(params)
-            # A callable init gives each run its own centres: one engine fit per run, the
-            # lowest inertia kept (the engine's own runs start from a named init's seeds).
-            for run, c0 in enumerate(starts[1:] if starts is not None else [], start=2):
-                res = fit_from(dataclasses.replace(params, init=c0), run)
-                if res.inertia < best.inertia:
-                    best = dataclasses.replace(res, best_run=run)
-            self.sample_inertia_, self.n_samples_fit_ = best.inertia, int(X.shape[0])
-            if m is not None:
-                with phase("all rows"):
-                    best = self._over_every_row(client, best, every, w_every)
+            best = fit_distributed(
+                client, X, params, sample_weight=w, path=path, train_rows=m, resume=ck, callback=_fanout(callbacks),
+                phase=phase, on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+            )
+            self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
             self._fitted(best, client, d, names, X.dtype)
             if _in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
                 self._labels = (infer.materialise(client, best.labels, like), client)
@@ -652,15 +632,6 @@ class KMeans:
             return None if arr is None else [arr]
         state = random_state_for_init(self.random_state, seed)
         return [self._init_array(n_features, data, state) for _ in range(runs)]
-
-    def _over_every_row(self, client: Any, best: Any, X: Any, w: Any) -> Any:
-        """``best`` (fitted on a sample) with the labels, inertia and sizes of every row of
-        ``X`` (n, d), weighted by ``w`` (n,): labels lazy, as ``predict(X)`` gives them."""
-        xb = infer.blocks(client, X, best.backend, self.metric)
-        centers = best.centroids.astype(X.dtype)  # as predict reads cluster_centers_
-        inertia, sizes = all_rows_stats(client, xb, w, centers, self.precision, self.metric)
-        return dataclasses.replace(best, inertia=inertia, sizes=sizes,
-                                   labels=infer.labels(xb, centers, self.precision))
 
     def _fitted(self, best: Any, client: Any, d: int, names: np.ndarray | None, dtype: Any) -> None:
         """Set the fitted attributes from the engine's ``FitResult``."""

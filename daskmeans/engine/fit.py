@@ -4,8 +4,9 @@ the parameters are checked.
 
 ::
 
-    FitJob.open (plan, chunking fixed for the fit) -> place -> moments (tolerance, grid,
-    digest) -> per run: init -> run_lloyd -> best run -> FitResult (labels lazy on the workers)
+    FitJob.open (the sample, plan, chunking fixed for the fit) -> place -> moments (tolerance,
+    grid, digest) -> per run: init -> run_lloyd -> best run -> on a sample: every row's labels,
+    inertia and sizes -> FitResult (labels lazy on the workers)
 
 Every step that runs tasks on the placement's shards runs through ``job.survive``: a worker
 lost before or during it places the same chunks again on the workers left and repeats the step
@@ -40,7 +41,8 @@ from .loop import Start
 class FitParams:
     """Everything a fit needs besides its data and cluster (validated by the caller).
 
-    ``init`` is an init's name or a ``(K, D)`` float64 array; ``seed`` the int every draw
+    ``init`` is an init's name, a ``(K, D)`` float64 array, or a list of them, one per run
+    (a callable init's centres: ``n_init`` is then their number); ``seed`` the int every draw
     comes from (``seed_given``: the user chose it, so a checkpoint records it); ``checkpoint``
     a path or None; ``collective`` None for the configured one.
     """
@@ -83,6 +85,10 @@ class FitResult:
     timings : dict of str to float (seconds of the phases)
     best_run : int
         Which of the ``n_init`` runs (from 1) gave this result.
+    sample_inertia : float or None
+        The inertia over the rows the fit trained on (``inertia`` is every row's).
+    n_samples_fit : int
+        Rows the fit trained on.
     """
 
     centroids: np.ndarray
@@ -98,6 +104,8 @@ class FitResult:
     tol_abs: float
     timings: dict = field(default_factory=dict)
     best_run: int = 1
+    sample_inertia: float | None = None
+    n_samples_fit: int = 0
 
 
 def fit_distributed(
@@ -107,6 +115,7 @@ def fit_distributed(
     *,
     sample_weight: da.Array | None = None,
     path: str | None = None,
+    train_rows: int | None = None,
     resume: dict | None = None,
     callback: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
@@ -117,11 +126,14 @@ def fit_distributed(
     Parameters
     ----------
     client : distributed.Client
-    X : dask array (n, d), float32 or float64 (rows already unit vectors for ``cosine``)
+    X : dask array (n, d), float32 or float64 (the job scales them for the metric)
     params : FitParams
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker before any work).
+    train_rows : int, optional
+        Train on this many rows of ``X`` drawn from ``params.seed`` (fewer than ``X`` has),
+        then label every row and measure the inertia and sizes over every row.
     resume : dict, optional
         A checkpoint read by :func:`daskmeans.io.checkpoint.read_checkpoint`: the fit goes on
         from it once its fingerprint matches this fit's.
@@ -134,10 +146,14 @@ def fit_distributed(
     """
     phase = phase if phase is not None else Phases()
     k = params.n_clusters
-    n, d = (int(s) for s in X.shape)
     job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=params.backend, tier=params.tier,
                       memory_limit=params.memory_limit, device_memory_limit=params.device_memory_limit,
-                      precision=params.precision, max_iter=params.max_iter, phase=phase)
+                      precision=params.precision, max_iter=params.max_iter, metric=params.metric,
+                      train_rows=train_rows, seed=params.seed, phase=phase)
+    n, d = (int(s) for s in job.X.shape)
+    # One run per explicit start (a callable init's), else n_init from a named init or one array.
+    starts = params.init if isinstance(params.init, list) else None
+    n_init = len(starts) if starts is not None else params.n_init
     # A checkpoint written or resumed names the data by its content digest.
     digest = params.checkpoint is not None
     with job:
@@ -146,7 +162,7 @@ def fit_distributed(
             moments = job.moments(digest)
             tol_abs = float(np.mean(moments["var"])) * float(params.tol)
             grid = Grid(moments["max_abs"], moments["weight"])
-            seeds = np.random.SeedSequence(params.seed).generate_state(params.n_init)
+            seeds = np.random.SeedSequence(params.seed).generate_state(n_init)
             fingerprint = (_fingerprint(params, n, d, job.X.dtype, moments, job.weights is not None)
                            if params.checkpoint else None)
             start = None
@@ -155,13 +171,15 @@ def fit_distributed(
                                   params.max_iter)
                 start = Start(resume["iteration"], resume["centroids"], resume["prev"], resume["history"])
             best = None
-            for run in range(params.n_init):
+            for run in range(n_init):
                 if start is not None:
                     c0 = start.centroids
+                elif starts is not None:
+                    c0 = starts[run]
                 elif not isinstance(params.init, str):
                     c0 = params.init
                 else:
-                    of = f" (run {run + 1}/{params.n_init})" if params.n_init > 1 else ""
+                    of = f" (run {run + 1}/{n_init})" if n_init > 1 else ""
                     with phase("init"), step(f"init {params.init}{of}", unit="steps"):
                         c0 = job.survive(lambda p: resolve_init(
                             client, p, params.init, k, int(seeds[run]), params.oversampling_factor, grid))
@@ -182,10 +200,13 @@ def fit_distributed(
             job.keep(best.states)
         except InputChanged as e:  # raised on a worker, which knows chunks but not the file
             raise InputChanged(f"{path}: {e}" if path else str(e)) from None
+    labels, inertia, sizes = _labels_array(best.states, best.row_chunks, best.layout), best.inertia, best.sizes
+    if job.sampled:  # the model is every row's: its labels, inertia and sizes
+        every = job.labels(best.centroids, params.precision)
+        labels, inertia, sizes = every.labels, every.inertia, every.sizes
     return FitResult(
-        best.centroids, best.inertia, best.n_iter, best.history, best.sizes, best.converged,
-        _labels_array(best.states, best.row_chunks, best.layout), job.backend, job.tiers.tier, job.tiers.describe(),
-        tol_abs, phase.seconds, best_run,
+        best.centroids, inertia, best.n_iter, best.history, sizes, best.converged, labels, job.backend,
+        job.tiers.tier, job.tiers.describe(), tol_abs, phase.seconds, best_run, best.inertia, n,
     )
 
 
