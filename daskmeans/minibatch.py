@@ -21,12 +21,13 @@ from .engine import infer
 from .engine.minibatch import InitDraw, Rule, State, fit_minibatch, partial_step
 from .conventions import Boolean, DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
 from .errors import DataError, not_fitted
-from .estimator import KMeans, _in_memory, _like, _names
+from .estimator import KMeans
+from .kmeans_base import BaseKMeans, column_names, in_memory, output_like
 from .io.readers import read_table, read_weights
-from .validation import Interval, NoneOr, check_n_clusters, seed_of, validate_params
+from .validation import Interval, NoneOr, check_n_clusters, seed_of
 
 
-class MiniBatchKMeans(KMeans):
+class MiniBatchKMeans(BaseKMeans):
     """Mini-batch k-means (Sculley 2010) on a Dask cluster, with scikit-learn's API.
 
     Each step assigns a batch of ``batch_size`` rows to the nearest centroids and moves each
@@ -90,8 +91,6 @@ class MiniBatchKMeans(KMeans):
         The inits tried and the rows they were drawn from (scikit-learn's attributes).
     """
 
-    metric = "euclidean"  # what the inherited predict/transform/score read
-
     _parameter_constraints = {
         **{name: KMeans._parameter_constraints[name] for name in (
             "n_clusters", "init", "max_iter", "verbose", "random_state", "tol", "n_init", "backend", "precision", "tier",
@@ -127,12 +126,6 @@ class MiniBatchKMeans(KMeans):
     ):
         self._store_params(locals())
 
-    def __repr__(self) -> str:
-        return type(self).__name__ + super().__repr__()[len("KMeans"):]
-
-    def _validate_params(self) -> None:
-        validate_params(self._constrained(), self._parameter_constraints)
-
     def _runs(self) -> int:
         """``n_init`` resolved (scikit-learn's ``"auto"``: 3 for random and callable inits),
         kept as ``_n_init``."""
@@ -146,7 +139,7 @@ class MiniBatchKMeans(KMeans):
         if not callable(self.init):
             arr = self._init_array(n_features)
             return None if arr is None else [arr]
-        data, state = init_data(_like(X), x), random_state_for_init(self.random_state, seed_of(self.random_state))
+        data, state = init_data(output_like(X), x), random_state_for_init(self.random_state, seed_of(self.random_state))
         return [self._init_array(n_features, data, state) for _ in range(runs)]
 
     def _check_fitted(self) -> None:
@@ -203,7 +196,7 @@ class MiniBatchKMeans(KMeans):
         runs = self._runs()
         table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
         table.refuse_identifiers()
-        names, x = _names(table), table.array
+        names, x = column_names(table), table.array
         n, d = (int(s) for s in x.shape)
         k = self.n_clusters
         check_n_clusters(n, k)
@@ -230,8 +223,8 @@ class MiniBatchKMeans(KMeans):
             self.n_iter_ = int(np.ceil(st.step * res.batch / n))
             self.tier_ = res.tier
             if self.compute_labels:
-                like = _like(X)  # labels_ of the input's kind, as KMeans's
-                labels = infer.materialise(client, res.labels, like) if _in_memory(like) else res.labels
+                like = output_like(X)  # labels_ of the input's kind, as KMeans's
+                labels = infer.materialise(client, res.labels, like) if in_memory(like) else res.labels
                 self._labels, self.inertia_ = (labels, client), res.inertia
             else:
                 self.__dict__.pop("_labels", None)
@@ -289,10 +282,10 @@ class MiniBatchKMeans(KMeans):
             self._finish(st, x.dtype, d, backend)
             self.n_steps_ = st.step
             if self.compute_labels:  # of the input's kind, as fit's
-                self._labels = (labels if _in_memory(_like(X)) else da.from_array(labels, chunks=x.chunks[0]), client)
+                self._labels = (labels if in_memory(output_like(X)) else da.from_array(labels, chunks=x.chunks[0]), client)
                 self.inertia_ = inertia
         if first:
-            names = _names(table)
+            names = column_names(table)
             if names is not None:
                 self.feature_names_in_ = names
         return self
