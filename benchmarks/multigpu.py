@@ -82,6 +82,7 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
     from daskmeans.backends.grid import Grid
     from daskmeans.engine.collective import choose_collective
     from daskmeans.engine.driver import run_lloyd
+    from daskmeans.params import KMeansParams, RunParams
     from daskmeans.engine.moments import data_moments
     from daskmeans.placement import place
 
@@ -104,8 +105,8 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
         for rep in ("warm", "timed"):
             t0 = time.perf_counter()
             with dask.config.set({"daskmeans.segment-seconds": 1.0}):
-                res = run_lloyd(c, p, init, max_iter=iters if rep == "timed" else 2, tol_abs=0.0, grid=grid,
-                                precision=precision, collective=collective)
+                res = run_lloyd(c, p, init, KMeansParams(max_iter=iters if rep == "timed" else 2, precision=precision),
+                                RunParams(collective=collective), tol_abs=0.0, grid=grid)
             wall = time.perf_counter() - t0
             out[rep] = (res, wall)
         res, wall = out["timed"]

@@ -13,6 +13,7 @@ CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Das
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import warnings
@@ -22,28 +23,21 @@ import numpy as np
 
 from .dask_cluster import using_client
 from .engine import infer
-from .engine.fit import FitParams, fit_distributed
+from .engine.fit import fit_distributed
 from .errors import DaskmeansError
 from .io.readers import file_of, read_table, read_weights
 from . import config
-from .conventions import (Boolean, InitLike, NInit, DaskmeansRuntimeWarning, Verbose, clusters_warning, init_data,
-                          random_state_for_init, resolve_n_init)
-from .backends import PRECISIONS
+from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
 from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
-from .metric import METRICS
-from .options import TIERS
+from .params import KMeansParams, RunParams, constraints, record
 from .events import watched, watching
 from .progress import Progress, Steps
 from .sampling import sample_size
 from .timing import Phases
-from .validation import (AnyOf, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_n_clusters,
-                         seed_of, validate_params)
+from .validation import Interval, check_n_clusters, seed_of, validate_params
 
-# ``algorithm``: the loop each name runs. Elkan's triangle-inequality bounds skip distance
-# computations but give Lloyd's result (scikit-learn's own tests check that they agree); the
-# engine's exact Lloyd loop, whose per-iteration cost is one GEMM pass, computes that result,
-# so "elkan" runs it. A bounded loop (Yinyang) would be one more entry here.
-ALGORITHMS = {"lloyd": "lloyd", "elkan": "lloyd"}
+# The defaults of KMeans's signature: the records' (written once, in params.py).
+_ALGO, _RUN = KMeansParams(), RunParams()
 
 
 
@@ -79,7 +73,7 @@ class KMeans(BaseKMeans):
     algorithm : {"lloyd", "elkan"}, default "lloyd"
         scikit-learn's names. Both run the engine's Lloyd loop: Elkan's bounds only skip
         distance computations and give Lloyd's result, which the engine computes exactly with
-        one GEMM pass per iteration (see :data:`ALGORITHMS`). ``"elkan"`` with one cluster
+        one GEMM pass per iteration (see :data:`daskmeans.params.ALGORITHMS`). ``"elkan"`` with one cluster
         warns as scikit-learn does.
     oversampling_factor : float, default 0.5
         k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
@@ -199,52 +193,33 @@ class KMeans(BaseKMeans):
         The runs the fit made (``n_init`` resolved, scikit-learn's attribute).
     """
 
-    _parameter_constraints = {
-        "n_clusters": Interval(1, None, integer=True),
-        "init": AnyOf(Options(INIT_NAMES), InitLike()),
-        "n_init": NInit(),
-        "max_iter": Interval(1, None, integer=True),
-        "tol": Interval(0, None),
-        "random_state": NoneOr(RandomStateLike()),
-        "copy_x": Boolean(),
-        "algorithm": Options(tuple(ALGORITHMS)),
-        "oversampling_factor": Interval(0, None, closed="neither"),
-        "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
-        "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
-        "backend": Options(("auto", "cpu", "gpu", "numpy", "cupy")),
-        "metric": Options(METRICS),
-        "precision": Options(PRECISIONS),
-        "tier": Options(TIERS),
-        "memory_limit": NoneOr(ByteSize()),
-        "device_memory_limit": NoneOr(ByteSize()),
-        "checkpoint": NoneOr(PathLike()),
-        "checkpoint_every": Interval(1, None, integer=True),
-        "verbose": Verbose(),
-    }
+    # The records' constraints (params.py); the inits' names are the registry's (a live view).
+    _parameter_constraints = constraints(KMeansParams, RunParams, registries={"inits": INIT_NAMES},
+                                         omit=("collective",))
 
     def __init__(
         self,
-        n_clusters: int = 8,
+        n_clusters: int = _ALGO.n_clusters,
         *,
-        init: Any = "k-means||",
-        n_init: int | str = "auto",
-        max_iter: int = 300,
-        tol: float = 1e-4,
-        random_state: int | None = None,
-        copy_x: bool = True,
-        algorithm: str = "lloyd",
-        oversampling_factor: float = 0.5,
-        max_samples_per_cluster: int | None = None,
-        max_imbalance: float | None = None,
-        backend: str = "auto",
-        metric: str = "euclidean",
-        precision: str = "fp32",
-        tier: str = "auto",
-        memory_limit: int | str | None = None,
-        device_memory_limit: int | str | None = None,
-        checkpoint: str | None = None,
-        checkpoint_every: int = 10,
-        verbose: int | bool = 0,
+        init: Any = _ALGO.init,
+        n_init: int | str = _ALGO.n_init,
+        max_iter: int = _ALGO.max_iter,
+        tol: float = _ALGO.tol,
+        random_state: int | None = _ALGO.random_state,
+        copy_x: bool = _ALGO.copy_x,
+        algorithm: str = _ALGO.algorithm,
+        oversampling_factor: float = _ALGO.oversampling_factor,
+        max_samples_per_cluster: int | None = _ALGO.max_samples_per_cluster,
+        max_imbalance: float | None = _ALGO.max_imbalance,
+        backend: str = _RUN.backend,
+        metric: str = _ALGO.metric,
+        precision: str = _ALGO.precision,
+        tier: str = _RUN.tier,
+        memory_limit: int | str | None = _RUN.memory_limit,
+        device_memory_limit: int | str | None = _RUN.device_memory_limit,
+        checkpoint: str | None = _RUN.checkpoint,
+        checkpoint_every: int = _RUN.checkpoint_every,
+        verbose: int | bool = _RUN.verbose,
         client: Any = None,
     ):
         self._store_params(locals())
@@ -368,23 +343,22 @@ class KMeans(BaseKMeans):
             m = None if rows == n else rows
             if m is not None and seed is None:  # the sample and the runs draw from one seed
                 seed = int(np.random.SeedSequence().generate_state(1)[0])
-        params = FitParams(
-            # Explicit centres: one array, or one per run of a callable init (the engine runs each).
-            self.n_clusters, self.init if starts is None else starts[0] if len(starts) == 1 else starts,
-            runs if starts is None else len(starts),
-            self.max_iter, self.tol,
-            seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
-            self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
-            None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
-            max_imbalance=self.max_imbalance,
+        # The records the engine runs (params.py): explicit centres as one array, or one per
+        # run of a callable init; the seed the user chose, which a checkpoint records.
+        algo = dataclasses.replace(
+            record(KMeansParams, self), init=self.init if starts is None else starts[0] if len(starts) == 1 else starts,
+            n_init=runs if starts is None else len(starts),
+            random_state=self.random_state if isinstance(self.random_state, int) else None,
         )
+        run = dataclasses.replace(record(RunParams, self), collective=config.get("collective"),
+                                  checkpoint=None if self.checkpoint is None else os.fspath(self.checkpoint))
         # verbose >= 1: the long steps before the iterations (placing, moments, the init) as
         # lines too, where no command shows them already.
         steps = watching(Steps(False, stream=sys.stdout, live=False)) if self.verbose and not watched() \
             else contextlib.nullcontext()
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
             best = fit_distributed(
-                client, X, params, sample_weight=w, path=path, train_rows=m, resume=ck, callback=_fanout(callbacks),
+                client, X, algo, run, seed=seed, sample_weight=w, path=path, train_rows=m, resume=ck, callback=_fanout(callbacks),
                 phase=phase, on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
             )
             self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit

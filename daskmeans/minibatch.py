@@ -19,12 +19,15 @@ import numpy as np
 from .dask_cluster import using_client
 from .engine import infer
 from .engine.minibatch import InitDraw, Rule, State, fit_minibatch, partial_step
-from .conventions import Boolean, DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
+from .conventions import DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
 from .errors import DataError, not_fitted
-from .estimator import KMeans
-from .kmeans_base import BaseKMeans, column_names, in_memory, output_like
+from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
+from .params import MiniBatchParams, RunParams, constraints
 from .io.readers import read_table, read_weights
-from .validation import Interval, NoneOr, check_n_clusters, seed_of
+from .validation import check_n_clusters, seed_of
+
+# The defaults of MiniBatchKMeans's signature: the records' (written once, in params.py).
+_ALGO, _RUN = MiniBatchParams(), RunParams()
 
 
 class MiniBatchKMeans(BaseKMeans):
@@ -91,37 +94,30 @@ class MiniBatchKMeans(BaseKMeans):
         The inits tried and the rows they were drawn from (scikit-learn's attributes).
     """
 
-    _parameter_constraints = {
-        **{name: KMeans._parameter_constraints[name] for name in (
-            "n_clusters", "init", "max_iter", "verbose", "random_state", "tol", "n_init", "backend", "precision", "tier",
-            "memory_limit", "device_memory_limit")},
-        "batch_size": Interval(1, None, integer=True),
-        "compute_labels": Boolean(),
-        "max_no_improvement": NoneOr(Interval(0, None, integer=True)),
-        "init_size": NoneOr(Interval(1, None, integer=True)),
-        "reassignment_ratio": Interval(0, None),
-    }
+    # The records' constraints (params.py): MiniBatchParams and the run's settings it takes.
+    _parameter_constraints = constraints(MiniBatchParams, RunParams, registries={"inits": INIT_NAMES},
+                                         omit=("collective", "checkpoint", "checkpoint_every"))
 
     def __init__(
         self,
-        n_clusters: int = 8,
+        n_clusters: int = _ALGO.n_clusters,
         *,
-        init: Any = "k-means++",
-        max_iter: int = 100,
-        batch_size: int = 1024,
-        verbose: int = 0,
-        compute_labels: bool = True,
-        random_state: Any = None,
-        tol: float = 0.0,
-        max_no_improvement: int | None = 10,
-        init_size: int | None = None,
-        n_init: int | str = 3,
-        reassignment_ratio: float = 0.01,
-        backend: str = "auto",
-        precision: str = "fp32",
-        tier: str = "auto",
-        memory_limit: int | str | None = None,
-        device_memory_limit: int | str | None = None,
+        init: Any = _ALGO.init,
+        max_iter: int = _ALGO.max_iter,
+        batch_size: int = _ALGO.batch_size,
+        verbose: int = _RUN.verbose,
+        compute_labels: bool = _ALGO.compute_labels,
+        random_state: Any = _ALGO.random_state,
+        tol: float = _ALGO.tol,
+        max_no_improvement: int | None = _ALGO.max_no_improvement,
+        init_size: int | None = _ALGO.init_size,
+        n_init: int | str = _ALGO.n_init,
+        reassignment_ratio: float = _ALGO.reassignment_ratio,
+        backend: str = _RUN.backend,
+        precision: str = _ALGO.precision,
+        tier: str = _RUN.tier,
+        memory_limit: int | str | None = _RUN.memory_limit,
+        device_memory_limit: int | str | None = _RUN.device_memory_limit,
         client: Any = None,
     ):
         self._store_params(locals())

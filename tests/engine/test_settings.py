@@ -9,6 +9,7 @@ import numpy as np
 
 from daskmeans.backends.grid import Grid
 from daskmeans.engine.driver import run_lloyd
+from daskmeans.params import KMeansParams
 from daskmeans.engine.moments import data_moments
 from daskmeans.placement import blas_capped, place
 
@@ -34,7 +35,7 @@ def _fit(client, X, settings):
     with dask.config.set(settings):
         p = place(client, X, "numpy")
         m = data_moments(client, p)
-        return run_lloyd(client, p, X[:6].compute().astype(np.float64), max_iter=20, tol_abs=0.0,
+        return run_lloyd(client, p, X[:6].compute().astype(np.float64), KMeansParams(max_iter=20), tol_abs=0.0,
                          grid=Grid(m["max_abs"], m["weight"]))
 
 
