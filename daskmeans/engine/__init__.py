@@ -9,6 +9,6 @@
   protocol they share (:mod:`.mailbox`);
 - :mod:`.loop` is the one Lloyd loop: one long task per worker runs segments of iterations
   over its local rows, the workers combining their partials through a collective every
-  iteration; :mod:`.driver`, its client's side, sees a segment's statistics, shows progress,
+  iteration; :mod:`.lloyd`, its client's side, sees a segment's statistics, shows progress,
   and re-plans when a worker is lost.
 """

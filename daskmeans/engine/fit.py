@@ -32,7 +32,7 @@ from ..params import KMeansParams, RunParams
 from ..events import step
 from ..seeding import resolve_init
 from ..timing import Phases
-from .driver import run_lloyd
+from .lloyd import run_lloyd
 from .job import FitJob
 from .loop import Start
 

@@ -38,7 +38,7 @@ from ..metric import get_metric
 from ..sampling import all_rows_stats, draw_cut, take
 from ..timing import Phases
 from . import infer, reuse
-from .driver import warm_kernels
+from .lloyd import warm_kernels
 from .moments import data_moments
 from .plan import TierPlan, budget_limits, iteration_warning, plan, worker_budgets
 

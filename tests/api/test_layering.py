@@ -86,9 +86,9 @@ def test_the_check_allows_public_names_own_classes_and_other_libraries(snippet):
     assert private_uses(snippet) == []
 
 
-# What schedules work on a cluster: futures, placement, collectives, the loop and its driver.
+# What schedules work on a cluster: futures, placement, collectives, the loop and its client side (engine.lloyd).
 SCHEDULING_MODULES = ("distributed", "daskmeans.placement", "daskmeans.reduction", "daskmeans.engine.loop",
-                      "daskmeans.engine.driver", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
+                      "daskmeans.engine.lloyd", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
                       "daskmeans.engine.dask_collective", "daskmeans.engine.nccl_collective",
                       "daskmeans.engine.moments", "daskmeans.engine.plan")
 SCHEDULING_CALLS = {"submit", "scatter", "persist", "gather", "map", "run", "wait", "result", "replicate",

@@ -8,7 +8,7 @@ import dask.array as da
 import numpy as np
 
 from daskmeans.backends.grid import Grid
-from daskmeans.engine.driver import run_lloyd
+from daskmeans.engine.lloyd import run_lloyd
 from daskmeans.params import KMeansParams
 from daskmeans.engine.moments import data_moments
 from daskmeans.placement import blas_capped, place
