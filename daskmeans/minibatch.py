@@ -22,7 +22,7 @@ from .engine.minibatch import InitDraw, Rule, State, fit_minibatch, partial_step
 from .conventions import DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
 from .errors import DataError, not_fitted
 from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
-from .params import MiniBatchParams, RunParams, constraints
+from .params import MiniBatchParams, RunParams, constraints, record
 from .io.readers import read_table, read_weights
 from .validation import check_n_clusters, seed_of
 
@@ -200,15 +200,12 @@ class MiniBatchKMeans(BaseKMeans):
         w = None if sample_weight is None else read_weights(sample_weight, x)
         self._seeds = self._draw_seeds(runs)
         step_seed, reassign_seed, sample_seed = self._seeds[:3]
-        batch = min(int(self.batch_size), n)
-        draw = InitDraw(self.init, cands, self._resolve_init_size(n, batch), self._seeds[4:], sample_seed)
+        draw = InitDraw(self.init, cands, self._resolve_init_size(n, min(int(self.batch_size), n)), self._seeds[4:],
+                        sample_seed)
         with using_client(self.client, self.backend, exclusive=True) as client:
             res = fit_minibatch(
-                client, x, k, draw, batch_size=batch, max_iter=int(self.max_iter), tol=float(self.tol),
-                max_no_improvement=self.max_no_improvement, reassignment_ratio=float(self.reassignment_ratio),
-                step_seed=step_seed, reassign_seed=reassign_seed, precision=self.precision, sample_weight=w,
-                path=table.source, backend=self.backend, tier=self.tier, memory_limit=self.memory_limit,
-                device_memory_limit=self.device_memory_limit, compute_labels=bool(self.compute_labels),
+                client, x, record(MiniBatchParams, self), record(RunParams, self), draw, step_seed=step_seed,
+                reassign_seed=reassign_seed, sample_weight=w, path=table.source,
                 report=self._round_line if self.verbose else None,
             )
             st = res.state

@@ -38,6 +38,7 @@ from ..backends import backend_name, get_backend
 from ..backends.grid import float_sums
 from ..dask_cluster import resolve_backend
 from ..errors import DataError
+from ..params import MiniBatchParams, RunParams
 from ..placement import Placement, blas_capped, gather, submit_per_shard
 from ..seeding import resolve_init
 from ..timing import Phases
@@ -163,24 +164,14 @@ class MiniBatchResult:
 def fit_minibatch(
     client: Client,
     X: da.Array,
-    n_clusters: int,
+    params: MiniBatchParams,
+    run: RunParams,
     draw: InitDraw,
     *,
-    batch_size: int,
-    max_iter: int,
-    tol: float,
-    max_no_improvement: int | None,
-    reassignment_ratio: float,
     step_seed: int,
     reassign_seed: int,
-    precision: str = "fp32",
     sample_weight: da.Array | None = None,
     path: str | None = None,
-    backend: str = "auto",
-    tier: str = "auto",
-    memory_limit: Any = None,
-    device_memory_limit: Any = None,
-    compute_labels: bool = True,
     report: Callable[[State, int], None] | None = None,
     phase: Phases | None = None,
 ) -> MiniBatchResult:
@@ -191,20 +182,20 @@ def fit_minibatch(
     ----------
     client : distributed.Client
     X : dask array (n, d), float32 or float64
-    n_clusters : int
+    params : MiniBatchParams
+        What the rounds read: ``n_clusters``, ``batch_size`` (at most ``n`` rows a batch),
+        ``max_iter`` (passes), ``tol`` (relative: the stop rule's bound on a step's summed
+        squared shift is ``tol`` times the mean feature variance; 0: off),
+        ``max_no_improvement``, ``reassignment_ratio``, ``precision``, ``compute_labels``
+        (label every row and measure the inertia after the steps, one pass).
+    run : RunParams
+        Backend, tier and budgets of the job.
     draw : InitDraw
-    batch_size, max_iter, max_no_improvement, reassignment_ratio : as ``MiniBatchKMeans``
-    tol : float
-        Relative: the stop rule's bound on the summed squared shift is ``tol`` times the mean
-        feature variance (0: off).
     step_seed, reassign_seed : int
         The seeds of the batches' rows and of the reassignments.
-    precision, backend, tier, memory_limit, device_memory_limit : as ``MiniBatchKMeans``
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker first).
-    compute_labels : bool
-        Label every row and measure the inertia after the steps (one pass).
     report : callable(State, int), optional
         Called after each round with the state and the most steps the fit may run.
     phase : Phases, optional
@@ -214,19 +205,19 @@ def fit_minibatch(
     -------
     MiniBatchResult
     """
-    k = int(n_clusters)
+    k, precision = int(params.n_clusters), params.precision
     n, d = (int(s) for s in X.shape)
-    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=backend, tier=tier,
-                      memory_limit=memory_limit, device_memory_limit=device_memory_limit, precision=precision,
-                      phase=phase)
+    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=run.backend, tier=run.tier,
+                      memory_limit=run.memory_limit, device_memory_limit=run.device_memory_limit,
+                      precision=precision, phase=phase)
     backend = job.backend
     with job:
         moments = job.moments()
-        tol_abs = float(np.mean(moments["var"])) * float(tol)
-        batch = min(int(batch_size), n)
-        n_steps = max(1, int(max_iter) * n // batch)
-        rule = Rule(n, batch, n_steps, tol_abs, max_no_improvement, float(reassignment_ratio), reassign_seed,
-                    precision)
+        tol_abs = float(np.mean(moments["var"])) * float(params.tol)
+        batch = min(int(params.batch_size), n)
+        n_steps = max(1, int(params.max_iter) * n // batch)
+        rule = Rule(n, batch, n_steps, tol_abs, params.max_no_improvement, float(params.reassignment_ratio),
+                    reassign_seed, precision)
         # The init: candidates (one per n_init), the one of lowest inertia on validation rows kept.
         init_rows, valid_rows = draw.rows(n)
         fixed = draw.candidates
@@ -246,7 +237,7 @@ def fit_minibatch(
             if report is not None:
                 report(st, n_steps)
         labels = inertia = None
-        if compute_labels:
+        if params.compute_labels:
             labels, inertia = job.survive(lambda p: labels_inertia(client, p, st.centers, precision))
         return MiniBatchResult(st, n_steps, batch, backend, job.tiers.tier, labels, inertia)
 

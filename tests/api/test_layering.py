@@ -114,6 +114,19 @@ def test_the_estimator_holds_no_scheduling():
     assert scheduling_in(package_source("estimator.py")) == []
 
 
+@pytest.mark.parametrize("front", ["minibatch.py", "kmeans_base.py"])
+def test_the_other_fronts_hold_no_scheduling(front):
+    """MiniBatchKMeans's rounds and what both estimators share run on the engine's job."""
+    assert scheduling_in(package_source(front)) == []
+
+
+@pytest.mark.parametrize("front", ["estimator.py", "minibatch.py", "kmeans_base.py"])
+def test_the_fronts_import_no_private_name_of_another_module(front):
+    """What the fronts share is public (``BaseKMeans``, ``output_like``, ...); their own
+    class's private members (``super()._blocks``, a clone's) are theirs to use."""
+    assert [u for u in private_uses(package_source(front)) if " import " in u] == []
+
+
 @pytest.mark.parametrize("check, snippet", [
     (private_uses, "from .estimator import _fanout"),
     (private_uses, "from daskmeans.io.paths import _held_guard"),
