@@ -3,7 +3,7 @@
 
 For each GPU count a ``LocalCUDACluster`` over the first N GPUs; the data are generated on the
 workers chunk by chunk (the same bits whatever N: each chunk's generator is seeded by its
-index), placed once, and the engine's loop (:func:`daskmeans.engine.driver.run_lloyd`) runs a
+index), placed once, and the engine's loop (:func:`daskmeans.engine.lloyd.run_lloyd`) runs a
 fixed number of iterations (``tol=0``) from the first K rows. Recorded per configuration:
 
 - ``iteration_s``: median wall time of an iteration on rank 0 (assign, collective, update);
@@ -81,7 +81,8 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
 
     from daskmeans.numerics.grid import Grid
     from daskmeans.engine.collective import choose_collective
-    from daskmeans.engine.driver import run_lloyd
+    from daskmeans.engine.lloyd import run_lloyd
+    from daskmeans.params import KMeansParams, RunParams
     from daskmeans.engine.moments import data_moments
     from daskmeans.engine.placement import place
 
@@ -104,8 +105,8 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
         for rep in ("warm", "timed"):
             t0 = time.perf_counter()
             with dask.config.set({"daskmeans.segment-seconds": 1.0}):
-                res = run_lloyd(c, p, init, max_iter=iters if rep == "timed" else 2, tol_abs=0.0, grid=grid,
-                                precision=precision, collective=collective)
+                res = run_lloyd(c, p, init, KMeansParams(max_iter=iters if rep == "timed" else 2, precision=precision),
+                                RunParams(collective=collective), tol_abs=0.0, grid=grid)
             wall = time.perf_counter() - t0
             out[rep] = (res, wall)
         res, wall = out["timed"]

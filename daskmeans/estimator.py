@@ -13,70 +13,37 @@ CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Das
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import inspect
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import dask.array as da
 import numpy as np
 
-from .backends import PRECISIONS, get_backend, names as backend_names
-from .dask_cluster import api_client, using_client
+from .backends import names as backend_names
+from .dask_cluster import using_client
 from .engine import infer
-from .engine.fit import FitParams, fit_distributed
-from .errors import DaskmeansError, DataError, not_fitted
-from .io.model_store import load_model, save_model
-from .io.memory_reader import column_names as feature_names
-from .io.readers import Table, file_of, read, read_table, read_weights
+from .engine.fit import fit_distributed
+from .errors import DaskmeansError
+from .io.readers import file_of, read_table, read_weights
 from . import config
-from .conventions import (Boolean, InitLike, NInit, DaskmeansRuntimeWarning, Verbose, call_init, check_init_shape,
-                          clusters_warning, feature_names_out, init_data, random_state_for_init,
-                          resolve_n_init, wrap_output, OUTPUTS)
-from .metric import METRICS, get_metric, inertia_scale
-from .options import TIERS
+from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
+from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
+from .params import KMeansParams, RunParams, constraints, record
 from .events import watched, watching
 from .progress import Progress, Steps
-from .sampling import all_rows_stats, draw_cut, sample_size, take
-from .seeding import REGISTRY as INITS
+from .sampling import sample_size
 from .timing import Phases
-from .validation import (AnyOf, ByteSize, Interval, NoneOr, Options, PathLike, RandomStateLike, check_feature_names,
-                         check_n_clusters, check_n_features, seed_of, validate_params)
+from .validation import Interval, Options, check_n_clusters, seed_of, validate_params
 
-INIT_NAMES = INITS.keys()  # the registered inits' names (a live view)
-# ``algorithm``: the loop each name runs. Elkan's triangle-inequality bounds skip distance
-# computations but give Lloyd's result (scikit-learn's own tests check that they agree); the
-# engine's exact Lloyd loop, whose per-iteration cost is one GEMM pass, computes that result,
-# so "elkan" runs it. A bounded loop (Yinyang) would be one more entry here.
-ALGORITHMS = {"lloyd": "lloyd", "elkan": "lloyd"}
+# The defaults of KMeans's signature: the records' (written once, in params.py).
+_ALGO, _RUN = KMeansParams(), RunParams()
 
 
-def _inference_doc(summary: str, returns: str) -> Callable[[Callable], Callable]:
-    """A decorator giving an inference method (``predict``, ``transform``) its docstring:
-    ``summary``, the ``X`` it takes, and ``returns`` (numpydoc's ``name : type``), an array of
-    ``X``'s kind."""
-    def give(method: Callable) -> Callable:
-        method.__doc__ = f"""{summary}
-
-        Parameters
-        ----------
-        X : array (n_samples, n_features) (NumPy, CuPy, Dask, DataFrame) or a path
-
-        Returns
-        -------
-        {returns}
-            NumPy for in-memory ``X``, CuPy for CuPy ``X``, a lazy Dask array for Dask or path
-            ``X``.
-        """
-        return method
-
-    return give
 
 
-class KMeans:
+class KMeans(BaseKMeans):
     """K-means clustering on a Dask cluster (Lloyd's algorithm, NumPy or CuPy workers).
 
     Parameters
@@ -107,7 +74,7 @@ class KMeans:
     algorithm : {"lloyd", "elkan"}, default "lloyd"
         scikit-learn's names. Both run the engine's Lloyd loop: Elkan's bounds only skip
         distance computations and give Lloyd's result, which the engine computes exactly with
-        one GEMM pass per iteration (see :data:`ALGORITHMS`). ``"elkan"`` with one cluster
+        one GEMM pass per iteration (see :data:`daskmeans.params.ALGORITHMS`). ``"elkan"`` with one cluster
         warns as scikit-learn does.
     oversampling_factor : float, default 0.5
         k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
@@ -227,181 +194,37 @@ class KMeans:
         The runs the fit made (``n_init`` resolved, scikit-learn's attribute).
     """
 
-    _parameter_constraints = {
-        "n_clusters": Interval(1, None, integer=True),
-        "init": AnyOf(Options(INIT_NAMES), InitLike()),
-        "n_init": NInit(),
-        "max_iter": Interval(1, None, integer=True),
-        "tol": Interval(0, None),
-        "random_state": NoneOr(RandomStateLike()),
-        "copy_x": Boolean(),
-        "algorithm": Options(tuple(ALGORITHMS)),
-        "oversampling_factor": Interval(0, None, closed="neither"),
-        "max_samples_per_cluster": NoneOr(Interval(1, None, integer=True)),
-        "max_imbalance": NoneOr(Interval(1, None, closed="neither")),
-        "backend": Options(backend_names),
-        "metric": Options(METRICS),
-        "precision": Options(PRECISIONS),
-        "tier": Options(TIERS),
-        "memory_limit": NoneOr(ByteSize()),
-        "device_memory_limit": NoneOr(ByteSize()),
-        "checkpoint": NoneOr(PathLike()),
-        "checkpoint_every": Interval(1, None, integer=True),
-        "verbose": Verbose(),
-    }
+    # The records' constraints (params.py); the inits' names are the registry's (a live view).
+    _parameter_constraints = constraints(KMeansParams, RunParams, registries={"inits": INIT_NAMES},
+                                         omit=("collective",)) | {
+        "backend": Options(backend_names)}  # the backends' registry, read when checked (a live view)
 
     def __init__(
         self,
-        n_clusters: int = 8,
+        n_clusters: int = _ALGO.n_clusters,
         *,
-        init: Any = "k-means||",
-        n_init: int | str = "auto",
-        max_iter: int = 300,
-        tol: float = 1e-4,
-        random_state: int | None = None,
-        copy_x: bool = True,
-        algorithm: str = "lloyd",
-        oversampling_factor: float = 0.5,
-        max_samples_per_cluster: int | None = None,
-        max_imbalance: float | None = None,
-        backend: str = "auto",
-        metric: str = "euclidean",
-        precision: str = "fp32",
-        tier: str = "auto",
-        memory_limit: int | str | None = None,
-        device_memory_limit: int | str | None = None,
-        checkpoint: str | None = None,
-        checkpoint_every: int = 10,
-        verbose: int | bool = 0,
+        init: Any = _ALGO.init,
+        n_init: int | str = _ALGO.n_init,
+        max_iter: int = _ALGO.max_iter,
+        tol: float = _ALGO.tol,
+        random_state: int | None = _ALGO.random_state,
+        copy_x: bool = _ALGO.copy_x,
+        algorithm: str = _ALGO.algorithm,
+        oversampling_factor: float = _ALGO.oversampling_factor,
+        max_samples_per_cluster: int | None = _ALGO.max_samples_per_cluster,
+        max_imbalance: float | None = _ALGO.max_imbalance,
+        backend: str = _RUN.backend,
+        metric: str = _ALGO.metric,
+        precision: str = _ALGO.precision,
+        tier: str = _RUN.tier,
+        memory_limit: int | str | None = _RUN.memory_limit,
+        device_memory_limit: int | str | None = _RUN.device_memory_limit,
+        checkpoint: str | None = _RUN.checkpoint,
+        checkpoint_every: int = _RUN.checkpoint_every,
+        verbose: int | bool = _RUN.verbose,
         client: Any = None,
     ):
         self._store_params(locals())
-
-    # ------------------------------------------------------------ sklearn plumbing
-
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-
-    def _store_params(self, values: dict[str, Any]) -> None:
-        """Store each parameter of ``__init__``'s signature as the attribute of its name,
-        taken unchanged from ``values`` (that ``__init__``'s ``locals()``): scikit-learn's
-        estimators only store their parameters, and read them back by the same names."""
-        for name in self._param_names():
-            setattr(self, name, values[name])
-
-    def get_params(self, deep: bool = True) -> dict:
-        return {p: getattr(self, p) for p in self._param_names()}
-
-    def set_params(self, **params: Any) -> "KMeans":
-        for k, v in params.items():
-            if k not in self._param_names():
-                raise ValueError(f"invalid parameter {k!r} for KMeans; valid: {self._param_names()}")
-            setattr(self, k, v)
-        return self
-
-    def __sklearn_tags__(self):
-        """scikit-learn's estimator tags (scikit-learn is needed only by whoever asks for them:
-        its checks, ``Pipeline``, ``clone``)."""
-        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
-
-        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
-                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags(sparse=True))
-
-    def __sklearn_clone__(self) -> "KMeans":
-        """An unfitted copy with the same parameters (``sklearn.base.clone``): copies of them,
-        but the same client, a handle to the cluster that cannot be copied."""
-        params = self.get_params()
-        shared = {"client": params.pop("client")} if "client" in params else {}
-        # A callable init is kept, not copied (as sklearn.base.clone keeps it).
-        copied = {k: v if callable(v) else copy.deepcopy(v) for k, v in params.items()}
-        twin = type(self)(**copied, **shared)
-        if hasattr(self, "_sklearn_output_config"):  # set_output's choice is kept, as clone keeps it
-            twin._sklearn_output_config = dict(self._sklearn_output_config)
-        return twin
-
-    def __getstate__(self) -> dict:
-        """Pickled (by joblib, or to travel to a Dask worker) without what lives only in this
-        process: the client, and lazy ``labels_``, which its cluster's workers hold (labels in
-        memory travel, as scikit-learn's)."""
-        state = dict(self.__dict__)
-        if "_labels" in state:
-            labels = state.pop("_labels")[0]
-            if _in_memory(labels):
-                state["_labels"] = (labels, None)  # without the client it came from
-        state["client"] = None
-        return state
-
-    def __repr__(self) -> str:
-        changed = {k: v for k, v in self.get_params().items() if not _same(v, inspect.signature(type(self).__init__).parameters[k].default)}
-        return f"KMeans({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
-
-    # ------------------------------------------------------------ helpers
-
-    def _client(self):
-        """The client to work on (see ``client``); a local cluster is started where there is none."""
-        return api_client(self.client, self.backend)
-
-    def check_params(self) -> None:
-        """Check every parameter against its constraint, without data or a cluster.
-
-        Raises
-        ------
-        InvalidParameterError
-            Naming the parameter, its value and the requirement (``n_clusters=0 should be
-            >= 1``); ``fit`` runs the same checks first.
-        """
-        self._validate_params()
-
-    def initial_centroids(self, n_features: int) -> np.ndarray | None:
-        """The explicit initial centroids ``init`` gives, checked for ``n_features`` features.
-
-        Parameters
-        ----------
-        n_features : int
-            The data's number of features.
-
-        Returns
-        -------
-        ndarray (n_clusters, n_features) float64, or None
-            ``init`` as an array (unit rows for ``metric="cosine"``) when it is an array or a
-            .npy path; None for a named init.
-
-        Raises
-        ------
-        DataError
-            The file is missing, or the array has another shape or a NaN or infinity.
-        """
-        return self._init_array(n_features)
-
-    def _init_array(self, n_features: int, data: Any = None, random_state: Any = None) -> np.ndarray | None:
-        """``init`` as centres (n_clusters, n_features) float64, or None for a named init.
-
-        A callable init is called with ``data`` (:func:`~daskmeans.conventions.init_data`'s)
-        and ``random_state``; without ``data`` (before a fit, :meth:`initial_centroids`) it
-        gives None, like a named init.
-        """
-        init = self.init
-        if isinstance(init, str) and init in INIT_NAMES:
-            return None
-        if callable(init):
-            if data is None:
-                return None
-            arr = call_init(init, data, self.n_clusters, random_state)
-        else:
-            if isinstance(init, (str, os.PathLike)):
-                if not os.path.exists(init):
-                    raise DataError(f"init={init!r}: no such file")
-                init = np.load(init, allow_pickle=False)
-            if isinstance(init, (list, tuple)):  # array-like rows (scikit-learn takes them)
-                init = np.asarray(init)
-            arr = get_backend(init).to_numpy(init.compute() if hasattr(init, "compute") else init)
-            arr = np.array(arr, dtype=np.float64)  # a copy: the user's centres are never written to
-        check_init_shape(arr.shape, self.n_clusters, n_features)
-        if not np.isfinite(arr).all():
-            raise DataError("init array contains NaN or infinity")
-        return get_metric(self.metric).check_init(arr)
 
     def _validate_params(self) -> None:
         """Check every parameter against its constraint (no data, no cluster needed)."""
@@ -409,11 +232,6 @@ class KMeans:
         if self.checkpoint is not None and self.n_init not in (1, "auto"):
             raise DaskmeansError(f"n_init={self.n_init} should be 1 with checkpoint={os.fspath(self.checkpoint)!r}")
         self._per_cluster()
-
-    def _constrained(self) -> dict[str, Any]:
-        """The values of the constrained parameters, by name (a subclass with scikit-learn's
-        signature keeps daskmeans' other parameters as class attributes)."""
-        return {name: getattr(self, name) for name in self._parameter_constraints}
 
     def _runs(self) -> int:
         """``n_init`` resolved for this fit (``"auto"``, explicit centres: see ``n_init``),
@@ -473,71 +291,6 @@ class KMeans:
             raise DaskmeansError("resume=True needs checkpoint=PATH (--checkpoint)")
         return read_checkpoint(os.fspath(self.checkpoint))
 
-    @property
-    def labels_(self) -> Any:
-        """The training labels (n_samples,) int32: an array of the input's kind when ``X`` was
-        in memory; for Dask or path ``X`` a lazy Dask array over the labels the workers keep
-        from the fit (compute it while that cluster's client is open)."""
-        if "_labels" not in self.__dict__:
-            raise not_fitted("labels_ exists after fit() (a loaded model has none: use predict(X))")
-        labels, client = self.__dict__["_labels"]
-        if client is not None and not _in_memory(labels) and client.status in ("closing", "closed"):
-            raise DaskmeansError(
-                "labels_ is held by the workers of the fit's cluster, whose client is closed: compute it "
-                "(client.compute(km.labels_) or km.labels_.compute()) before closing the client, or use "
-                "km.predict(X)"
-            )
-        return labels
-
-    @labels_.setter
-    def labels_(self, value: Any) -> None:
-        """Replace the training labels (scikit-learn's ``labels_`` is a plain attribute)."""
-        self._labels = (value, None)
-
-    @labels_.deleter
-    def labels_(self) -> None:
-        self.__dict__.pop("_labels", None)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "cluster_centers_"):
-            raise not_fitted("this KMeans is not fitted yet: call fit() first, or daskmeans.load()")
-
-    def _check_feature_names(self, X: Any, stacklevel: int = 4) -> None:
-        """Compare the column names of ``X`` (a :class:`~daskmeans.io.readers.Table`, or data
-        in memory) with ``feature_names_in_`` as scikit-learn does
-        (:func:`~daskmeans.validation.check_feature_names`): an error when both have names
-        that differ (in name, number or order), a warning when only one of them has names;
-        scikit-learn's words for data in memory, one line naming the file for a file.
-        ``stacklevel`` is the warning's, counted from the function that warns (this method
-        is 2, its caller 3): the warning should name the frame that called the public method."""
-        given, source = (X.columns, X.source) if isinstance(X, Table) else (feature_names(X), None)
-        check_feature_names(getattr(self, "feature_names_in_", None), given, estimator=type(self).__name__,
-                            source=source, stacklevel=stacklevel - 1)
-
-    def check_features(self, X: Any) -> None:
-        """Check the columns of ``X`` as ``predict``, ``transform`` and ``score`` do, without a
-        cluster: their names against ``feature_names_in_`` (as scikit-learn does), then their
-        number against ``n_features_in_``.
-
-        Parameters
-        ----------
-        X : array (n_samples, n_features), a DataFrame, a path, or a Table from
-            :func:`daskmeans.io.readers.read_table`
-
-        Raises
-        ------
-        FeatureNamesError
-            Both name their columns and the names differ (renamed, reordered, added, dropped).
-        DataError
-            Another number of columns than the model's.
-
-        Warns
-        -----
-        FeatureNamesWarning
-            Only one of them names its columns.
-        """
-        self._blocks(X)
-
     # ------------------------------------------------------------ fit
 
     def fit(
@@ -574,7 +327,7 @@ class KMeans:
         """The fit; ``then(client)`` runs after it on the fit's client, its result returned."""
         self._validate_params()
         runs = self._runs()
-        like = _like(X)  # what labels_ follows: in memory, or lazy
+        like = output_like(X)  # what labels_ follows: in memory, or lazy
         callbacks = [c for c in (self._printer(runs), callback) if c is not None]
         phase = Phases()
         seed = seed_of(self.random_state)
@@ -582,58 +335,37 @@ class KMeans:
             ck = self._read_checkpoint() if resume else None
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
-            names, X = _names(table), table.array
+            names, X = column_names(table), table.array
             path = table.source or file_of(X)  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)
-            init_arr = None if starts is None else starts[0]
             w = None if sample_weight is None else read_weights(sample_weight, X)
-            every, w_every = X, w  # the rows before the metric's scaling (inference scales them itself)
-            X = get_metric(self.metric).rows(X)
             rows = self.training_rows(n)
             m = None if rows == n else rows
-            if m is not None and seed is None:
+            if m is not None and seed is None:  # the sample and the runs draw from one seed
                 seed = int(np.random.SeedSequence().generate_state(1)[0])
-        params = FitParams(
-            self.n_clusters, self.init if init_arr is None else init_arr, runs if starts is None else 1,
-            self.max_iter, self.tol,
-            seed, isinstance(self.random_state, int), self.oversampling_factor, self.backend,
-            self.metric, self.precision, self.tier, self.memory_limit, self.device_memory_limit,
-            None if self.checkpoint is None else os.fspath(self.checkpoint), self.checkpoint_every,
-            max_imbalance=self.max_imbalance,
+        # The records the engine runs (params.py): explicit centres as one array, or one per
+        # run of a callable init; the seed the user chose, which a checkpoint records.
+        algo = dataclasses.replace(
+            record(KMeansParams, self), init=self.init if starts is None else starts[0] if len(starts) == 1 else starts,
+            n_init=runs if starts is None else len(starts),
+            random_state=self.random_state if isinstance(self.random_state, int) else None,
         )
+        run = dataclasses.replace(record(RunParams, self), collective=config.get("collective"),
+                                  checkpoint=None if self.checkpoint is None else os.fspath(self.checkpoint))
         # verbose >= 1: the long steps before the iterations (placing, moments, the init) as
         # lines too, where no command shows them already.
         steps = watching(Steps(False, stream=sys.stdout, live=False)) if self.verbose and not watched() \
             else contextlib.nullcontext()
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
-            if m is not None:
-                with phase("sample"):
-                    cut = draw_cut(client, X.chunks[0], m, seed)
-                    X, w = take(X, cut), None if w is None else take(w, cut)
-            def fit_from(p: FitParams, run: int = 1) -> Any:
-                """The engine's fit with ``p`` (its runs numbered from ``run`` for the callbacks)."""
-                numbered = _fanout(callbacks) if run == 1 or not callbacks else \
-                    (lambda stats: _fanout(callbacks)({**stats, "run": run}))
-                return fit_distributed(
-                    client, X, p, sample_weight=w, path=path, resume=ck, callback=numbered, phase=phase,
-                    on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
-                )
-
-            best = fit_from(params)
-            # A callable init gives each run its own centres: one engine fit per run, the
-            # lowest inertia kept (the engine's own runs start from a named init's seeds).
-            for run, c0 in enumerate(starts[1:] if starts is not None else [], start=2):
-                res = fit_from(dataclasses.replace(params, init=c0), run)
-                if res.inertia < best.inertia:
-                    best = dataclasses.replace(res, best_run=run)
-            self.sample_inertia_, self.n_samples_fit_ = best.inertia, int(X.shape[0])
-            if m is not None:
-                with phase("all rows"):
-                    best = self._over_every_row(client, best, every, w_every)
+            best = fit_distributed(
+                client, X, algo, run, seed=seed, sample_weight=w, path=path, train_rows=m, resume=ck, callback=_fanout(callbacks),
+                phase=phase, on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+            )
+            self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
             self._fitted(best, client, d, names, X.dtype)
-            if _in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
+            if in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
                 self._labels = (infer.materialise(client, best.labels, like), client)
             return None if then is None else then(client)
 
@@ -652,15 +384,6 @@ class KMeans:
             return None if arr is None else [arr]
         state = random_state_for_init(self.random_state, seed)
         return [self._init_array(n_features, data, state) for _ in range(runs)]
-
-    def _over_every_row(self, client: Any, best: Any, X: Any, w: Any) -> Any:
-        """``best`` (fitted on a sample) with the labels, inertia and sizes of every row of
-        ``X`` (n, d), weighted by ``w`` (n,): labels lazy, as ``predict(X)`` gives them."""
-        xb = infer.blocks(client, X, best.backend, self.metric)
-        centers = best.centroids.astype(X.dtype)  # as predict reads cluster_centers_
-        inertia, sizes = all_rows_stats(client, xb, w, centers, self.precision, self.metric)
-        return dataclasses.replace(best, inertia=inertia, sizes=sizes,
-                                   labels=infer.labels(xb, centers, self.precision))
 
     def _fitted(self, best: Any, client: Any, d: int, names: np.ndarray | None, dtype: Any) -> None:
         """Set the fitted attributes from the engine's ``FitResult``."""
@@ -697,227 +420,9 @@ class KMeans:
                 clusters_warning(), stacklevel=4,
             )
 
-    def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
-        """Fit, then return the training labels.
-
-        Returns
-        -------
-        labels : (n_samples,) int32
-            ``labels_``, computed to NumPy (CuPy) for in-memory (CuPy) ``X``, lazy for Dask
-            or path ``X`` (see the class's Notes).
-        """
-        self._fit(X, sample_weight, None, False)
-        return self.labels_
-
-    # ------------------------------------------------------------ inference
-
-    def _blocks(self, X: Any, stacklevel: int = 4) -> da.Array:
-        """``X`` read as a Dask array (n_samples, n_features_in_), its names and width checked;
-        ``stacklevel`` as :meth:`_check_feature_names`' less the frame of this method (4:
-        the caller of the public method that called this one)."""
-        self._check_fitted()
-        table = read_table(X)
-        self._check_feature_names(table, stacklevel + 1)
-        check_n_features(self.n_features_in_, int(table.array.shape[1]))
-        return table.array
-
-    @contextlib.contextmanager
-    def _inference(self, x: da.Array) -> Iterator[tuple[Any, da.Array]]:
-        """The client inference runs on (the fit's backend's) and ``x``'s blocks ready there
-        for :mod:`~daskmeans.engine.infer` (scaled for the metric, on its backend).
-
-        ``x`` is :meth:`_blocks`' result, which the public method takes itself: its
-        feature-name warnings name the frame two above it, the method's caller.
-        """
-        backend = getattr(self, "backend_", "auto")
-        with using_client(self.client, backend) as client:
-            yield client, infer.blocks(client, x, backend, self.metric)
-
-    @_inference_doc("The index of each row's nearest centroid.", "labels : (n_samples,) int32")
-    def predict(self, X: Any) -> Any:
-        return self._labels_of(self._blocks(X), _like(X))
-
-    def _labels_of(self, x: da.Array, like: Any) -> Any:
-        """The labels of the rows ``x`` (checked already), of ``like``'s kind."""
-        with self._inference(x) as (client, xb):
-            return infer.materialise(client, infer.labels(xb, self.cluster_centers_, self.precision), like)
-
-    @_inference_doc('Distances to every centroid: Euclidean, or ``1 - cos`` for ``metric="cosine"``.',
-                    "distances : (n_samples, n_clusters), in X's float dtype")
-    def transform(self, X: Any) -> Any:
-        with self._inference(self._blocks(X)) as (client, xb):
-            out = infer.materialise(client, infer.distances(xb, self.cluster_centers_, self.metric), _like(X))
-        return wrap_output(self, out, X)  # the container set_output chose
-
-    def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
-        """Fit, then :meth:`transform` ``X``."""
-        return self.fit(X, sample_weight=sample_weight).transform(X)
-
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
-        """Names of :meth:`transform`'s columns, one per cluster, as scikit-learn names them.
-
-        Parameters
-        ----------
-        input_features : array-like of str, optional
-            Checked against ``feature_names_in_`` (or their number against
-            ``n_features_in_``) as scikit-learn checks them; not used otherwise.
-
-        Returns
-        -------
-        ndarray (n_clusters,) of str (object)
-            The class's name in lower case and the cluster's index: ``kmeans0``, ``kmeans1``,
-            ... (``minibatchkmeans0``, ... for :class:`~daskmeans.MiniBatchKMeans`).
-        """
-        return feature_names_out(self, input_features)
-
-    def set_output(self, *, transform: str | None = None) -> "KMeans":
-        """The container of :meth:`transform` and :meth:`fit_transform`'s output
-        (scikit-learn's ``set_output``, which ``Pipeline.set_output`` calls on each step).
-
-        Parameters
-        ----------
-        transform : {"default", "pandas", "polars"}, optional
-            ``"default"``: arrays of the input's kind (see the class's Notes); ``"pandas"``:
-            a pandas DataFrame with :meth:`get_feature_names_out`'s columns and the index of
-            ``X`` where it is a DataFrame (a Dask DataFrame for Dask or path ``X``);
-            ``"polars"``: a polars DataFrame. None: unchanged (also scikit-learn's global
-            ``transform_output`` applies while this estimator has none of its own).
-
-        Returns
-        -------
-        self
-        """
-        if transform is None:
-            return self
-        Options(OUTPUTS).check("transform", transform)
-        self._sklearn_output_config = {**getattr(self, "_sklearn_output_config", {}), "transform": transform}
-        return self
-
-    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
-        """Opposite of the inertia of ``X`` (n_samples, n_features) under the fitted centroids
-        (a float, for any kind of ``X``), each row weighted by ``sample_weight`` (n_samples,)
-        where given, as scikit-learn's."""
-        x = self._blocks(X)
-        w = None if sample_weight is None else read_weights(sample_weight, x)
-        with self._inference(x) as (client, xb):
-            return -infer.inertia(client, xb, self.cluster_centers_, self.precision, w) * inertia_scale(self.metric)
-
-    def plot(self, X: Any = None, path: str | None = None, sample: int | None = None):
-        """A report of the fit: convergence (inertia and shift per iteration), cluster sizes
-        and, with ``X``, a PCA projection of a sample of ``X`` coloured by cluster with the
-        centroids. Needs matplotlib.
-
-        Parameters
-        ----------
-        X : array (n_samples, n_features) or a path, optional
-        path : str, optional
-            Also write the figure there (.png, .svg, .pdf).
-        sample : int, optional
-            Rows of ``X`` drawn (default ``daskmeans.report.SAMPLE_ROWS``).
-
-        Returns
-        -------
-        matplotlib.figure.Figure
-        """
-        from . import report
-
-        self._check_fitted()
-        if sample is not None:
-            Interval(1, None, integer=True).check("sample", sample)
-        rows = labels = None
-        if X is not None:
-            x = self._blocks(X)  # its columns checked once, here: the sample has no names
-            rows = report.sample_rows(x, sample or report.SAMPLE_ROWS)
-            labels = self._labels_of(read(rows), rows)
-        fig = report.figure(getattr(self, "history_", []), getattr(self, "cluster_sizes_", None),
-                            self.cluster_centers_, rows, labels,
-                            title=f"KMeans(n_clusters={self.n_clusters}), inertia {self.inertia_:.4e}")
-        if path is not None:
-            report.write(fig, os.fspath(path))
-        return fig
-
-    # ------------------------------------------------------------ persistence
-
-    def save(self, path: str) -> None:
-        """Write the fitted model as a Zarr group (centroids array + JSON attributes)."""
-        self._check_fitted()
-        params = {k: v for k, v in self.get_params().items() if k not in ("client", "init")}
-        if params.get("checkpoint") is not None:
-            params["checkpoint"] = os.fspath(params["checkpoint"])
-        params["init"] = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
-        from . import __version__
-
-        save_model(
-            path,
-            self.cluster_centers_,
-            {
-                "params": params,
-                "inertia": self.inertia_,
-                "sample_inertia": getattr(self, "sample_inertia_", None),
-                "n_samples_fit": getattr(self, "n_samples_fit_", None),
-                "n_iter": self.n_iter_,
-                "n_features_in": self.n_features_in_,
-                "feature_names_in": None if getattr(self, "feature_names_in_", None) is None
-                else [str(n) for n in self.feature_names_in_],
-                "dtype": str(self.cluster_centers_.dtype),
-                "backend": getattr(self, "backend_", None),
-                "tier": getattr(self, "tier_", None),
-                "best_run": getattr(self, "best_run_", None),
-                "history": getattr(self, "history_", []),
-                "timings": getattr(self, "timings_", {}),
-                "daskmeans_version": __version__,
-            },
-            sizes=getattr(self, "cluster_sizes_", None),
-        )
-
-    @classmethod
-    def load(cls, path: str) -> "KMeans":
-        """A fitted estimator from :meth:`save`'s output (``labels_`` is not stored).
-
-        Parameters
-        ----------
-        path : str
-            The model's directory.
-
-        Returns
-        -------
-        KMeans
-            Of this class (a MiniBatchKMeans model loads as a KMeans too).
-
-        Raises
-        ------
-        DataError
-            One line naming ``path`` when it holds no model, or a damaged one: a checksum that
-            does not match its contents, contents that contradict themselves
-            (:func:`daskmeans.io.model_store.load_model`), or parameters their constraints
-            refuse.
-        """
-        centers, attrs, sizes = load_model(path)
-        params = dict(attrs["params"])
-        if params.get("init") == "array":
-            params["init"] = centers
-        km = cls(**{k: v for k, v in params.items() if k in cls._param_names()})
-        try:  # a parameter predict or a later fit reads (precision, tier...) is checked now, not there
-            validate_params(km.get_params(), km._parameter_constraints)
-        except DaskmeansError as e:
-            raise DataError(f"{path} is damaged: its parameters: {e}") from None
-        km.cluster_centers_ = centers
-        km.inertia_ = float(attrs["inertia"])
-        km.n_iter_ = int(attrs["n_iter"])
-        if attrs.get("n_samples_fit") is not None:
-            km.sample_inertia_ = float(attrs["sample_inertia"])
-            km.n_samples_fit_ = int(attrs["n_samples_fit"])
-        km.n_features_in_ = int(attrs["n_features_in"])
-        if attrs.get("feature_names_in"):
-            km.feature_names_in_ = np.asarray(attrs["feature_names_in"], dtype=object)
-        km.history_ = list(attrs.get("history", []))
-        km.backend_ = attrs.get("backend") or "auto"
-        if sizes is not None:
-            km.cluster_sizes_ = sizes
-        return km
 
 
-# ---------------------------------------------------------------- block functions
+# ---------------------------------------------------------------- helpers
 
 
 def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] | None:
@@ -931,27 +436,3 @@ def _fanout(callbacks: list[Callable[[dict], None]]) -> Callable[[dict], None] |
 
     return each
 
-
-def _like(X: Any) -> Any:
-    """What outputs follow (see the class's Notes): a Table's array (lazy, as its source), else ``X``."""
-    return X.array if isinstance(X, Table) else X
-
-
-def _in_memory(x: Any) -> bool:
-    """Whether ``x`` (data given to a fit, or labels) is in memory rather than lazy (a Dask
-    collection, a Table read from a source, a path)."""
-    import dask
-
-    return not (dask.is_dask_collection(x) or isinstance(x, (Table, str, bytes)) or hasattr(x, "__fspath__"))
-
-
-def _names(table: Table) -> np.ndarray | None:
-    """A table's column names as ``feature_names_in_`` holds them (an object array), or None."""
-    return None if table.columns is None else np.asarray(table.columns, dtype=object)
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:
-        return a is b

@@ -141,6 +141,66 @@ class AnyOf:
         raise InvalidParameterError(f"{name}={value!r} should " + " or ".join(errors))
 
 
+class Verbose:
+    """``verbose``: True, False, or an integer >= 0 (scikit-learn's)."""
+
+    def check(self, name: str, value: Any) -> None:
+        import numpy as np  # here, not at import: the module stays light for --help
+
+        if isinstance(value, (bool, np.bool_)):
+            return
+        if not isinstance(value, numbers.Integral) or value < 0:
+            raise InvalidParameterError(f"{name}={value!r} should be True, False or an integer >= 0")
+
+
+class NInit:
+    """``n_init``: ``"auto"`` or an integer >= 1."""
+
+    def check(self, name: str, value: Any) -> None:
+        if isinstance(value, str) and value == "auto":
+            return
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise InvalidParameterError(f"{name}={value!r} should be an integer >= 1 or 'auto'")
+        if value < 1:
+            raise InvalidParameterError(f"{name}={value!r} should be >= 1 (or 'auto')")
+
+
+class Boolean:
+    """``True`` or ``False`` (NumPy's booleans too)."""
+
+    def check(self, name: str, value: Any) -> None:
+        import numpy as np
+
+        if not isinstance(value, (bool, np.bool_)):
+            raise InvalidParameterError(f"{name}={value!r} should be True or False")
+
+
+class InitLike:
+    """An init other than a name: an array-like of centres (an array, a list of rows), a
+    ``.npy`` path, or a callable ``init(X, n_clusters, random_state)``."""
+
+    def check(self, name: str, value: Any) -> None:
+        import os
+
+        if callable(value) or isinstance(value, os.PathLike) or (isinstance(value, str) and value.endswith(".npy")):
+            return
+        if is_array_like(value):
+            return
+        shown = f"{name}={value!r}" if isinstance(value, (str, numbers.Number)) else f"{name} ({type(value).__name__})"
+        raise InvalidParameterError(f"{shown} should be an array-like of shape (n_clusters, n_features), a .npy path "
+                                    f"or a callable init(X, n_clusters, random_state)")
+
+
+def is_array_like(value: Any) -> bool:
+    """scikit-learn's ``_is_arraylike_not_scalar``: an array, a list of rows, anything with
+    ``__array__``, ``shape`` or a length that is not a string."""
+    import numpy as np
+
+    if isinstance(value, (str, bytes)) or np.isscalar(value):
+        return False
+    return hasattr(value, "__len__") or hasattr(value, "shape") or hasattr(value, "__array__")
+
+
 def validate_params(params: dict[str, Any], constraints: dict[str, Any]) -> None:
     """Check each parameter against its constraint; raise on the first violation."""
     for name, constraint in constraints.items():

@@ -10,6 +10,6 @@
 - :mod:`.loop` is the one Lloyd loop: one long task per worker runs segments of iterations
   over its local rows, each a step (:mod:`.step`) whose partials the workers combine through a
   collective, then re-seeded where a cluster is empty or too large (:mod:`.reseed`, choosing
-  rows through :mod:`.allgather`); :mod:`.driver`, its client's side, sees a segment's
+  rows through :mod:`.allgather`); :mod:`.lloyd`, its client's side, sees a segment's
   statistics, shows progress, and re-plans when a worker is lost.
 """

@@ -4,8 +4,9 @@ the parameters are checked.
 
 ::
 
-    FitJob.open (plan, chunking fixed for the fit) -> place -> moments (tolerance, grid,
-    digest) -> per run: init -> run_lloyd -> best run -> FitResult (labels lazy on the workers)
+    FitJob.open (the sample, plan, chunking fixed for the fit) -> place -> moments (tolerance,
+    grid, digest) -> per run: init -> run_lloyd -> best run -> on a sample: every row's labels,
+    inertia and sizes -> FitResult (labels lazy on the workers)
 
 Every step that runs tasks on the placement's shards runs through ``job.survive``: a worker
 lost before or during it places the same chunks again on the workers left and repeats the step
@@ -22,47 +23,18 @@ import dask.array as da
 import numpy as np
 from distributed import Client
 
-from .. import config
 from ..backends import get_backend
 from ..numerics.grid import Grid, check_resolution
 from ..errors import InputChanged
-from ..io.checkpoint import check_fingerprint, write_checkpoint
+from ..io.checkpoint import check_fingerprint, fingerprint, write_checkpoint
 from ..metric import get_metric
+from ..params import KMeansParams, RunParams
 from ..events import step
 from ..seeding import resolve_init
 from ..timing import Phases
-from .driver import run_lloyd
+from .lloyd import run_lloyd
 from .job import FitJob
 from .loop import Start
-
-
-@dataclass(frozen=True)
-class FitParams:
-    """Everything a fit needs besides its data and cluster (validated by the caller).
-
-    ``init`` is an init's name or a ``(K, D)`` float64 array; ``seed`` the int every draw
-    comes from (``seed_given``: the user chose it, so a checkpoint records it); ``checkpoint``
-    a path or None; ``collective`` None for the configured one.
-    """
-
-    n_clusters: int
-    init: Any = "k-means||"
-    n_init: int = 1
-    max_iter: int = 300
-    tol: float = 1e-4
-    seed: int = 0
-    seed_given: bool = True
-    oversampling_factor: float = 0.5
-    backend: str = "auto"
-    metric: str = "euclidean"
-    precision: str = "fp32"
-    tier: str = "auto"
-    memory_limit: Any = None
-    device_memory_limit: Any = None
-    checkpoint: str | None = None
-    checkpoint_every: int = 10
-    collective: str | None = None
-    max_imbalance: float | None = None
 
 
 @dataclass
@@ -83,6 +55,10 @@ class FitResult:
     timings : dict of str to float (seconds of the phases)
     best_run : int
         Which of the ``n_init`` runs (from 1) gave this result.
+    sample_inertia : float or None
+        The inertia over the rows the fit trained on (``inertia`` is every row's).
+    n_samples_fit : int
+        Rows the fit trained on.
     """
 
     centroids: np.ndarray
@@ -98,15 +74,20 @@ class FitResult:
     tol_abs: float
     timings: dict = field(default_factory=dict)
     best_run: int = 1
+    sample_inertia: float | None = None
+    n_samples_fit: int = 0
 
 
 def fit_distributed(
     client: Client,
     X: da.Array,
-    params: FitParams,
+    params: KMeansParams,
+    run: RunParams = RunParams(),
     *,
+    seed: int | None = None,
     sample_weight: da.Array | None = None,
     path: str | None = None,
+    train_rows: int | None = None,
     resume: dict | None = None,
     callback: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
@@ -117,11 +98,22 @@ def fit_distributed(
     Parameters
     ----------
     client : distributed.Client
-    X : dask array (n, d), float32 or float64 (rows already unit vectors for ``cosine``)
-    params : FitParams
+    X : dask array (n, d), float32 or float64 (the job scales them for the metric)
+    params : KMeansParams
+        The algorithm, validated and resolved by the caller: ``init`` an init's name, a
+        ``(K, D)`` float64 array, or a list of them, one per run (a callable init's centres:
+        the runs are then their number); ``n_init`` an int; ``random_state`` the seed the
+        user chose (an int: a checkpoint records it) or None.
+    run : RunParams
+        Backend, tier, budgets, collective, checkpoint (a path or None) and its period.
+    seed : int, optional
+        The int every draw comes from (the sample, each run's init); None: fresh entropy.
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker before any work).
+    train_rows : int, optional
+        Train on this many rows of ``X`` drawn from ``seed`` (fewer than ``X`` has),
+        then label every row and measure the inertia and sizes over every row.
     resume : dict, optional
         A checkpoint read by :func:`daskmeans.io.checkpoint.read_checkpoint`: the fit goes on
         from it once its fingerprint matches this fit's.
@@ -134,80 +126,74 @@ def fit_distributed(
     """
     phase = phase if phase is not None else Phases()
     k = params.n_clusters
-    n, d = (int(s) for s in X.shape)
-    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=params.backend, tier=params.tier,
-                      memory_limit=params.memory_limit, device_memory_limit=params.device_memory_limit,
-                      precision=params.precision, max_iter=params.max_iter, phase=phase)
+    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=run.backend, tier=run.tier,
+                      memory_limit=run.memory_limit, device_memory_limit=run.device_memory_limit,
+                      precision=params.precision, max_iter=params.max_iter, metric=params.metric,
+                      train_rows=train_rows, seed=seed, phase=phase)
+    n, d = (int(s) for s in job.X.shape)
+    # One run per explicit start (a callable init's), else n_init from a named init or one array.
+    starts = params.init if isinstance(params.init, list) else None
+    n_init = len(starts) if starts is not None else params.n_init
     # A checkpoint written or resumed names the data by its content digest.
-    digest = params.checkpoint is not None
+    digest = run.checkpoint is not None
     with job:
         try:
             job.place()
             moments = job.moments(digest)
             tol_abs = float(np.mean(moments["var"])) * float(params.tol)
             grid = Grid(moments["max_abs"], moments["weight"])
-            seeds = np.random.SeedSequence(params.seed).generate_state(params.n_init)
-            fingerprint = (_fingerprint(params, n, d, job.X.dtype, moments, job.weights is not None)
-                           if params.checkpoint else None)
+            seeds = np.random.SeedSequence(seed).generate_state(n_init)
+            names = (fingerprint(params, n_samples=n, n_features=d, dtype=job.X.dtype, weighted=job.weights is not None,
+                                 moments=moments) if run.checkpoint else None)
             start = None
             if resume is not None:
-                check_fingerprint(params.checkpoint, resume["fingerprint"], fingerprint, resume["iteration"],
-                                  params.max_iter)
+                check_fingerprint(run.checkpoint, resume["fingerprint"], names, resume["iteration"], params.max_iter)
                 start = Start(resume["iteration"], resume["centroids"], resume["prev"], resume["history"])
             best = None
-            for run in range(params.n_init):
+            for i in range(n_init):
                 if start is not None:
                     c0 = start.centroids
+                elif starts is not None:
+                    c0 = starts[i]
                 elif not isinstance(params.init, str):
                     c0 = params.init
                 else:
-                    of = f" (run {run + 1}/{params.n_init})" if params.n_init > 1 else ""
+                    of = f" (run {i + 1}/{n_init})" if n_init > 1 else ""
                     with phase("init"), step(f"init {params.init}{of}", unit="steps"):
                         c0 = job.survive(lambda p: resolve_init(
-                            client, p, params.init, k, int(seeds[run]), params.oversampling_factor, grid))
+                            client, p, params.init, k, int(seeds[i]), params.oversampling_factor, grid))
                     c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
-                if run == 0:
+                if i == 0:
                     check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
                 with phase("iterations"):
                     res = run_lloyd(
-                        client, job.placement, c0, max_iter=params.max_iter, tol_abs=tol_abs, grid=grid,
-                        callback=_numbered(callback, run + 1), precision=params.precision, metric=params.metric,
-                        collective=params.collective or config.get("collective"), replan=job.replan,
-                        start=start, checkpoint=_saver(params, fingerprint, on_checkpoint),
-                        checkpoint_every=params.checkpoint_every, max_imbalance=params.max_imbalance,
-                        seed=int(seeds[run]),
+                        client, job.placement, c0, params, run, tol_abs=tol_abs, grid=grid,
+                        callback=_numbered(callback, i + 1), replan=job.replan, start=start,
+                        checkpoint=_saver(run.checkpoint, names, on_checkpoint), seed=int(seeds[i]),
                     )
                 if best is None or res.inertia < best.inertia:
-                    best, best_run = res, run + 1
+                    best, best_run = res, i + 1
             job.keep(best.states)
         except InputChanged as e:  # raised on a worker, which knows chunks but not the file
             raise InputChanged(f"{path}: {e}" if path else str(e)) from None
+    labels, inertia, sizes = _labels_array(best.states, best.row_chunks, best.layout), best.inertia, best.sizes
+    if job.sampled:  # the model is every row's: its labels, inertia and sizes
+        every = job.labels(best.centroids, params.precision)
+        labels, inertia, sizes = every.labels, every.inertia, every.sizes
     return FitResult(
-        best.centroids, best.inertia, best.n_iter, best.history, best.sizes, best.converged,
-        _labels_array(best.states, best.row_chunks, best.layout), job.backend, job.tiers.tier, job.tiers.describe(),
-        tol_abs, phase.seconds, best_run,
+        best.centroids, inertia, best.n_iter, best.history, sizes, best.converged, labels, job.backend,
+        job.tiers.tier, job.tiers.describe(), tol_abs, phase.seconds, best_run, best.inertia, n,
     )
 
 
-def _fingerprint(params: FitParams, n: int, d: int, dtype: Any, moments: dict, weighted: bool) -> dict:
-    """What a checkpoint of this fit is valid for (all exact, whatever the cluster)."""
-    return {
-        "n_samples": n, "n_features": d, "dtype": str(np.dtype(dtype)), "n_clusters": params.n_clusters,
-        "init": params.init if isinstance(params.init, str) else "array", "random_state": params.seed if params.seed_given else None,
-        "tol": params.tol, "metric": params.metric, "precision": params.precision, "weighted": weighted,
-        "max_abs": [float(v) for v in moments["max_abs"]], "digest": moments["digest"],
-        # Only where set: checkpoints of fits without it stay valid.
-        **({} if params.max_imbalance is None else {"max_imbalance": params.max_imbalance}),
-    }
-
-
-def _saver(params: FitParams, fingerprint: dict | None, on_checkpoint: Callable[[int], None] | None) -> Callable | None:
-    if params.checkpoint is None:
+def _saver(path: str | None, names: dict | None, on_checkpoint: Callable[[int], None] | None) -> Callable | None:
+    """The loop's checkpoint hook: the restart point written to ``path`` with the fit's
+    fingerprint ``names`` (None without a checkpoint)."""
+    if path is None:
         return None
 
     def save(start: Start) -> None:
-        write_checkpoint(params.checkpoint, start.iteration, start.centroids, start.prev, start.history or [],
-                         fingerprint)
+        write_checkpoint(path, start.iteration, start.centroids, start.prev, start.history or [], names)
         if on_checkpoint is not None:
             on_checkpoint(start.iteration)
 

@@ -8,6 +8,8 @@
     job.survive(step): step(placement), the data placed (again, on the workers left, its chunks
       checked against their pins) whenever a worker is lost before or during the step
     job.moments(): the pass before a fit (tolerance, grid, digest, the chunks' pins)
+    FitJob.subsample: the rows a fit on a sample trains on (``train_rows`` of ``open``), drawn
+      before the plan; job.labels(centroids): the labels, inertia and sizes of every row after
     job.keep(states): the placement kept for the next fit of the same data (engine/reuse.py)
     job.close(): the placement released unless kept
 
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import dask.array as da
+import numpy as np
 from distributed import Client
 
 from ..backends import backend_name
@@ -32,9 +36,11 @@ from . import tiers as tier_registry
 from .placement import Placement, balance_chunks, place
 from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
 from ..events import note, step
+from ..metric import get_metric
+from ..sampling import all_rows_stats, draw_cut, take
 from ..timing import Phases
-from . import reuse
-from .driver import warm_kernels
+from . import infer, reuse
+from .lloyd import warm_kernels
 from .moments import data_moments
 from .plan import TierPlan, budget_limits, iteration_warning, plan, worker_budgets
 
@@ -58,6 +64,25 @@ def some_worker(client: Client, seconds: float = NO_WORKER_SECONDS) -> None:
         ) from None
 
 
+@dataclass
+class EveryRow:
+    """Every row of a fit's data under its centroids (:meth:`FitJob.labels`).
+
+    Attributes
+    ----------
+    labels : dask array (n,) int32
+        Lazy, computed by blocks as ``predict`` computes them.
+    inertia : float
+        The weighted sum over every row of the distance to its centroid (the metric's units).
+    sizes : ndarray (K,) int64
+        Rows per cluster.
+    """
+
+    labels: da.Array
+    inertia: float
+    sizes: np.ndarray
+
+
 class FitJob:
     """The data of one fit on ``client``'s workers, placed in the fit's chunks.
 
@@ -72,6 +97,9 @@ class FitJob:
         same chunks on the workers left, never re-split, so no statistic kept per chunk
         changes meaning mid-fit).
     weights : dask array (n,) or None
+    every : tuple of (dask array (N, d), dask array (N,) or None)
+        Every row of the data and its weights, before the metric's scaling: ``X`` is a sample
+        of them where the job trains on one (``train_rows``), else their scaled rows.
     backend : str
         "numpy" or "cupy".
     tiers : TierPlan
@@ -83,9 +111,12 @@ class FitJob:
     """
 
     def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
-                 source: Any, budgets: dict, key: tuple, kept: reuse.Entry | None, phase: Phases):
+                 source: Any, budgets: dict, key: tuple, kept: reuse.Entry | None, phase: Phases,
+                 every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean"):
         self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
-        self.phase = phase
+        self.phase, self.metric = phase, metric
+        self.every = every if every is not None else (X, weights)
+        self.sampled = every is not None and int(every[0].shape[0]) != int(X.shape[0])
         self._source, self._budgets, self._key = source, budgets, key
         self.placement: Placement | None = None if kept is None else kept.placement
         self._moments: dict | None = None if kept is None else kept.moments
@@ -109,6 +140,9 @@ class FitJob:
         device_memory_limit: Any = None,
         precision: str = "fp32",
         max_iter: int | None = None,
+        metric: str = "euclidean",
+        train_rows: int | None = None,
+        seed: int | None = None,
         phase: Phases | None = None,
     ) -> "FitJob":
         """Plan a fit of ``n_clusters`` centroids to ``X`` on ``client``'s workers.
@@ -127,10 +161,22 @@ class FitJob:
         max_iter : int, optional
             Lloyd iterations at most: a fit that may take more than an hour says so (none
             for fits of other kinds).
+        metric : str
+            The fit's rows are the metric's (unit rows for cosine); ``every`` keeps them as given.
+        train_rows : int, optional
+            Train on this many rows drawn from ``seed`` (:meth:`subsample`), fewer than ``X``
+            has; None: every row.
+        seed : int, optional
+            The sample's seed (needed with ``train_rows``).
         phase : Phases, optional
-            Where the seconds of plan, place and moments go.
+            Where the seconds of sample, plan, place and moments go.
         """
         phase = phase if phase is not None else Phases()
+        every = (X, sample_weight)
+        if train_rows is not None:
+            with phase("sample"):
+                X, sample_weight = cls.subsample(client, X, sample_weight, train_rows, seed)
+        X = get_metric(metric).rows(X)
         k = int(n_clusters)
         n, d = (int(s) for s in X.shape)
         with phase("plan"):
@@ -162,7 +208,16 @@ class FitJob:
                 kept = None
             if kept is None:
                 reuse.make_room(client, tier_registry.get(tiers.tier).kept_bytes(tiers.share), tiers.host_budget)
-        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase)
+        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase, every, metric)
+
+    @staticmethod
+    def subsample(client: Client, X: da.Array, weights: da.Array | None, m: int,
+                  seed: int) -> tuple[da.Array, da.Array | None]:
+        """The ``m`` rows of ``X`` (n, d) a fit on a sample trains on, and their weights (m,):
+        the rows of smallest per-row draw from ``seed`` (:mod:`daskmeans.sampling`: the same
+        rows for any chunking and worker count), lazy, in row order."""
+        cut = draw_cut(client, X.chunks[0], int(m), int(seed))
+        return take(X, cut), (None if weights is None else take(weights, cut))
 
     # ------------------------------------------------------------ the data on the workers
 
@@ -214,6 +269,19 @@ class FitJob:
         self._digest = digest
         self.pins = self._moments.get("pins")
         return dict(self._moments)
+
+    # ------------------------------------------------------------ every row
+
+    def labels(self, centroids: np.ndarray, precision: str) -> EveryRow:
+        """Every row's label under ``centroids`` (K, d) float64, the inertia and the cluster
+        sizes over every row (``every``, also when the fit trained on a sample), by blocks as
+        ``predict`` computes them (no placement: one task per row chunk)."""
+        x, w = self.every
+        with self.phase("all rows"):
+            xb = infer.blocks(self.client, x, self.backend, self.metric)
+            centers = np.asarray(centroids).astype(x.dtype)  # as predict reads cluster_centers_
+            inertia, sizes = all_rows_stats(self.client, xb, w, centers, precision, self.metric)
+        return EveryRow(infer.labels(xb, centers, precision), inertia, sizes)
 
     # ------------------------------------------------------------ the end of the job
 

@@ -1,7 +1,7 @@
 """The Lloyd loop's segment runner, on the workers: one long task per worker per segment.
 
 Per segment (a few iterations, about ``daskmeans.segment-seconds`` long; the client's side is
-:mod:`.driver`)::
+:mod:`.lloyd`)::
 
     rank r:   for each iteration of the segment:
                   lloyd_step: assign, allreduce, update, re-seed      (engine.step)

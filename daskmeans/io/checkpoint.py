@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from ..params import fingerprint_values
 from .model_store import _jsonable, _open, checksum, history_problem, write_group
 from .paths import FORMATS, atomic_dir
 
@@ -107,6 +108,35 @@ def _inconsistency(ck: dict) -> str | None:
     if ck["prev"] is None:
         return "the centroids of the iteration before (prev) are missing"
     return history_problem(hist, it)
+
+
+def fingerprint(params: Any, *, n_samples: int, n_features: int, dtype: Any, weighted: bool, moments: dict) -> dict:
+    """What a checkpoint of a fit is valid for (all exact, whatever the cluster).
+
+    Parameters
+    ----------
+    params : KMeansParams
+        The fit's algorithm: the fields its record marks ``fingerprint``
+        (:func:`daskmeans.params.fingerprint_values`), so a parameter that changes the result
+        is named in one place.
+    n_samples, n_features : int
+        The rows the fit trains on and their width.
+    dtype : numpy dtype
+    weighted : bool
+        Whether the rows carry weights.
+    moments : dict
+        The moments pass's ``max_abs`` (D,) and content ``digest`` of the data.
+
+    Returns
+    -------
+    dict
+        JSON values, compared key by key by :func:`check_fingerprint`.
+    """
+    return {
+        "n_samples": int(n_samples), "n_features": int(n_features), "dtype": str(np.dtype(dtype)),
+        "weighted": bool(weighted), **fingerprint_values(params),
+        "max_abs": [float(v) for v in moments["max_abs"]], "digest": moments["digest"],
+    }
 
 
 def check_fingerprint(path: Any, saved: dict, now: dict, iteration: int, max_iter: int) -> None:

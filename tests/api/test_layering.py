@@ -98,10 +98,10 @@ def test_the_check_allows_public_names_own_classes_and_other_libraries(snippet):
     assert private_uses(snippet) == []
 
 
-# What schedules work on a cluster: futures, placement, collectives, the loop and its driver.
+# What schedules work on a cluster: futures, placement, collectives, the loop and its client side (engine.lloyd).
 SCHEDULING_MODULES = ("distributed", "daskmeans.engine.placement", "daskmeans.engine.watch",
                       "daskmeans.engine.task", "daskmeans.reduction", "daskmeans.engine.loop",
-                      "daskmeans.engine.driver", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
+                      "daskmeans.engine.lloyd", "daskmeans.engine.collective", "daskmeans.engine.mailbox",
                       "daskmeans.engine.dask_collective", "daskmeans.engine.nccl_collective",
                       "daskmeans.engine.moments", "daskmeans.engine.plan")
 SCHEDULING_CALLS = {"submit", "scatter", "persist", "gather", "map", "run", "wait", "result", "replicate",
@@ -125,6 +125,19 @@ def scheduling_in(source: str) -> list[str]:
 
 def test_the_estimator_holds_no_scheduling():
     assert scheduling_in(package_source("estimator.py")) == []
+
+
+@pytest.mark.parametrize("front", ["minibatch.py", "kmeans_base.py"])
+def test_the_other_fronts_hold_no_scheduling(front):
+    """MiniBatchKMeans's rounds and what both estimators share run on the engine's job."""
+    assert scheduling_in(package_source(front)) == []
+
+
+@pytest.mark.parametrize("front", ["estimator.py", "minibatch.py", "kmeans_base.py"])
+def test_the_fronts_import_no_private_name_of_another_module(front):
+    """What the fronts share is public (``BaseKMeans``, ``output_like``, ...); their own
+    class's private members (``super()._blocks``, a clone's) are theirs to use."""
+    assert [u for u in private_uses(package_source(front)) if " import " in u] == []
 
 
 @pytest.mark.parametrize("check, snippet", [

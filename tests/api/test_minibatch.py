@@ -10,7 +10,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from daskmeans import KMeans
 from daskmeans.errors import DataError
-from daskmeans.minibatch import MiniBatchKMeans, _batch_rows
+from daskmeans.engine.minibatch import batch_rows
+from daskmeans.minibatch import MiniBatchKMeans
 
 # As for KMeans (tests/engine/test_sklearn.py): batches are drawn per row, so a row of weight
 # 2 and two copies of it are different draws, and so are the fits.
@@ -52,7 +53,7 @@ def _reference(X, c0, batch, n_steps, seed):
     the batches MiniBatchKMeans draws."""
     c, counts = c0.astype(np.float64).copy(), np.zeros(len(c0))
     for t in range(n_steps):
-        xb = X[_batch_rows(seed, t, len(X), batch)].astype(np.float64)
+        xb = X[batch_rows(seed, t, len(X), batch)].astype(np.float64)
         lab = ((xb[:, None, :] - c[None]) ** 2).sum(-1).argmin(1)
         for j in range(len(c)):
             rows = xb[lab == j]

@@ -161,7 +161,7 @@ def test_large_centroids_reach_the_workers_outside_the_graph(client, monkeypatch
     that of centroids sent inside the tasks."""
     import warnings
 
-    from daskmeans.engine import driver
+    from daskmeans.engine import lloyd as driver
 
     X = da.random.default_rng(0).standard_normal((6000, 700), chunks=(1500, 700)).astype(np.float32)
     init = X[:2100].compute().astype(np.float64)
@@ -210,7 +210,7 @@ def _set_clock(seconds):
 def test_a_segment_reports_the_slowest_ranks_kernel_time():
     """Rank 0's statistics go to the history in order, each with the largest of the ranks'
     kernel times, also where rank 0 is the fastest."""
-    from daskmeans.engine.driver import _report
+    from daskmeans.engine.lloyd import _report
 
     results = [
         {"history": [{"iteration": 1, "kernel_seconds": 1.0}, {"iteration": 2, "kernel_seconds": 1.5}],

@@ -8,7 +8,8 @@ import dask.array as da
 import numpy as np
 
 from daskmeans.numerics.grid import Grid
-from daskmeans.engine.driver import run_lloyd
+from daskmeans.engine.lloyd import run_lloyd
+from daskmeans.params import KMeansParams
 from daskmeans.engine.moments import data_moments
 from daskmeans.engine.placement import place
 from daskmeans.engine.task import blas_capped
@@ -35,7 +36,7 @@ def _fit(client, X, settings):
     with dask.config.set(settings):
         p = place(client, X, "numpy")
         m = data_moments(client, p)
-        return run_lloyd(client, p, X[:6].compute().astype(np.float64), max_iter=20, tol_abs=0.0,
+        return run_lloyd(client, p, X[:6].compute().astype(np.float64), KMeansParams(max_iter=20), tol_abs=0.0,
                          grid=Grid(m["max_abs"], m["weight"]))
 
 

@@ -32,6 +32,7 @@ from ..numerics.grid import Grid
 from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
+from ..params import KMeansParams, RunParams
 from .placement import Placement
 from .task import blas_capped, submit_per_shard
 from .watch import WorkerLost, forget_traceback, watch
@@ -95,19 +96,15 @@ def run_lloyd(
     client: Client,
     placement: Placement,
     centroids: np.ndarray,
+    params: KMeansParams = KMeansParams(),
+    run: RunParams = RunParams(),
     *,
-    max_iter: int,
     tol_abs: float,
     grid: Grid,
     callback: Callable[[dict], None] | None = None,
-    precision: str = "fp32",
-    metric: str = "euclidean",
-    collective: str = "auto",
     replan: Callable[[], Placement] | None = None,
     start: Start | None = None,
     checkpoint: Callable[[Start], None] | None = None,
-    checkpoint_every: int = 0,
-    max_imbalance: float | None = None,
     seed: int = 0,
 ) -> LloydResult:
     """Run Lloyd iterations from ``centroids`` (K, D) until convergence or ``max_iter``.
@@ -117,7 +114,16 @@ def run_lloyd(
     client : distributed.Client
     placement : Placement of the data (see :func:`daskmeans.engine.placement.place`)
     centroids : ndarray, shape (K, D)
-    max_iter : int
+    params : KMeansParams
+        What the loop reads of the algorithm: ``max_iter``, ``precision``, ``metric`` (with
+        "cosine" the data rows must already be unit vectors, see :mod:`daskmeans.metric`) and
+        ``max_imbalance``: while the largest cluster holds more than this multiple of the mean
+        size, each iteration moves the centroids of as many of the smallest clusters (below the
+        mean) to a row of each cluster above it, drawn by ``seed`` and the iteration (the same
+        rows on any cluster layout; ``n_moved`` in the statistics).
+    run : RunParams
+        What it reads of the run: ``collective`` ("auto", "nccl", "dask"; None: the configured
+        ``daskmeans.collective``) and ``checkpoint_every``.
     tol_abs : float
         Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times
         the mean feature variance).
@@ -129,33 +135,30 @@ def run_lloyd(
         n_empty, rechecked, imbalance`` (largest cluster over the mean), ``n_moved``
         (centroids moved to balance the sizes), ``kernel_seconds,
         seconds, gb_per_s`` (data bytes over seconds)), in order, after each segment.
-    precision : {"fp32", "tf32", "bf16"}
-    metric : {"euclidean", "cosine"}
-        With "cosine" the data rows must already be unit vectors (see :mod:`daskmeans.metric`).
-    collective : {"auto", "nccl", "dask"}
     replan : callable() -> Placement, optional
         Places the data again on the workers left after one is lost; without it a lost
         worker is an error.
     start : Start, optional
         Resume after ``start.iteration`` iterations (a checkpoint) instead of from ``centroids``.
     checkpoint : callable(Start), optional
-        Called with the run's restart point at the end of a segment once ``checkpoint_every``
-        iterations have passed since the last call, and when the run is interrupted.
-    max_imbalance : float, optional
-        Balance the cluster sizes: while the largest cluster holds more than this multiple of
-        the mean size, each iteration moves the centroids of as many of the smallest clusters
-        (below the mean) to a row of each cluster above it, drawn by ``seed`` and the
-        iteration (the same rows on any cluster layout). ``n_moved`` in the statistics.
+        Called with the run's restart point at the end of a segment once
+        ``run.checkpoint_every`` iterations have passed since the last call, and when the run
+        is interrupted.
+    seed : int
+        The run's seed (``max_imbalance``'s draws).
     """
     fit_id = f"daskmeans-fit-{uuid.uuid4().hex}"
+    precision, tol_abs = params.precision, float(tol_abs)
+    collective = run.collective or config.get("collective")
+    # The workers' record of the fit (loop.py's), built from the records here.
     fit = FitSpec(
-        int(max_iter), float(tol_abs), metric, precision, grid,
+        int(params.max_iter), tol_abs, params.metric, precision, grid,
         len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
-        None if max_imbalance is None else float(max_imbalance), int(seed),
+        None if params.max_imbalance is None else float(params.max_imbalance), int(seed),
     )
     history: list[dict] = list(start.history or []) if start is not None else []
     start = start if start is not None else Start(0, np.asarray(centroids, np.float64))
-    saver = _Checkpointer(client, checkpoint, checkpoint_every, len(history))
+    saver = _Checkpointer(client, checkpoint, run.checkpoint_every, len(history))
     failing = 0.0  # once the run fails: the deadline of what is done before the error goes on
     epoch = 0
     workers_seen: set[str] = set()
