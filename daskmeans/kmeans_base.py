@@ -424,7 +424,7 @@ class BaseKMeans:
         if params.get("checkpoint") is not None:
             params["checkpoint"] = os.fspath(params["checkpoint"])
         params["init"] = self.init if isinstance(self.init, str) and self.init in INIT_NAMES else "array"
-        from . import __version__
+        from .version import __version__
 
         save_model(
             path,

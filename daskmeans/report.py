@@ -18,7 +18,9 @@ from .errors import DaskmeansError
 SAMPLE_ROWS = 20_000
 
 
-def _matplotlib():
+def matplotlib_api():
+    """The ``matplotlib`` package with ``matplotlib.figure`` loaded (figures without pyplot), or
+    the one-line error saying how to install it."""
     try:
         import matplotlib
         import matplotlib.figure
@@ -29,13 +31,13 @@ def _matplotlib():
 
 def image_formats() -> dict[str, str]:
     """The image formats Matplotlib writes: suffix (no dot) -> description."""
-    return _matplotlib().figure.Figure().canvas.get_supported_filetypes()
+    return matplotlib_api().figure.Figure().canvas.get_supported_filetypes()
 
 
 def cluster_colours(clusters: np.ndarray, k: int) -> np.ndarray:
     """RGBA colours ``(n, 4)`` of the clusters ``clusters`` (n,) of a K-cluster model, the
     same in every panel: tab20 up to 20 clusters, else spread over the hsv wheel."""
-    mpl = _matplotlib()
+    mpl = matplotlib_api()
     clusters = np.asarray(clusters)
     if k <= 20:
         return mpl.colormaps["tab20"](clusters % 20)
@@ -80,7 +82,7 @@ def figure(history: list[dict], sizes: np.ndarray | None, centers: np.ndarray,
     sample, labels : ndarray (n, n_features) and (n,), optional
         Rows and their clusters for the 2-D projection panel.
     """
-    mpl = _matplotlib()
+    mpl = matplotlib_api()
     panels = ["convergence"] + (["sizes"] if sizes is not None else []) + (["projection"] if sample is not None else [])
     fig = mpl.figure.Figure(figsize=(5.2 * len(panels), 4.4), dpi=100)
     axs = dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0]))

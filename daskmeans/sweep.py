@@ -34,9 +34,6 @@ from typing import Any, Callable, Sequence
 # The rows the silhouette and Davies–Bouldin scores are computed on (the silhouette costs
 # sample^2 distances per K).
 SAMPLE_ROWS = 10_000
-# Rows of the sample per silhouette task: a (rows x sample) float64 block of distances (80 MB
-# at the default sample) per task at once.
-SCORE_BLOCK_ROWS = 1024
 ELBOW_RULE = ("the K of largest distance below the chord from the first to the last point of the curve of "
               "log(inertia) against K, both scaled to [0, 1]; none where no point lies below it")
 FORMAT = "daskmeans-sweep"
@@ -235,46 +232,6 @@ def elbow(ks: Sequence[int], inertia: Sequence[float]) -> int | None:
     return int(ks[i + 1]) if below[i] > _BELOW else None
 
 
-def _block_sums(x: Any, lab: Any, k: int, start: int, stop: int) -> Any:
-    """``out[i, j]`` for rows ``start:stop`` of ``x``: the sum of Euclidean distances from
-    row ``start + i`` to the rows of label ``j`` (float64, (stop - start, k)); a row's
-    distance to itself is 0. One block of the silhouette's sums, on a worker or here."""
-    import numpy as np
-
-    sq = np.einsum("ij,ij->i", x, x)
-    d = x[start:stop] @ x.T  # distances squared, built in place: one block-sized array
-    d *= -2.0
-    d += sq[start:stop, None]
-    d += sq[None, :]
-    np.maximum(d, 0.0, out=d)
-    np.sqrt(d, out=d)
-    d[np.arange(stop - start), np.arange(start, stop)] = 0.0
-    onehot = np.zeros((len(x), k))
-    onehot[np.arange(len(x)), lab] = 1.0
-    return d @ onehot
-
-
-def _pairwise_sums(x: Any, labels: Any, k: int, client: Any = None, rows: Any = None,
-                   block: int = SCORE_BLOCK_ROWS) -> Any:
-    """``out[i, j]``: the sum of Euclidean distances from row ``i`` to the rows of label ``j``
-    (n, k) float64, in blocks of ``block`` rows (never the whole n x n matrix): on the
-    workers of ``client`` where given (``rows``: ``x`` scattered to them), a task per block
-    (the same values, to the rounding of BLAS's threads)."""
-    import numpy as np
-
-    stops = [min(s + block, len(x)) for s in range(0, len(x), block)]
-    starts = list(range(0, len(x), block))
-    if client is None or rows is None:
-        return np.concatenate([_block_sums(x, labels, k, a, b) for a, b in zip(starts, stops)])
-    from .engine.task import blas_capped
-
-    m = len(starts)
-    tag = os.urandom(6).hex()
-    futs = client.map(blas_capped(_block_sums), [rows] * m, [labels] * m, [k] * m, starts, stops, pure=False,
-                      key=[f"daskmeans-silhouette-{tag}-{i}" for i in range(m)])
-    return np.concatenate(client.gather(futs))
-
-
 def _scored(x: Any, labels: Any) -> tuple[Any, Any, int | None]:
     """``(x, lab, k)`` for a score: the rows as float64, the labels renumbered 0 .. k-1 in
     the order of their values, and k, or None for k where scores are undefined (fewer than 2
@@ -298,7 +255,7 @@ def silhouette(x: Any, labels: Any, *, client: Any = None, rows: Any = None) -> 
     labels : ndarray (n,) int
     client : distributed.Client, optional
         Compute the row sums of distances (the n^2 part) on its workers, a block of
-        :data:`SCORE_BLOCK_ROWS` rows per task, given ``rows``: ``x`` as float64, scattered
+        :data:`daskmeans.engine.scoring.SCORE_BLOCK_ROWS` rows per task, given ``rows``: ``x`` as float64, scattered
         to them (``client.scatter(x, broadcast=True)``). The result is the same as here (to
         the rounding of BLAS's threads).
     rows : distributed.Future, optional
@@ -312,7 +269,9 @@ def silhouette(x: Any, labels: Any, *, client: Any = None, rows: Any = None) -> 
     x, lab, k = _scored(x, labels)
     if k is None:
         return None
-    sums = _pairwise_sums(x, lab, k, client, rows)
+    from .engine.scoring import pairwise_sums
+
+    sums = pairwise_sums(x, lab, k, client, rows)
     size = np.bincount(lab, minlength=k).astype(np.float64)
     own = size[lab]
     a = sums[np.arange(len(x)), lab] / np.maximum(own - 1, 1)
@@ -429,11 +388,13 @@ def sweep(
     # one fit for the next fit of the same data (engine/reuse.py).
     # The same rows for every K, chosen by global index (so for any chunking).
     idx = np.arange(n) if n <= sample else np.sort(np.random.default_rng(random_state).choice(n, sample, replace=False))
-    rows = _sample_rows(c, x, idx)
+    from .engine.scoring import sample_rows, share
+
+    rows = sample_rows(c, x, idx)
     rows = np.asarray(get_backend(rows).to_numpy(rows))
     scored = np.asarray(rows, np.float64)
     # The sample on every worker once (the silhouette's blocks are computed there).
-    shared = c.scatter(scored, broadcast=True, hash=False) if len(scored) > SCORE_BLOCK_ROWS else None
+    shared = share(c, scored)
     out = SweepResult(sample_rows=len(rows), n_samples=n, n_features=d, ks_requested=list(ks),
                       sample_seconds=time.perf_counter() - t_start)
     say(f"daskmeans: sweep of K in {ks} on {n} x {d}: scores on {len(rows)} sampled rows "
@@ -487,34 +448,12 @@ def describe_line(s: dict) -> str:
             f"{s['n_iter']} iterations; fit {s['fit_seconds']:.2f} s, scores {s['score_seconds']:.2f} s")
 
 
-def _sample_rows(client: Any, x: Any, idx: Any) -> Any:
-    """Rows ``idx`` of ``x``: taken here from an array held in this process's memory (its
-    graph only data: sending it to the cluster would send the whole array), else computed on
-    the cluster under daskmeans' own keys (engine/owned.py: never a key of the user's graph)."""
-    import dask
-
-    from .engine.owned import own_keys
-
-    if _in_memory(x):
-        return dask.compute(x[idx], scheduler="sync")[0]
-    owned, _ = own_keys(x)
-    return client.compute(owned[idx]).result()
-
-
-def _in_memory(x: Any) -> bool:
-    """Whether every node of ``x``'s graph is data (no task to run)."""
-    from dask._task_spec import DataNode
-
-    graph = x.__dask_graph__()
-    return all(isinstance(v, DataNode) or type(v).__module__.startswith(("numpy", "cupy")) for v in dict(graph).values())
-
-
 def figure(result: SweepResult):
     """The elbow plot: inertia against K with the elbow marked, and the sample's silhouette
     and Davies–Bouldin scores against K (a Matplotlib figure, without pyplot)."""
-    from .report import _matplotlib
+    from .report import matplotlib_api
 
-    mpl = _matplotlib()
+    mpl = matplotlib_api()
     fig = mpl.figure.Figure(figsize=(10.4, 4.4), dpi=100)
     left, right = fig.subplots(1, 2)
     left.plot(result.ks, result.inertia, "o-", ms=4, color="C0")

@@ -87,8 +87,6 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     held: list = []
     data = sorted((k for k, v in nodes.items() if isinstance(v, DataNode) and _name(k).startswith(MEMORY)), key=str)
     if scatter and client is not None and data and _nbytes(nodes, data) > _large_graph_bytes():
-        from .placement import balance_owners
-
         data.sort(key=lambda k: k[1:] if isinstance(k, tuple) else ())  # row order
         rows = [int(getattr(nodes[k].value, "shape", (1,))[0]) for k in data]
         owner = balance_owners([None] * len(data), rows, dict.fromkeys(sorted(client.nthreads()), 1))
@@ -117,3 +115,27 @@ def _large_graph_bytes() -> int:
 
 def _name(key: Any) -> str:
     return str(key[0] if isinstance(key, tuple) and key else key)
+
+
+def balance_owners(holders: list, rows: list[int], nthreads: dict[str, int]) -> list[str]:
+    """A worker for each chunk: rows spread in proportion to ``nthreads`` (weights), keeping
+    each chunk where it already is unless its holder is full (then it moves to the emptiest).
+
+    Persisting does not balance by itself: chunks of an in-memory array all depend on one
+    key and land on one worker.
+    """
+    total_threads = sum(nthreads.values())
+    total_rows = sum(rows)
+    target = {w: total_rows * t / total_threads for w, t in nthreads.items()}
+    load = dict.fromkeys(nthreads, 0.0)
+    owner: list[str | None] = [None] * len(rows)
+    for i, h in enumerate(holders):
+        if h in load and load[h] + rows[i] / 2 <= target[h]:
+            owner[i] = h
+            load[h] += rows[i]
+    for i in range(len(rows)):
+        if owner[i] is None:
+            w = max(load, key=lambda w: (target[w] - load[w], w))
+            owner[i] = w
+            load[w] += rows[i]
+    return owner  # type: ignore[return-value]

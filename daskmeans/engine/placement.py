@@ -33,6 +33,7 @@ from ..errors import InputChanged
 from ..io.ranges import on_cores
 from ..io.readers import split_rows
 from . import tiers
+from .owned import balance_owners, own_keys
 from .task import unique_key
 from .tiers import Tier
 from .watch import WorkerLost, wait_on_cluster, watch
@@ -182,12 +183,12 @@ class Placement:
     # to be made again from them.
     sources: list = field(default_factory=list, compare=False, repr=False)
 
+    # The rows placed (a field, not a property: the loop, the inits and the driver read it often).
+    n_samples: int = field(init=False, compare=False)
+
     def __post_init__(self) -> None:
         self.tier = tiers.get(self.tier)
-
-    @property
-    def n_samples(self) -> int:
-        return int(sum(self.row_chunks))
+        self.n_samples = int(sum(self.row_chunks))
 
 
 def to_backend(X: da.Array, backend: str) -> da.Array:
@@ -247,8 +248,6 @@ def place(
     # Under daskmeans' own keys (the user's keys, known to the scheduler with another run_spec,
     # made distributed warn on the user's next computation of X), and in-memory chunks
     # scattered rather than sent inside the graph (engine/owned.py).
-    from .owned import own_keys
-
     owned = [own_keys(a, client, scatter=True) for a in arrays]
     arrays, sources = [a for a, _ in owned], [f for _, fs in owned for f in fs]
     persisted = client.persist(arrays) if arrays else []
@@ -363,30 +362,6 @@ def _largest_share(rows: Sequence[int], n_workers: int) -> int:
 
 def _identity(x: Any) -> Any:
     return x
-
-
-def balance_owners(holders: list, rows: list[int], nthreads: dict[str, int]) -> list[str]:
-    """A worker for each chunk: rows spread in proportion to ``nthreads`` (weights), keeping
-    each chunk where it already is unless its holder is full (then it moves to the emptiest).
-
-    Persisting does not balance by itself: chunks of an in-memory array all depend on one
-    key and land on one worker.
-    """
-    total_threads = sum(nthreads.values())
-    total_rows = sum(rows)
-    target = {w: total_rows * t / total_threads for w, t in nthreads.items()}
-    load = dict.fromkeys(nthreads, 0.0)
-    owner: list[str | None] = [None] * len(rows)
-    for i, h in enumerate(holders):
-        if h in load and load[h] + rows[i] / 2 <= target[h]:
-            owner[i] = h
-            load[h] += rows[i]
-    for i in range(len(rows)):
-        if owner[i] is None:
-            w = max(load, key=lambda w: (target[w] - load[w], w))
-            owner[i] = w
-            load[w] += rows[i]
-    return owner  # type: ignore[return-value]
 
 
 def _row_keys(x: da.Array) -> Sequence:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..params import fingerprint_values
-from .model_store import _jsonable, _open, checksum, history_problem, write_group
+from .model_store import checksum, history_problem, jsonable, open_group, write_group
 from .paths import FORMATS, atomic_dir
 
 CHECKPOINT_FORMAT = FORMATS["checkpoint"]
@@ -52,7 +52,7 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
     arrays = {"centroids": np.asarray(centroids, np.float64)}
     if prev is not None:
         arrays["prev"] = np.asarray(prev, np.float64)
-    attrs = _jsonable({
+    attrs = jsonable({
         "format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION, "iteration": int(iteration),
         "history": history, "fingerprint": fingerprint,
     })
@@ -64,7 +64,7 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
 def read_checkpoint(path: str) -> dict:
     """``{"iteration", "centroids", "prev", "history", "fingerprint"}`` of a checkpoint,
     verified (checksum, consistency); a DataError that says what is wrong otherwise."""
-    g, attrs = _open(path, CHECKPOINT_FORMAT, "checkpoint", f"no checkpoint at {path}: run without --resume to start one")
+    g, attrs = open_group(path, CHECKPOINT_FORMAT, "checkpoint", f"no checkpoint at {path}: run without --resume to start one")
     bad = f"checkpoint {path} is damaged"
     version = attrs.get("format_version")
     if version != CHECKPOINT_VERSION:
@@ -142,7 +142,7 @@ def fingerprint(params: Any, *, n_samples: int, n_features: int, dtype: Any, wei
 def check_fingerprint(path: Any, saved: dict, now: dict, iteration: int, max_iter: int) -> None:
     """Refuse a checkpoint written for other data or parameters, naming what differs, and
     one that is already past ``max_iter``."""
-    saved, now = _jsonable(saved), _jsonable(now)
+    saved, now = jsonable(saved), jsonable(now)
     diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
     if diff:
         what = "; ".join(dict.fromkeys(

@@ -96,7 +96,7 @@ def history_problem(history: Any, length: int) -> str | None:
     return None
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Attributes as plain JSON (NumPy scalars and arrays become numbers and lists)."""
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
@@ -156,13 +156,13 @@ def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray 
     arrays = {"cluster_centers": np.asarray(centroids)}
     if sizes is not None:
         arrays["cluster_sizes"] = np.asarray(sizes, np.int64)
-    doc = _jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+    doc = jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
     doc["checksum"] = checksum(doc, arrays)
     with atomic_dir(path, kind="model") as tmp:
         write_group(tmp, arrays, doc)
 
 
-def _open(path: str, fmt: str, what: str, missing: str) -> tuple:
+def open_group(path: str, fmt: str, what: str, missing: str) -> tuple:
     """``(group, attrs)`` of a daskmeans Zarr group of format ``fmt``, else a DataError: one
     that says what the path holds instead (data, labels, a plain Zarr array...)."""
     import zarr
@@ -206,7 +206,7 @@ def load_model(path: str) -> tuple[np.ndarray, dict, np.ndarray | None]:
         :func:`model_problem`). A version-1 model (no checksum) gets the consistency checks
         only.
     """
-    g, attrs = _open(path, FORMAT, "model", f"no such model: {path}")
+    g, attrs = open_group(path, FORMAT, "model", f"no such model: {path}")
     version = attrs.get("format_version")
     if not _is_count(version, 1):
         raise DataError(f"{path} is damaged: format_version={_short(version)} should be an integer from 1 to "

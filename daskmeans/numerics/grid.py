@@ -62,12 +62,9 @@ class Grid:
     @classmethod
     def for_block(cls, X: Any, sample_weight: Any = None) -> "Grid":
         """The grid of one block's own bounds (callers outside a fit: the init, tests)."""
-        from ..backends import get_backend
-
-        be = get_backend(X)
-        xp = be.xp
-        max_abs = be.to_numpy(xp.abs(X).max(axis=0)) if X.shape[0] else np.zeros(X.shape[1])
-        total = float(X.shape[0]) if sample_weight is None else float(be.to_numpy(sample_weight.sum()))
+        xp = _xp(X)
+        max_abs = _host(xp.abs(X).max(axis=0)) if X.shape[0] else np.zeros(X.shape[1])
+        total = float(X.shape[0]) if sample_weight is None else float(_host(sample_weight.sum()))
         return cls(max_abs, total)
 
     def __getstate__(self) -> dict:
@@ -179,9 +176,18 @@ def check_range(max_abs: np.ndarray, dtype: Any) -> None:
 
 
 def _xp(a: Any) -> Any:
-    from ..backends import get_backend
+    """The array module of ``a`` (NumPy or CuPy), from its type: numerics know arrays, not the
+    backends built on them."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
 
-    return get_backend(a).xp
+        return cupy
+    return np
+
+
+def _host(a: Any) -> np.ndarray:
+    """``a`` as a NumPy array (copied from the device where it is a CuPy array)."""
+    return a.get() if hasattr(a, "get") and type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
 
 
 def _device(xp: Any) -> int:

@@ -45,7 +45,7 @@ from ..engine.watch import gather
 from ..events import advance
 from ..numerics.hashing import row_uniforms
 from .kernels import seed_batched, weighted_lloyd
-from .kmeans_parallel import _INIT_PRECISION
+from .kmeans_parallel import INIT_PRECISION
 from .rows import result
 
 # The mesoclusters' k-means: at most this many sampled rows per mesocentre (FAISS's default
@@ -197,14 +197,14 @@ def _coarse(parts: list, k: int, m: int, seed: np.random.SeedSequence, backend: 
         return None
     be = get_backend(backend)
     xs, ws = be.asarray(x), None if w is None else be.asarray(w)
-    c = seed_batched(xs, m, seed, ws, precision=_INIT_PRECISION)
-    return be.to_numpy(weighted_lloyd(xs, c, ws, _COARSE_ITER, precision=_INIT_PRECISION))
+    c = seed_batched(xs, m, seed, ws, precision=INIT_PRECISION)
+    return be.to_numpy(weighted_lloyd(xs, c, ws, _COARSE_ITER, precision=INIT_PRECISION))
 
 
 def _labels(shard: Shard, sample: _Sample, centres: np.ndarray) -> tuple:
     """``(global rows, nearest mesocentre (int32), weights or None)`` of the sampled rows."""
     be = shard.be
-    p = be.prepare(be.asarray(centres), shard.dtype, _INIT_PRECISION)
+    p = be.prepare(be.asarray(centres), shard.dtype, INIT_PRECISION)
     labels = np.concatenate([np.empty(0, np.int32)] + [be.to_numpy(be.min_sqdist(b, p)[0]) for b in sample.blocks])
     w = None if sample.weights is None else np.concatenate(
         [np.empty(0)] + [be.to_numpy(a).astype(np.float64) for a in sample.weights])
@@ -242,7 +242,7 @@ def _seed_bundles(shard: Shard, parts: list, bundles: list, meso: list, quotas: 
         order = mine[np.lexsort((rows[mine], pos[mine]))]  # by mesocluster, then global row
         xs = be.asarray(x[order])
         ws = None if w is None else be.asarray(w[order])
-        c = seed_batched(xs, quotas[ids], np.random.SeedSequence([key, 2, b]), ws, precision=_INIT_PRECISION,
+        c = seed_batched(xs, quotas[ids], np.random.SeedSequence([key, 2, b]), ws, precision=INIT_PRECISION,
                          groups=pos[order])
         out[b] = be.to_numpy(c).astype(np.float64)
     return out

@@ -31,7 +31,7 @@ from .rows import result, take_rows
 
 # The distance passes of the init run in TF32 on GPUs: labels and distances are exact in
 # every precision (backends.cupy_backend), so this is the fastest way to the same bits.
-_INIT_PRECISION = "tf32"
+INIT_PRECISION = "tf32"
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid |
     new = _concat_by_row(parts)
     offset = 0 if state is None else state.n_cands
     d2s, near, phi = [], [], xp.zeros((), xp.float64)
-    prep = be.prepare(new, shard.dtype, _INIT_PRECISION) if new.shape[0] else None
+    prep = be.prepare(new, shard.dtype, INIT_PRECISION) if new.shape[0] else None
     for j, (_, _, block, w) in enumerate(shard.items()):
         if state is not None:
             d2, nearest = state.d2[j], state.nearest[j]
@@ -133,8 +133,8 @@ def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int,
     keep = weights > 0
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
-    c = seed_batched(x, k, seed, w, precision=_INIT_PRECISION)
-    c = weighted_lloyd(x, c, w, n_iter, precision=_INIT_PRECISION)
+    c = seed_batched(x, k, seed, w, precision=INIT_PRECISION)
+    c = weighted_lloyd(x, c, w, n_iter, precision=INIT_PRECISION)
     return be.to_numpy(c)
 
 

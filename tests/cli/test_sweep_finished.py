@@ -24,7 +24,8 @@ import daskmeans  # noqa: E402
 from daskmeans.cli import main  # noqa: E402
 from daskmeans.datasets import make_blobs  # noqa: E402
 from daskmeans.io.model_store import write_array  # noqa: E402
-from daskmeans.sweep import SweepResult, _pairwise_sums, elbow, figure, silhouette  # noqa: E402
+from daskmeans.engine.scoring import pairwise_sums  # noqa: E402
+from daskmeans.sweep import SweepResult, elbow, figure, silhouette  # noqa: E402
 
 from terminal import on_a_terminal  # noqa: E402
 
@@ -83,8 +84,8 @@ def test_silhouette_on_the_workers_equals_the_one_here_and_scikit_learns(client)
     x = np.concatenate([rng.normal(c, 1.0, (1300, 3)) for c in (0, 5, 9)])
     labels = rng.integers(0, 4, len(x))
     rows = client.scatter(x, broadcast=True, hash=False)
-    here = _pairwise_sums(x, labels, 4, block=500)
-    there = _pairwise_sums(x, labels, 4, client, rows, block=500)  # 8 tasks
+    here = pairwise_sums(x, labels, 4, block=500)
+    there = pairwise_sums(x, labels, 4, client, rows, block=500)  # 8 tasks
     np.testing.assert_allclose(here, there, rtol=1e-13)  # BLAS's own threads may round differently
     assert silhouette(x, labels, client=client, rows=rows) == pytest.approx(silhouette_score(x, labels), rel=1e-8)
 
