@@ -101,8 +101,9 @@ def assert_same_model(model: Path, ref: Path) -> None:
 def test_gpu_workers_on_two_hosts_fit_bitwise_as_one_gpu(gpu_hosts, one_gpu, data, tmp_path, collective, precision):
     gpu_hosts.restore()
     model = tmp_path / "two.zarr"
-    rc, _, err = daskmeans_cli(gpu_hosts, "fit", *_fit(data, model, "--precision", precision, "--collective",
-                                                       collective, "-v"), cwd=tmp_path, timeout=300)
+    # Without -q (silent on success), so that the command says which workers it found.
+    argv = [a for a in _fit(data, model, "--precision", precision, "--collective", collective, "-v") if a != "-q"]
+    rc, _, err = daskmeans_cli(gpu_hosts, "fit", *argv, cwd=tmp_path, timeout=300)
     assert rc == 0 and "Traceback" not in err, err + gpu_hosts.logs()
     assert f"{gpu_hosts.n} worker(s) ({gpu_hosts.n} GPU)" in err, err
     assert {h: len(ws) for h, ws in gpu_hosts.workers_by_host().items()} == {h: _per_host() for h in HOSTS[:2]}
