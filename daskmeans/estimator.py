@@ -360,8 +360,9 @@ class KMeans(BaseKMeans):
             else contextlib.nullcontext()
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
             best = fit_distributed(
-                client, X, algo, run, seed=seed, sample_weight=w, path=path, train_rows=m, resume=ck, callback=_fanout(callbacks),
-                phase=phase, on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
+                client, X, algo, run, seed=seed, sample_weight=w, path=path, train_rows=m, resume=ck,
+                callback=_fanout(callbacks), phase=phase,
+                on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
             )
             self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
             self._fitted(best, client, d, names, X.dtype)
