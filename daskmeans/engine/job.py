@@ -33,7 +33,7 @@ from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import split_rows
 from . import tiers as tier_registry
-from .placement import Placement, balance_chunks, place
+from .placement import Placement, place
 from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
 from ..events import note, step
 from ..metric import get_metric
@@ -42,7 +42,7 @@ from ..timing import Phases
 from . import infer, reuse
 from .lloyd import warm_kernels
 from .moments import data_moments
-from .plan import TierPlan, budget_limits, iteration_warning, plan, worker_budgets
+from .plan import TierPlan, balance_chunks, budget_limits, iteration_warning, plan, worker_budgets
 
 # Worker losses a fit outlives before its placement or init gives up (the loop has its own).
 MAX_REPLANS = 8

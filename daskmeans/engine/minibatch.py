@@ -337,7 +337,7 @@ def _on_rows(client: Any, placement: Placement, rows: np.ndarray, fn: Any, *args
     uniq = np.unique(rows)
     parts = submit_per_shard(client, placement, _take, [uniq] * len(placement.shards), name="daskmeans-minibatch-take")
     fut = client.submit(blas_capped(fn), parts, *args, pure=False, key=f"daskmeans-minibatch-{uuid.uuid4().hex}")
-    return gather(client, [fut], placement)[0]
+    return gather(client, [fut], placement.workers)[0]
 
 
 # ---------------------------------------------------------------- steps (on a worker)
@@ -503,7 +503,7 @@ def labels_inertia(client: Any, placement: Placement, centers: np.ndarray, preci
     the chunks' added in chunk order."""
     futs = submit_per_shard(client, placement, _shard_labels, [centers] * len(placement.shards), [precision] * len(placement.shards),
                             name="daskmeans-minibatch-labels")
-    per = gather(client, [client.submit(_inertias, f, pure=False) for f in futs], placement)
+    per = gather(client, [client.submit(_inertias, f, pure=False) for f in futs], placement.workers)
     pieces = {}
     for f, chunk_ids in zip(futs, placement.chunk_ids):
         for j, cid in enumerate(chunk_ids):

@@ -88,7 +88,7 @@ def data_moments(client: Client, placement: Placement, digest: bool = False) -> 
     ``digest``: also ``digest``, the data's content digest (rows and weights) as 32 hex
     digits, the same for any chunking and placement."""
     futs = submit_per_shard(client, placement, _moments, [digest] * len(placement.shards), name="daskmeans-moments")
-    (res,) = gather(client, [client.submit(_merge, futs, pure=False)], placement)
+    (res,) = gather(client, [client.submit(_merge, futs, pure=False)], placement.workers)
     if res["bad"] is not None:
         raise DataError(
             f"X contains {res['n_bad']} NaN or infinite value(s), the first in row {res['bad']} (rows of data counted "

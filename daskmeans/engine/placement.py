@@ -8,7 +8,7 @@ one long task per worker then runs over its blocks (:mod:`daskmeans.engine.loop`
 
 Balance: rows are spread evenly over the workers; data whose whole chunks cannot be shared
 out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chunks first
-(:func:`balance_chunks`), so that no worker waits on another because of chunk sizes.
+(:func:`daskmeans.engine.plan.balance_chunks`), so that no worker waits on another because of chunk sizes.
 
 What a shard keeps of its chunks and how it yields them in a pass are its tier's
 (:mod:`daskmeans.engine.tiers`); the waits that see a lost worker are
@@ -18,7 +18,6 @@ What a shard keeps of its chunks and how it yields them in a pass are its tier's
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -31,9 +30,9 @@ from .. import config
 from ..backends import backend_name, get_backend
 from ..errors import InputChanged
 from ..io.ranges import on_cores
-from ..io.readers import split_rows
 from . import tiers
 from .owned import balance_owners, own_keys
+from .plan import balance_chunks
 from .task import unique_key
 from .tiers import Tier
 from .watch import WorkerLost, wait_on_cluster, watch
@@ -227,7 +226,7 @@ def place(
         A registered tier's name or object (see :class:`Shard`; :func:`daskmeans.engine.plan.plan`
         chooses)
     balance : bool, default True
-        Cut ``X`` first so that every worker gets a near-equal share (:func:`balance_chunks`).
+        Cut ``X`` first so that every worker gets a near-equal share (:func:`daskmeans.engine.plan.balance_chunks`).
         A fit balances once and places its chunks with ``False``, also again on the workers
         left after a loss: its chunking is fixed, so every statistic kept per chunk (the
         loop's inertia slots, the labels' layout) means the same before and after the loss.
@@ -333,31 +332,6 @@ def place(
         pins=pins,
         sources=sources,
     )
-
-
-def balance_chunks(X: da.Array, n_workers: int) -> da.Array:
-    """``X`` in chunks that give each of ``n_workers`` workers a near-equal share of rows.
-
-    Chunks are kept when whole chunks already come within 2% of an equal share (a kernel call
-    has a fixed cost, so chunks are never split without need); otherwise ``X`` is cut into
-    ``n_workers`` times as many equal chunks as the largest share held (of at least
-    ``daskmeans.min-chunk-rows`` rows): one chunk becomes one per worker, 15 chunks on 2
-    workers become 16. The result does not depend on the chunking (the sums are exact
-    integers, :mod:`daskmeans.numerics.grid`), so this is free to follow the worker count."""
-    n, nb = int(X.shape[0]), X.numblocks[0]
-    if n == 0 or _largest_share(X.chunks[0], n_workers) <= 1.02 * n / n_workers:
-        return X
-    per = -(-nb // n_workers)  # the most chunks one worker holds
-    target = min(per * n_workers, max(1, n // max(1, int(config.get("min-chunk-rows")))))
-    return split_rows(X, -(-n // target))
-
-
-def _largest_share(rows: Sequence[int], n_workers: int) -> int:
-    """The most rows a worker holds when whole chunks go, largest first, to the emptiest."""
-    loads = [0] * n_workers
-    for r in sorted(rows, reverse=True):
-        heapq.heapreplace(loads, loads[0] + r)
-    return max(loads)
 
 
 def _identity(x: Any) -> Any:

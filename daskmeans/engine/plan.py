@@ -25,8 +25,9 @@ that would change them, rather than as an out-of-memory error in the middle of a
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import dask.array as da
 from dask.utils import format_bytes, parse_bytes
@@ -36,6 +37,7 @@ from .. import config
 from ..backends import backend_here, get_backend
 from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
+from ..io.readers import split_rows
 from . import tiers as tier_registry
 
 
@@ -214,9 +216,6 @@ def plan(
     device_budget = min((b["device"] for b in budgets.values() if b["device"] is not None), default=None)
     if gpu and device_budget is None:
         raise DaskmeansError("the GPU backend was chosen but no worker reports a GPU")
-    from ..io.readers import split_rows
-    from .placement import balance_chunks
-
     X = balance_chunks(X, n_workers)  # as place() will split it
     n, d = (int(s) for s in X.shape)
     item = X.dtype.itemsize
@@ -278,3 +277,28 @@ def _bytes(value: int | str | None, key: str) -> int | None:
     if out <= 0:
         raise DaskmeansError(f"{key}={value!r} should be > 0")
     return out
+
+
+def balance_chunks(X: da.Array, n_workers: int) -> da.Array:
+    """``X`` in chunks that give each of ``n_workers`` workers a near-equal share of rows.
+
+    Chunks are kept when whole chunks already come within 2% of an equal share (a kernel call
+    has a fixed cost, so chunks are never split without need); otherwise ``X`` is cut into
+    ``n_workers`` times as many equal chunks as the largest share held (of at least
+    ``daskmeans.min-chunk-rows`` rows): one chunk becomes one per worker, 15 chunks on 2
+    workers become 16. The result does not depend on the chunking (the sums are exact
+    integers, :mod:`daskmeans.numerics.grid`), so this is free to follow the worker count."""
+    n, nb = int(X.shape[0]), X.numblocks[0]
+    if n == 0 or _largest_share(X.chunks[0], n_workers) <= 1.02 * n / n_workers:
+        return X
+    per = -(-nb // n_workers)  # the most chunks one worker holds
+    target = min(per * n_workers, max(1, n // max(1, int(config.get("min-chunk-rows")))))
+    return split_rows(X, -(-n // target))
+
+
+def _largest_share(rows: Sequence[int], n_workers: int) -> int:
+    """The most rows a worker holds when whole chunks go, largest first, to the emptiest."""
+    loads = [0] * n_workers
+    for r in sorted(rows, reverse=True):
+        heapq.heapreplace(loads, loads[0] + r)
+    return max(loads)

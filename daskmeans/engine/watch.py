@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import CancelledError
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from distributed import Client, wait
 
@@ -22,8 +22,6 @@ from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..events import advance
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .placement import Placement
 
 
 class WorkerLost(Exception):
@@ -56,11 +54,12 @@ def wait_a_little(client: Client, futs: list, seconds: float = 0.5) -> None:
         forget_traceback(e)
 
 
-def gather(client: Client, futs: list, placement: "Placement") -> list:
-    """Results of ``futs`` (tasks on the placement's shards, or on their results), raising
-    :class:`WorkerLost` (after cancelling them) as soon as a shard's worker is gone, or silent
-    for longer than the collective's timeout (hung: see :func:`watch`)."""
-    return watch(client, futs, placement.workers, hung_after=config.get_seconds("collective-timeout"))
+def gather(client: Client, futs: list, workers: Sequence[str]) -> list:
+    """Results of ``futs`` (tasks on the shards held by ``workers``, a placement's, or on their
+    results), raising :class:`WorkerLost` (after cancelling them) as soon as one of
+    ``workers`` is gone, or silent for longer than the collective's timeout (hung: see
+    :func:`watch`). It needs the workers only: what they hold is the placement's business."""
+    return watch(client, futs, workers, hung_after=config.get_seconds("collective-timeout"))
 
 
 # How long a look at the worker list may take: a scheduler that died since the client last

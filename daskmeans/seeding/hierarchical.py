@@ -295,7 +295,7 @@ def init_hierarchical(client: Client, placement: Placement, k: int, seed: int, *
     futs = per_shard(_seed_bundles, parts, [b.tolist() for b in ranks], [[meso[b] for b in r] for r in ranks],
                      [quotas] * nshard, [key] * nshard, name="seed")
     out: dict = {}
-    for part in gather(client, futs, placement):
+    for part in gather(client, futs, placement.workers):
         out.update(part)
     advance(_STEPS, _STEPS)
     return np.concatenate([out[b] for b in range(len(meso))])

@@ -197,7 +197,7 @@ def init_kmeans_parallel(
         # Only each shard's float comes to the client (the states keep their arrays where they
         # are), added in shard order: the same phi on any number of workers.
         phis = gather(client, rows.submit_per_shard(client, placement, _phi, states, name="daskmeans-kpar-phi"),
-                      placement)
+                      placement.workers)
         phi = float(sum(phis))
         if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
             break

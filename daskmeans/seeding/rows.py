@@ -55,4 +55,4 @@ def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndar
 def result(client: Client, placement: Placement, fut: Any) -> Any:
     """``fut``'s result; :class:`~daskmeans.engine.watch.WorkerLost` if a shard's worker goes
     meanwhile (the caller places the data again and starts the init over)."""
-    return gather(client, [fut], placement)[0]
+    return gather(client, [fut], placement.workers)[0]

@@ -878,7 +878,7 @@ def test_split_for_more_workers_reads_only_each_parts_rows(tmp_path, kind):
     """Data read in fewer chunks than workers is read again in smaller chunks, so that each
     part reads its own rows only (the storage tier reads every part every pass), bit for bit
     what a rechunk gives; with its first Zarr chunk gone, every other part still reads."""
-    from daskmeans.engine.placement import balance_chunks
+    from daskmeans.engine.plan import balance_chunks
 
     x = np.arange(8000 * 3, dtype=np.float32).reshape(8000, 3)
     if kind == "zarr":

@@ -1,11 +1,11 @@
-"""The balancing of chunks over workers by hand (owned.balance_owners, placement.balance_chunks): pure
+"""The balancing of chunks over workers by hand (owned.balance_owners, plan.balance_chunks): pure
 functions of the chunks' holders, rows and the workers' threads; no cluster."""
 
 import dask.array as da
 import pytest
 
 from daskmeans.engine.owned import balance_owners
-from daskmeans.engine.placement import balance_chunks
+from daskmeans.engine.plan import balance_chunks
 
 
 @pytest.mark.parametrize("holders, rows, nthreads, owners", [
