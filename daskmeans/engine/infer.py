@@ -3,7 +3,9 @@
 What ``KMeans.predict``, ``transform`` and ``score`` run: one task per row chunk of ``X``
 (no placement, no collective: each block needs only the centroids), with BLAS capped to the
 worker's threads. Results are lazy Dask arrays of NumPy blocks; :func:`materialise` computes
-one through the given client when the caller's input was in memory.
+one through the given client when the caller's input was in memory. The kernels' settings
+(``Tunables``: tile bytes, GEMM modes) are resolved here on the client and travel in the graph
+with each block's task, as a fit's travel with its shards.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..dask_cluster import resolve_backend
 from ..errors import DataError
 from ..metric import get_metric
 from .placement import to_backend
+from .plan import kernel_tunables
 from .task import blas_capped
 
 
@@ -35,7 +38,7 @@ def blocks(client: Client, x: da.Array, requested: str, metric: str) -> da.Array
 
 def labels(x: da.Array, centers: np.ndarray, precision: str) -> da.Array:
     """Nearest-centroid labels (n,) int32 of :func:`blocks`' ``x`` under ``centers`` (k, d)."""
-    return x.map_blocks(blas_capped(_predict_block), centers, precision, drop_axis=1, dtype=np.int32,
+    return x.map_blocks(blas_capped(_predict_block), centers, precision, kernel_tunables(), drop_axis=1, dtype=np.int32,
                         meta=np.empty(0, np.int32))
 
 
@@ -43,7 +46,7 @@ def distances(x: da.Array, centers: np.ndarray, metric: str) -> da.Array:
     """Distances (n, k) in ``x``'s dtype from each row to each of ``centers`` (k, d), as
     ``metric`` defines them (Euclidean, or ``1 - cos``)."""
     k = int(centers.shape[0])
-    return x.map_blocks(blas_capped(_transform_block), centers, metric, chunks=(x.chunks[0], (k,)),
+    return x.map_blocks(blas_capped(_transform_block), centers, metric, kernel_tunables(), chunks=(x.chunks[0], (k,)),
                         dtype=x.dtype, meta=np.empty((0, 0), x.dtype))
 
 
@@ -51,12 +54,13 @@ def inertia(client: Client, x: da.Array, centers: np.ndarray, precision: str, w:
     """The sum over rows of the squared distance (n,) to the nearest of ``centers`` (k, d),
     each weighted by ``w`` (n,) where given, added in chunk order, computed on ``client``."""
     chunks = ((1,) * x.numblocks[0], (1,))
+    tunables = kernel_tunables()
     if w is None:
-        parts = x.map_blocks(blas_capped(_inertia_block), centers, precision, chunks=chunks, dtype=np.float64,
+        parts = x.map_blocks(blas_capped(_inertia_block), centers, precision, tunables, chunks=chunks, dtype=np.float64,
                              meta=np.empty((0, 0)))
     else:
         w = w.rechunk((x.chunks[0],))[:, None]  # (n, 1): blocks aligned with x's
-        parts = da.map_blocks(blas_capped(_inertia_block_weighted), x, w, centers, precision, chunks=chunks,
+        parts = da.map_blocks(blas_capped(_inertia_block_weighted), x, w, centers, precision, tunables, chunks=chunks,
                               dtype=np.float64, meta=np.empty((0, 0)))
     return float(parts.sum().compute(scheduler=client))
 
@@ -82,18 +86,19 @@ def _finite_rows(block, block_info=None):
     return block
 
 
-def _prep(block, centers, precision="fp32"):
-    be = get_backend(block)
+def _prep(block, centers, precision, tunables):
+    """The block's backend with the client's kernel settings bound, and ``centers`` prepared."""
+    be = get_backend(block, tunables)
     return be, be.prepare(centers, block.dtype, precision)
 
 
-def _predict_block(block, centers, precision):
-    be, p = _prep(block, centers, precision)
+def _predict_block(block, centers, precision, tunables):
+    be, p = _prep(block, centers, precision, tunables)
     return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
 
 
-def _transform_block(block, centers, metric):
-    be, p = _prep(block, centers)
+def _transform_block(block, centers, metric, tunables):
+    be, p = _prep(block, centers, "fp32", tunables)
     d2 = be.to_numpy(_exact_near_zero(be, block, centers, be.sqdistances(block, p)))
     out = get_metric(metric).distances(d2)
     return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
@@ -119,12 +124,12 @@ def _exact_near_zero(be, block, centers, d2):
     return d2
 
 
-def _inertia_block(block, centers, precision):
-    be, p = _prep(block, centers, precision)
+def _inertia_block(block, centers, precision, tunables):
+    be, p = _prep(block, centers, precision, tunables)
     return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
 
 
-def _inertia_block_weighted(block, w, centers, precision):
-    be, p = _prep(block, centers, precision)
+def _inertia_block_weighted(block, w, centers, precision, tunables):
+    be, p = _prep(block, centers, precision, tunables)
     weights = be.asarray(w[:, 0]).astype(block.dtype)  # as the fit's kernels take sample weights
     return np.array([[float(be.assign(block, p, weights, want_sums=False)["inertia"])]])
