@@ -126,10 +126,8 @@ def fit_distributed(
     """
     phase = phase if phase is not None else Phases()
     k = params.n_clusters
-    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=run.backend, tier=run.tier,
-                      memory_limit=run.memory_limit, device_memory_limit=run.device_memory_limit,
-                      precision=params.precision, max_iter=params.max_iter, metric=params.metric,
-                      train_rows=train_rows, seed=seed, phase=phase)
+    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, precision=params.precision,
+                      max_iter=params.max_iter, metric=params.metric, train_rows=train_rows, seed=seed, phase=phase)
     n, d = (int(s) for s in job.X.shape)
     # One run per explicit start (a callable init's), else n_init from a named init or one array.
     starts = params.init if isinstance(params.init, list) else None

@@ -37,6 +37,7 @@ from .placement import Placement, place
 from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
 from ..events import note, step
 from ..metric import get_metric
+from ..params import RunParams
 from ..sampling import all_rows_stats, draw_cut, take
 from ..timing import Phases
 from . import infer, reuse
@@ -131,13 +132,10 @@ class FitJob:
         client: Client,
         X: da.Array,
         n_clusters: int,
+        run: RunParams = RunParams(),
         *,
         sample_weight: da.Array | None = None,
         path: str | None = None,
-        backend: str = "auto",
-        tier: str = "auto",
-        memory_limit: Any = None,
-        device_memory_limit: Any = None,
         precision: str = "fp32",
         max_iter: int | None = None,
         metric: str = "euclidean",
@@ -152,10 +150,12 @@ class FitJob:
         client : distributed.Client
         X : dask array (n, d), float32 or float64
         n_clusters : int
+        run : RunParams
+            Where the fit runs: its ``backend``, ``tier``, ``memory_limit`` and
+            ``device_memory_limit`` (the record's other fields are the fit's loop's).
         sample_weight : dask array (n,), optional
         path : str, optional
             The file ``X`` is read from: checked on every worker before any work.
-        backend, tier, memory_limit, device_memory_limit : as ``KMeans``
         precision : str
             The GEMM precision, for the kernels compiled while the data is placed.
         max_iter : int, optional
@@ -183,8 +183,9 @@ class FitJob:
             some_worker(client)
             if path is not None:
                 check_paths_on_workers(client, read=[path])
-            backend = resolve_backend(client, backend, backend_name(X))
-            limits = budget_limits(memory_limit, device_memory_limit)
+            backend = resolve_backend(client, run.backend, backend_name(X))
+            tier = run.tier
+            limits = budget_limits(run.memory_limit, run.device_memory_limit)
             source = reuse.source_key(client, X, sample_weight, backend, tier, *limits, path)
             # The same data placed by an earlier fit on this client: its placement, budgets and
             # moments (taken out of the cache while this fit runs).

@@ -209,9 +209,7 @@ def fit_minibatch(
     """
     k, precision = int(params.n_clusters), params.precision
     n, d = (int(s) for s in X.shape)
-    job = FitJob.open(client, X, k, sample_weight=sample_weight, path=path, backend=run.backend, tier=run.tier,
-                      memory_limit=run.memory_limit, device_memory_limit=run.device_memory_limit,
-                      precision=precision, phase=phase)
+    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, precision=precision, phase=phase)
     backend = job.backend
     with job:
         moments = job.moments()

@@ -19,6 +19,7 @@ Functions work on NumPy and CuPy arrays alike (identical IEEE operations, so ide
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -178,16 +179,12 @@ def check_range(max_abs: np.ndarray, dtype: Any) -> None:
 def _xp(a: Any) -> Any:
     """The array module of ``a`` (NumPy or CuPy), from its type: numerics know arrays, not the
     backends built on them."""
-    if type(a).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return np
+    return sys.modules[type(a).__module__.partition(".")[0]]  # numpy for NumPy's, cupy for CuPy's
 
 
 def _host(a: Any) -> np.ndarray:
-    """``a`` as a NumPy array (copied from the device where it is a CuPy array)."""
-    return a.get() if hasattr(a, "get") and type(a).__module__.split(".")[0] == "cupy" else np.asarray(a)
+    """``a`` as a NumPy array (copied from the device where it is a device array: ``get``)."""
+    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def _device(xp: Any) -> int:
