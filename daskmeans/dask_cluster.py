@@ -5,8 +5,9 @@ worker per core (so BLAS and the engine do not oversubscribe the cores). Its wor
 this process (``daskmeans.local-cluster: threads``) or each in its own process (dask-cuda's
 ``LocalCUDACluster`` for GPUs, a ``LocalCluster`` of processes for CPUs). In-process workers
 cost no process start, no imports in the workers and no transfer of the data between
-processes (about 1 s of a command on a 2-core machine; several seconds for a GPU worker, which
-would import CuPy and create its CUDA context again): ``auto`` uses them for one GPU, and for
+processes (a large share of a short command, more for a GPU worker, which would import CuPy and
+create its CUDA context again: docs/performance.md, "In-process local cluster"): ``auto`` uses
+them for one GPU, and for
 up to ``local-threads-max-workers`` CPU workers, beyond which the workers' Python work
 (one call per distance tile) would contend for the interpreter lock.
 
@@ -294,8 +295,8 @@ def connect(
     tls : (ca_file, cert, key), optional
         TLS certificates of the client; default: the ``distributed.comm.tls`` configuration.
     dashboard : bool, default False
-        Serve Dask's dashboard for a local cluster (importing bokeh for it takes about a
-        second, more than a small fit).
+        Serve Dask's dashboard for a local cluster (importing bokeh for it costs more than a
+        small fit: docs/performance.md, "Startup").
     blas_threads : int or None, default 1
         BLAS threads of this process while a local CPU cluster of in-process workers runs
         (None: left as they are; engine tasks cap BLAS themselves).
@@ -541,7 +542,8 @@ def _core_share() -> int:
     of joblib's process pool (``GridSearchCV(n_jobs=N)``, ``cross_val_score(n_jobs=N)``) the
     share joblib gives each of its N processes (the ``OMP_NUM_THREADS`` it sets for them:
     cores // N). Each such process starts a cluster of its own; with a worker per core in each,
-    N processes ran N workers per core and ``n_jobs=2`` took twice as long as ``n_jobs=1``."""
+    N processes ran N workers per core, and more jobs made the search slower, not faster
+    (docs/performance.md, "Local clusters inside joblib's workers")."""
     cores = os.cpu_count() or 1
     if not _in_joblib_process():
         return cores

@@ -144,8 +144,8 @@ def names() -> tuple[str, ...]:
 
 def backend_name(obj: Any = "numpy") -> str:
     """The registry name of the backend :func:`get_backend` gives for ``obj`` (a name or alias,
-    or an array), without importing it (the NumPy backend's compiled kernels cost a GPU fit
-    ~0.3 s of imports).
+    or an array), without importing it (the NumPy backend's compiled kernels would cost a GPU
+    fit their imports: docs/performance.md, "Startup").
 
     Arrays are dispatched on their type's top-level package (Dask arrays on their meta, one
     block's type) to the entry that claims it (:attr:`Entry.arrays`), so a CuPy block gets the

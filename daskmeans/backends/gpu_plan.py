@@ -280,8 +280,8 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
     still gives every SM three blocks (the column kernel parallelises over rows only). Larger
     K: a row whose bound leaves three or more candidates re-reads its row of the column-major
     tile one 32-byte sector per centroid (docs/performance.md, "select layout"), and each
-    thread's share of the centroids grows. Not for tf32/bf16: more uncertain rows
-    (4-8% on random data)."""
+    thread's share of the centroids grows. Not for tf32/bf16: their many more uncertain rows
+    make the column kernel's exact re-rank its cost (docs/performance.md, "select layout")."""
     Options(SELECT_LAYOUTS).check("layout", layout)
     if not float32_tile or layout == "rows":
         return 0

@@ -7,8 +7,9 @@ N x K matrix never exists whole and the tile's rows are still in cache for the s
 (:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
 inertia, the reassigned count and the per-cluster sums (int64 on a :class:`.grid.Grid`).
 
-The compiled kernels (Numba: ~0.3 s of imports) load on first use: a GPU fit uses this module
-for host-side arrays only and never needs them.
+The compiled kernels (Numba, whose imports are a visible share of a command:
+docs/performance.md, "Startup") load on first use: a GPU fit uses this module for host-side
+arrays only and never needs them.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def step_rate() -> float:
     (BLAS GEMM tiles, then the compiled pass with the exact sums) on 2048 rows of 64 features
     against 512 centroids (a few ms), the best of three after a first call (which loads the
     compiled pass, as the fit's first iteration would), under the calling thread's BLAS limit.
-    A bare 256^3 GEMM (in cache) said 150 GFLOP/s per worker on the 2-core CI host, where the
-    iterations ran at 41: the warning then promised a third of the fit's time."""
+    A bare GEMM in cache overstates the rate several times over, and the warning then promised
+    a fraction of the fit's time (docs/performance.md, "The long-fit estimate")."""
     rng = numpy.random.default_rng(0)
     n, d, k = 2048, 64, 512
     x = rng.standard_normal((n, d), dtype=numpy.float32)
@@ -171,7 +172,8 @@ class _Workspace:
         self.g = numpy.empty((rows, k), dtype)
         self.lab = numpy.empty(rows, numpy.intp)
         # "No previous labels" as labels no row has: the compiled pass then has one
-        # specialisation for both (each costs ~0.2 s to load in a new process).
+        # specialisation for both (each one loaded costs a new process time: docs/performance.md,
+        # "One compiled pass after the GEMM").
         self.no_labels = numpy.full(rows, -1, numpy.int32)
 
 
@@ -309,8 +311,9 @@ def update_centroids(isums: numpy.ndarray, iweights: numpy.ndarray, old: numpy.n
 
 
 def pin(X: numpy.ndarray) -> int:
-    """A 64-bit hash of ``X``'s values in row order: xxHash's XXH3 of its bytes (17 GB/s on one
-    core, and it releases the GIL, so several blocks are pinned at once)."""
+    """A 64-bit hash of ``X``'s values in row order: xxHash's XXH3 of its bytes (faster than the
+    reads it checks, docs/performance.md, "inputs pinned"; it releases the GIL, so several
+    blocks are pinned at once)."""
     import xxhash
 
     return xxhash.xxh3_64_intdigest(numpy.ascontiguousarray(X))

@@ -283,8 +283,9 @@ def _report(results: list, history: list, callback: Callable[[dict], None] | Non
 
 
 # How long the restart point may take: after a lost worker (the survivors' aborted segments
-# stop, then answer: a GPU survivor's ncclCommAbort with a peer killed mid all-reduce took over
-# 30 s on an H200 pair, so the bound is generous; a survivor that stops sending heartbeats is
+# stop, then answer: a GPU survivor's ncclCommAbort with a peer killed mid all-reduce returns
+# only after tens of seconds (docs/performance.md, "Open gaps", recovery after a GPU worker is
+# killed), so the bound is generous; a survivor that stops sending heartbeats is
 # retired sooner by the liveness watch), and when the fit fails or is interrupted (its last
 # checkpoint: the error is never held up longer).
 RESTART_SECONDS = 120.0

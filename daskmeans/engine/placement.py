@@ -1,6 +1,7 @@
 """Which chunks live where: persisted row chunks grouped into one shard per worker.
 
-The engine must not pay one task per chunk per iteration (~1 ms each in Dask). After the data
+The engine must not pay one task per chunk per iteration (each task costs the scheduler's
+time: docs/performance.md, "Dask facts"). After the data
 is persisted, each worker's local chunks are grouped into one :class:`Shard` (the worker's
 rank in the loop), built by a task pinned to that worker. A shard holds the worker's blocks
 (copied only where a block is not already contiguous and aligned for the kernels); the loop's

@@ -323,9 +323,10 @@ def _wait_dropped(client: Client, entries: list, *, wait: bool = True, timeout: 
     if not wait or not keys or client.status != "running":
         return
     deadline = time.monotonic() + timeout
-    # The workers usually let go within a few milliseconds: looks 1 ms apart at first, then
-    # further apart (a fixed 50 ms cost every fit of new data once two datasets were kept,
-    # 12 s of the 95 s of scikit-learn's KMeans tests, which fit 220 small datasets).
+    # The workers usually let go almost at once: looks close together at first, then further
+    # apart (a fixed pause between looks cost every fit of new data once two datasets were
+    # kept, a large share of suites of many small fits: docs/performance.md, "Kept placements
+    # released").
     pause = 0.001
     while time.monotonic() < deadline:
         try:

@@ -86,7 +86,7 @@ def worker_blas_threads() -> Iterator[None]:
         return
     with _BLAS_LOCK:
         if _BLAS["users"] == 0:
-            if _BLAS["controller"] is None:  # the loaded libraries, looked up once (~1 ms)
+            if _BLAS["controller"] is None:  # the loaded libraries, looked up once per process (a walk of them all)
                 from threadpoolctl import ThreadpoolController
 
                 _BLAS["controller"] = ThreadpoolController()

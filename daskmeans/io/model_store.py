@@ -111,7 +111,7 @@ def write_group(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> None:
     whole in one uncompressed chunk, and ``attrs`` as the group's JSON attributes.
 
     Written from the format's specification rather than through zarr-python, whose imports
-    (zarr, numcodecs, fsspec: ~0.4 s on a GPU host) cost a fit command more than writing its
+    (zarr, numcodecs, fsspec: docs/performance.md, "Startup") cost a fit command more than writing its
     model; zarr-python reads what this writes (the readers use it).
     """
     os.mkdir(root)

@@ -7,9 +7,9 @@ only, so a seed gives the same centroids on any chunking and worker count.
 
 The default, ``k-means||``, can run as ``hierarchical`` from K =
 ``daskmeans.init.hierarchical-min-k`` on (:func:`chosen_init`, in :func:`resolve_init`; the
-name the user gave stays the estimator's ``init``). It is off by default (0): at K = 2^16 on
-2e6 x 128 blobs (one H200) the hierarchical init took 15.6 s and its fit converged at inertia
-4.96e8, k-means|| 5.4 s and 2.51e8 (the first K rows: 1.52e9).
+name the user gave stays the estimator's ``init``). It is off by default (0): measured at wide
+K, the hierarchical init was slower than k-means|| and its fit converged at a higher inertia
+(docs/performance.md, "The default init at wide K").
 
 Adding an init is one module here and one :class:`Init` entry in :data:`REGISTRY`; the
 estimator's ``init=`` values, the command's ``--init`` help and the README's list come from

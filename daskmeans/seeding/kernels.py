@@ -109,9 +109,9 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     seed : int or SeedSequence
     sample_weight : array, shape (n,), optional
     precision : GEMM precision of the distance passes (labels and distances are exact in all)
-    batches : int, the number of batches of the largest size (64: final inertias within 0.3%
-        of 128's on blobs of K = 1000 and 4096 true centres, in half the dependent steps; 32
-        was 1.5% worse at K = 4096, 16 10% worse)
+    batches : int, the number of batches of the largest size (64: as good as 128 in half the
+        dependent steps, where fewer, larger batches end worse; docs/performance.md,
+        "k-means‖'s recluster in batches of K/64")
     trials : int, draws per centre (default ``2 + log(k)`` of the group, as scikit-learn)
     groups : host int array, shape (n,), optional
         Each row's group in ``[0, G)``, non-decreasing (a group's rows are contiguous).

@@ -37,7 +37,8 @@ def init_kmeans_plusplus(client: Client, placement: Placement, k: int, seed: int
     s1, s2 = ss.spawn(2)
     rows = np.arange(n) if m == n else np.sort(np.random.default_rng(s1).choice(n, size=m, replace=False))
     # A small seeding runs on the host: on a GPU its K dependent steps cost more in kernel
-    # loads, the BLAS handle and synchronisations than the arithmetic (2-D blobs, K = 5: ~0.15 s).
+    # loads, the BLAS handle and synchronisations than the arithmetic (docs/performance.md,
+    # "Small k-means++ on the host").
     small = k * local_trials(k) * m * placement.n_features <= _HOST_KMEANSPP_FLOPS
     fut = client.submit(blas_capped(_seed_sample), row_parts(client, placement, rows), rows, k, s2,
                         "numpy" if small else placement.backend, pure=False,

@@ -110,10 +110,10 @@ extern "C" __global__ void BOUNDS fused_small(
     // U rows per group per trip: their loads are all issued before the first use
     // (memory-level parallelism). For one lane per row, one loop body in two passes: the warp's
     // whole trips without row checks, then at most one partial trip whose rows past n are
-    // masked (S2: the checks and 64-bit row addresses were a fifth of the instructions per
-    // row). With L >= 2 lanes per row those costs are shared, and with register accumulators
-    // the second copy of the body costs registers (S1: 122 -> 132, one block per SM fewer;
-    // S2 with shared centroids: 128 -> 139), so there is only the checked pass. The loop
+    // masked (with one lane per row, the checks and 64-bit row addresses are a large share of
+    // the instructions per row). With L >= 2 lanes per row those costs are shared, and with
+    // register accumulators the second copy of the body costs registers (enough to lose a
+    // block per SM: docs/performance.md, "Small K"), so there is only the checked pass. The loop
     // bounds are uniform across the warp, so the width-L shuffles below always see every lane.
     const long long RW = (32 / L) * U;  // rows per warp trip
     long long base = warp * RW;
@@ -193,7 +193,7 @@ extern "C" __global__ void BOUNDS fused_small(
                 // Butterfly: every lane of the group ends with the same (commutative) sum.
                 #pragma unroll
                 for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off, L);
-                // k = 0 taken as is: comparing it with +inf cost ~5 instructions per row (the
+                // k = 0 taken as is: comparing it with +inf costs instructions per row (the
                 // compiler's NaN handling); distances of finite rows are never NaN.
                 if (k == 0 || s < best) { best = s; bk = k; }
             }
