@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from ..errors import InvalidParameterError
 from ..options import TIERS
 from ..params import Option, RunParams, options, spec_of
-from ..validation import ByteSize, Interval, NInit, NoneOr, Options, PathLike, RandomStateLike, int_option, size_option
+from ..validation import ByteSize, Interval, NInit, NoneOr, PathLike, RandomStateLike, int_option, size_option
 
 # The integer seeds ``random_state`` takes (``validation.RandomStateLike``'s range; its
 # Generator and RandomState have no command-line spelling), checked without loading NumPy,
