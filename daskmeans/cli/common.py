@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import sys
 import warnings
@@ -237,9 +238,6 @@ def field_type(option: Option, flag: str | None = None):
     flag : str, optional
         The flag the message names, where the command spells it otherwise (``--k``, ``--seed``).
     """
-    import argparse
-    import math
-
     flag = flag or option.flag
     form = _command_form(option.constraint)
     need = requirement(option.constraint)
@@ -319,9 +317,9 @@ def add_field(p: argparse.ArgumentParser, option: Option, *flags: str, text: str
 
 
 def tier_help() -> str:
-    """``--tier``'s help: each memory tier and what it means."""
+    """``--tier``'s help: each memory tier and what it means, and the field's default."""
     return ("where workers keep the rows: " + "; ".join(f"{name}: {what}" for name, what in TIERS.items())
-            + " (default auto)")
+            + f" (default {field(RunParams, 'tier').default})")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
