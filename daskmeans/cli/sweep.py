@@ -45,8 +45,8 @@ def add_parser(sub: Any) -> None:
     common.add_field(s, common.field(KMeansParams, "init", inits=seeding.names()),
                      text="each fit's init (as fit's --init)", choices=None)
     # The command's own defaults: one run per K (KMeans's n_init="auto" is scikit-learn's
-    # rule), and seed 0, which the sweep's sample is drawn from too (a sweep run again
-    # scores the same rows).
+    # rule), and the API sweep's seed 0 (``daskmeans.sweep``'s random_state), which its
+    # sample is drawn from too: a sweep run again scores the same rows.
     common.add_field(s, common.field(KMeansParams, "n_init"), default=1, text="runs per K, the best kept")
     common.add_field(s, common.field(KMeansParams, "max_iter"), text="iterations per fit at most")
     common.add_field(s, common.field(KMeansParams, "random_state"), "--seed", default=0,
