@@ -184,3 +184,11 @@ def test_accepted_values_reach_the_namespace_as_the_estimator_takes_them():
            (1.5, "auto", 2**32 - 1, "c.zarr", 7)
     KMeans(3, max_imbalance=args.max_imbalance, memory_limit=args.memory_limit, random_state=args.seed,
            checkpoint=args.checkpoint, max_iter=args.max_iter, n_init=args.n_init).check_params()
+
+
+def test_the_sweeps_seed_default_is_the_api_sweeps():
+    import inspect
+
+    from daskmeans.sweep import sweep
+
+    assert _option("sweep", "seed").default == inspect.signature(sweep).parameters["random_state"].default
