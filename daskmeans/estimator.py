@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backends import names as backend_names
+from .backends import choices as backend_choices, names as backend_names
 from .dask_cluster import using_client
 from .engine import infer
 from .engine.fit import fit_distributed
@@ -30,7 +30,7 @@ from .io.readers import file_of, read_table, read_weights
 from . import config
 from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
 from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
-from .params import KMeansParams, RunParams, constraints, record
+from .params import KMeansParams, RunParams, constraints, doc_choices, record
 from .events import watched, watching
 from .progress import Progress, Steps
 from .sampling import sample_size
@@ -49,7 +49,7 @@ class KMeans(BaseKMeans):
     Parameters
     ----------
     n_clusters : int, default 8
-    init : {"k-means||", "k-means++", "random"}, callable, array-like (n_clusters, n_features) or .npy path
+    init : {inits}, callable, array-like (n_clusters, n_features) or .npy path
         ``k-means||`` (Bahmani et al. 2012) runs distributed; ``k-means++`` is greedy
         k-means++ on a sample of ``daskmeans.init.sample-size`` rows. A callable is called as
         scikit-learn calls it, ``init(X, n_clusters, random_state)``, once per run: ``X`` as an
@@ -95,7 +95,7 @@ class KMeans(BaseKMeans):
         Lloyd steps that follow split it. A bound to approach, not a guarantee: the sizes
         are in ``history_[i]["imbalance"]`` and the moves in ``history_[i]["n_moved"]``; the
         inertia can rise in an iteration that moves centroids. Must be > 1; default None (off).
-    backend : {"auto", "cpu", "gpu"}
+    backend : {backends}
         ``auto`` uses CuPy when the data is CuPy or every worker has a GPU.
     metric : {"euclidean", "cosine"}, default "euclidean"
         ``cosine`` is spherical k-means: rows are scaled to unit norm, centroids are unit
@@ -421,6 +421,10 @@ class KMeans(BaseKMeans):
                 clusters_warning(), stacklevel=4,
             )
 
+
+
+# The docstring's lists of inits and backends: the registries' (params.doc_choices).
+KMeans.__doc__ = doc_choices(KMeans.__doc__, inits=INIT_NAMES, backends=backend_choices())
 
 
 # ---------------------------------------------------------------- helpers

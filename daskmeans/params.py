@@ -251,6 +251,25 @@ def options(*records: type, registries: Mapping[str, Iterable[str]] | None = Non
     return out
 
 
+def doc_choices(doc: str | None, **lists: Iterable[str]) -> str | None:
+    """``doc`` (a docstring) with each ``{key}`` of ``lists`` replaced by numpydoc's set of
+    its names (``{"auto", "cpu", "gpu"}``): the estimators fill their docstrings' lists of
+    backends and inits from the registries at import, as the command's help does.
+
+    Parameters
+    ----------
+    doc : str or None
+        The docstring (None under ``python -OO``, given back as it is).
+    **lists : iterable of str
+        The names each placeholder stands for, by the placeholder's key (``backends=...``).
+    """
+    if doc is None:
+        return None
+    for key, names in lists.items():
+        doc = doc.replace("{" + key + "}", "{" + ", ".join(f'"{n}"' for n in names) + "}")
+    return doc
+
+
 def fingerprint_values(params: Any) -> dict[str, Any]:
     """The fields of ``params`` (a record) that a checkpoint's fingerprint names, as it
     records them: an explicit init as ``"array"``, a seed only where it is an int (a

@@ -10,16 +10,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import sys
 import warnings
 from typing import Any, Iterator
 
+from ..errors import InvalidParameterError
 from ..options import TIERS
-from ..validation import int_option, size_option
+from ..params import Option, RunParams, options, spec_of
+from ..validation import ByteSize, Interval, NInit, NoneOr, PathLike, RandomStateLike, int_option, size_option
 
-# The seeds NumPy accepts: ``--seed`` of every subcommand.
-SEED_RANGE = dict(low=0, high=2**32 - 1)
+# The integer seeds ``random_state`` takes (``validation.RandomStateLike``'s range; its
+# Generator and RandomState have no command-line spelling), checked without loading NumPy,
+# which RandomStateLike imports to recognise them: ``--seed`` of every subcommand.
+SEED = Interval(0, 2**32 - 1, integer=True)
+SEED_RANGE = dict(low=SEED.low, high=SEED.high)
 
 
 # ---------------------------------------------------------------- lines for the user
@@ -142,10 +148,178 @@ def registered_option(flag: str, module: str, attribute: str):
     return parse
 
 
+# ---------------------------------------------------------------- options derived from the parameter records
+
+def field(record: type, name: str, **registries: Any) -> Option:
+    """The command-line :class:`~daskmeans.params.Option` of ``record``'s field ``name``
+    (:func:`daskmeans.params.options`): its default, help, choices and constraint.
+
+    Parameters
+    ----------
+    record : dataclass type
+        ``KMeansParams`` or ``RunParams``.
+    name : str
+        The field (``"max_iter"``).
+    **registries : iterable of str
+        The names of the registry the field's choices come from (``inits=seeding.names()``),
+        for a field with one.
+    """
+    spec = spec_of(record, name)
+    if spec.registry is not None and spec.registry not in registries:
+        # A registry the command reads only once the option is given (its module may load
+        # NumPy or Dask, and --help loads neither): no choices, and the caller's type= checks.
+        return Option(name, "--" + name.replace("_", "-"), record.__dataclass_fields__[name].default, spec.help,
+                      None, None)
+    others = [f for f in record.__dataclass_fields__ if f != name]
+    (option,) = options(record, registries=registries, omit=others)
+    return option
+
+
+def _command_form(constraint: Any) -> Any:
+    """The constraint a command-line value of a field meets: ``constraint`` without its None
+    (an option left out keeps its default), and, for the fields whose Python values have
+    no spelling on a command line, the part that has one: ``n_init``'s integers (the
+    command's runs are counted; ``"auto"`` is the estimators' rule) and ``random_state``'s
+    integer seeds."""
+    inner = constraint.inner if isinstance(constraint, NoneOr) else constraint
+    if isinstance(inner, NInit):
+        return Interval(1, None, integer=True)
+    if isinstance(inner, RandomStateLike):
+        return SEED
+    return inner
+
+
+def requirement(constraint: Any) -> str:
+    """What a command-line value of a field with ``constraint`` should be, in the words of
+    the command's usage errors (``an integer >= 1``, ``a finite number > 1``, ``a size > 0
+    such as 512MiB or auto``).
+
+    Raises
+    ------
+    TypeError
+        ``constraint`` is of a kind no option value is checked against (its option takes
+        ``choices``, or its own ``type=``).
+    """
+    form = _command_form(constraint)
+    if isinstance(form, Interval):
+        low, high = form.low, form.high
+        low_open, high_open = form.closed in ("right", "neither"), form.closed in ("left", "neither")
+        if form.integer:
+            # An open bound of an integer is the next integer in: "> 0" reads ">= 1".
+            low = None if low is None else int(low) + low_open
+            high = None if high is None else int(high) - high_open
+            if low is not None and high is not None:
+                return f"an integer from {low} to {high}"
+            if low is not None or high is not None:
+                return f"an integer {'>=' if low is not None else '<='} {low if low is not None else high}"
+            return "an integer"
+        bounds = ([f"{'>' if low_open else '>='} {low:g}"] if low is not None else []) + \
+                 ([f"{'<' if high_open else '<='} {high:g}"] if high is not None else [])
+        return " ".join(["a finite number", " and ".join(bounds)]).strip()
+    if isinstance(form, ByteSize):
+        return "a size > 0 such as 512MiB or auto"
+    if isinstance(form, PathLike):
+        return "a non-empty path"
+    raise TypeError(f"a value checked against {type(form).__name__} has no command-line requirement: give the "
+                    f"option choices or its own type=")
+
+
+def field_type(option: Option, flag: str | None = None):
+    """The argparse ``type=`` of a field's option: the value read (an int, a finite float,
+    a size or path kept as given) and checked against the field's constraint (the
+    estimator's check of the same parameter), a usage error ``--tol -1: should be a finite
+    number >= 0`` otherwise. Light: a size's check loads ``dask.utils`` only when one is
+    given.
+
+    Parameters
+    ----------
+    option : Option
+        The field's option (:func:`field`).
+    flag : str, optional
+        The flag the message names, where the command spells it otherwise (``--k``, ``--seed``).
+    """
+    flag = flag or option.flag
+    form = _command_form(option.constraint)
+    need = requirement(option.constraint)
+
+    def read(value: str) -> Any:
+        if isinstance(form, Interval) and form.integer:
+            return int(value, 10)
+        if isinstance(form, Interval):
+            x = float(value)
+            # A command line's inf or nan is a typing slip, never a bound the user means.
+            if not math.isfinite(x):
+                raise ValueError(value)
+            return x
+        if isinstance(form, PathLike) and not value:
+            raise ValueError(value)
+        return value  # a size: kept as given, parsed where it is used
+
+    def parse(value: str) -> Any:
+        try:
+            x = read(value)
+            form.check(flag, x)
+        except (ValueError, TypeError, InvalidParameterError):
+            raise argparse.ArgumentTypeError(f"{flag} {value or repr('')}: should be {need}") from None
+        return x
+
+    # argparse's name for the type in its own messages
+    parse.__name__ = "integer" if getattr(form, "integer", False) else {
+        Interval: "number", ByteSize: "size", PathLike: "path"}.get(type(form), "value")
+    return parse
+
+
+_FIELD = object()  # "the field's own": the command keeps the record's default
+
+
+def field_help(option: Option, text: str | None = None, default: Any = _FIELD) -> str:
+    """An option's help: the field's, or the command's ``text`` where it says more on a
+    command line (argparse's ``%(choices)s`` may stand in it), then the default (``default``:
+    as the command shows it; the field's own where not given; None: not shown)."""
+    shown = text if text is not None else option.help.replace("%", "%%")  # argparse formats help with %
+    default = option.default if default is _FIELD else default
+    return shown if default is None else f"{shown} (default {default})"
+
+
+def add_field(p: argparse.ArgumentParser, option: Option, *flags: str, text: str | None = None,
+              default: Any = _FIELD, shown_default: Any = _FIELD, **kwargs: Any) -> None:
+    """Add the option of a record's field to ``p``: its flag (or the command's ``flags``,
+    where it spells it otherwise, with aliases), its default (or the command's ``default``,
+    where the command differs on purpose), its help, and its choices or its checked type.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+    option : Option
+        The field's option (:func:`field`).
+    *flags : str
+        The command's flags for it; default ``option.flag``.
+    text : str, optional
+        The command's help where it says more than the field's.
+    default : Any, optional
+        The command's own default (commented where it is given); default the field's.
+    shown_default : Any, optional
+        How the help shows the default (``a fresh one``; None: not shown); default the value.
+    **kwargs
+        argparse's other arguments (``metavar``, ``required``, ``type`` for a field checked
+        otherwise, ``choices`` for a registry read otherwise).
+    """
+    flags = flags or (option.flag,)
+    value = option.default if default is _FIELD else default
+    if option.choices is not None:
+        kwargs.setdefault("choices", option.choices)
+    elif "type" not in kwargs:
+        kwargs["type"] = field_type(option, flags[0])
+    if kwargs.get("required"):
+        value, shown_default = None, None
+    p.add_argument(*flags, default=value, help=field_help(option, text, value if shown_default is _FIELD
+                                                          else shown_default), **kwargs)
+
+
 def tier_help() -> str:
-    """``--tier``'s help: each memory tier and what it means."""
+    """``--tier``'s help: each memory tier and what it means, and the field's default."""
     return ("where workers keep the rows: " + "; ".join(f"{name}: {what}" for name, what in TIERS.items())
-            + " (default auto)")
+            + f" (default {field(RunParams, 'tier').default})")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -175,14 +349,16 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca-file", metavar="PEM", help="TLS: the certificate authority (with --tls-cert and --tls-key)")
     p.add_argument("--tls-cert", metavar="PEM", help="TLS: the client's certificate")
     p.add_argument("--tls-key", metavar="PEM", help="TLS: the client's private key")
-    p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto", help="auto: GPU when the workers have one")
+    # The choices: params' light copy of the backends' registry's (``backends.choices()``,
+    # whose module loads NumPy; tests/cli/test_options_from_params.py keeps them equal).
+    add_field(p, field(RunParams, "backend"), text="auto: GPU when the workers have one")
     p.add_argument("--workers", type=int_option("--workers"), help="local CPU cluster: number of workers (default: one per core)")
     p.add_argument("--dashboard", action="store_true",
                    help="local cluster: serve Dask's dashboard (needs bokeh; about a second to start)")
-    p.add_argument("--collective", type=registered_option("--collective", "daskmeans.engine.collective", "COLLECTIVES"),
-                   default=None, metavar="NAME",
-                   help="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
-                        "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
+    add_field(p, field(RunParams, "collective"),
+              type=registered_option("--collective", "daskmeans.engine.collective", "COLLECTIVES"), metavar="NAME",
+              text="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
+                   "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
 
 
 # ---------------------------------------------------------------- the data and the cluster

@@ -18,10 +18,10 @@ from typing import Any
 
 from .. import seeding
 from ..events import watching
-from ..options import METRICS, PRECISIONS, TIERS
+from ..params import KMeansParams, RunParams
 from ..progress import Progress, Steps
 from ..timing import Phases
-from ..validation import float_option, int_option, labels_path_option, path_option, size_option
+from ..validation import labels_path_option, path_option
 from . import common
 
 
@@ -35,43 +35,47 @@ def add_parser(sub: Any) -> None:
     """The ``fit`` subcommand's parser, added to ``sub`` (what ``add_subparsers`` returned)."""
     f = sub.add_parser("fit", help="fit a model to DATA (.zarr, .csv or .npy)")
     f.add_argument("data", help="the rows to cluster: a .zarr array or group (see --dataset), a .csv or a .npy file")
-    f.add_argument("--k", type=int_option("--k"), required=True, help="number of clusters")
+    # The options of the records' fields (params.py): default, help, choices and the check
+    # of a value (the field's constraint) written once for the estimators and the command.
+    common.add_field(f, common.field(KMeansParams, "n_clusters"), "--k", required=True)
     f.add_argument("-o", "--output", type=path_option("-o"), default="model.zarr", help="model to write (Zarr group; default model.zarr)")
-    f.add_argument("--init", default=seeding.DEFAULT, help=init_help())
-    f.add_argument("--n-init", type=int_option("--n-init"), default=1, metavar="N",
-                   help="runs from different seeds; the run of lowest inertia is kept (default 1)")
-    f.add_argument("--max-iter", type=int_option("--max-iter"), default=300, metavar="N",
-                   help="most iterations of a run (default 300)")
-    f.add_argument("--tol", type=float_option("--tol"), default=1e-4, metavar="T",
-                   help="stop once the centroids move less than T x the mean feature variance (default 1e-4)")
-    f.add_argument("--seed", type=int_option("--seed", **common.SEED_RANGE), default=None, metavar="S",
-                   help="random seed: the same seed gives the same model for any chunking and worker count "
-                        "(default: a fresh one)")
+    # A registered name or a .npy file: no choices; run_fit checks it (the file exists).
+    common.add_field(f, common.field(KMeansParams, "init", inits=seeding.names()), text=init_help(),
+                     shown_default=None, choices=None)
+    # The command's own default: one run (KMeans's n_init="auto" is scikit-learn's rule, and
+    # the command's --n-init counts runs).
+    common.add_field(f, common.field(KMeansParams, "n_init"), default=1, metavar="N",
+                     text="runs from different seeds; the run of lowest inertia is kept")
+    common.add_field(f, common.field(KMeansParams, "max_iter"), metavar="N")
+    common.add_field(f, common.field(KMeansParams, "tol"), metavar="T")
+    common.add_field(f, common.field(KMeansParams, "random_state"), "--seed", metavar="S", shown_default="a fresh one",
+                     text="random seed: the same seed gives the same model for any chunking and worker count")
     # The metrics' names from the light registry (daskmeans.metric checks them against its
     # hooks): the help lists them without loading NumPy.
-    f.add_argument("--metric", choices=METRICS, default="euclidean", metavar="NAME",
-                   help="the distance, one of %(choices)s (default euclidean)")
-    f.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
-    f.add_argument("--max-samples-per-cluster", type=int_option("--max-samples-per-cluster"), default=None,
-                   metavar="N",
-                   help="train on N x K rows drawn from --seed where the data has more (FAISS's "
-                        "max_points_per_centroid), then label every row (default daskmeans.max-samples-per-cluster: "
-                        "every row)")
-    f.add_argument("--max-imbalance", type=float_option("--max-imbalance", low=1.0, strict=True), default=None, metavar="R",
-                   help="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
-                        "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
-                        "clusters above it (R > 1; default off)")
+    common.add_field(f, common.field(KMeansParams, "metric"), metavar="NAME",
+                     text="the distance, one of %(choices)s; cosine: spherical k-means")
+    common.add_field(f, common.field(KMeansParams, "precision"),
+                     text="GPU GEMM precision; labels are exact in every mode (uncertain rows are re-checked)")
+    common.add_field(f, common.field(KMeansParams, "max_samples_per_cluster"), metavar="N",
+                     shown_default="daskmeans.max-samples-per-cluster: every row",
+                     text="train on N x K rows drawn from --seed where the data has more (FAISS's "
+                          "max_points_per_centroid), then label every row")
+    common.add_field(f, common.field(KMeansParams, "max_imbalance"), metavar="R", shown_default="off",
+                     text="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
+                          "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
+                          "clusters above it (R > 1)")
     f.add_argument("--labels", metavar="LABELS", type=labels_path_option("--labels"),
                    help="also write the training labels here, in the format of its suffix (as predict -o)")
     common.add_keep_arg(f)
-    f.add_argument("--tier", choices=tuple(TIERS), default="auto", help=common.tier_help())
-    f.add_argument("--memory-limit", metavar="SIZE", type=size_option("--memory-limit", auto=True), help="host memory per worker for resident data (e.g. 8GiB; default auto)")
-    f.add_argument("--device-memory-limit", metavar="SIZE", type=size_option("--device-memory-limit", auto=True),
-                   help="GPU memory per worker (e.g. 40GiB; default auto)")
-    f.add_argument("--checkpoint", type=path_option("--checkpoint"), metavar="CKPT.zarr",
-                   help="write the fit's restart point here every --checkpoint-every iterations and on Ctrl-C/SIGTERM")
-    f.add_argument("--checkpoint-every", type=int_option("--checkpoint-every"), default=10, metavar="N", help="iterations between checkpoints (default 10)")
+    common.add_field(f, common.field(RunParams, "tier"), text=common.tier_help(), shown_default=None)
+    common.add_field(f, common.field(RunParams, "memory_limit"), metavar="SIZE", shown_default="auto",
+                     text="host memory per worker for resident data (e.g. 8GiB)")
+    common.add_field(f, common.field(RunParams, "device_memory_limit"), metavar="SIZE", shown_default="auto",
+                     text="GPU memory per worker for resident data (e.g. 40GiB)")
+    common.add_field(f, common.field(RunParams, "checkpoint"), metavar="CKPT.zarr",
+                     text="write the fit's restart point here every --checkpoint-every iterations and on "
+                          "Ctrl-C/SIGTERM")
+    common.add_field(f, common.field(RunParams, "checkpoint_every"), metavar="N")
     f.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data and parameters)")
     f.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     f.add_argument("--timings", type=path_option("--timings"), metavar="FILE.json",

@@ -11,7 +11,9 @@ import argparse
 import os
 from typing import Any
 
+from .. import seeding
 from ..events import watching
+from ..params import KMeansParams
 from ..progress import Steps
 from ..sweep import SAMPLE_ROWS, parse_ks  # light: NumPy and Dask load in the sweep itself
 from ..validation import int_option, path_option
@@ -38,11 +40,17 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--plot", type=path_option("--plot"), metavar="ELBOW.png", help="also draw the elbow plot here (.png, .svg or .pdf)")
     s.add_argument("--sample", type=int_option("--sample"), default=SAMPLE_ROWS, metavar="N",
                    help=f"rows drawn for the silhouette and Davies-Bouldin scores (default {SAMPLE_ROWS})")
-    s.add_argument("--init", default="k-means||", help="each fit's init (as fit's --init)")
-    s.add_argument("--n-init", type=int_option("--n-init"), default=1, help="runs per K, the best kept")
-    s.add_argument("--max-iter", type=int_option("--max-iter"), default=300, help="iterations per fit at most")
-    s.add_argument("--seed", type=int_option("--seed", **common.SEED_RANGE), default=0,
-                   help="seed of every fit and of the sample (default 0)")
+    # The options of the records' fields (params.py), as fit's. The init is checked by each
+    # fit (a registered name or a .npy file): no choices here.
+    common.add_field(s, common.field(KMeansParams, "init", inits=seeding.names()),
+                     text="each fit's init (as fit's --init)", choices=None)
+    # The command's own defaults: one run per K (KMeans's n_init="auto" is scikit-learn's
+    # rule), and the API sweep's seed 0 (``daskmeans.sweep``'s random_state), which its
+    # sample is drawn from too: a sweep run again scores the same rows.
+    common.add_field(s, common.field(KMeansParams, "n_init"), default=1, text="runs per K, the best kept")
+    common.add_field(s, common.field(KMeansParams, "max_iter"), text="iterations per fit at most")
+    common.add_field(s, common.field(KMeansParams, "random_state"), "--seed", default=0,
+                     text="seed of every fit and of the sample")
     s.add_argument("--overwrite", action="store_true", help="replace an existing summary and plot")
     s.add_argument("-q", "--quiet", action="store_true", help="no line per K")
     common.add_data_args(s)
