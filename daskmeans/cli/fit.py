@@ -177,7 +177,8 @@ def run_fit(args: argparse.Namespace) -> int:
             common.say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
             km.client = client
             if target is not None and target.format == "zarr":
-                # The labels' writer (zarr, ~0.4 s of imports) loads while the fit waits on its workers.
+                # The labels' writer (zarr, whose imports are long: performance.md, "Startup") loads
+                # while the fit waits on its workers.
                 threading.Thread(target=importlib.import_module, args=("zarr",), daemon=True).start()
             progress = FitProgress(args.quiet, args.verbose, args.max_iter, args.n_init)
             cluster.enter_context(watching(Steps(args.quiet)))  # placing, the init, the labels' write

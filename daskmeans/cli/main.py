@@ -68,8 +68,9 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 def run() -> None:
     """The ``daskmeans`` command: :func:`main`, then exit at once. The work is done and every
     output closed and renamed into place by then; Python's own shutdown (the in-process
-    cluster's threads, CUDA's teardown, freeing every module) took ~0.6 s of a command on a GPU
-    host, so it is skipped (``os._exit``) once the streams are flushed."""
+    cluster's threads, CUDA's teardown, freeing every module) was a large part of a short
+    command (performance.md, "The command and the readers"), so it is skipped (``os._exit``)
+    once the streams are flushed."""
     argv = sys.argv[1:]
     args = parser().parse_args(argv)  # usage errors, --help and --version end here, as in main()
     command_process(dashboard=getattr(args, "dashboard", False))
@@ -137,13 +138,13 @@ def command_process(dashboard: bool = False) -> None:
     """Settings of the command's own process, made by :func:`run` before Dask loads (never by
     :func:`main`, which may run inside a user's process):
 
-    - Dask does not import xarray (and pandas with it: ~0.35 s on a GPU host), SciPy's sparse
-      matrices or SciPy's FFT (~0.15 s): it imports them, where installed, only to recognise
+    - Dask does not import xarray (and pandas with it), SciPy's sparse matrices or SciPy's FFT
+      (their costs: performance.md, "The command and the readers"): it imports them, where installed, only to recognise
       such objects or to offer ``dask.array.fft`` over SciPy, and the command reads files
       (SciPy modules that import ``scipy.sparse``, e.g. ``scipy.stats``, and scikit-learn then
       cannot be imported in this process). CuPy's sparse matrices stay: CuPy loads ``cupyx``
       at its first ufunc call, and ``cupyx`` imports them;
-    - without a ``dashboard``, nor Jinja (~0.02 s): Dask and distributed load it only for
+    - without a ``dashboard``, nor Jinja: Dask and distributed load it only for
       their HTML views (notebook reprs, the dashboard's pages), which the command never shows;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted
       or its scheduler is lost) stay out of the command's output, where errors are one line;

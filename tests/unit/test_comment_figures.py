@@ -69,11 +69,6 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("cli/main.py", "failed reconnection, 30 s on)", "Dask's reconnection timeout, a default the code filters after"),
     # daskmeans/cli/ is being reworked in parallel: its figures move to performance.md with
     # that work (these entries then no longer match and must be removed).
-    ("cli/fit.py", "(zarr, ~0.4 s of imports)", "pending: cli/ figures move with the command's rework"),
-    ("cli/main.py", "took ~0.6 s of a command on a GPU", "pending: cli/ figures move with the command's rework"),
-    ("cli/main.py", "(and pandas with it: ~0.35 s on a GPU host)", "pending: cli/ figures move with the command's rework"),
-    ("cli/main.py", "SciPy's FFT (~0.15 s)", "pending: cli/ figures move with the command's rework"),
-    ("cli/main.py", "nor Jinja (~0.02 s)", "pending: cli/ figures move with the command's rework"),
 )
 
 
