@@ -776,7 +776,7 @@ def test_failed_save_keeps_previous_model(tmp_path, model, monkeypatch, client):
         raise RuntimeError("disk full")
 
     other = KMeans(2, init="random", random_state=0, client=client).fit(X)
-    monkeypatch.setattr(model_store, "_jsonable", boom)
+    monkeypatch.setattr(model_store, "jsonable", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         other.save(path)
     monkeypatch.undo()
