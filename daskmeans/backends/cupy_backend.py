@@ -34,7 +34,7 @@ from ..errors import DataError
 from ..numerics.grid import Grid
 from .protocol import DeviceBudget, Tunables, tunables_in_force
 
-__all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
+__all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
            "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
            "step_rate"]
@@ -206,18 +206,27 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunabl
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
          tunables: Tunables | None = None) -> Any:
-    """Start compiling, in a background thread, the kernels a fit of K x D (data ``dtype``,
-    blocks of ``rows`` rows) launches: the moments and update module and the assignment's
-    (fused, or selection and sums), together. Returns the thread.
+    """Start compiling, in the background, the kernels a fit of K x D (data ``dtype``, blocks
+    of ``rows`` rows) launches. Returns the thread compiling this package's modules.
 
-    With an empty kernel cache a first iteration otherwise waits for the compiles (seconds at
-    large K); started before the data is placed, they overlap the placement. A kernel asked
-    for meanwhile waits for its compile in flight (:func:`.cuda_src._once`); a compile
-    error is raised there again, by the call that needs the kernel."""
+    - In a thread, this package's modules (NVRTC releases the interpreter lock, so they compile
+      side by side): the moments and update module, the assignment's (fused, or selection and
+      sums), and the labels-only passes of the inits against from one to K centroids in TF32
+      (:func:`_distance_pass_compiles`).
+    - In a few processes, CuPy's own kernels that the fit launches (:mod:`.gpu_warm_ops`):
+      compiling those is mostly Python work, so threads would take turns.
+
+    With an empty kernel cache the fit otherwise waits for each compile in turn (seconds);
+    started before the data is placed, they overlap the placement. A kernel asked for
+    meanwhile waits for its compile in flight (:func:`.cuda_src._once`), or CuPy compiles it
+    again itself; a compile error is raised there again, by the call that needs the kernel."""
     import threading
 
-    small = gpu_plan.small_config(k, d, gpu_device.shared_optin(gpu_device.device_id()))
+    shared = gpu_device.shared_optin(gpu_device.device_id())
+    small = gpu_plan.small_config(k, d, shared)
     calls = gpu_small.compiles(small, d, dtype) if small else gpu_gemm.compiles(k, d, dtype, precision, rows, tunables)
+    calls = calls + _distance_pass_compiles(k, d, dtype, rows, tunables, shared)
+    warm_cupy_ops(dtype)
 
     def compile_all() -> None:
         try:
@@ -228,6 +237,73 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
     t = threading.Thread(target=compile_all, name="daskmeans-compile", daemon=True)
     t.start()
     return t
+
+
+_REG_K = 64  # the fused kernel's register configurations stop well below this many centroids
+
+
+def _distance_pass_compiles(k: int, d: int, dtype: Any, rows: int, tunables: Tunables | None,
+                            shared: int) -> list:
+    """The compile calls of :func:`min_sqdist` against any number of centroids from 1 to K in
+    TF32 (the inits' passes: k-means||'s rounds, the recluster's batches, k-means++'s steps).
+    Each fused configuration that keeps the centroids in registers is compiled for its own K,
+    so every such K up to ``k`` is one call; past them one configuration serves every K, then
+    the GEMM regime's modules."""
+    calls, seen = [], set()
+    kk = 1
+    while kk <= k:
+        cfg = gpu_plan.small_config(kk, d, shared)
+        if cfg is None:
+            while kk <= k:  # the GEMM's mode (and so the selection's module) depends on K
+                calls += gpu_gemm.compiles(kk, d, dtype, "tf32", rows, tunables)
+                kk *= 2
+            calls += gpu_gemm.compiles(k, d, dtype, "tf32", rows, tunables)
+            break
+        if cfg not in seen:
+            seen.add(cfg)
+            calls += gpu_small.compiles(cfg, d, dtype, mode=1)
+        kk = kk + 1 if kk < _REG_K and cfg[2] else kk * 2
+    return calls
+
+
+_OPS_STARTED: set = set()
+
+
+def warm_ahead(dtype: Any = "float32") -> list:
+    """:func:`warm_cupy_ops` for a command about to start GPU workers on this host, where it
+    has CuPy and an NVIDIA device (neither is imported or opened here): the compiles then
+    overlap the command's own imports and the workers' start."""
+    import importlib.util
+    import os
+
+    if not os.path.exists("/dev/nvidiactl") or importlib.util.find_spec("cupy") is None:
+        return []
+    return warm_cupy_ops(dtype)
+
+
+def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
+    """Compile CuPy's kernels of a fit on data of ``dtype`` (:mod:`.gpu_warm_ops`) in
+    ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
+    CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
+    when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
+    and device is there, or while another process compiles that slice. Returns the processes
+    started (nothing waits for them). Needs no CuPy in this process: the command calls it
+    before its own imports."""
+    import os
+    import subprocess
+    import sys
+
+    from . import gpu_warm_ops
+
+    dt = numpy.dtype(dtype).name
+    if dt in _OPS_STARTED:
+        return []
+    _OPS_STARTED.add(dt)
+    n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
+    n = min(n, gpu_warm_ops.count(dt))
+    return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, str(i), str(n), dt], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in range(n)]
 
 
 def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums, grid=None):
@@ -342,6 +418,17 @@ def label_counts(labels: Any, k: int) -> Any:
     nb = int(max(1, min(4 * gpu_device.sm_count(gpu_device.device_id()), -(-n // 256))))
     kern((nb,), (256,), (labels, numpy.int64(n), numpy.int32(k), numpy.int32(shared), counts), shared_mem=4 * shared)
     return counts.view(cupy.int64)
+
+
+def bin_sums(labels: Any, weights: Any, m: int) -> Any:
+    """Per-label sums of ``weights`` (None: counts), float64 ``(m,)``. Not ``cupy.bincount``:
+    it reads the labels' minimum and maximum back to the host (two synchronisations), and its
+    check of the minimum compiles CUB's block reduction, seconds of NVRTC on a cold cache."""
+    import cupy
+
+    out = cupy.zeros(m, cupy.float64)
+    cupy.add.at(out, labels, cupy.ones(labels.shape[0], cupy.float64) if weights is None else weights)
+    return out
 
 
 def min_sqdist(X: Any, p: Prepared, grid: Grid | None = None) -> tuple[Any, Any]:

@@ -19,10 +19,11 @@ def _kernels(dtype: Any, small: tuple, d: int, mode: int = 0) -> tuple:
     return cuda_src.small_kernels(dtype, lanes, dpl, kacc, tred, THREADS, mode, creg, d == lanes * dpl)
 
 
-def compiles(small: tuple, d: int, dtype: Any) -> list:
+def compiles(small: tuple, d: int, dtype: Any, mode: int = 0) -> list:
     """The compile call of the fused kernel a fit launches (``small``: a
-    :func:`.gpu_plan.small_config`), for :func:`.cupy_backend.warm`."""
-    return [lambda: _kernels(dtype, small, d)]
+    :func:`.gpu_plan.small_config`; ``mode`` 1: labels only, as :func:`min_sqdist`'s callers
+    launch it), for :func:`.cupy_backend.warm`."""
+    return [lambda: _kernels(dtype, small, d, mode)]
 
 
 def _plan(X: Any, p: Prepared, mode: int = 0) -> tuple:

@@ -324,6 +324,11 @@ def label_counts(labels: numpy.ndarray, k: int) -> numpy.ndarray:
     return numpy.bincount(labels, minlength=k).astype(numpy.int64)
 
 
+def bin_sums(labels: numpy.ndarray, weights: numpy.ndarray | None, m: int) -> numpy.ndarray:
+    """Per-label sums of ``weights`` (None: counts), float64 ``(m,)``."""
+    return numpy.bincount(labels, weights=weights, minlength=m).astype(numpy.float64, copy=False)
+
+
 def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray, int | None]:
     """Per-column mean, sum of squared deviations and largest absolute value (float64, shape
     (d,) each) of a block, and the index of its first row holding a NaN or infinity (None if

@@ -217,6 +217,11 @@ class Backend(Protocol):
     def label_counts(self, labels: Any, k: int) -> Any:
         """Rows per label: int64 ``(k,)`` for int32 ``labels`` ``(n,)`` in ``[0, k)``."""
 
+    def bin_sums(self, labels: Any, weights: Any, m: int) -> Any:
+        """Per-label sums of ``weights`` (``(n,)`` float64; None: each row counts 1), float64
+        ``(m,)``, for integer ``labels`` ``(n,)`` in ``[0, m)``: ``numpy.bincount``'s result,
+        without a synchronisation with the host."""
+
     def min_sqdist(self, X: Any, p: Any, grid: Any = None) -> tuple[Any, Any]:
         """Labels ``(n,)`` int32 and squared distances ``(n,)`` float64 to the nearest centroid
         (``grid``: one whose bound covers ``X``, where the caller has it: a GPU's scaled float16

@@ -64,15 +64,25 @@ def local_trials(k: int) -> int:
     return 2 + int(math.log(k)) if k > 1 else 1
 
 
+def _largest(xp: Any, key: Any, m: int) -> Any:
+    """Positions of the ``m`` largest of ``key`` (1-D, distinct values: ties have probability
+    zero), in no particular order. NumPy's partition where it is NumPy; elsewhere a sort, as
+    CuPy's ``argpartition`` checks its ``kth`` on the device (a synchronisation with the host,
+    and a reduction of CUB's to compile on a cold kernel cache)."""
+    if xp is np:
+        return np.argpartition(-key, m - 1)[:m]
+    return xp.argsort(-key)[:m]
+
+
 def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """``m`` rows drawn with probability proportional to ``p`` without replacement
     (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
     of probability 0 only when no other row is left. Sorted row indices, on ``p``'s device."""
-    m = int(m)  # CuPy's argpartition takes a Python int as kth, not a NumPy integer
+    m = int(m)  # a Python int: NumPy's kth, and slicing
     live = xp.flatnonzero((p > 0) & ~exclude)
     if live.size >= m:
         key = xp.log(u[live]) / p[live]
-        return xp.sort(live[xp.argpartition(-key, m - 1)[:m]])
+        return xp.sort(live[_largest(xp, key, m)])
     rest = xp.flatnonzero((p <= 0) & ~exclude)
     return xp.sort(xp.concatenate([live, rest[xp.argsort(u[rest], kind="stable")[: m - live.size]]]))
 
@@ -155,7 +165,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
             else:
                 every = xp.concatenate(draws)
                 lab, dn = be.min_sqdist(X, be.prepare(X[every], X.dtype, precision), bound)
-                gain = xp.bincount(lab, weights=w * xp.maximum(d2 - dn, 0.0), minlength=every.size)
+                gain = be.bin_sums(lab, w * xp.maximum(d2 - dn, 0.0), every.size)
                 ends = np.cumsum(sizes)
                 pick = xp.concatenate([
                     dr if size <= m else xp.sort(dr[xp.argsort(-gain[end - size:end], kind="stable")[:m]])

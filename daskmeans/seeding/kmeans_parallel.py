@@ -115,8 +115,7 @@ def _cand_weights(shard: Shard, state: _ParState) -> np.ndarray:
     xp = be.xp
     total = xp.zeros(state.n_cands, xp.float64)
     for j, w in enumerate(shard.weights or [None] * len(shard.chunk_ids)):  # no pass over the data
-        total += xp.bincount(state.nearest[j], weights=None if w is None else w.astype(xp.float64),
-                             minlength=state.n_cands)
+        total += be.bin_sums(state.nearest[j], None if w is None else w.astype(xp.float64), state.n_cands)
     return be.to_numpy(total)
 
 

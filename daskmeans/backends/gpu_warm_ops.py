@@ -1,0 +1,246 @@
+"""CuPy's own kernels that a GPU fit launches, compiled ahead in separate processes.
+
+CuPy compiles each elementwise, reduction, indexing and sorting kernel the first time it is
+launched with a new signature (its dtypes, its number of dimensions, its contiguity), through
+NVRTC, and caches the binary on disk (``CUPY_CACHE_DIR``). A first fit on a machine with an
+empty cache launches dozens of them one after another from the moments pass, the init and the
+first iterations, each compile on the fit's critical path (docs/performance.md, "A first fit"). Threads do not help: most of a compile of
+CuPy's is Python work under the interpreter lock. This file is a script that
+:func:`.cupy_backend.warm` runs in a few processes at once, each launching a slice of
+:data:`OPS` on tiny arrays, so that the fit later loads them from the disk cache.
+
+It imports only NumPy and CuPy (never ``daskmeans``: a process that imports the package
+starts a second slower), and is run by path::
+
+    python gpu_warm_ops.py SLICE N_SLICES DTYPE
+
+Each op is the expression a module of the fit evaluates, on arrays of the same dtypes and
+dimensions (a kernel's signature holds no sizes, except where CuPy picks another algorithm for
+a large array: those ops run at both sizes). ``tests/gpu/test_gpu_warm.py`` checks that a fit
+after the warm compiles nothing of CuPy's: an op added to the fit's modules without its line
+here fails there with the kernel's name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SMALL, LARGE = 64, 1 << 17  # the sizes below and above CuPy's switch to its large-array algorithms
+
+
+def _ops(cp, np, dt):  # noqa: C901 - one list
+    """The ops, each a function of the row count ``n`` (``SMALL`` or ``LARGE``) or of none."""
+    f64, i64, i32, u64 = cp.float64, cp.int64, cp.int32, cp.uint64
+
+    def x2(n=SMALL, d=8):
+        return cp.ones((n, d), dt)
+
+    def v(dtype, n=SMALL):
+        return cp.ones(n, dtype)
+
+    def moments():  # backends.cupy_backend.moments
+        cp.full((), np.iinfo(np.uint64).max, cp.uint64)
+
+    def prepare():  # gpu_gemm.prepare, _max_abs, the centroids' norms
+        c = x2()
+        c64 = c.astype(f64)
+        float(max(c.max(), -c.min()))
+        rsq = v(f64)
+        float(cp.sqrt(rsq.max()))
+        sq = (c64 * c64).sum(axis=1)
+        for t in (cp.float32, f64):
+            csq = cp.full(SMALL, np.inf, t)
+            csq[:8] = sq[:8]
+
+    def take_rows():  # seeding.rows: rows of a block by index
+        x2()[cp.asarray(np.arange(3, dtype=np.int64))]
+
+    def par_update():  # seeding.kmeans_parallel._par_update, _cand_weights
+        d2, nearest = cp.full(SMALL, cp.inf), cp.full(SMALL, -1, i64)
+        lab, dn = v(i32), v(f64)
+        closer = dn < d2
+        d2 = cp.where(closer, dn, d2)
+        nearest = cp.where(closer, lab.astype(i64) + 3, nearest)
+        phi = cp.zeros((), f64)
+        phi + d2.sum()
+        phi + d2 @ v(f64)
+        total = cp.zeros(8, f64)
+        total += bin_sums(nearest % 8, None, 8)
+        total += bin_sums(nearest % 8, v(f64), 8)
+
+    def bin_sums(labels, weights, m):  # cupy_backend.bin_sums
+        out = cp.zeros(m, f64)
+        cp.add.at(out, labels, cp.ones(labels.size, f64) if weights is None else weights)
+        return out
+
+    def grid(n):  # numerics.grid.Grid.for_block
+        cp.abs(x2(n)).max(axis=0)
+        v(f64, n).sum()
+
+    def draw(n):  # seeding.kernels._draw
+        p, u = v(f64, n), v(f64, n)
+        exclude = cp.zeros(n, bool)
+        live = cp.flatnonzero((p > 0) & ~exclude)
+        key = cp.log(u[live]) / p[live]
+        cp.sort(live[cp.argsort(-key)[:4]])
+        rest = cp.flatnonzero((p <= 0) & ~exclude)
+        cp.sort(cp.concatenate([live, rest[cp.argsort(u[rest], kind="stable")[:2]]]))
+        bool((v(i64, n) < 3).any())
+
+    def seed_batched(n):  # seeding.kernels.seed_batched
+        w = v(f64, n).astype(f64)
+        d2, dn = v(f64, n), v(f64, n)
+        lab = v(i32, n)
+        chosen = cp.zeros(n, bool)
+        p = w * d2
+        pick = cp.arange(0, 4, dtype=i64)
+        chosen[pick] = True
+        chosen[pick[:1]] = True
+        every = cp.concatenate([pick, pick + 4])
+        cp.concatenate([pick, pick[:1]])
+        gain = bin_sums(lab, w * cp.maximum(d2 - dn, 0.0), every.size)
+        cp.concatenate([every[cp.sort(cp.argsort(-gain[0:4], kind="stable")[:2])] for _ in range(2)])
+        cp.minimum(d2, dn)
+        x2(n)[cp.concatenate([pick, pick])]
+        del p
+
+    def plusplus():  # seeding.kernels.kmeans_plusplus (greedy, one worker), two steps
+        x = cp.asarray(x2(), dtype=f64)
+        n = x.shape[0]
+        w = cp.ones(n, f64)
+        xsq = (x * x).sum(axis=1)
+
+        def sqdist(rows):
+            c = x[rows]
+            d = (c * c).sum(axis=1)[:, None] - 2 * (c @ x.T) + xsq[None, :]
+            return cp.maximum(d, 0.0)
+
+        closest = sqdist(cp.asarray([0]))[0]
+        pot = float(closest @ w)
+        for _ in range(2):
+            cum = cp.cumsum(w * closest)
+            r = cp.asarray(np.random.default_rng(0).uniform(size=3) * pot)
+            cand = cp.minimum(cp.searchsorted(cum, r), n - 1)
+            dist = cp.minimum(closest[None, :], sqdist(cand))
+            pots = dist @ w
+            best = int(cp.argmin(pots))
+            pot = float(pots[best])
+            closest = dist[best]
+            int(cand[best])
+        x[cp.asarray([0, 1])]
+
+    def weighted_lloyd():  # seeding.kernels.weighted_lloyd
+        c, new = v(f64).reshape(8, 8), v(f64).reshape(8, 8)
+        nonempty = v(i64, 8) > 0
+        cp.where(nonempty[:, None], new / cp.where(nonempty, v(f64, 8), 1.0)[:, None], c)
+        bool((new == c).all())
+
+    def sums():  # backends.gpu_sums: counts by label, the grid's weights
+        counts = cp.zeros(8, u64)
+        cp.add.at(counts, v(i32) % 8, np.uint64(1))
+        cursor = cp.cumsum(counts) - counts
+        counts = counts.astype(i64, copy=False)
+        counts << 3
+        del cursor
+
+    def small_stats():  # gpu_small: the per-block statistics' partial sums
+        cp.ones((4, 2), f64).sum(axis=0)
+
+    def step():  # engine.step.lloyd_step: the int64 buffer
+        buf = cp.zeros(64, i64)
+        fv = buf.view(f64)
+        buf[3] = 1
+        buf[0:8] += v(i64, 8)
+        fv[9] = cp.ones((), f64)
+        buf[10] += cp.asarray(cp.ones((), f64)).astype(i64)
+        buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
+
+    return [moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
+            *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched)]]
+
+
+def _marker(cp, index: int, count: int, dtype: str) -> str:
+    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
+    this list of ops, CuPy, CUDA runtime and device architecture."""
+    import hashlib
+
+    with open(__file__, "rb") as f:
+        tag = hashlib.sha1(f.read()).hexdigest()[:12]
+    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    cc = cp.cuda.Device().compute_capability
+    name = f"daskmeans-warm-{tag}-cupy{cp.__version__}-cuda{cp.cuda.runtime.runtimeGetVersion()}-sm{cc}-{dtype}"
+    return os.path.join(cache, f"{name}-{index}of{count}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str]) -> int:
+    """Run slice ``argv[0]`` of ``argv[1]`` of the ops for data of dtype ``argv[2]``, unless
+    its marker says it ran (or another live process is running it); then leave the marker.
+    Returns 0, or 1 where there is nothing to compile on (no CuPy, no device)."""
+    import numpy as np
+
+    try:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy or no device here: nothing to warm
+        return 1
+    index, count, dtype = int(argv[0]), int(argv[1]), np.dtype(argv[2]).name
+    marker = _marker(cp, index, count, dtype)
+    if os.path.exists(marker):
+        return 0
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    running = marker + ".running"
+    try:
+        fd = os.open(running, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            with open(running) as f:
+                pid = int(f.read() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid):
+            return 0  # another process compiles this slice now
+        with open(running, "w") as f:  # its process ended without the marker: take it over
+            f.write(str(os.getpid()))
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+    try:
+        for op in _ops(cp, np, np.dtype(dtype))[index::count]:
+            op()
+        cp.cuda.Device().synchronize()
+        with open(marker, "w"):
+            pass
+    finally:
+        try:
+            os.remove(running)
+        except OSError:
+            pass
+    return 0
+
+
+def count(dtype: str = "float32") -> int:
+    """The number of ops (no GPU needed: the list is built, not run)."""
+    import numpy as np
+
+    class _Any:  # stands in for CuPy: the list's functions are defined, none is called
+        def __getattr__(self, name):
+            return None
+
+    return len(_ops(_Any(), np, np.dtype(dtype)))
+
+
+if __name__ == "__main__":  # pragma: no cover - run by cupy_backend.warm in its own process
+    sys.path = [p for p in sys.path if os.path.abspath(p) != os.path.dirname(os.path.abspath(__file__))]
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""A fit after the kernel warm-up compiles nothing (issue: a first fit on a fresh machine).
+
+Each case runs in its own process with an empty CuPy kernel cache (``CUPY_CACHE_DIR``, the
+sources kept beside the binaries): :func:`cupy_backend.warm` and its processes run to the end,
+then a whole fit on an in-process GPU worker; any kernel that the fit compiled after the warm is
+a kernel the warm-up misses (:mod:`daskmeans.backends.gpu_warm_ops` or
+:func:`cupy_backend._distance_pass_compiles`), named in the failure.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = textwrap.dedent("""
+    import glob, json, os, sys
+    import numpy as np
+    from distributed import Client, LocalCluster
+    from daskmeans import KMeans
+    from daskmeans.backends import cupy_backend
+
+    k, d, n, precision, init = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    cache = os.environ["CUPY_CACHE_DIR"]
+    procs = cupy_backend.warm_cupy_ops("float32")
+    cupy_backend.warm(k, d, np.float32, precision, n).join()
+    codes = [p.wait() for p in procs]
+    warmed = set(glob.glob(os.path.join(cache, "*.cubin")))
+    x = np.random.default_rng(0).standard_normal((n, d), dtype=np.float32)
+    with LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as lc, Client(lc):
+        KMeans(k, init=init, precision=precision, max_iter=3, tol=0, random_state=0, backend="gpu").fit(x)
+    new = sorted(set(glob.glob(os.path.join(cache, "*.cubin"))) - warmed)
+    names = []
+    for f in new:
+        src = open(f + ".cu").read() if os.path.exists(f + ".cu") else ""
+        names.append(" ".join(__import__("re").findall(r"__global__\\s+void\\s+(?:__launch_bounds__\\([^)]*\\)\\s+)?(\\w+)", src)[:3]))
+    print(json.dumps({"codes": codes, "warmed": len(warmed), "new": names}))
+""")
+
+
+@pytest.mark.parametrize("k, d, n, precision, init", [
+    (2048, 64, 200_000, "tf32", "k-means||"),  # the GEMM regime, the recluster's batches
+    (16, 64, 200_000, "fp32", "k-means||"),  # the fused regime, few candidates a round
+    (16, 64, 200_000, "fp32", "k-means++"),
+])
+def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, init):
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), CUPY_CACHE_SAVE_CUDA_SOURCE="1")
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(k), str(d), str(n), precision, init], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["codes"] and all(c == 0 for c in out["codes"]), out
+    assert out["warmed"] > 20, out
+    assert out["new"] == [], f"compiled after the warm-up: {out['new']}"
+
+
+def test_the_warm_up_is_skipped_once_its_markers_are_in_the_cache(tmp_path):
+    """A second process on the same cache starts no process: the markers of the first say
+    that every slice finished."""
+    code = ("import sys; from daskmeans.backends import cupy_backend as c; ps = c.warm_cupy_ops('float32'); "
+            "print(len(ps), [p.wait() for p in ps])")
+    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    started, codes = first.stdout.split(" ", 1)
+    assert int(started) >= 2 and re.fullmatch(r"\[(0, )*0\]\n?", codes), first.stdout
+    assert second.stdout.strip() == "0 []", second.stdout
