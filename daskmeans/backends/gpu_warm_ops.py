@@ -98,7 +98,9 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         chosen[pick] = True
         chosen[pick[:1]] = True
         every = cp.concatenate([pick, pick + 4])
-        cp.concatenate([pick, pick[:1]])
+        # Many arrays: CuPy's kernels of concatenation (a few arrays are copied slice by slice).
+        cp.concatenate([pick] * 40)
+        cp.concatenate([pick[: 1 + i % 3] for i in range(40)])
         gain = bin_sums(lab, w * cp.maximum(d2 - dn, 0.0), every.size)
         cp.concatenate([every[cp.sort(cp.argsort(-gain[0:4], kind="stable")[:2])] for _ in range(2)])
         cp.minimum(d2, dn)

@@ -59,15 +59,19 @@ def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, 
     assert out["new"] == [], f"compiled after the warm-up: {out['new']}"
 
 
-def test_the_warm_up_is_skipped_once_its_markers_are_in_the_cache(tmp_path):
-    """A second process on the same cache starts no process: the markers of the first say
-    that every slice finished."""
-    code = ("import sys; from daskmeans.backends import cupy_backend as c; ps = c.warm_cupy_ops('float32'); "
+def test_a_second_warm_up_on_the_same_cache_compiles_nothing(tmp_path):
+    """The processes of a second warm-up on the same cache find the markers of the first and
+    compile nothing; each exits 0."""
+    code = ("from daskmeans.backends import cupy_backend as c; ps = c.warm_cupy_ops('float32'); "
             "print(len(ps), [p.wait() for p in ps])")
-    env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"))
+    cache = tmp_path / "kernels"
+    env = dict(os.environ, CUPY_CACHE_DIR=str(cache))
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    assert first.returncode == 0, first.stderr[-2000:]
     started, codes = first.stdout.split(" ", 1)
     assert int(started) >= 2 and re.fullmatch(r"\[(0, )*0\]\n?", codes), first.stdout
-    assert second.stdout.strip() == "0 []", second.stdout
+    files = sorted(os.listdir(cache))
+    assert sum(f.endswith(".cubin") for f in files) > 20 and any(f.startswith("daskmeans-warm-") for f in files)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and re.fullmatch(r"\d+ \[(0, )*0\]\n?", second.stdout), second.stdout
+    assert sorted(os.listdir(cache)) == files
