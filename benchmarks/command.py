@@ -20,7 +20,9 @@ data (seed 0) in a file format and the command's options:
 - ``p3``: P3, init the first K rows, 20 iterations;
 - ``p4``: P4, init the first K rows, 3 iterations;
 - ``p4zarr``: P4 as Zarr, the default init (k-means||), 3 iterations: the init's cost in
-  iteration-times (``init_iteration_times``: the init phase over the median iteration).
+  iteration-times (``init_iteration_times``: the init phase over the median iteration);
+- ``w14``: W14 (2e6 x 128, K = 2^14), the default init, tf32, 5 iterations: a first fit's
+  compiles (``cold_wall_s`` against ``wall_s``: at most 2 s more is the target).
 
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
@@ -68,6 +70,8 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
     "p4zarr": _spec("P4", fmt="zarr", args=["--max-iter", "3", "--tol", "0"], sk=False, own_init=True),
+    "w14": _spec("W14", fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"], sk=False,
+                 own_init=True),
 }
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 
