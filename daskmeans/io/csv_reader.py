@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import config
 from ..errors import DataError
+from . import csv_parse
 from .blocks import Table, float_dtype_arg, non_numeric
 from .ranges import cores, on_cores
 
@@ -495,10 +496,21 @@ def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
 
 def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int) -> np.ndarray:
     """Bytes ``start:stop`` of the (decompressed) file parsed: an array (rows, len(spec.keep))
-    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``.
+    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``."""
+    out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
+    _fill_block(spec, start, stop, first_line, rows, 0, rows, out)
+    return out
+
+
+def _fill_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int, lo: int, hi: int,
+                out: np.ndarray) -> None:
+    """Rows ``lo:hi`` of the block of bytes ``start:stop`` (``rows`` rows from the file's line
+    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``.
 
     The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
-    (so that every piece knows where its rows go), then each is parsed into its rows.
+    (so that every piece knows where its rows go), then each piece that holds rows ``lo:hi``
+    is parsed straight into its rows of ``out`` (a piece that holds only some of them, into
+    rows of its own first).
     """
     a = _block_bytes(spec, start, stop)
     n = len(a)
@@ -511,18 +523,21 @@ def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int
         raise DataError(f"{spec.path} changed since it was opened: {offsets[-1]} rows in bytes {start} to {stop}, "
                         f"{rows} when it was opened; read it again")
     lines = np.cumsum([first_line] + [c[0] for c in counts]).tolist()  # the file's line of each piece
-    out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
+    wanted = [i for i in range(len(pieces)) if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
 
     def parse(i: int) -> None:
         b, e = pieces[i]
-        got = _parse_block(a[b:e], spec, lines[i])
-        if got.shape[0] != offsets[i + 1] - offsets[i]:  # the parser skipped or joined lines the count took for rows
-            raise DataError(f"{spec.path}: {_odd_line(a[b:e], lines[i])} ({got.shape[0]} rows of values where "
-                            f"{offsets[i + 1] - offsets[i]} lines that are not empty were counted)")
-        out[offsets[i] : offsets[i + 1]] = got
+        r0, r1 = offsets[i], offsets[i + 1]
+        inside = lo <= r0 and r1 <= hi
+        dest = out[r0 - lo : r1 - lo] if inside else np.empty((r1 - r0, len(spec.keep)), dtype=spec.dtype)
+        got = _parse_block(a[b:e], spec, lines[i], dest)
+        if got != r1 - r0:  # the parser skipped or joined lines the count took for rows
+            raise DataError(f"{spec.path}: {_odd_line(a[b:e], lines[i])} ({got} rows of values where "
+                            f"{r1 - r0} lines that are not empty were counted)")
+        if not inside:
+            out[max(r0, lo) - lo : min(r1, hi) - lo] = dest[max(r0, lo) - r0 : min(r1, hi) - r0]
 
-    on_cores(parse, range(len(pieces)))
-    return out
+    on_cores(parse, wanted)
 
 
 def _unended(a: np.ndarray, start: int, stop: int) -> int:
@@ -549,27 +564,33 @@ def _odd_line(buf: Any, first_line: int) -> str:
     return f"lines {first_line} to {first_line + len(lines) - 1} hold a line break inside quotes, which cannot be read"
 
 
-def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int) -> np.ndarray:
-    """``buf`` (bytes: whole lines of the file, no header) parsed, on the calling thread:
-    pyarrow's parser where it reads every cell; else pandas' (short rows, and cells such as
-    ``' 1'`` or ``'None'``)."""
+def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int, out: np.ndarray) -> int:
+    """``buf`` (bytes: whole lines of the file, no header) parsed into ``out`` (rows,
+    len(spec.keep)), on the calling thread: the rows of values it holds (``out``'s rows where
+    they agree with the count, the caller's check). The compiled parser where every cell is a
+    plain number (:mod:`.csv_parse`); else pyarrow's parser where it reads every cell; else
+    pandas' (short rows, and cells such as ``' 1'`` or ``'None'``)."""
+    if csv_parse.usable(spec.delimiter) and csv_parse.parse_into(buf, spec.delimiter, spec.n_columns, spec.keep, out):
+        return out.shape[0]
     cols = tuple(dict.fromkeys(spec.keep))  # a column asked for twice is parsed once
-    out = None
+    got = None
     if len(spec.delimiter) == 1:
         import pyarrow as pa
 
         try:
-            out = _parse_arrow(buf, spec, cols)
+            got = _parse_arrow(buf, spec, cols)
         except pa.ArrowInvalid:
             pass
         # Whitespace runs: pyarrow splits on each space, so a run reads as an empty cell (NaN).
-        if out is not None and spec.delimiter == " " and np.isnan(out).any():
-            out = None
-    if out is None:
-        out = _parse_pandas(buf, spec, cols, first_line)
+        if got is not None and spec.delimiter == " " and np.isnan(got).any():
+            got = None
+    if got is None:
+        got = _parse_pandas(buf, spec, cols, first_line)
         if cols != spec.keep:
-            out = out[:, [cols.index(k) for k in spec.keep]]
-    return out
+            got = got[:, [cols.index(k) for k in spec.keep]]
+    if got.shape[0] == out.shape[0]:
+        out[...] = got
+    return got.shape[0]
 
 
 def _parse_arrow(buf: np.ndarray, spec: _CsvSpec, cols: tuple[int, ...]) -> np.ndarray:
