@@ -142,11 +142,97 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         line += breaks
     # A header and no rows: refused by name in read().
     x = da.concatenate(blocks, axis=0) if blocks else da.zeros((0, len(keep)), dtype=dtype)
+    setattr(x, _CSV_ROWS_ATTRIBUTE, CsvRows(spec, tuple(parts)))
     found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
         if header and columns is None else []
     return Table(x, tuple(names[k] for k in keep) if header else None, path,
                  _identifier_message(path, found, names, drop_columns) if found else None,
                  functools.partial(_other_columns, spec, tuple(parts), tuple(names), tuple(dtypes)))
+
+
+# ---------------------------------------------------------------- rows read into a given buffer
+
+# The attribute of the array open_csv returns that holds its CsvRows (that array object alone:
+# an array derived from it is other rows, or the same rows in another dtype or order).
+_CSV_ROWS_ATTRIBUTE = "daskmeans_csv_rows"
+
+
+class CsvRows(NamedTuple):
+    """What a reader needs to parse any rows of an opened CSV file into a buffer it is given
+    (:func:`parse_into`): small and picklable, it travels to the workers.
+
+    Attributes
+    ----------
+    spec : _CsvSpec
+        The file, its layout (delimiter, columns read) and the dtype parsed to.
+    parts : tuple of (first byte, end, first line, rows)
+        The blocks of the array :func:`open_csv` made, in order; lines are the file's.
+    """
+
+    spec: _CsvSpec
+    parts: tuple[tuple[int, int, int, int], ...]
+
+    @property
+    def n(self) -> int:
+        """Rows of the file."""
+        return int(sum(p[3] for p in self.parts))
+
+    @property
+    def d(self) -> int:
+        """Columns read."""
+        return len(self.spec.keep)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """What the text is parsed to."""
+        return np.dtype(self.spec.dtype)
+
+
+def csv_rows_of(x: Any) -> CsvRows | None:
+    """The :class:`CsvRows` of ``x`` where it is the array :func:`open_csv` returned (through
+    :func:`daskmeans.io.readers.read`, which returns it as it is), else None."""
+    got = getattr(x, _CSV_ROWS_ATTRIBUTE, None)
+    return got if isinstance(got, CsvRows) else None
+
+
+def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
+    """Parse rows ``start:stop`` of the CSV file into ``out``, on every core (a thread per core,
+    whatever thread calls it), with no copy between the parse and ``out`` (except for the rows
+    of a piece of text ``start`` or ``stop`` cuts): what a placement pipeline calls to fill its
+    own buffers (pinned host memory, say) instead of copying a parsed block into them.
+
+    Parameters
+    ----------
+    spec : CsvRows
+        The file as opened (:func:`csv_rows_of` of the array :func:`daskmeans.io.readers.read`
+        returned).
+    start, stop : int
+        Rows, ``0 <= start <= stop <= spec.n``.
+    out : ndarray (stop - start, spec.d) of spec.dtype
+        Its rows C-contiguous (a row slice of a C-ordered buffer is).
+
+    Raises
+    ------
+    ValueError
+        ``start:stop`` or ``out`` do not fit as said above.
+    DataError
+        The rows cannot be read (the messages of :func:`daskmeans.io.readers.read`'s tasks:
+        a cell that is no number, the file changed since it was opened...).
+    """
+    n = spec.n
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"rows {start}:{stop} should lie within the file's {n} rows ({spec.spec.path})")
+    if out.shape != (stop - start, spec.d) or out.dtype != spec.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; it should be ({stop - start}, {spec.d}) "
+                         f"of {spec.dtype} for rows {start}:{stop}")
+    if out.ndim != 2 or (out.size and out.strides != (out.shape[1] * out.itemsize, out.itemsize)):
+        raise ValueError(f"out has strides {out.strides}; its rows should be C-contiguous")
+    first = 0
+    for b, e, line, rows in spec.parts:
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo < hi:
+            _fill_block(spec.spec, b, e, line, rows, lo - first, hi - first, out[lo - start : hi - start])
+        first += rows
 
 
 # ---------------------------------------------------------------- identifiers and other columns
