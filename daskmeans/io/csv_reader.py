@@ -217,7 +217,8 @@ def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
         ``start:stop`` or ``out`` do not fit as said above.
     DataError
         The rows cannot be read (the messages of :func:`daskmeans.io.readers.read`'s tasks:
-        a cell that is no number, the file changed since it was opened...).
+        a cell that is no number, the file changed since it was opened...); a piece of text
+        is parsed whole, so a bad cell beside the rows asked for, in their piece, is one too.
     """
     n = spec.n
     if not 0 <= start <= stop <= n:
