@@ -28,6 +28,7 @@ The compiled code is cached on disk as the CPU kernels' is (the user's cache fol
 from __future__ import annotations
 
 import os
+import threading
 from typing import Sequence
 
 import numba
@@ -233,6 +234,26 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
             break
         r += 1
     return r, nd_def
+
+
+_warmed: set[str] = set()
+_warm_lock = threading.Lock()
+
+
+def warm(dtype: str) -> None:
+    """Load (or compile) the parser for ``dtype`` output in a thread of its own, once per
+    process: the CSV reader calls it while it counts rows, so that its first parse does not
+    wait for it (loading the cached machine code takes a few tenths of a second)."""
+    with _warm_lock:
+        if dtype in _warmed:
+            return
+        _warmed.add(dtype)
+
+    def run() -> None:
+        buf = np.frombuffer(b"1\n", np.uint8)  # read-only, as the reader's mapped text is
+        parse_into(buf, ",", 1, [0], np.empty((1, 1), dtype=dtype))
+
+    threading.Thread(target=run, name="daskmeans-csv-warm", daemon=True).start()
 
 
 def resolve(buf: np.ndarray, cells: np.ndarray, out: np.ndarray) -> None:

@@ -526,6 +526,8 @@ def _check_size(spec: _CsvSpec) -> None:
 def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
     """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
     _check_size(spec)
+    if csv_parse.usable(spec.delimiter):  # the parser loaded while rows are counted, before the parse
+        csv_parse.warm(spec.dtype)
     return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
 
 
@@ -550,6 +552,8 @@ def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
 def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
     """(line breaks, rows, end of the data) of a compressed file's decompressed text from byte
     ``start`` (the data ends as in :func:`_data_end`)."""
+    if csv_parse.usable(spec.delimiter):  # the parser loaded while rows are counted, before the parse
+        csv_parse.warm(spec.dtype)
     breaks = rows = 0
     pos, ctx = 0, np.full(2, 10, np.uint8)  # ctx: the 2 bytes before the chunk
     end, trail = start, b""  # after the last byte that is not whitespace; the whitespace after it
