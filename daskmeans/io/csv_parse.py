@@ -131,35 +131,29 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
                 if i < n and (buf[i] == 45 or buf[i] == 43):  # '-' or '+'
                     neg = buf[i] == 45
                     i += 1
+                # Every digit goes into w (leading zeros add nothing): a cell of more than 19
+                # digits, which w may not hold, is deferred below.
                 w = np.uint64(0)
-                nd = 0  # significant digits in w
-                e10 = 0
                 digits = 0
-                while i < n and 48 <= buf[i] <= 57:
-                    d = buf[i] - 48
+                while i < n:
+                    d = np.int64(buf[i]) - 48
+                    if d < 0 or d > 9:
+                        break
+                    w = w * np.uint64(10) + np.uint64(d)
                     digits += 1
-                    if nd > 0 or d != 0:
-                        if nd < 19:
-                            w = w * np.uint64(10) + np.uint64(d)
-                            nd += 1
-                        else:
-                            nd = 20  # more digits than a uint64 holds: the cell is deferred below
                     i += 1
+                e10 = 0
                 if i < n and buf[i] == 46:  # '.'
                     i += 1
-                    while i < n and 48 <= buf[i] <= 57:
-                        d = buf[i] - 48
+                    whole = digits
+                    while i < n:
+                        d = np.int64(buf[i]) - 48
+                        if d < 0 or d > 9:
+                            break
+                        w = w * np.uint64(10) + np.uint64(d)
                         digits += 1
-                        if nd > 0 or d != 0:
-                            if nd < 19:
-                                w = w * np.uint64(10) + np.uint64(d)
-                                nd += 1
-                                e10 -= 1
-                            else:
-                                nd = 20
-                        else:
-                            e10 -= 1
                         i += 1
+                    e10 = whole - digits
                 if i < n and (buf[i] == 101 or buf[i] == 69):  # 'e' or 'E'
                     if digits == 0:
                         return REFUSED, nd_def
@@ -192,9 +186,9 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
                     if i != start:  # a sign alone
                         return REFUSED, nd_def
                     out[r, s] = nan  # an empty cell: NA, as both parsers read it
-                elif w == 0 and nd < 20:
+                elif w == 0 and digits <= 19:
                     out[r, s] = -0.0 if neg else 0.0
-                elif nd > 19 or w > max_w or e10 > 22 or e10 < -22:
+                elif digits > 19 or w > max_w or e10 > 22 or e10 < -22:
                     if nd_def == cap:
                         return REFUSED, nd_def
                     deferred[nd_def, 0] = r
