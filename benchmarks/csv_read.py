@@ -22,7 +22,8 @@ times each, alternating:
 
 Prints one JSON document (``--out PATH`` writes it too): the medians, the file's bytes,
 ``parse_gbps`` (the file's bytes over ``read`` + ``compute``, the whole read) next to the
-floor's, and ``into_gbps``, ``into_arrow_gbps``, ``scan_gbps``.
+floor's, and ``into_gbps``, ``into_arrow_gbps``, ``scan_gbps``; ``into_core_gbps`` and
+``into_arrow_core_gbps``: the bytes per second of the process's CPU time (a core's rate).
 
     python -m benchmarks.csv_read [--rows 1000000] [--cols 100] [--workers 1] [--repeats 3]
 """
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         size = os.path.getsize(path)
         times: dict[str, list[float]] = {"floor": [], "read": [], "compute": [], "into": [], "into_arrow": [],
                                          "scan": []}
+        cpu: dict[str, list[float]] = {"into": [], "into_arrow": []}  # the process's CPU time, every thread
         quiet = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
         with dask.config.set(quiet), LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=False,
                                                   dashboard_address=":0", scheduler_kwargs={"dashboard": False},
@@ -142,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, compiled in (("into", True), ("into_arrow", False)):
                     spec = csv_reader.csv_rows_of(arr)
                     out = np.zeros((spec.n, spec.d), spec.dtype)  # a placement's buffer exists, its pages mapped
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     with _compiled(compiled):
                         csv_reader.parse_into(spec, 0, spec.n, out)
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
                     if not np.array_equal(out.view(np.uint32), x.view(np.uint32)):
                         print(f"parse_into ({name}) gave other values than the rows written", file=sys.stderr)
                         return 1
@@ -164,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         "parse_gbps": round(size / whole / 1e9, 3),
         "into_s": round(med["into"], 3), "into_gbps": round(size / med["into"] / 1e9, 3),
         "into_arrow_s": round(med["into_arrow"], 3), "into_arrow_gbps": round(size / med["into_arrow"] / 1e9, 3),
+        # Bytes per CPU second: a core's rate, which other processes on a shared host change less than the wall's.
+        "into_core_gbps": round(size / statistics.median(cpu["into"]) / 1e9, 3),
+        "into_arrow_core_gbps": round(size / statistics.median(cpu["into_arrow"]) / 1e9, 3),
         "scan_s": round(med["scan"], 3), "scan_gbps": round(size / med["scan"] / 1e9, 3),
         "cores": csv_reader.cores(),
         "all_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
