@@ -1,8 +1,8 @@
 """CSV text of plain numbers parsed by compiled code straight into float32/float64 rows, correctly
 rounded, or refused so that the CSV reader's pyarrow/pandas path reads it.
 
-Why: pyarrow's CSV float conversion runs at about 0.1 GB/s per core (docs/performance.md, "CSV
-parsing"), and its table is copied once more into row-major rows. The common file (plain
+Why: pyarrow's CSV float conversion is several times slower per core than this pass, and its
+table is copied once more into row-major rows (docs/performance.md, "CSV parsing"). The common file (plain
 decimal numbers, one delimiter, LF or CRLF, no quotes) needs neither a tokenizer of quoted
 fields nor a columnar table: one pass per piece of whole lines that reads each cell's digits
 and writes its value into the row it belongs to, with the interpreter lock released
