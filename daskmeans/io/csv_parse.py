@@ -278,10 +278,14 @@ def resolve(buf: np.ndarray, cells: np.ndarray, out: np.ndarray) -> None:
 
     if not len(cells):
         return
-    raw = bytes(buf)
-    texts = [raw[b:e] for b, e in cells[:, 2:4].tolist()]
+    # One string array over the cells' bytes gathered end to end (no Python object per cell).
+    first, lengths = cells[:, 2], cells[:, 3] - cells[:, 2]
+    offsets = np.zeros(len(cells) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = buf[np.repeat(first - offsets[:-1], lengths) + np.arange(offsets[-1])]
+    texts = pa.LargeStringArray.from_buffers(len(cells), pa.py_buffer(offsets), pa.py_buffer(data))
     typ = pa.float32() if out.dtype == np.float32 else pa.float64()
-    values = pc.cast(pa.array(texts, pa.binary()).cast(pa.string()), typ).to_numpy(zero_copy_only=False)
+    values = pc.cast(texts, typ).to_numpy(zero_copy_only=False)
     out[cells[:, 0], cells[:, 1]] = values
 
 
