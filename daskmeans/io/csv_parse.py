@@ -247,25 +247,23 @@ def count_rows(a, start, stop):  # pragma: no cover - compiled
     return breaks, breaks - blank
 
 
-_warmed: set[str] = set()
-_warm_lock = threading.Lock()
+_ready = threading.Event()
 
 
 def warm(dtype: str) -> None:
-    """Load (or compile) the parser for ``dtype`` output in a thread of its own, once per
-    process: the CSV reader calls it while it counts rows, so that its first parse does not
-    wait for it (loading the cached machine code takes a few tenths of a second)."""
-    with _warm_lock:
-        if dtype in _warmed:
-            return
-        _warmed.add(dtype)
+    """Load (or compile) the parser for ``dtype`` output and the row count, on this thread;
+    :func:`ready` from then on. The CSV reader runs it in a thread of its own when it opens a
+    file and while it counts rows (``csv_reader._start_warming``): Numba's first load in a
+    process initialises its compiler, which the first parse would otherwise wait for."""
+    buf = np.frombuffer(b"1\n", np.uint8)  # read-only, as the reader's mapped text is
+    parse_into(buf, ",", 1, [0], np.empty((1, 1), dtype=dtype))
+    count_rows(buf, 0, 2)
+    _ready.set()
 
-    def run() -> None:
-        buf = np.frombuffer(b"1\n", np.uint8)  # read-only, as the reader's mapped text is
-        parse_into(buf, ",", 1, [0], np.empty((1, 1), dtype=dtype))
-        count_rows(buf, 0, 2)
 
-    threading.Thread(target=run, name="daskmeans-csv-warm", daemon=True).start()
+def ready() -> bool:
+    """Whether :func:`warm` has run: the compiled row count is loaded."""
+    return _ready.is_set()
 
 
 def resolve(buf: np.ndarray, cells: np.ndarray, out: np.ndarray) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import io
 import os
+import sys
+import threading
 from typing import Any, NamedTuple, Sequence
 
 import dask.array as da
@@ -30,7 +32,6 @@ import numpy as np
 
 from .. import config
 from ..errors import DataError
-from . import csv_parse
 from .blocks import Table, float_dtype_arg, non_numeric
 from .ranges import cores, on_cores
 
@@ -107,6 +108,7 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
 
     if dtype is None:
         dtype = float_dtype_arg(config.get("csv-dtype"), "daskmeans.csv-dtype")
+    _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
     columns, drop_columns = column_list(columns), column_list(drop_columns)
     delim, header = _guess_layout(path, delimiter)
     compression = _COMPRESSION.get(os.path.splitext(path)[1].lower())
@@ -499,16 +501,51 @@ def _block_bounds(path: str, start: int, stop: int, blocksize: int) -> list[tupl
 def _count_rows(a: np.ndarray, start: int, stop: int) -> tuple[int, int]:
     """(line breaks in ``a[start:stop]``, rows they end): a break ends no row where its line
     is blank (empty, or a lone CR), as both parsers skip those. Bytes before ``a[0]`` count
-    as a line break (a line starts there). Compiled (:func:`.csv_parse.count_rows`): one pass,
-    no temporaries, the interpreter lock released."""
-    breaks, rows = csv_parse.count_rows(a, start, stop)
-    return int(breaks), int(rows)
+    as a line break (a line starts there). Counted by :func:`.csv_parse.count_rows` (one pass,
+    no temporaries, the interpreter lock released) once it is loaded, by NumPy until then."""
+    # The compiled pass once loaded, else the same counts by NumPy (the module may be half
+    # imported by the warming thread: its ready() comes after its functions).
+    parser = sys.modules.get(f"{__package__}.csv_parse")
+    ready = getattr(parser, "ready", None)
+    if ready is not None and ready():
+        breaks, rows = parser.count_rows(a, start, stop)
+        return int(breaks), int(rows)
+    idx = np.flatnonzero(a[start:stop] == 10)
+    if idx.size == 0:
+        return 0, 0
+    idx += start
+    p1, p2 = a[np.maximum(idx - 1, 0)], a[np.maximum(idx - 2, 0)]
+    p1[idx < 1] = 10
+    p2[idx < 2] = 10
+    blank = (p1 == 10) | ((p1 == 13) & (p2 == 10))
+    return int(idx.size), int(idx.size - np.count_nonzero(blank))
 
 
 def _count_all(a: np.ndarray, start: int, stop: int, step: int) -> tuple[int, int]:
     """:func:`_count_rows` of ``a[start:stop]``, ``step`` bytes a call, on every core."""
     parts = on_cores(lambda s: _count_rows(a, s, min(s + step, stop)), range(start, stop, max(1, step)))
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+_warming: set[str] = set()
+_warming_lock = threading.Lock()
+
+
+def _start_warming(dtype: str) -> None:
+    """Import and load the compiled parser (:func:`.csv_parse.warm`) in a thread of its own,
+    once per process and dtype: Numba's import and first load take a while, which the header's
+    read and the row counts (by NumPy until it is ready) hide."""
+    with _warming_lock:
+        if dtype in _warming:
+            return
+        _warming.add(dtype)
+
+    def run() -> None:
+        from . import csv_parse
+
+        csv_parse.warm(dtype)
+
+    threading.Thread(target=run, name="daskmeans-csv-warm", daemon=True).start()
 
 
 def _check_size(spec: _CsvSpec) -> None:
@@ -520,8 +557,7 @@ def _check_size(spec: _CsvSpec) -> None:
 def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
     """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
     _check_size(spec)
-    if csv_parse.usable(spec.delimiter):  # the parser loaded while rows are counted, before the parse
-        csv_parse.warm(spec.dtype)
+    _start_warming(spec.dtype)
     return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
 
 
@@ -546,8 +582,7 @@ def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
 def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
     """(line breaks, rows, end of the data) of a compressed file's decompressed text from byte
     ``start`` (the data ends as in :func:`_data_end`)."""
-    if csv_parse.usable(spec.delimiter):  # the parser loaded while rows are counted, before the parse
-        csv_parse.warm(spec.dtype)
+    _start_warming(spec.dtype)
     breaks = rows = 0
     pos, ctx = 0, np.full(2, 10, np.uint8)  # ctx: the 2 bytes before the chunk
     end, trail = start, b""  # after the last byte that is not whitespace; the whitespace after it
@@ -655,6 +690,8 @@ def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int, out: np.ndarr
     they agree with the count, the caller's check). The compiled parser where every cell is a
     plain number (:mod:`.csv_parse`); else pyarrow's parser where it reads every cell; else
     pandas' (short rows, and cells such as ``' 1'`` or ``'None'``)."""
+    from . import csv_parse
+
     if csv_parse.usable(spec.delimiter) and csv_parse.parse_into(buf, spec.delimiter, spec.n_columns, spec.keep, out):
         return out.shape[0]
     cols = tuple(dict.fromkeys(spec.keep))  # a column asked for twice is parsed once
