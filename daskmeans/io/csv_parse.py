@@ -2,10 +2,10 @@
 rounded, or refused so that the CSV reader's pyarrow/pandas path reads it.
 
 Why: pyarrow's CSV float conversion is several times slower per core than this pass, and its
-table is copied once more into row-major rows (docs/performance.md, "CSV parsing"). The common file (plain
-decimal numbers, one delimiter, LF or CRLF, no quotes) needs neither a tokenizer of quoted
-fields nor a columnar table: one pass per piece of whole lines that reads each cell's digits
-and writes its value into the row it belongs to, with the interpreter lock released
+table is copied once more into row-major rows (docs/performance.md, "CSV parsing"). The common
+file (plain decimal numbers, one delimiter, LF or CRLF, no quotes) needs neither a tokenizer of
+quoted fields nor a columnar table: one pass per piece of whole lines that reads each cell's
+digits and writes its value into the row it belongs to, with the interpreter lock released
 (``nogil``) so that a thread per core parses a piece each.
 
 Exactness: a value is the decimal ``w * 10**e`` with its significant digits ``w`` in a uint64.
@@ -50,7 +50,7 @@ _NOT_DELIMITERS = frozenset(b"0123456789+-.eE\r\n\"")
 # Deferred cells one piece may record; a piece with more goes to the other parsers whole.
 DEFER_CAP = 1 << 16
 # 10**0 .. 10**22: every one a float64 exactly.
-_POW10 = np.array([10.0 ** i for i in range(23)], dtype=np.float64)
+_POW10 = np.array([float(10**i) for i in range(23)], dtype=np.float64)
 
 # parse_lines' refusal (a negative return): the piece needs the pyarrow/pandas path.
 REFUSED = -1
