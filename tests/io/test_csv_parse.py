@@ -169,3 +169,18 @@ def test_parse_into_any_rows_of_a_file(tmp_path):
     np.testing.assert_array_equal(got, [[i, i + 0.5] for i in range(n // 2)])
     with pytest.raises(DataError, match=rf"column 'b' of .*bad.csv is not numeric \(line {n - 10 + 2} has 'word'\)"):
         csv_reader.parse_into(spec, n - 100, n, np.empty((100, 2), np.float32))
+
+
+def test_compiled_row_count_is_numpys(monkeypatch):
+    """The compiled row count gives NumPy's counts (which the reader uses until the compiled
+    parser is loaded): line breaks, and rows that are not blank (empty, or a lone CR), for
+    any range of any bytes, a line starting before byte 0."""
+    csv_parse.warm("float32")
+    rng = np.random.default_rng(4)
+    cases = []
+    for _ in range(100):
+        a = rng.choice(np.frombuffer(b"\n\r1,", np.uint8), int(rng.integers(0, 30)))
+        cases += [(a, start, stop) for start in range(len(a) + 1) for stop in range(start, len(a) + 1, 3)]
+    compiled = [csv_reader._count_rows(*c) for c in cases]
+    monkeypatch.setattr(csv_parse, "ready", lambda: False)
+    assert [csv_reader._count_rows(*c) for c in cases] == compiled
