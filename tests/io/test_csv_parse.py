@@ -133,10 +133,12 @@ def test_blank_lines_crlf_empty_cells_and_columns_not_read():
     assert csv_parse.usable("\t") and csv_parse.usable(";")
 
 
-def test_parse_into_any_rows_of_a_file(tmp_path):
+@pytest.mark.parametrize("piece_bytes", [1000, 8 << 20])
+def test_parse_into_any_rows_of_a_file(tmp_path, monkeypatch, piece_bytes):
     """Rows start:stop of an opened file parsed into a given buffer: the rows read() gives,
-    across blocks and pieces, from a piece the compiled parser reads and from one it hands to
-    pandas; odd requests refused by value."""
+    across blocks and pieces (a block in one piece, or in many), from a piece the compiled
+    parser reads and from one it hands to pandas; odd requests refused by value."""
+    monkeypatch.setattr(csv_reader, "_PIECE_BYTES", piece_bytes)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3000, 5)).astype(np.float32)
     lines = [",".join(str(v) for v in row) for row in x]
