@@ -4,13 +4,16 @@ Dask array of row chunks, parsed straight to float32 (or float64) on every core.
 A plain file is cut into blocks of about ``chunk-bytes`` of text, each starting just after a
 line break. Before any parsing, tasks count each block's line breaks (several times faster than
 parsing) so that the array's chunk lengths are known and the file is parsed once. The task
-that reads a block cuts it again into pieces of whole lines and parses them with pyarrow's
-C++ parser on a thread per core (:func:`daskmeans.io.ranges.on_cores`), each piece straight
-into its rows of the block: a worker with one Dask thread (one GPU) still parses on every
-core, and a nanny's ``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not
-matter. A compressed file cannot be cut: it is one block, its line breaks counted while it is
-decompressed. A piece with a cell pyarrow refuses (a short row, a value pandas reads and
-pyarrow does not) goes to pandas' parser, which reads it or names the line and the cell.
+that reads a block cuts it again into pieces of whole lines and parses them on a thread per
+core (:func:`daskmeans.io.ranges.on_cores`), each piece straight into its rows of the block: a
+worker with one Dask thread (one GPU) still parses on every core, and a nanny's
+``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not matter. A compressed file
+cannot be cut: it is one block, its line breaks counted while it is decompressed. A piece of
+plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly rounded, pyarrow's
+bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow refuses (a short row, a
+value pandas reads and pyarrow does not) by pandas' parser, which reads it or names the line
+and the cell. :func:`parse_into` parses any rows of an opened file the same way into a buffer
+its caller gives (a placement's own buffers: no second copy).
 
 A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
 ``feature_names_in_``). A column that looks like an identifier rather than a feature is said
