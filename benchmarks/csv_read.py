@@ -12,9 +12,18 @@ times each, alternating:
   the command starts one for one GPU (``--workers 1``, ``--chunk-bytes`` the size a fit on
   GPU workers reads in, ``gpu-chunk-bytes``).
 
-Prints one JSON document (``--out PATH`` writes it too): the medians, the file's bytes, and
+- ``into``: the opened file's rows parsed into one buffer allocated (and touched) beforehand
+  by ``csv_reader.parse_into(spec, 0, n, out)`` on every core, as a placement pipeline fills
+  its own buffers: the compiled parser (``io/csv_parse.py``), no Dask array, no second copy;
+- ``into_arrow``: the same with the compiled parser switched off (pyarrow's parser on the
+  same pieces, its table copied into the rows): the ratio of the two is the parser's gain;
+- ``scan``: the file's line breaks counted on every core (``csv_reader._count_all``, every
+  byte read once from the page cache): the floor of any parse of the text.
+
+Prints one JSON document (``--out PATH`` writes it too): the medians, the file's bytes,
 ``parse_gbps`` (the file's bytes over ``read`` + ``compute``, the whole read) next to the
-floor's.
+floor's, and ``into_gbps``, ``into_arrow_gbps``, ``scan_gbps``; ``into_core_gbps`` and
+``into_arrow_core_gbps``: the bytes per second of the process's CPU time (a core's rate).
 
     python -m benchmarks.csv_read [--rows 1000000] [--cols 100] [--workers 1] [--repeats 3]
 """
@@ -22,12 +31,14 @@ floor's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -64,6 +75,20 @@ def floor(path: str, cols: int) -> np.ndarray:
     return table.to_tensor(row_major=True).to_numpy()
 
 
+@contextlib.contextmanager
+def _compiled(on: bool) -> Iterator[None]:
+    """The CSV reader with its compiled parser on (as it is) or off (pyarrow's on its pieces)."""
+    from daskmeans.io import csv_parse
+
+    usable = csv_parse.usable
+    if not on:
+        csv_parse.usable = lambda delimiter: False
+    try:
+        yield
+    finally:
+        csv_parse.usable = usable
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.csv_read", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -83,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import daskmeans
     from daskmeans import config
+    from daskmeans.io import csv_reader
 
     cb = args.chunk_bytes or config.get("gpu-chunk-bytes")
     x, what = _data(args.rows, args.cols)
@@ -92,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(path, x)
         write_s = time.perf_counter() - t0
         size = os.path.getsize(path)
-        times: dict[str, list[float]] = {"floor": [], "read": [], "compute": []}
+        times: dict[str, list[float]] = {"floor": [], "read": [], "compute": [], "into": [], "into_arrow": [],
+                                         "scan": []}
+        cpu: dict[str, list[float]] = {"into": [], "into_arrow": []}  # the process's CPU time, every thread
         quiet = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
         with dask.config.set(quiet), LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=False,
                                                   dashboard_address=":0", scheduler_kwargs={"dashboard": False},
@@ -113,6 +141,21 @@ def main(argv: list[str] | None = None) -> int:
                     print("daskmeans.read gave other values than the rows written", file=sys.stderr)
                     return 1
                 del got
+                for name, compiled in (("into", True), ("into_arrow", False)):
+                    spec = csv_reader.csv_rows_of(arr)
+                    out = np.zeros((spec.n, spec.d), spec.dtype)  # a placement's buffer exists, its pages mapped
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    with _compiled(compiled):
+                        csv_reader.parse_into(spec, 0, spec.n, out)
+                    times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
+                    if not np.array_equal(out.view(np.uint32), x.view(np.uint32)):
+                        print(f"parse_into ({name}) gave other values than the rows written", file=sys.stderr)
+                        return 1
+                    del out
+                t0 = time.perf_counter()
+                csv_reader._count_all(np.memmap(path, dtype=np.uint8, mode="r"), 0, size, 16 << 20)
+                times["scan"].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     whole = med["read"] + med["compute"]
     doc = {
@@ -122,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         "floor_s": round(med["floor"], 3), "floor_gbps": round(size / med["floor"] / 1e9, 3),
         "read_s": round(med["read"], 3), "compute_s": round(med["compute"], 3), "whole_s": round(whole, 3),
         "parse_gbps": round(size / whole / 1e9, 3),
+        "into_s": round(med["into"], 3), "into_gbps": round(size / med["into"] / 1e9, 3),
+        "into_arrow_s": round(med["into_arrow"], 3), "into_arrow_gbps": round(size / med["into_arrow"] / 1e9, 3),
+        # Bytes per CPU second: a core's rate, which other processes on a shared host change less than the wall's.
+        "into_core_gbps": round(size / statistics.median(cpu["into"]) / 1e9, 3),
+        "into_arrow_core_gbps": round(size / statistics.median(cpu["into_arrow"]) / 1e9, 3),
+        "scan_s": round(med["scan"], 3), "scan_gbps": round(size / med["scan"] / 1e9, 3),
+        "cores": csv_reader.cores(),
         "all_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
     }
     try:

@@ -4,13 +4,16 @@ Dask array of row chunks, parsed straight to float32 (or float64) on every core.
 A plain file is cut into blocks of about ``chunk-bytes`` of text, each starting just after a
 line break. Before any parsing, tasks count each block's line breaks (several times faster than
 parsing) so that the array's chunk lengths are known and the file is parsed once. The task
-that reads a block cuts it again into pieces of whole lines and parses them with pyarrow's
-C++ parser on a thread per core (:func:`daskmeans.io.ranges.on_cores`), each piece straight
-into its rows of the block: a worker with one Dask thread (one GPU) still parses on every
-core, and a nanny's ``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not
-matter. A compressed file cannot be cut: it is one block, its line breaks counted while it is
-decompressed. A piece with a cell pyarrow refuses (a short row, a value pandas reads and
-pyarrow does not) goes to pandas' parser, which reads it or names the line and the cell.
+that reads a block cuts it again into pieces of whole lines and parses them on a thread per
+core (:func:`daskmeans.io.ranges.on_cores`), each piece straight into its rows of the block: a
+worker with one Dask thread (one GPU) still parses on every core, and a nanny's
+``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not matter. A compressed file
+cannot be cut: it is one block, its line breaks counted while it is decompressed. A piece of
+plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly rounded, pyarrow's
+bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow refuses (a short row, a
+value pandas reads and pyarrow does not) by pandas' parser, which reads it or names the line
+and the cell. :func:`parse_into` parses any rows of an opened file the same way into a buffer
+its caller gives (a placement's own buffers: no second copy).
 
 A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
 ``feature_names_in_``). A column that looks like an identifier rather than a feature is said
@@ -23,6 +26,8 @@ from __future__ import annotations
 import functools
 import io
 import os
+import sys
+import threading
 from typing import Any, NamedTuple, Sequence
 
 import dask.array as da
@@ -106,6 +111,7 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
 
     if dtype is None:
         dtype = float_dtype_arg(config.get("csv-dtype"), "daskmeans.csv-dtype")
+    _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
     columns, drop_columns = column_list(columns), column_list(drop_columns)
     delim, header = _guess_layout(path, delimiter)
     compression = _COMPRESSION.get(os.path.splitext(path)[1].lower())
@@ -141,11 +147,98 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         line += breaks
     # A header and no rows: refused by name in read().
     x = da.concatenate(blocks, axis=0) if blocks else da.zeros((0, len(keep)), dtype=dtype)
+    setattr(x, _CSV_ROWS_ATTRIBUTE, CsvRows(spec, tuple(parts)))
     found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
         if header and columns is None else []
     return Table(x, tuple(names[k] for k in keep) if header else None, path,
                  _identifier_message(path, found, names, drop_columns) if found else None,
                  functools.partial(_other_columns, spec, tuple(parts), tuple(names), tuple(dtypes)))
+
+
+# ---------------------------------------------------------------- rows read into a given buffer
+
+# The attribute of the array open_csv returns that holds its CsvRows (that array object alone:
+# an array derived from it is other rows, or the same rows in another dtype or order).
+_CSV_ROWS_ATTRIBUTE = "daskmeans_csv_rows"
+
+
+class CsvRows(NamedTuple):
+    """What a reader needs to parse any rows of an opened CSV file into a buffer it is given
+    (:func:`parse_into`): small and picklable, it travels to the workers.
+
+    Attributes
+    ----------
+    spec : _CsvSpec
+        The file, its layout (delimiter, columns read) and the dtype parsed to.
+    parts : tuple of (first byte, end, first line, rows)
+        The blocks of the array :func:`open_csv` made, in order; lines are the file's.
+    """
+
+    spec: _CsvSpec
+    parts: tuple[tuple[int, int, int, int], ...]
+
+    @property
+    def n(self) -> int:
+        """Rows of the file."""
+        return int(sum(p[3] for p in self.parts))
+
+    @property
+    def d(self) -> int:
+        """Columns read."""
+        return len(self.spec.keep)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """What the text is parsed to."""
+        return np.dtype(self.spec.dtype)
+
+
+def csv_rows_of(x: Any) -> CsvRows | None:
+    """The :class:`CsvRows` of ``x`` where it is the array :func:`open_csv` returned (through
+    :func:`daskmeans.io.readers.read`, which returns it as it is), else None."""
+    got = getattr(x, _CSV_ROWS_ATTRIBUTE, None)
+    return got if isinstance(got, CsvRows) else None
+
+
+def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
+    """Parse rows ``start:stop`` of the CSV file into ``out``, on every core (a thread per core,
+    whatever thread calls it), with no copy between the parse and ``out`` (except for the rows
+    of a piece of text ``start`` or ``stop`` cuts): what a placement pipeline calls to fill its
+    own buffers (pinned host memory, say) instead of copying a parsed block into them.
+
+    Parameters
+    ----------
+    spec : CsvRows
+        The file as opened (:func:`csv_rows_of` of the array :func:`daskmeans.io.readers.read`
+        returned).
+    start, stop : int
+        Rows, ``0 <= start <= stop <= spec.n``.
+    out : ndarray (stop - start, spec.d) of spec.dtype
+        Its rows C-contiguous (a row slice of a C-ordered buffer is).
+
+    Raises
+    ------
+    ValueError
+        ``start:stop`` or ``out`` do not fit as said above.
+    DataError
+        The rows cannot be read (the messages of :func:`daskmeans.io.readers.read`'s tasks:
+        a cell that is no number, the file changed since it was opened...); a piece of text
+        is parsed whole, so a bad cell beside the rows asked for, in their piece, is one too.
+    """
+    n = spec.n
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"rows {start}:{stop} should lie within the file's {n} rows ({spec.spec.path})")
+    if out.shape != (stop - start, spec.d) or out.dtype != spec.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; it should be ({stop - start}, {spec.d}) "
+                         f"of {spec.dtype} for rows {start}:{stop}")
+    if out.ndim != 2 or (out.size and out.strides != (out.shape[1] * out.itemsize, out.itemsize)):
+        raise ValueError(f"out has strides {out.strides}; its rows should be C-contiguous")
+    first = 0
+    for b, e, line, rows in spec.parts:
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo < hi:
+            _fill_block(spec.spec, b, e, line, rows, lo - first, hi - first, out[lo - start : hi - start])
+        first += rows
 
 
 # ---------------------------------------------------------------- identifiers and other columns
@@ -411,7 +504,15 @@ def _block_bounds(path: str, start: int, stop: int, blocksize: int) -> list[tupl
 def _count_rows(a: np.ndarray, start: int, stop: int) -> tuple[int, int]:
     """(line breaks in ``a[start:stop]``, rows they end): a break ends no row where its line
     is blank (empty, or a lone CR), as both parsers skip those. Bytes before ``a[0]`` count
-    as a line break (a line starts there)."""
+    as a line break (a line starts there). Counted by :func:`.csv_parse.count_rows` (one pass,
+    no temporaries, the interpreter lock released) once it is loaded, by NumPy until then."""
+    # The compiled pass once loaded, else the same counts by NumPy (the module may be half
+    # imported by the warming thread: its ready() comes after its functions).
+    parser = sys.modules.get(f"{__package__}.csv_parse")
+    ready = getattr(parser, "ready", None)
+    if ready is not None and ready():
+        breaks, rows = parser.count_rows(a, start, stop)
+        return int(breaks), int(rows)
     idx = np.flatnonzero(a[start:stop] == 10)
     if idx.size == 0:
         return 0, 0
@@ -429,6 +530,27 @@ def _count_all(a: np.ndarray, start: int, stop: int, step: int) -> tuple[int, in
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
+_warming: set[str] = set()
+_warming_lock = threading.Lock()
+
+
+def _start_warming(dtype: str) -> None:
+    """Import and load the compiled parser (:func:`.csv_parse.warm`) in a thread of its own,
+    once per process and dtype: Numba's import and first load take a while, which the header's
+    read and the row counts (by NumPy until it is ready) hide."""
+    with _warming_lock:
+        if dtype in _warming:
+            return
+        _warming.add(dtype)
+
+    def run() -> None:
+        from . import csv_parse
+
+        csv_parse.warm(dtype)
+
+    threading.Thread(target=run, name="daskmeans-csv-warm", daemon=True).start()
+
+
 def _check_size(spec: _CsvSpec) -> None:
     size = os.path.getsize(spec.path)
     if size != spec.size:
@@ -438,6 +560,7 @@ def _check_size(spec: _CsvSpec) -> None:
 def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
     """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
     _check_size(spec)
+    _start_warming(spec.dtype)
     return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
 
 
@@ -462,6 +585,7 @@ def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
 def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
     """(line breaks, rows, end of the data) of a compressed file's decompressed text from byte
     ``start`` (the data ends as in :func:`_data_end`)."""
+    _start_warming(spec.dtype)
     breaks = rows = 0
     pos, ctx = 0, np.full(2, 10, np.uint8)  # ctx: the 2 bytes before the chunk
     end, trail = start, b""  # after the last byte that is not whitespace; the whitespace after it
@@ -495,10 +619,21 @@ def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
 
 def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int) -> np.ndarray:
     """Bytes ``start:stop`` of the (decompressed) file parsed: an array (rows, len(spec.keep))
-    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``.
+    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``."""
+    out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
+    _fill_block(spec, start, stop, first_line, rows, 0, rows, out)
+    return out
+
+
+def _fill_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int, lo: int, hi: int,
+                out: np.ndarray) -> None:
+    """Rows ``lo:hi`` of the block of bytes ``start:stop`` (``rows`` rows from the file's line
+    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``.
 
     The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
-    (so that every piece knows where its rows go), then each is parsed into its rows.
+    (so that every piece knows where its rows go), then each piece that holds rows ``lo:hi``
+    is parsed straight into its rows of ``out`` (a piece that holds only some of them, into
+    rows of its own first).
     """
     a = _block_bytes(spec, start, stop)
     n = len(a)
@@ -511,18 +646,21 @@ def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int
         raise DataError(f"{spec.path} changed since it was opened: {offsets[-1]} rows in bytes {start} to {stop}, "
                         f"{rows} when it was opened; read it again")
     lines = np.cumsum([first_line] + [c[0] for c in counts]).tolist()  # the file's line of each piece
-    out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
+    wanted = [i for i in range(len(pieces)) if offsets[i] < hi and offsets[i + 1] > lo and offsets[i + 1] > offsets[i]]
 
     def parse(i: int) -> None:
         b, e = pieces[i]
-        got = _parse_block(a[b:e], spec, lines[i])
-        if got.shape[0] != offsets[i + 1] - offsets[i]:  # the parser skipped or joined lines the count took for rows
-            raise DataError(f"{spec.path}: {_odd_line(a[b:e], lines[i])} ({got.shape[0]} rows of values where "
-                            f"{offsets[i + 1] - offsets[i]} lines that are not empty were counted)")
-        out[offsets[i] : offsets[i + 1]] = got
+        r0, r1 = offsets[i], offsets[i + 1]
+        inside = lo <= r0 and r1 <= hi
+        dest = out[r0 - lo : r1 - lo] if inside else np.empty((r1 - r0, len(spec.keep)), dtype=spec.dtype)
+        got = _parse_block(a[b:e], spec, lines[i], dest)
+        if got != r1 - r0:  # the parser skipped or joined lines the count took for rows
+            raise DataError(f"{spec.path}: {_odd_line(a[b:e], lines[i])} ({got} rows of values where "
+                            f"{r1 - r0} lines that are not empty were counted)")
+        if not inside:
+            out[max(r0, lo) - lo : min(r1, hi) - lo] = dest[max(r0, lo) - r0 : min(r1, hi) - r0]
 
-    on_cores(parse, range(len(pieces)))
-    return out
+    on_cores(parse, wanted)
 
 
 def _unended(a: np.ndarray, start: int, stop: int) -> int:
@@ -549,27 +687,35 @@ def _odd_line(buf: Any, first_line: int) -> str:
     return f"lines {first_line} to {first_line + len(lines) - 1} hold a line break inside quotes, which cannot be read"
 
 
-def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int) -> np.ndarray:
-    """``buf`` (bytes: whole lines of the file, no header) parsed, on the calling thread:
-    pyarrow's parser where it reads every cell; else pandas' (short rows, and cells such as
-    ``' 1'`` or ``'None'``)."""
+def _parse_block(buf: np.ndarray, spec: _CsvSpec, first_line: int, out: np.ndarray) -> int:
+    """``buf`` (bytes: whole lines of the file, no header) parsed into ``out`` (rows,
+    len(spec.keep)), on the calling thread: the rows of values it holds (``out``'s rows where
+    they agree with the count, the caller's check). The compiled parser where every cell is a
+    plain number (:mod:`.csv_parse`); else pyarrow's parser where it reads every cell; else
+    pandas' (short rows, and cells such as ``' 1'`` or ``'None'``)."""
+    from . import csv_parse
+
+    if csv_parse.usable(spec.delimiter) and csv_parse.parse_into(buf, spec.delimiter, spec.n_columns, spec.keep, out):
+        return out.shape[0]
     cols = tuple(dict.fromkeys(spec.keep))  # a column asked for twice is parsed once
-    out = None
+    got = None
     if len(spec.delimiter) == 1:
         import pyarrow as pa
 
         try:
-            out = _parse_arrow(buf, spec, cols)
+            got = _parse_arrow(buf, spec, cols)
         except pa.ArrowInvalid:
             pass
         # Whitespace runs: pyarrow splits on each space, so a run reads as an empty cell (NaN).
-        if out is not None and spec.delimiter == " " and np.isnan(out).any():
-            out = None
-    if out is None:
-        out = _parse_pandas(buf, spec, cols, first_line)
+        if got is not None and spec.delimiter == " " and np.isnan(got).any():
+            got = None
+    if got is None:
+        got = _parse_pandas(buf, spec, cols, first_line)
         if cols != spec.keep:
-            out = out[:, [cols.index(k) for k in spec.keep]]
-    return out
+            got = got[:, [cols.index(k) for k in spec.keep]]
+    if got.shape[0] == out.shape[0]:
+        out[...] = got
+    return got.shape[0]
 
 
 def _parse_arrow(buf: np.ndarray, spec: _CsvSpec, cols: tuple[int, ...]) -> np.ndarray:

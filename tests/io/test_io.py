@@ -1161,13 +1161,13 @@ def test_csv_block_is_parsed_on_several_cores_from_one_thread(tmp_path, monkeypa
     both, calls, lock = threading.Barrier(2, timeout=30), [], threading.Lock()
     parse = csv_reader._parse_block
 
-    def meeting(buf, spec, first_line):
+    def meeting(buf, spec, first_line, out):
         with lock:
             calls.append(threading.current_thread().name)
             first_two = len(calls) <= 2
         if first_two:
             both.wait()  # a BrokenBarrierError after 30 s if the pieces run one after another
-        return parse(buf, spec, first_line)
+        return parse(buf, spec, first_line, out)
 
     monkeypatch.setattr(csv_reader, "_parse_block", meeting)
     x = np.random.default_rng(2).standard_normal((2000, 4)).astype(np.float32)
