@@ -155,7 +155,10 @@ def test_merge_keeps_the_committed_tiers_structure(bench):
 def test_merge_stamps_entries_of_an_older_file_with_its_commit(bench):
     from benchmarks import command
 
-    old = json.loads((ROOT / "benchmarks" / "results" / "command_h200.json").read_text())
+    # An older file: its entries carry no commit of their own, only the file's (the layout
+    # before entries were stamped), as the committed results once were.
+    old = {"benchmark": "command", "device": "NVIDIA H200", "date": "d0", "commit": "28235cd",
+           "problems": {"p1": {"wall_s": 3.0}, "p3": {"wall_s": 2.0}}}
     new = {"benchmark": "command", "device": old["device"], "date": "d", "commit": "c",
            "problems": {"p4": {"wall_s": 1.0}}}
     bench.meta._stamp(new, command.LAYOUT, "c", "d")
