@@ -85,6 +85,16 @@ class StorageTier(Tier):
         depth = int(config.get("read-ahead"))
         return (be.asarray(b) for b in read_ahead(shard.readers, depth, lambda j, b: shard.check_pin(j, host, b)))
 
+    def take(self, shard: "Shard", picks: dict) -> dict:
+        # Only the chosen chunks are read (each checked against its pin, as a pass's are), by
+        # the read-ahead thread of a pass (two chunks in flight: the plan's budget); only their
+        # chosen rows are kept.
+        host = get_backend("numpy")
+        js = sorted(picks)
+        depth = int(config.get("read-ahead"))
+        blocks = read_ahead([shard.readers[j] for j in js], depth, lambda i, b: shard.check_pin(js[i], host, b))
+        return {j: np.asarray(block)[np.asarray(picks[j])] for j, block in zip(js, blocks)}
+
     def refusal(self, need: Need) -> str | None:
         return None  # the loop's working set alone is checked by the plan, before any tier
 
