@@ -170,6 +170,30 @@ def test_device_draws_are_the_hosts():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("rows", [0, 5, 30, 2**23])
+def test_device_draws_come_in_pieces_of_consecutive_chunks(monkeypatch, rows):
+    """On a device a shard's consecutive chunks share calls of up to ``DEVICE_DRAW_ROWS`` rows
+    (each call's fixed cost is its kernel launches): every chunk gets its own rows' draws,
+    whatever the pieces (chunks 0-55 consecutive, then 60-101 after a gap)."""
+    import types
+
+    monkeypatch.setattr(kmeans_parallel, "DEVICE_DRAW_ROWS", rows)
+    calls = []
+
+    def counted(xp, seed, stream, start, n):
+        calls.append((start, n))
+        return philox_uniforms(np, seed, stream, start, n)
+
+    monkeypatch.setattr("daskmeans.numerics.hashing.philox_uniforms", counted)
+    xp = types.SimpleNamespace(uint64=np.uint64)  # not NumPy: a device's module, drawing through NumPy here
+    shard = types.SimpleNamespace(offsets=(0, 10, 25, 60, 61), rows=(10, 15, 30, 1, 41))
+    got = list(kmeans_parallel._uniforms(shard, 5, 2, xp))
+    for u, off, n in zip(got, shard.offsets, shard.rows):
+        np.testing.assert_array_equal(u, row_uniforms(5, 2, off, n))
+    alone = [(0, 10), (10, 15), (25, 30), (60, 1), (61, 41)]  # a chunk per call
+    assert calls == {0: alone, 5: alone, 30: [(0, 25), (25, 30), (60, 1), (61, 41)], 2**23: [(0, 55), (60, 42)]}[rows]
+
+
 @pytest.mark.gpu
 def test_device_draws_are_the_hosts_on_a_gpu():
     import cupy
