@@ -196,12 +196,15 @@ def test_device_draws_come_in_pieces_of_consecutive_chunks(monkeypatch, rows):
 
 @pytest.mark.gpu
 def test_device_draws_are_the_hosts_on_a_gpu():
+    """CuPy's draws (one CUDA kernel) and the array-module arithmetic run on CuPy are NumPy's."""
     import cupy
 
-    for seed, stream, start, n in [(3, 0, 0, 100_003), (2**32 - 1, 4, 2**33 + 1, 5)]:
-        u = row_uniforms(seed, stream, start, n, cupy)
-        assert isinstance(u, cupy.ndarray)
-        np.testing.assert_array_equal(cupy.asnumpy(u), row_uniforms(seed, stream, start, n))
+    for seed, stream, start, n in [(3, 0, 0, 100_003), (2**32 - 1, 4, 2**33 + 1, 5), (2**64 - 1, 2**64 - 1, 12345, 999),
+                                   (9, 9, 2**40 + 3, 77), (1, 1, 5, 0)]:
+        expect = row_uniforms(seed, stream, start, n)
+        for u in (row_uniforms(seed, stream, start, n, cupy), philox_uniforms(cupy, seed, stream, start, n)):
+            assert isinstance(u, cupy.ndarray) and u.dtype == cupy.float64
+            np.testing.assert_array_equal(cupy.asnumpy(u), expect)
 
 
 def test_the_fallback_to_kmeans_plusplus_is_taken_in_the_recluster_task(threads):
