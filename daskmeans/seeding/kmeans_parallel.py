@@ -111,9 +111,9 @@ def _picks(shard: Shard, state: _ParState | None, phi: float, ell: float, seed: 
 
 
 # Rows of one call of row_uniforms on a device: each call has a fixed cost (CuPy's kernel: a
-# launch, 0.07-0.6 ms for 2e6-3e7 rows on an H200; another array module's integer arithmetic:
-# about 400 launches, 4.8 ms for 2e6 rows, 17 ms for 3e7), so a shard's consecutive chunks
-# share calls of up to this many rows (64 MB of draws; the arithmetic's temporaries 200 MB).
+# launch; another array module's integer arithmetic: about 400 launches), so a shard's
+# consecutive chunks share calls of up to this many rows (64 MB of draws; the arithmetic's
+# temporaries about 200 MB). Figures: performance.md, "Inits", "k-means‖'s passes".
 DEVICE_DRAW_ROWS = 2**23
 
 
