@@ -140,8 +140,8 @@ def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, s
                 first: int | None = None) -> tuple:
     """One round's draws on this shard (:func:`_picks`): ``(global_rows, data)``, the data in
     the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``).
-    ``phi`` is the shard's ``phis`` added in shard order (the client's sum: the same on any
-    number of workers); a round with ``phi <= 0`` (every row at a candidate already) draws
+    ``phi`` is every shard's ``phis`` (their futures' floats) added in shard order (what the
+    client added before: the same on any number of workers); a round with ``phi <= 0`` (every row at a candidate already) draws
     nothing. ``first``: one more global row taken where this shard holds it (the first round's
     row drawn by the seed)."""
     phi = float(sum(phis))
