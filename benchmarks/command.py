@@ -20,14 +20,15 @@ data (seed 0) in a file format and the command's options:
 - ``p3``: P3, init the first K rows, 20 iterations;
 - ``p4``: P4, init the first K rows, 3 iterations;
 - ``p4zarr``: P4 as Zarr, the default init (k-means||), 3 iterations: the init's cost in
-  iteration-times (``init_iteration_times``: the init phase over the median iteration);
-- ``storage16``, ``host16``: a 7.7 GB Zarr (3e7 x 64 float32 randn, K = 16), the default init
-  in the ``storage`` and ``host`` tiers, 5 iterations, seed 0: the init's cost in
-  iteration-times in the tiers that read the data each pass (issue 44; one GPU:
-  ``CUDA_VISIBLE_DEVICES=0``).
+  iteration-times (``init_iteration_times``: the init phase over the median iteration).
 
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
+
+The out-of-core tiers' runs (issue 44): ``storage16`` and ``host16``, a 7.7 GB Zarr (3e7 x 64
+float32 randn, K = 16), the default init in the ``storage`` and ``host`` tiers, 5 iterations,
+seed 0: the init's cost in iteration-times (``init_iteration_times``) where each pass reads
+the data (one GPU: ``CUDA_VISIBLE_DEVICES=0``).
 
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
@@ -72,13 +73,15 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
     "p4zarr": _spec("P4", fmt="zarr", args=["--max-iter", "3", "--tol", "0"], sk=False, own_init=True),
-    # Issue 44: the default init in the out-of-core tiers, in iteration-times.
-    "storage16": _spec("limits", fmt="zarr", args=["--tier", "storage", "--max-iter", "5", "--tol", "0", "--seed", "0"],
-                       sk=False, own_init=True),
-    "host16": _spec("limits", fmt="zarr", args=["--tier", "host", "--max-iter", "5", "--tol", "0", "--seed", "0"],
-                    sk=False, own_init=True),
 }
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
+
+# The out-of-core tiers' runs (issue 44): the default init in the tiers that read the data each pass.
+PROBLEMS.update({
+    f"{tier}16": _spec("limits", fmt="zarr", args=["--tier", tier, "--max-iter", "5", "--tol", "0", "--seed", "0"],
+                       sk=False, own_init=True)
+    for tier in ("storage", "host")
+})
 
 SKLEARN = """
 import sys
