@@ -27,6 +27,11 @@ data (seed 0) in a file format and the command's options:
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
 
+The out-of-core tiers' runs (issue 44): ``storage16`` and ``host16``, a 7.7 GB Zarr (3e7 x 64
+float32 randn, K = 16), the default init in the ``storage`` and ``host`` tiers, 5 iterations,
+seed 0: the init's cost in iteration-times (``init_iteration_times``) where each pass reads
+the data (one GPU: ``CUDA_VISIBLE_DEVICES=0``).
+
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
@@ -74,6 +79,13 @@ PROBLEMS = {
                  own_init=True),
 }
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
+
+# The out-of-core tiers' runs (issue 44): the default init in the tiers that read the data each pass.
+PROBLEMS.update({
+    f"{tier}16": _spec("limits", fmt="zarr", args=["--tier", tier, "--max-iter", "5", "--tol", "0", "--seed", "0"],
+                       sk=False, own_init=True)
+    for tier in ("storage", "host")
+})
 
 SKLEARN = """
 import sys

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from distributed import Client
@@ -18,7 +18,7 @@ from .. import config
 from ..backends import get_backend
 from ..engine.placement import Placement, Shard
 from ..engine.task import blas_capped
-from ..engine.watch import gather
+from ..engine.watch import watch
 from ..numerics.grid import Grid
 from ..numerics.hashing import row_uniforms
 from ..events import advance
@@ -26,7 +26,7 @@ from ..reduction import tree_reduce
 from . import rows
 from .kernels import seed_batched, weighted_lloyd
 from .kmeans_plusplus import init_kmeans_plusplus
-from .rows import result, take_rows
+from .rows import result
 
 
 # The distance passes of the init run in TF32 on GPUs: labels and distances are exact in
@@ -47,10 +47,14 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid |
     numbered on from the candidates so far) into each row's nearest candidate: a row keeps an
     earlier candidate on ties, so the nearest is the first of the nearest in candidate order,
     as one pass over all of them would find it. ``phi`` is added on the device and read once
-    (no synchronisation per block: the host tier's copies of the next block keep overlapping)."""
+    (no synchronisation per block: the host tier's copies of the next block keep overlapping).
+    A round that drew no rows leaves the state as it is, without a pass (the pass would give
+    the same arrays and the same ``phi``)."""
     be = shard.be
     xp = be.xp
     new = _concat_by_row(parts)
+    if state is not None and not new.shape[0]:
+        return state
     offset = 0 if state is None else state.n_cands
     d2s, near, phi = [], [], xp.zeros((), xp.float64)
     prep = be.prepare(new, shard.dtype, INIT_PRECISION) if new.shape[0] else None
@@ -70,31 +74,89 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid |
     return _ParState(d2s, near, float(phi), offset + new.shape[0])
 
 
+def _par_last(shard: Shard, state: _ParState, parts: list, grid: Grid | None) -> np.ndarray:
+    """The last round's fold (:func:`_par_update`) and the candidates' weights
+    (:func:`_cand_weights`) in one task: the state, a shard's per-row arrays, is not kept."""
+    return _cand_weights(shard, _par_update(shard, state, parts, grid))
+
+
 def _phi(shard: Shard, state: _ParState) -> float:
     return state.phi
 
 
-def _par_sample(shard: Shard, state: _ParState | None, phi: float, ell: float, seed: int, rnd: int) -> tuple:
-    """Rows drawn with probability ``min(1, ell * w * d2 / phi)``: ``(global_rows, data)``, the
-    data in the shard's dtype. Without a state (the first round, no candidates yet) every row is
-    drawn with probability ``min(1, ell / phi)``, ``phi`` the number of rows."""
+def _picks(shard: Shard, state: _ParState | None, phi: float, ell: float, seed: int, rnd: int) -> dict:
+    """The rows drawn with probability ``min(1, ell * w * d2 / phi)`` (without a state, the
+    first round's ``min(1, ell / phi)``), as local row indices per chunk index of the shard
+    (chunks with no draw left out), int64 on the host.
+
+    The draws are made where the per-row state lives (on a GPU, ``row_uniforms`` on the
+    device, the same bits as the host's): only the indices drawn, a few per round, come to the
+    host, not the rows' ``d2``. The comparison is the same float64 arithmetic on either
+    device (``d2 * (ell / phi)``, then times the weight), so the same rows are drawn."""
     be = shard.be
     xp = be.xp
-    idx, out = [], []
-    for j, (_, off, block, w) in enumerate(shard.items()):
+    ws = shard.weights or [None] * len(shard.chunk_ids)
+    picks = {}
+    for j, u in enumerate(_uniforms(shard, seed, rnd, xp)):
         if state is None:
-            p = np.full(block.shape[0], ell / phi)
+            p = ell / phi
         else:
-            p = be.to_numpy(state.d2[j]) * (ell / phi)
-            if w is not None:
-                p = p * be.to_numpy(w)
-        pick = np.flatnonzero(row_uniforms(seed, rnd, off, p.shape[0]) < p)
+            p = state.d2[j] * (ell / phi)
+            if ws[j] is not None:
+                p = p * ws[j]
+        pick = be.to_numpy(xp.flatnonzero(u < p)).astype(np.int64, copy=False)
         if len(pick):
-            idx.append(off + pick)
-            out.append(be.to_numpy(block[xp.asarray(pick)]))
-    if not out:
+            picks[j] = pick
+    return picks
+
+
+# Rows of one call of row_uniforms on a device: each call has a fixed cost (CuPy's kernel: a
+# launch; another array module's integer arithmetic: about 400 launches), so a shard's
+# consecutive chunks share calls of up to this many rows (64 MB of draws; the arithmetic's
+# temporaries about 200 MB). Figures: performance.md, "Inits", "k-means‖'s passes".
+DEVICE_DRAW_ROWS = 2**23
+
+
+def _uniforms(shard: Shard, seed: int, rnd: int, xp: Any) -> Iterator[Any]:
+    """Each chunk's ``row_uniforms`` in the shard's chunk order, as arrays of ``xp`` (float64
+    ``(n_i,)``): on the host one call per chunk; on a device calls of up to
+    :data:`DEVICE_DRAW_ROWS` rows over consecutive chunks (the same bits: a row's draw is
+    its own)."""
+    limit = 0 if xp is np else DEVICE_DRAW_ROWS
+    offs, ns = shard.offsets, shard.rows
+    buf, first, end = None, 0, 0
+    for j, (off, m) in enumerate(zip(offs, ns)):
+        if buf is None or not (first <= off and off + m <= end):
+            first, end = off, off + m
+            for o, k in zip(offs[j + 1:], ns[j + 1:]):  # the next chunks, while they follow on
+                if o != end or o + k - first > limit:
+                    break
+                end = o + k
+            buf = row_uniforms(seed, rnd, first, end - first, xp)
+        yield buf[off - first:off - first + m]
+
+
+def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, seed: int, rnd: int,
+                first: int | None = None) -> tuple:
+    """One round's draws on this shard (:func:`_picks`): ``(global_rows, data)``, the data in
+    the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``).
+    ``phi`` is every shard's ``phis`` (their futures' floats) added in shard order (what the
+    client added before: the same on any number of workers); a round with ``phi <= 0`` (every row at a candidate already) draws
+    nothing. ``first``: one more global row taken where this shard holds it (the first round's
+    row drawn by the seed)."""
+    phi = float(sum(phis))
+    picks = _picks(shard, state, phi, ell, seed, rnd) if phi > 0 else {}
+    order = sorted(picks)
+    if first is not None:
+        for j, (off, m) in enumerate(zip(shard.offsets, shard.rows)):
+            if off <= first < off + m:
+                picks[j] = np.concatenate([[first - off], picks.get(j, np.empty(0, np.int64))]).astype(np.int64)
+                order = sorted(picks)
+    if not picks:
         return np.empty(0, np.int64), np.empty((0, shard.n_features), shard.dtype)
-    return np.concatenate(idx), np.concatenate(out)
+    got = rows.chunk_rows(shard, picks)
+    idx = np.concatenate([shard.offsets[j] + picks[j] for j in order])
+    return idx, np.concatenate([got[j] for j in order])
 
 
 def _concat_by_row(parts: list) -> np.ndarray:
@@ -123,13 +185,18 @@ def _sum_arrays(items: list) -> np.ndarray:
     return np.sum(items, axis=0)
 
 
-def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int, n_iter: int, backend: str) -> np.ndarray:
+def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int, n_iter: int,
+               backend: str) -> np.ndarray | None:
     """k centres of the weighted candidates on this worker's device (float64 ``(k, d)``):
     k-means++ with local trials in batches (:func:`seed_batched`), then ``n_iter`` weighted
-    Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default)."""
+    Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default). None where fewer than
+    ``k`` candidates have a positive weight (tiny or highly duplicated data: the caller falls
+    back to k-means++), said in the same task rather than in a round trip of its own."""
+    keep = weights > 0
+    if int(keep.sum()) < k:
+        return None
     be = get_backend(backend)
     cands = _candidates(rounds, dtype)
-    keep = weights > 0
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
     c = seed_batched(x, k, seed, w, precision=INIT_PRECISION)
@@ -154,70 +221,73 @@ def init_kmeans_parallel(
     each, are reduced to ``k`` on one worker (:func:`_recluster`).
 
     Every round but the first is one distance pass of the shards against the previous round's
-    new candidates only, and one more pass folds in the last round's; each row carries its
-    nearest candidate along, so the weights cost no pass of their own. All ``rounds`` passes
-    together cost an assignment against ``rounds * l`` centres (2.5 K by default), whatever
-    the number of workers. (The paper's first round is one row drawn at random, and so a
-    whole pass over the data against one candidate, which in the host and storage tiers costs
-    as much as any other; that row is drawn here too, in the first round.) ``grid``, the fit's (or None), bounds the rows
+    new candidates only, and one more pass folds in the last round's and gives the weights
+    (each row carries its nearest candidate along): ``rounds`` passes in all, which together
+    cost an assignment against ``rounds * l`` centres (2.5 K by default), whatever the number
+    of workers. The draws themselves cost no pass: the first round's are uniform, and a later
+    round's come from the per-row state each shard keeps (``d2`` and the seeded per-row
+    uniforms), so only the chunks that hold a drawn row are read (in the storage tier; the
+    resident tiers index their blocks). (The paper's first round is one row drawn at random,
+    and so a whole pass over the data against one candidate; that row is drawn here too, in
+    the first round, and read with its draws.) ``grid``, the fit's (or None), bounds the rows
     for the passes' scaled float16 GEMM. ``options``: other inits' keyword options, not used
     here.
+
+    Every round's tasks are submitted at once: each round's fold, ``phi`` and draws follow
+    one another on the workers (a shard's draws take every shard's ``phi`` as futures), with
+    no round trip through the client; the client follows the rounds for progress and for a
+    lost worker.
     """
     rounds = int(rounds if rounds is not None else config.get("init.rounds"))
     ell = float(oversampling_factor) * k
     n = placement.n_samples
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
     nshard = len(placement.shards)
-    states: list = [None] * nshard
+    submitted: list = []
 
-    def sample(states: list, phi: float, r: int) -> list:
+    def per_shard(fn, *args, name: str) -> list:
+        futs = rows.submit_per_shard(client, placement, fn, *args, name=name)
+        submitted.extend(futs)
+        return futs
+
+    def sample(states: list, phis: list, r: int, first: int | None = None) -> list:
         # A round's draws stay where they were drawn, one part per shard: each worker fetches
         # the others' parts itself (one hop, not two through a concatenating task).
-        return rows.submit_per_shard(
-            client, placement, _par_sample, states, [phi] * nshard, [ell] * nshard, [seed] * nshard,
-            [r] * nshard, name="daskmeans-kpar-sample",
-        )
-
-    def fold(states: list, new: list) -> list:
-        return rows.submit_per_shard(client, placement, _par_update, states, [new] * nshard, [grid] * nshard,
-                                     name="daskmeans-kpar-update")
+        return per_shard(_par_sample, states, [phis] * nshard, [ell] * nshard, [seed] * nshard, [r] * nshard,
+                         [first] * nshard, name="daskmeans-kpar-sample")
 
     # The first round draws uniformly (no pass over the data before it), so each of the
     # ``rounds`` passes folds l candidates in and the last one gives the weights; with it one
     # row drawn by the seed, so that there is a candidate however small l / n is.
-    row0 = np.random.default_rng([seed, 0]).integers(0, n, size=1)
-    first = take_rows(client, placement, row0).astype(placement.dtype)
-    new: list | None = [client.scatter((row0, first), hash=False), *sample(states, float(n), 0)]
+    row0 = int(np.random.default_rng([seed, 0]).integers(0, n, size=1)[0])
+    states: list = [None] * nshard
+    new = sample(states, [float(n)], 0, row0)
     rounds_drawn = [new]
-    advance(1, rounds + 1)
-    for r in range(1, rounds):
-        states = fold(states, new)
-        new = None
-        # Only each shard's float comes to the client (the states keep their arrays where they
-        # are), added in shard order: the same phi on any number of workers.
-        phis = gather(client, rows.submit_per_shard(client, placement, _phi, states, name="daskmeans-kpar-phi"),
-                      placement.workers)
-        phi = float(sum(phis))
-        if phi <= 0:  # fewer distinct points than candidates: every row is a candidate already
-            break
-        new = sample(states, phi, r)
-        rounds_drawn.append(new)
-        advance(r + 1, rounds + 1)  # the rounds, then the recluster
-    if new is not None:  # the last round's draws
-        states = fold(states, new)
-    weights = tree_reduce(
-        client, rows.submit_per_shard(client, placement, _cand_weights, states, name="daskmeans-kpar-weights"),
-        _sum_arrays, name="daskmeans-kpar-wsum",
-    )
-    n_cand = int(result(client, placement, client.submit(lambda w: int((w > 0).sum()), weights, pure=False)))
-    if n_cand < k:
+    try:
+        for r in range(1, rounds):
+            states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+            # Only each shard's float moves (the states keep their arrays where they are),
+            # added in shard order by every shard's draws: the same phi on any number of workers.
+            phis = per_shard(_phi, states, name="daskmeans-kpar-phi")
+            new = sample(states, phis, r)
+            rounds_drawn.append(new)
+        parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+        weights = tree_reduce(client, parts, _sum_arrays, name="daskmeans-kpar-wsum")
+        fut = client.submit(
+            blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed,
+            int(config.get("init.recluster-iter")), placement.backend,
+            pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
+        )
+        submitted.append(fut)
+        for r, drawn in enumerate(rounds_drawn):  # the rounds, then the recluster
+            watch(client, drawn, placement.workers, fetch=False, hung_after=config.get_seconds("collective-timeout"))
+            advance(r + 1, rounds + 1)
+        centers = result(client, placement, fut)
+    except BaseException:
+        client.cancel(submitted)  # the rounds after a lost worker's or an interrupt's would wait
+        raise
+    if centers is None:
         # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
         return init_kmeans_plusplus(client, placement, k, seed)
-    advance(rounds, rounds + 1)
-    fut = client.submit(
-        blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed, int(config.get("init.recluster-iter")), placement.backend,
-        pure=False, key=f"daskmeans-kpar-recluster-{uuid.uuid4().hex}",
-    )
-    centers = result(client, placement, fut)
     advance(rounds + 1)
     return centers

@@ -18,18 +18,41 @@ from ..engine.task import submit_per_shard
 from ..engine.watch import gather
 
 
+def chunk_rows(shard: Shard, picks: dict) -> dict:
+    """Host copies of chosen rows of chosen chunks, read without a pass over the shard's other
+    chunks (:meth:`~daskmeans.engine.tiers.base.Tier.take`: the storage tier reads only those
+    chunks; a resident tier indexes its blocks where they are).
+
+    Parameters
+    ----------
+    shard : Shard
+    picks : dict of int to int64 ndarray (m_j,)
+        Local row indices per chunk index ``j`` of the shard.
+
+    Returns
+    -------
+    dict of int to ndarray (m_j, d), the shard's dtype
+    """
+    if not picks:
+        return {}
+    if shard.tier.resident and not shard.pinned:  # as a pass would: check the blocks before use
+        shard.pin_resident()
+    return shard.tier.take(shard, picks)
+
+
 def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Host copies of the global ``rows`` (sorted) that fall in this shard."""
-    be = shard.be
-    idx, data = [], []
-    for _, off, block, _ in shard.items():
-        sel = rows[(rows >= off) & (rows < off + block.shape[0])]
+    """Host copies of the global ``rows`` (sorted) that fall in this shard; only the chunks
+    that hold some of them are read."""
+    picks = {}
+    for j, (off, n) in enumerate(zip(shard.offsets, shard.rows)):
+        sel = rows[(rows >= off) & (rows < off + n)]
         if len(sel):
-            idx.append(sel)
-            data.append(be.to_numpy(block[be.xp.asarray(sel - off)]))
-    if not idx:
+            picks[j] = sel - off
+    if not picks:
         return np.empty(0, np.int64), np.empty((0, shard.n_features))
-    return np.concatenate(idx), np.concatenate(data).astype(np.float64)
+    got = chunk_rows(shard, picks)
+    idx = np.concatenate([shard.offsets[j] + picks[j] for j in sorted(picks)])
+    return idx, np.concatenate([got[j] for j in sorted(picks)]).astype(np.float64)
 
 
 def gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
