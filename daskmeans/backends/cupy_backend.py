@@ -230,13 +230,23 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
 
     def compile_all() -> None:
         try:
-            cuda_src.compile_concurrently(cuda_src.fit_kernels, *calls)
+            cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls)
         except Exception:  # raised again where the kernel is needed
             pass
 
     t = threading.Thread(target=compile_all, name="daskmeans-compile", daemon=True)
     t.start()
     return t
+
+
+def _row_uniforms_kernel() -> None:
+    """The seeded draws' kernel (:func:`daskmeans.numerics.hashing.row_uniforms` on CuPy), which
+    every k-means|| round launches, compiled by drawing one row."""
+    import cupy
+
+    from ..numerics.hashing import row_uniforms
+
+    row_uniforms(0, 0, 0, 1, xp=cupy)
 
 
 _REG_K = 64  # the fused kernel's register configurations stop well below this many centroids

@@ -69,6 +69,13 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         total += bin_sums(nearest % 8, None, 8)
         total += bin_sums(nearest % 8, v(f64), 8)
 
+    def par_draws(n):  # seeding.kmeans_parallel._par_draws: the draws from the resident state
+        u, d2 = v(f64, n), v(f64, n)
+        cp.flatnonzero(u < 0.5)
+        p = d2 * (3 / 7.0)
+        p = p * v(f64, n)
+        cp.flatnonzero(u < p)
+
     def bin_sums(labels, weights, m):  # cupy_backend.bin_sums
         out = cp.zeros(m, f64)
         cp.add.at(out, labels, cp.ones(labels.size, f64) if weights is None else weights)
@@ -159,7 +166,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
     return [moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
-            *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched)]]
+            *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched, par_draws)]]
 
 
 def _marker(cp, index: int, count: int, dtype: str) -> str:
