@@ -158,8 +158,7 @@ def fit_distributed(
                 else:
                     of = f" (run {i + 1}/{n_init})" if n_init > 1 else ""
                     with phase("init"), step(f"init {params.init}{of}", unit="steps"):
-                        c0 = job.survive(lambda p: resolve_init(
-                            client, p, params.init, k, int(seeds[i]), params.oversampling_factor, grid))
+                        c0 = job.survive(resolve_init, params.init, k, int(seeds[i]), params.oversampling_factor, grid)
                     c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
                 if i == 0:
                     check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)

@@ -5,8 +5,9 @@
     FitJob.open: a worker to run on -> the path seen by every worker -> the backend -> the data
       kept by an earlier fit of it (reuse) -> the plan (budgets, tier, chunking) -> the fit's
       chunks (split, balanced; fixed for the whole fit) -> the kernels compiling meanwhile
-    job.survive(step): step(placement), the data placed (again, on the workers left, its chunks
-      checked against their pins) whenever a worker is lost before or during the step
+    job.survive(step, *args): step(client, placement, *args), the data placed (again, on the
+      workers left, its chunks checked against their pins) whenever a worker is lost before or
+      during the step
     job.moments(): the pass before a fit (tolerance, grid, digest, the chunks' pins)
     FitJob.subsample: the rows a fit on a sample trains on (``train_rows`` of ``open``), drawn
       before the plan; job.labels(centroids): the labels, inertia and sizes of every row after
@@ -82,6 +83,11 @@ class EveryRow:
     labels: da.Array
     inertia: float
     sizes: np.ndarray
+
+
+def _placement(client: Client, placement: Placement) -> Placement:
+    """The step that only places the data (:meth:`FitJob.place`, :meth:`FitJob.replan`)."""
+    return placement
 
 
 class FitJob:
@@ -225,17 +231,21 @@ class FitJob:
     def place(self) -> Placement:
         """The placement, made now if there is none yet; the tier line once placed."""
         with self.phase("place"), step("place", unit="chunks"):
-            placement = self.survive(lambda p: p)
+            placement = self.survive(_placement)
         # The tier line, with the largest share a worker was given (the plan's is a bound).
         rows = max(sum(placement.row_chunks[i] for i in ids) for ids in placement.chunk_ids)
         self.tiers = dataclasses.replace(self.tiers, share=rows * int(self.X.shape[1]) * self.X.dtype.itemsize)
         note(f"daskmeans: {self.tiers.describe()}")
         return placement
 
-    def survive(self, step_: Callable[[Placement], Any]) -> Any:
-        """``step_(placement)``, placing the data first (again, on the workers left) when a
-        worker is lost before or during it (every step is deterministic given its seed, so the
-        result is the same)."""
+    def survive(self, step_: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``step_(client, placement, *args, **kwargs)`` on the job's client and placement,
+        placing the data first (again, on the workers left) when a worker is lost before or
+        during it (every step is deterministic given its seed, so the result is the same).
+
+        The step is a function of the engine (an init, the moments pass, a round) given its
+        arguments here, as an executor takes them: the job hands the placement to the step
+        itself, so that no caller holds a placement that a lost worker made stale."""
         last = None
         for _ in range(MAX_REPLANS):
             try:
@@ -244,7 +254,7 @@ class FitJob:
                     # again from the source is checked against its first read.
                     self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
                                            balance=False, pins=self.pins, tunables=self.tiers.tunables)
-                return step_(self.placement)
+                return step_(self.client, self.placement, *args, **kwargs)
             except WorkerLost as lost:
                 last = lost.args[0]
                 self._forget_placement()
@@ -253,7 +263,7 @@ class FitJob:
     def replan(self) -> Placement:
         """A new placement on the workers now present (the Lloyd loop's hook after a loss)."""
         self._forget_placement()
-        return self.survive(lambda p: p)
+        return self.survive(_placement)
 
     def _forget_placement(self) -> None:
         if self.placement is not None and self.placement.pins is not None:
@@ -266,7 +276,7 @@ class FitJob:
         if self._moments is not None and (self._digest or not digest):
             return dict(self._moments)
         with self.phase("moments"), step("moments (one pass over the data)"):
-            self._moments = self.survive(lambda p: data_moments(self.client, p, digest=digest))
+            self._moments = self.survive(data_moments, digest=digest)
         self._digest = digest
         self.pins = self._moments.get("pins")
         return dict(self._moments)
