@@ -26,10 +26,10 @@ from .dask_cluster import using_client
 from .engine import infer
 from .engine.fit import fit_distributed
 from .errors import DaskmeansError
-from .io.readers import file_of, read_table, read_weights
+from .io.readers import read_table, read_weights
 from . import config
 from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
-from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
+from .kmeans_base import INIT_NAMES, BaseKMeans, in_memory, output_like
 from .params import KMeansParams, RunParams, constraints, doc_choices, record
 from .events import watched, watching
 from .progress import Progress, Steps
@@ -328,6 +328,7 @@ class KMeans(BaseKMeans):
         self._validate_params()
         runs = self._runs()
         like = output_like(X)  # what labels_ follows: in memory, or lazy
+        memory = in_memory(like)
         callbacks = [c for c in (self._printer(runs), callback) if c is not None]
         phase = Phases()
         seed = seed_of(self.random_state)
@@ -335,8 +336,8 @@ class KMeans(BaseKMeans):
             ck = self._read_checkpoint() if resume else None
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
-            names, X = column_names(table), table.array
-            path = table.source or file_of(X)  # a path given or an array read() from one: messages name it
+            names, X = table.feature_names, table.array
+            path = table.file()  # a path given or an array read() from one: messages name it
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)
@@ -366,7 +367,7 @@ class KMeans(BaseKMeans):
             )
             self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
             self._fitted(best, client, d, names, X.dtype)
-            if in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
+            if memory:  # labels_ of the input's kind, as predict(X) gives them
                 self._labels = (infer.materialise(client, best.labels, like), client)
             return None if then is None else then(client)
 
