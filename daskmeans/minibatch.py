@@ -205,7 +205,7 @@ class MiniBatchKMeans(BaseKMeans):
         with using_client(self.client, self.backend, exclusive=True) as client:
             res = fit_minibatch(
                 client, x, record(MiniBatchParams, self), record(RunParams, self), draw, step_seed=step_seed,
-                reassign_seed=reassign_seed, sample_weight=w, path=table.source,
+                reassign_seed=reassign_seed, sample_weight=w, path=table.source, files=table.files(),
                 report=self._round_line if self.verbose else None,
             )
             st = res.state

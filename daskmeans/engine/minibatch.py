@@ -174,6 +174,7 @@ def fit_minibatch(
     reassign_seed: int,
     sample_weight: da.Array | None = None,
     path: str | None = None,
+    files: tuple[str, ...] | None = None,
     report: Callable[[State, int], None] | None = None,
     phase: Phases | None = None,
 ) -> MiniBatchResult:
@@ -198,6 +199,8 @@ def fit_minibatch(
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker first).
+    files : tuple of str, optional
+        Every file ``X`` is read from (the read's ``Table.files()``), for the job's re-fit check.
     report : callable(State, int), optional
         Called after each round with the state and the most steps the fit may run.
     phase : Phases, optional
@@ -209,7 +212,8 @@ def fit_minibatch(
     """
     k, precision = int(params.n_clusters), params.precision
     n, d = (int(s) for s in X.shape)
-    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, precision=precision, phase=phase)
+    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files, precision=precision,
+                      phase=phase)
     backend = job.backend
     with job:
         moments = job.moments()

@@ -12,8 +12,8 @@ The same data means, on the same client and the same workers:
 
 - before planning (:func:`source_key`): the Dask keys and chunks of the array and of the
   weights, the dtype, the backend, the requested tier, the memory budgets asked for, and for
-  the files daskmeans reads (those the array's graph names, ``io.blocks.files_of``, and the
-  fit's path) their size and modification times, since those readers' keys name the path,
+  the files daskmeans reads (the read's ``Table.files()``: the path read and those the array's
+  graph names) their size and modification times, since those readers' keys name the path,
   not the contents;
 - after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking),
   the tier chosen and the kernels' tunables. A fit whose plan chooses another tier (a larger
@@ -47,7 +47,6 @@ import dask.array as da
 from distributed import Client
 
 from ..backends import get_backend
-from ..io import blocks
 from .placement import Placement
 
 # Datasets kept per client (the most recently fitted last).
@@ -112,7 +111,7 @@ class Entry:
 
 
 def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
-               memory_limit: int | None, device_memory_limit: int | None, path: str | None = None) -> Source:
+               memory_limit: int | None, device_memory_limit: int | None, files: tuple[str, ...] = ()) -> Source:
     """What identifies a fit's data and resources before planning (see the module docstring).
 
     Parameters
@@ -126,12 +125,13 @@ def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, back
         The requested tier ("auto", "device", "host", "storage").
     memory_limit, device_memory_limit : int or None
         The budgets asked for, resolved (``engine.plan.budget_limits``).
-    path : str, optional
-        The file the fit reads.
+    files : tuple of str
+        The files ``X`` is read from (absolute paths: the reader's ``Table.files()``, the path
+        read and those its graph names), found once by the read.
     """
     w = None if sample_weight is None else (sample_weight.name, sample_weight.chunks)
     return Source((X.name, X.chunks, str(X.dtype)), w, backend, tier, (memory_limit, device_memory_limit),
-                  tuple(sorted(client.nthreads().items())), _files(X, path))
+                  tuple(sorted(client.nthreads().items())), _files(files))
 
 
 def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
@@ -143,13 +143,11 @@ def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tie
     return (X.name, X.chunks, str(X.dtype), w, backend, tier, tunables)
 
 
-def _files(X: da.Array, path: str | None) -> tuple:
-    """Size and modification times of the files daskmeans reads ``X`` from (``path`` and those
-    its graph names, :func:`daskmeans.io.blocks.files_of`): a reader's keys name the path, so
-    a file written again would otherwise look like the same data."""
-    paths = {p for p in blocks.files_of(X) if os.path.exists(p)}
-    if path is not None:
-        paths.add(os.path.abspath(path))
+def _files(files: tuple[str, ...]) -> tuple:
+    """Size and modification times of the files daskmeans reads the data from (``files``): a
+    reader's keys name the path, so a file written again would otherwise look like the same
+    data."""
+    paths = {os.path.abspath(p) for p in files if os.path.exists(p)}
     return tuple((p, _signature(p)) for p in sorted(paths))
 
 

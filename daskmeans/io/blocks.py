@@ -48,6 +48,11 @@ class Table:
     rows : RowSource or None
         How ``array`` is read again in other row chunks (:func:`split_rows`), where its
         reader can; None otherwise (the array is then rechunked).
+    in_memory : bool
+        The rows were given in memory (NumPy, CuPy, lists, a pandas DataFrame, a SciPy sparse
+        matrix): a fit's outputs are computed as the data's kind, as scikit-learn gives them.
+        False for paths and Dask collections, and for a Table given to be read again (its
+        array is lazy).
     """
 
     array: da.Array
@@ -56,6 +61,7 @@ class Table:
     identifier_error: str | None = None
     other_columns: Callable[[Sequence[str | int]], tuple[list[str], list[str], list[Any]]] | None = None
     rows: RowSource | None = None
+    in_memory: bool = False
 
     def refuse_identifiers(self) -> None:
         """Raise a DataError where a column of the table looks like an identifier."""
@@ -67,6 +73,12 @@ class Table:
         """The columns' names as scikit-learn's ``feature_names_in_`` holds them: an object
         array (n_features,) of str, or None where the source names no columns."""
         return None if self.columns is None else np.asarray(self.columns, dtype=object)
+
+    def files(self) -> tuple[str, ...]:
+        """Every file the rows are read from (absolute paths, sorted): the path read and
+        those the array's graph names (:func:`files_of`: also for a Dask array derived from a
+        reader's). What a re-fit checks for changes (``engine/reuse.py``)."""
+        return tuple(sorted({*files_of(self.array), *([self.source] if self.source else [])}))
 
     def file(self) -> str | None:
         """The one file the rows come from (absolute path): the path read, or the one file
