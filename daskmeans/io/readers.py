@@ -186,8 +186,8 @@ def read_table(
     Parameters
     ----------
     source : path, array, DataFrame or Table
-        As :func:`read`; a :class:`Table` is returned as it is (its array converted to
-        ``dtype`` where given).
+        As :func:`read`; a :class:`Table` is returned as it is, as lazy data (its array
+        converted to ``dtype`` where given).
     dataset, columns, drop_columns, chunk_bytes, delimiter, dtype, **options
         As :func:`read`.
 
@@ -210,8 +210,11 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
     """:func:`read_table`'s work, for it and :func:`read` (its warnings name their caller's caller)."""
     if isinstance(source, Table):
         x = finish(source.array, None if dtype is None else float_dtype_arg(dtype))
-        return source if x is source.array else dataclasses.replace(source, array=x)
-    names = None if isinstance(source, (str, os.PathLike)) else memory_reader.column_names(source)
+        # Read again, the Table is lazy data: its array's outputs stay lazy.
+        return source if x is source.array and not source.in_memory else \
+            dataclasses.replace(source, array=x, in_memory=False)
+    # Column names come from DataFrames (pandas, Dask): a path's are its reader's, an array has none.
+    names = None if isinstance(source, (str, os.PathLike, da.Array)) else memory_reader.column_names(source)
     cb = None if chunk_bytes is None else int(__import__("dask").utils.parse_bytes(chunk_bytes))
     dt = None if dtype is None else float_dtype_arg(dtype)
     takers = {name for fmt in FORMATS for name in fmt.options}
@@ -252,7 +255,8 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
     if not isinstance(source, (str, os.PathLike)):
         # A Dask array a reader returned earlier (read()'s) is read again in other chunks too.
-        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x))
+        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x),
+                     in_memory=not dask.is_dask_collection(source))
     if any(np.isnan(c) for c in x.chunks[0]):
         warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=3)
         x = x.compute_chunk_sizes()
