@@ -121,7 +121,7 @@ class FitJob:
     """
 
     def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
-                 source: Any, budgets: dict, key: tuple, kept: reuse.Entry | None, phase: Phases,
+                 source: Any, budgets: dict, key: reuse.Placed, kept: reuse.Entry | None, phase: Phases,
                  every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean"):
         self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
         self.phase, self.metric = phase, metric
@@ -220,7 +220,8 @@ class FitJob:
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
             warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables)
-            key = reuse.placement_key(X, w, backend, tiers.tier, tiers.tunables)
+            # The data is the source's (the entry was found by it): the plan's choices identify the placement.
+            key = reuse.Placed(X.chunks[0], tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
                 reuse.drop(client, [kept])
                 kept = None
