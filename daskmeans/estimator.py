@@ -26,10 +26,10 @@ from .dask_cluster import using_client
 from .engine import infer
 from .engine.fit import fit_distributed
 from .errors import DaskmeansError
-from .io.readers import file_of, read_table, read_weights
+from .io.readers import read_table, read_weights
 from . import config
 from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
-from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
+from .kmeans_base import INIT_NAMES, BaseKMeans
 from .params import KMeansParams, RunParams, constraints, doc_choices, record
 from .events import watched, watching
 from .progress import Progress, Steps
@@ -327,7 +327,6 @@ class KMeans(BaseKMeans):
         """The fit; ``then(client)`` runs after it on the fit's client, its result returned."""
         self._validate_params()
         runs = self._runs()
-        like = output_like(X)  # what labels_ follows: in memory, or lazy
         callbacks = [c for c in (self._printer(runs), callback) if c is not None]
         phase = Phases()
         seed = seed_of(self.random_state)
@@ -335,8 +334,11 @@ class KMeans(BaseKMeans):
             ck = self._read_checkpoint() if resume else None
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
-            names, X = column_names(table), table.array
-            path = table.source or file_of(X)  # a path given or an array read() from one: messages name it
+            # What labels_ follows: data given in memory (its kind), else the lazy array read.
+            like, memory = (X, True) if table.in_memory else (table.array, False)
+            names, X = table.feature_names, table.array
+            path = table.file()  # a path given or an array read() from one: messages name it
+            files = table.files()  # every file the rows come from: a re-fit checks them for changes
             n, d = (int(s) for s in X.shape)
             check_n_clusters(n, self.n_clusters)
             starts = self._starts(d, runs, init_data(like, X) if callable(self.init) else None, seed)
@@ -360,13 +362,13 @@ class KMeans(BaseKMeans):
             else contextlib.nullcontext()
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
             best = fit_distributed(
-                client, X, algo, run, seed=seed, sample_weight=w, path=path, train_rows=m, resume=ck,
+                client, X, algo, run, seed=seed, sample_weight=w, path=path, files=files, train_rows=m, resume=ck,
                 callback=_fanout(callbacks), phase=phase,
                 on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
             )
             self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
             self._fitted(best, client, d, names, X.dtype)
-            if in_memory(like):  # labels_ of the input's kind, as predict(X) gives them
+            if memory:  # labels_ of the input's kind, as predict(X) gives them
                 self._labels = (infer.materialise(client, best.labels, like), client)
             return None if then is None else then(client)
 

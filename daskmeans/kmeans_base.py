@@ -512,11 +512,6 @@ def in_memory(x: Any) -> bool:
     return not (dask.is_dask_collection(x) or isinstance(x, (Table, str, bytes)) or hasattr(x, "__fspath__"))
 
 
-def column_names(table: Table) -> np.ndarray | None:
-    """A table's column names as ``feature_names_in_`` holds them (an object array), or None."""
-    return None if table.columns is None else np.asarray(table.columns, dtype=object)
-
-
 def _same(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)

@@ -21,7 +21,7 @@ from .engine import infer
 from .engine.minibatch import InitDraw, Rule, State, fit_minibatch, partial_step
 from .conventions import DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
 from .errors import DataError, not_fitted
-from .kmeans_base import INIT_NAMES, BaseKMeans, column_names, in_memory, output_like
+from .kmeans_base import INIT_NAMES, BaseKMeans, in_memory, output_like
 from .params import MiniBatchParams, RunParams, constraints, record
 from .io.readers import read_table, read_weights
 from .validation import check_n_clusters, seed_of
@@ -192,7 +192,7 @@ class MiniBatchKMeans(BaseKMeans):
         runs = self._runs()
         table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
         table.refuse_identifiers()
-        names, x = column_names(table), table.array
+        names, x = table.feature_names, table.array
         n, d = (int(s) for s in x.shape)
         k = self.n_clusters
         check_n_clusters(n, k)
@@ -205,7 +205,7 @@ class MiniBatchKMeans(BaseKMeans):
         with using_client(self.client, self.backend, exclusive=True) as client:
             res = fit_minibatch(
                 client, x, record(MiniBatchParams, self), record(RunParams, self), draw, step_seed=step_seed,
-                reassign_seed=reassign_seed, sample_weight=w, path=table.source,
+                reassign_seed=reassign_seed, sample_weight=w, path=table.source, files=table.files(),
                 report=self._round_line if self.verbose else None,
             )
             st = res.state
@@ -278,7 +278,7 @@ class MiniBatchKMeans(BaseKMeans):
                 self._labels = (labels if in_memory(output_like(X)) else da.from_array(labels, chunks=x.chunks[0]), client)
                 self.inertia_ = inertia
         if first:
-            names = column_names(table)
+            names = table.feature_names
             if names is not None:
                 self.feature_names_in_ = names
         return self

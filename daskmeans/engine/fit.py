@@ -87,6 +87,7 @@ def fit_distributed(
     seed: int | None = None,
     sample_weight: da.Array | None = None,
     path: str | None = None,
+    files: tuple[str, ...] | None = None,
     train_rows: int | None = None,
     resume: dict | None = None,
     callback: Callable[[dict], None] | None = None,
@@ -111,6 +112,9 @@ def fit_distributed(
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker before any work).
+    files : tuple of str, optional
+        Every file ``X`` is read from (the read's ``Table.files()``: a re-fit checks them for
+        changes); None: found by the job from ``path`` and ``X``'s graph.
     train_rows : int, optional
         Train on this many rows of ``X`` drawn from ``seed`` (fewer than ``X`` has),
         then label every row and measure the inertia and sizes over every row.
@@ -126,8 +130,9 @@ def fit_distributed(
     """
     phase = phase if phase is not None else Phases()
     k = params.n_clusters
-    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, precision=params.precision,
-                      max_iter=params.max_iter, metric=params.metric, train_rows=train_rows, seed=seed, phase=phase)
+    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files,
+                      precision=params.precision, max_iter=params.max_iter, metric=params.metric,
+                      train_rows=train_rows, seed=seed, phase=phase)
     n, d = (int(s) for s in job.X.shape)
     # One run per explicit start (a callable init's), else n_init from a named init or one array.
     starts = params.init if isinstance(params.init, list) else None
@@ -136,8 +141,7 @@ def fit_distributed(
     digest = run.checkpoint is not None
     with job:
         try:
-            job.place()
-            moments = job.moments(digest)
+            moments = job.moments(digest)  # placed by its first pass
             tol_abs = float(np.mean(moments["var"])) * float(params.tol)
             grid = Grid(moments["max_abs"], moments["weight"])
             seeds = np.random.SeedSequence(seed).generate_state(n_init)
@@ -158,15 +162,17 @@ def fit_distributed(
                 else:
                     of = f" (run {i + 1}/{n_init})" if n_init > 1 else ""
                     with phase("init"), step(f"init {params.init}{of}", unit="steps"):
-                        c0 = job.survive(lambda p: resolve_init(
-                            client, p, params.init, k, int(seeds[i]), params.oversampling_factor, grid))
+                        c0 = job.survive(resolve_init, params.init, k, int(seeds[i]), params.oversampling_factor, grid)
                     c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
                 if i == 0:
                     check_resolution(grid, np.median(np.abs(np.asarray(c0, np.float64)), axis=0), n)
+                # The run's restart point, made here for every run: a checkpoint's, or the
+                # start from the init's centres.
+                begin = start if start is not None else Start(0, np.asarray(c0, np.float64))
                 with phase("iterations"):
                     res = run_lloyd(
                         client, job.placement, c0, params, run, tol_abs=tol_abs, grid=grid,
-                        callback=_numbered(callback, i + 1), replan=job.replan, start=start,
+                        callback=_numbered(callback, i + 1), replan=job.replan, start=begin,
                         checkpoint=_saver(run.checkpoint, names, on_checkpoint), seed=int(seeds[i]),
                     )
                 if best is None or res.inertia < best.inertia:

@@ -5,13 +5,16 @@
     FitJob.open: a worker to run on -> the path seen by every worker -> the backend -> the data
       kept by an earlier fit of it (reuse) -> the plan (budgets, tier, chunking) -> the fit's
       chunks (split, balanced; fixed for the whole fit) -> the kernels compiling meanwhile
-    job.survive(step): step(placement), the data placed (again, on the workers left, its chunks
-      checked against their pins) whenever a worker is lost before or during the step
-    job.moments(): the pass before a fit (tolerance, grid, digest, the chunks' pins)
+    job.survive(step, *args): step(client, placement, *args), the data placed (again, on the
+      workers left, its chunks checked against their pins) whenever a worker is lost before or
+      during the step
+    job.moments(): the pass before a fit (tolerance, grid, digest, the chunks' pins), which places
+      the data (the job's place phase) where nothing placed it before
     FitJob.subsample: the rows a fit on a sample trains on (``train_rows`` of ``open``), drawn
       before the plan; job.labels(centroids): the labels, inertia and sizes of every row after
-    job.keep(states): the placement kept for the next fit of the same data (engine/reuse.py)
-    job.close(): the placement released unless kept
+    job.keep(states): the placement to be kept for the next fit of the same data
+    job.close(), the job's end: the placement kept (engine/reuse.py) after a fit that asked it and
+      ended without error, else released
 
 The Lloyd runs (:mod:`daskmeans.engine.fit`), ``MiniBatchKMeans``'s rounds and the sweep's fits
 all run on a job: none of them plans, places or waits for workers itself.
@@ -20,6 +23,7 @@ all run on a job: none of them plans, places or waits for workers itself.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -31,7 +35,7 @@ from distributed import Client
 from ..backends import backend_name
 from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
-from ..io.readers import split_rows
+from ..io.readers import files_of, split_rows
 from . import tiers as tier_registry
 from .placement import Placement, place
 from .watch import NO_WORKER_SECONDS, WorkerLost, wait_a_little
@@ -84,6 +88,11 @@ class EveryRow:
     sizes: np.ndarray
 
 
+def _placement(client: Client, placement: Placement) -> Placement:
+    """The step that only places the data (:meth:`FitJob.place`, :meth:`FitJob.replan`)."""
+    return placement
+
+
 class FitJob:
     """The data of one fit on ``client``'s workers, placed in the fit's chunks.
 
@@ -112,7 +121,7 @@ class FitJob:
     """
 
     def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
-                 source: Any, budgets: dict, key: tuple, kept: reuse.Entry | None, phase: Phases,
+                 source: Any, budgets: dict, key: reuse.Placed, kept: reuse.Entry | None, phase: Phases,
                  every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean"):
         self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
         self.phase, self.metric = phase, metric
@@ -124,7 +133,8 @@ class FitJob:
         self._digest = False if kept is None else kept.digest
         # Each chunk's pin once a pass has read it: a placement made again is given them.
         self.pins: dict | None = None if kept is None else kept.placement.pins
-        self._kept = False
+        self._told = False  # whether the tier line was said (once the data is placed)
+        self._keep: list | None = None  # the final states of a fit whose placement is kept at the end
 
     @classmethod
     def open(
@@ -136,6 +146,7 @@ class FitJob:
         *,
         sample_weight: da.Array | None = None,
         path: str | None = None,
+        files: tuple[str, ...] | None = None,
         precision: str = "fp32",
         max_iter: int | None = None,
         metric: str = "euclidean",
@@ -156,6 +167,10 @@ class FitJob:
         sample_weight : dask array (n,), optional
         path : str, optional
             The file ``X`` is read from: checked on every worker before any work.
+        files : tuple of str, optional
+            Every file ``X`` is read from (the read's ``Table.files()``), whose sizes and
+            modification times tell a re-fit whether the data changed; None: found here, from
+            ``path`` and the files ``X``'s graph names.
         precision : str
             The GEMM precision, for the kernels compiled while the data is placed.
         max_iter : int, optional
@@ -172,6 +187,8 @@ class FitJob:
             Where the seconds of sample, plan, place and moments go.
         """
         phase = phase if phase is not None else Phases()
+        if files is None:
+            files = tuple(sorted({*files_of(X), *([os.path.abspath(path)] if path is not None else [])}))
         every = (X, sample_weight)
         if train_rows is not None:
             with phase("sample"):
@@ -186,7 +203,7 @@ class FitJob:
             backend = resolve_backend(client, run.backend, backend_name(X))
             tier = run.tier
             limits = budget_limits(run.memory_limit, run.device_memory_limit)
-            source = reuse.source_key(client, X, sample_weight, backend, tier, *limits, path)
+            source = reuse.source_key(client, X, sample_weight, backend, tier, *limits, files)
             # The same data placed by an earlier fit on this client: its placement, budgets and
             # moments (taken out of the cache while this fit runs).
             kept = reuse.take(client, source)
@@ -203,7 +220,8 @@ class FitJob:
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
             warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables)
-            key = reuse.placement_key(X, w, backend, tiers.tier, tiers.tunables)
+            # The data is the source's (the entry was found by it): the plan's choices identify the placement.
+            key = reuse.Placed(X.chunks[0], tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again
                 reuse.drop(client, [kept])
                 kept = None
@@ -223,37 +241,56 @@ class FitJob:
     # ------------------------------------------------------------ the data on the workers
 
     def place(self) -> Placement:
-        """The placement, made now if there is none yet; the tier line once placed."""
-        with self.phase("place"), step("place", unit="chunks"):
-            placement = self.survive(lambda p: p)
-        # The tier line, with the largest share a worker was given (the plan's is a bound).
-        rows = max(sum(placement.row_chunks[i] for i in ids) for ids in placement.chunk_ids)
-        self.tiers = dataclasses.replace(self.tiers, share=rows * int(self.X.shape[1]) * self.X.dtype.itemsize)
-        note(f"daskmeans: {self.tiers.describe()}")
-        return placement
+        """The placement, made now if there is none yet (see :meth:`survive`)."""
+        return self.survive(_placement)
 
-    def survive(self, step_: Callable[[Placement], Any]) -> Any:
-        """``step_(placement)``, placing the data first (again, on the workers left) when a
-        worker is lost before or during it (every step is deterministic given its seed, so the
-        result is the same)."""
+    def survive(self, step_: Callable[..., Any], *args: Any, during: tuple[str, str] | None = None,
+                **kwargs: Any) -> Any:
+        """``step_(client, placement, *args, **kwargs)`` on the job's client and placement,
+        placing the data first (again, on the workers left) when a worker is lost before or
+        during it (every step is deterministic given its seed, so the result is the same).
+
+        The step is a function of the engine (an init, the moments pass, a round) given its
+        arguments here, as an executor takes them: the job hands the placement to the step
+        itself, so that no caller holds a placement that a lost worker made stale. The job's
+        first placement, made by whichever step needs the data first, is its ``place`` phase
+        and progress step, and says the tier line once (also for a placement kept by an
+        earlier fit); ``during``: the (phase, progress step) the step's own time goes to."""
         last = None
         for _ in range(MAX_REPLANS):
             try:
-                if self.placement is None:
-                    # The chunks' pins from the passes over the placement lost: a chunk read
-                    # again from the source is checked against its first read.
-                    self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
-                                           balance=False, pins=self.pins, tunables=self.tiers.tunables)
-                return step_(self.placement)
+                if not self._told:  # the job's place phase: the data placed now, or kept by an earlier fit
+                    with self.phase("place"), step("place", unit="chunks"):
+                        if self.placement is None:
+                            self._place()
+                    # The tier line, with the largest share a worker was given (the plan's is a bound).
+                    rows = max(sum(self.placement.row_chunks[i] for i in ids) for ids in self.placement.chunk_ids)
+                    self.tiers = dataclasses.replace(self.tiers,
+                                                     share=rows * int(self.X.shape[1]) * self.X.dtype.itemsize)
+                    note(f"daskmeans: {self.tiers.describe()}")
+                    self._told = True
+                elif self.placement is None:  # placed again after a loss, within the step that lost it
+                    self._place()
+                if during is None:
+                    return step_(self.client, self.placement, *args, **kwargs)
+                with self.phase(during[0]), step(during[1]):
+                    return step_(self.client, self.placement, *args, **kwargs)
             except WorkerLost as lost:
                 last = lost.args[0]
                 self._forget_placement()
         raise DaskmeansError(f"workers kept leaving the cluster ({MAX_REPLANS} times; last {last})")
 
+    def _place(self) -> None:
+        """The data placed on the workers present."""
+        # The chunks' pins from the passes over the placement lost: a chunk read again from
+        # the source is checked against its first read.
+        self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
+                               balance=False, pins=self.pins, tunables=self.tiers.tunables)
+
     def replan(self) -> Placement:
         """A new placement on the workers now present (the Lloyd loop's hook after a loss)."""
         self._forget_placement()
-        return self.survive(lambda p: p)
+        return self.survive(_placement)
 
     def _forget_placement(self) -> None:
         if self.placement is not None and self.placement.pins is not None:
@@ -262,11 +299,13 @@ class FitJob:
 
     def moments(self, digest: bool = False) -> dict:
         """The moments pass (:func:`daskmeans.engine.moments.data_moments`) over the job's
-        data, once: an earlier fit's where the data was kept (with the digest when asked)."""
+        data, once: an earlier fit's where the data was kept (with the digest when asked).
+        The data is placed by this, its first pass, where nothing placed it before."""
         if self._moments is not None and (self._digest or not digest):
+            if not self._told and self.placement is not None:  # kept by an earlier fit: its tier line
+                self.place()
             return dict(self._moments)
-        with self.phase("moments"), step("moments (one pass over the data)"):
-            self._moments = self.survive(lambda p: data_moments(self.client, p, digest=digest))
+        self._moments = self.survive(data_moments, digest=digest, during=("moments", "moments (one pass over the data)"))
         self._digest = digest
         self.pins = self._moments.get("pins")
         return dict(self._moments)
@@ -287,21 +326,27 @@ class FitJob:
     # ------------------------------------------------------------ the end of the job
 
     def keep(self, states: list) -> None:
-        """Keep the placement for the next fit of the same data once ``states`` (futures
-        made from the shards: the labels) are done with the shards (a later fit's final pass
-        replaces what they hold)."""
-        wait_a_little(self.client, states, KEEP_WAIT_SECONDS)
-        if self.placement is not None and all(f.status == "finished" for f in states):
-            reuse.put(self.client, reuse.Entry(self._source, self._budgets, self._key, self.placement,
-                                               self._moments, self._digest, self.tiers.share))
-            self._kept = True
+        """Keep the placement for the next fit of the same data when the job ends without
+        error (:meth:`close`), once ``states`` (futures made from the shards: the labels) are
+        done with the shards (a later fit's final pass replaces what they hold)."""
+        self._keep = states
 
     def close(self) -> None:
-        """Release the placement (the shards, and with them the persisted data) unless kept."""
+        """The job's end: the placement kept for the next fit of the same data where
+        :meth:`keep` asked it (and its states are done with the shards in time), else
+        released (the shards, and with them the persisted data)."""
+        states, self._keep = self._keep, None
+        if states is not None and self.placement is not None:
+            wait_a_little(self.client, states, KEEP_WAIT_SECONDS)
+            if all(f.status == "finished" for f in states):
+                reuse.put(self.client, reuse.Entry(self._source, self._budgets, self._key, self.placement,
+                                                   self._moments, self._digest, self.tiers.share))
         self.placement = None
 
     def __enter__(self) -> "FitJob":
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:  # a fit that failed keeps nothing
+            self._keep = None
         self.close()

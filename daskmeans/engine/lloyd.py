@@ -170,9 +170,9 @@ def run_lloyd(
                 workers_seen |= new
             # The buffer's layout (one inertia slot per chunk) follows the placement it runs on.
             fit = dataclasses.replace(fit, n_chunks=len(placement.row_chunks), n_samples=placement.n_samples)
-            spec = _spec(client, placement, fit_id, epoch, collective)
             try:
-                results = _segments(client, placement, spec, fit, start, history, callback, saver)
+                results = _segments(client, placement, (fit_id, epoch, collective), fit, start, history, callback,
+                                    saver)
                 break
             except WorkerLost as lost:
                 if replan is None:
@@ -251,8 +251,11 @@ class _Checkpointer:
 _SCATTER_BYTES = 8 << 20  # a restart point larger than this is scattered, not put in the tasks
 
 
-def _segments(client, placement, spec, fit, start, history, callback, saver=None) -> list:
-    """Segments on one placement until the run is done; their statistics go to ``history``."""
+def _segments(client, placement, epoch, fit, start, history, callback, saver=None) -> list:
+    """Segments on one placement until the run is done; their statistics go to ``history``.
+    ``epoch``: (fit id, epoch, requested collective), what the placement's collective is
+    opened for (:func:`_spec`, chosen once per placement) before its first segment."""
+    spec = _spec(client, placement, *epoch)
     first: Any = start
     if start.centroids.nbytes + (0 if start.prev is None else start.prev.nbytes) > _SCATTER_BYTES:
         # Large centroids (P4: 146 MiB) go to the workers directly, not inside every task of

@@ -174,6 +174,7 @@ def fit_minibatch(
     reassign_seed: int,
     sample_weight: da.Array | None = None,
     path: str | None = None,
+    files: tuple[str, ...] | None = None,
     report: Callable[[State, int], None] | None = None,
     phase: Phases | None = None,
 ) -> MiniBatchResult:
@@ -198,6 +199,8 @@ def fit_minibatch(
     sample_weight : dask array (n,), optional
     path : str, optional
         The file ``X`` is read from (checked on every worker first).
+    files : tuple of str, optional
+        Every file ``X`` is read from (the read's ``Table.files()``), for the job's re-fit check.
     report : callable(State, int), optional
         Called after each round with the state and the most steps the fit may run.
     phase : Phases, optional
@@ -209,7 +212,8 @@ def fit_minibatch(
     """
     k, precision = int(params.n_clusters), params.precision
     n, d = (int(s) for s in X.shape)
-    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, precision=precision, phase=phase)
+    job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files, precision=precision,
+                      phase=phase)
     backend = job.backend
     with job:
         moments = job.moments()
@@ -222,23 +226,21 @@ def fit_minibatch(
         init_rows, valid_rows = draw.rows(n)
         fixed = draw.candidates
         if fixed is None and draw.init not in SAMPLE_INITS:  # the engine's inits over all rows (k-means||, ...)
-            fixed = [job.survive(lambda p: resolve_init(client, p, draw.init, k, int(s))) for s in draw.seeds]
-        centers = job.survive(lambda p: _on_rows(
-            client, p, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows, fixed,
-            draw.init, k, [int(s) for s in draw.seeds], backend, precision))
+            fixed = [job.survive(resolve_init, draw.init, k, int(s)) for s in draw.seeds]
+        centers = job.survive(_on_rows, np.concatenate([init_rows, valid_rows]), _choose_init, init_rows, valid_rows,
+                              fixed, draw.init, k, [int(s) for s in draw.seeds], backend, precision)
         st = State(centers, np.zeros(k))
         while st.step < n_steps and not st.done:
             per_round = max(1, min(ROUND_STEPS_MAX, ROUND_BYTES // (8 * d * batch)))
             steps = range(st.step, min(n_steps, st.step + per_round))
             idx = [batch_rows(step_seed, t, n, batch) for t in steps]
             prev = st
-            st = job.survive(lambda p: _on_rows(client, p, np.concatenate(idx), _run_steps, idx, prev, rule,
-                                                backend))
+            st = job.survive(_on_rows, np.concatenate(idx), _run_steps, idx, prev, rule, backend)
             if report is not None:
                 report(st, n_steps)
         labels = inertia = None
         if params.compute_labels:
-            labels, inertia = job.survive(lambda p: labels_inertia(client, p, st.centers, precision))
+            labels, inertia = job.survive(labels_inertia, st.centers, precision)
         return MiniBatchResult(st, n_steps, batch, backend, job.tiers.tier, labels, inertia)
 
 

@@ -12,12 +12,12 @@ The same data means, on the same client and the same workers:
 
 - before planning (:func:`source_key`): the Dask keys and chunks of the array and of the
   weights, the dtype, the backend, the requested tier, the memory budgets asked for, and for
-  the files daskmeans reads (those the array's graph names, ``io.blocks.files_of``, and the
-  fit's path) their size and modification times, since those readers' keys name the path,
+  the files daskmeans reads (the read's ``Table.files()``: the path read and those the array's
+  graph names) their size and modification times, since those readers' keys name the path,
   not the contents;
-- after planning (:func:`placement_key`): the keys of the chunks the fit places (its chunking),
-  the tier chosen and the kernels' tunables. A fit whose plan chooses another tier (a larger
-  K) places again.
+- after planning (:class:`Placed`, the entry's key): what the plan chose for the data found
+  by the source key, the rows of each chunk placed (its chunking), the tier and the kernels'
+  tunables. A fit whose plan chooses another tier (a larger K) places again.
 
 A fit takes the entry out of the cache for its duration (two fits at once never share shards:
 the second places its own) and puts its placement back only when it ends without error, once
@@ -47,7 +47,6 @@ import dask.array as da
 from distributed import Client
 
 from ..backends import get_backend
-from ..io import blocks
 from .placement import Placement
 
 # Datasets kept per client (the most recently fitted last).
@@ -70,6 +69,17 @@ class Source(NamedTuple):
     files: tuple  # (path, signature) of the files read
 
 
+class Placed(NamedTuple):
+    """What identifies a placement of the data of one :class:`Source` (an entry is found by the
+    source, then compared by this): the plan's choices, made without looking at the data again.
+    The chunks placed follow from the source's array and weights, the plan's rows per chunk
+    and the workers' balance, so their rows identify them."""
+
+    chunks: tuple  # the rows of each chunk placed (the fit's chunking)
+    tier: str  # as planned
+    tunables: Any  # the kernels' settings its shards run with (backends.protocol.Tunables)
+
+
 @dataclass
 class Entry:
     """A placement kept for the next fit of the same data.
@@ -80,8 +90,8 @@ class Entry:
         :func:`source_key` of the fit that placed it.
     budgets : dict of str to dict
         The workers' budgets its plan measured (``engine.plan.worker_budgets``).
-    key : tuple
-        :func:`placement_key` of the placement.
+    key : Placed
+        What the plan chose for the placement.
     placement : Placement
     moments : dict or None
         The moments pass's result (``engine.moments.data_moments``); ``digest`` says whether
@@ -93,7 +103,7 @@ class Entry:
 
     source: Source
     budgets: dict
-    key: tuple
+    key: Placed
     placement: Placement
     moments: dict | None
     digest: bool
@@ -112,7 +122,7 @@ class Entry:
 
 
 def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
-               memory_limit: int | None, device_memory_limit: int | None, path: str | None = None) -> Source:
+               memory_limit: int | None, device_memory_limit: int | None, files: tuple[str, ...] = ()) -> Source:
     """What identifies a fit's data and resources before planning (see the module docstring).
 
     Parameters
@@ -126,30 +136,20 @@ def source_key(client: Client, X: da.Array, sample_weight: da.Array | None, back
         The requested tier ("auto", "device", "host", "storage").
     memory_limit, device_memory_limit : int or None
         The budgets asked for, resolved (``engine.plan.budget_limits``).
-    path : str, optional
-        The file the fit reads.
+    files : tuple of str
+        The files ``X`` is read from (absolute paths: the reader's ``Table.files()``, the path
+        read and those its graph names), found once by the read.
     """
     w = None if sample_weight is None else (sample_weight.name, sample_weight.chunks)
     return Source((X.name, X.chunks, str(X.dtype)), w, backend, tier, (memory_limit, device_memory_limit),
-                  tuple(sorted(client.nthreads().items())), _files(X, path))
+                  tuple(sorted(client.nthreads().items())), _files(files))
 
 
-def placement_key(X: da.Array, sample_weight: da.Array | None, backend: str, tier: str,
-                  tunables: Any = None) -> tuple:
-    """What identifies a placement: the keys of the chunks placed (the fit's chunking), the
-    weights' keys, the backend, the tier, and the kernels' settings its shards run with
-    (``backends.protocol.Tunables``: settings changed between fits place the data again)."""
-    w = None if sample_weight is None else sample_weight.name
-    return (X.name, X.chunks, str(X.dtype), w, backend, tier, tunables)
-
-
-def _files(X: da.Array, path: str | None) -> tuple:
-    """Size and modification times of the files daskmeans reads ``X`` from (``path`` and those
-    its graph names, :func:`daskmeans.io.blocks.files_of`): a reader's keys name the path, so
-    a file written again would otherwise look like the same data."""
-    paths = {p for p in blocks.files_of(X) if os.path.exists(p)}
-    if path is not None:
-        paths.add(os.path.abspath(path))
+def _files(files: tuple[str, ...]) -> tuple:
+    """Size and modification times of the files daskmeans reads the data from (``files``): a
+    reader's keys name the path, so a file written again would otherwise look like the same
+    data."""
+    paths = {os.path.abspath(p) for p in files if os.path.exists(p)}
     return tuple((p, _signature(p)) for p in sorted(paths))
 
 
@@ -255,7 +255,7 @@ def drop(client: Client, entries: list) -> None:
     _wait_dropped(client, entries, wait=any(e.on_device for e in entries))
 
 
-def moments_of(entry: Entry | None, key: tuple, digest: bool) -> dict | None:
+def moments_of(entry: Entry | None, key: Placed, digest: bool) -> dict | None:
     """The moments ``entry`` holds for placement ``key`` (with the digest when asked), a copy;
     None when it holds none."""
     if entry is None or entry.key != key or entry.moments is None or (digest and not entry.digest):
@@ -265,9 +265,9 @@ def moments_of(entry: Entry | None, key: tuple, digest: bool) -> dict | None:
 
 def held(client: Client) -> list[dict]:
     """What ``client``'s cache holds, oldest first: per dataset its Dask ``name`` (of the
-    chunks placed), ``tier``, ``workers`` and the keys of its ``shards``."""
+    data's array, before the fit's chunking), ``tier``, ``workers`` and the keys of its ``shards``."""
     with _LOCK:
-        return [{"name": e.key[0], "tier": e.placement.tier.name, "workers": list(e.placement.workers),
+        return [{"name": e.source.data[0], "tier": e.placement.tier.name, "workers": list(e.placement.workers),
                  "shards": [f.key for f in e.placement.shards]} for e in _entries(client).values()]
 
 

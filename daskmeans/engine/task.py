@@ -1,9 +1,11 @@
-"""The wrapper every engine task runs in, and the submission of one task per shard.
+"""The wrapper every engine task runs in, the submission of one task per shard and the wait
+for a result made from the shards.
 
 :class:`blas_capped` carries the client's daskmeans settings to the worker
 (:func:`daskmeans.config.snapshot`, applied around the call) and caps BLAS's threads to the
 worker's (:func:`worker_blas_threads`); :func:`submit_per_shard` runs a function on each
-shard of a placement, on the shard's worker.
+shard of a placement, on the shard's worker; :func:`result` waits for a future made from the
+shards, watching their workers (the inits' rounds submit and wait through these two alone).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from distributed import Client
 
 from .. import config
+from .watch import gather
 
 if TYPE_CHECKING:  # pragma: no cover
     from .placement import Placement
@@ -49,6 +52,13 @@ def submit_per_shard(client: Client, placement: Placement, fn, *args_per_shard: 
             )
         )
     return futs
+
+
+def result(client: Client, placement: Placement, fut: Any) -> Any:
+    """``fut``'s result (a future made from ``placement``'s shards);
+    :class:`~daskmeans.engine.watch.WorkerLost` if a shard's worker goes meanwhile (the caller
+    places the data again and starts the step over: ``engine.job.FitJob.survive``)."""
+    return gather(client, [fut], placement.workers)[0]
 
 
 # ---------------------------------------------------------------- BLAS threads on the workers

@@ -5,6 +5,7 @@ the source says of its columns), and Dask arrays of row blocks that a reader can
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -12,7 +13,8 @@ import dask.array as da
 import numpy as np
 
 from .. import config
-from ..errors import DataError, InvalidParameterError
+from ..errors import DaskmeansWarning, DataError, InvalidParameterError
+from ..validation import check_2d_numeric
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ class Table:
     rows : RowSource or None
         How ``array`` is read again in other row chunks (:func:`split_rows`), where its
         reader can; None otherwise (the array is then rechunked).
+    in_memory : bool
+        The rows were given in memory (NumPy, CuPy, lists, a pandas DataFrame, a SciPy sparse
+        matrix): a fit's outputs are computed as the data's kind, as scikit-learn gives them.
+        False for paths and Dask collections, and for a Table given to be read again (its
+        array is lazy).
     """
 
     array: da.Array
@@ -54,11 +61,30 @@ class Table:
     identifier_error: str | None = None
     other_columns: Callable[[Sequence[str | int]], tuple[list[str], list[str], list[Any]]] | None = None
     rows: RowSource | None = None
+    in_memory: bool = False
 
     def refuse_identifiers(self) -> None:
         """Raise a DataError where a column of the table looks like an identifier."""
         if self.identifier_error is not None:
             raise DataError(self.identifier_error)
+
+    @property
+    def feature_names(self) -> np.ndarray | None:
+        """The columns' names as scikit-learn's ``feature_names_in_`` holds them: an object
+        array (n_features,) of str, or None where the source names no columns."""
+        return None if self.columns is None else np.asarray(self.columns, dtype=object)
+
+    def files(self) -> tuple[str, ...]:
+        """Every file the rows are read from (absolute paths, sorted): the path read and
+        those the array's graph names (:func:`files_of`: also for a Dask array derived from a
+        reader's). What a re-fit checks for changes (``engine/reuse.py``)."""
+        return tuple(sorted({*files_of(self.array), *([self.source] if self.source else [])}))
+
+    def file(self) -> str | None:
+        """The one file the rows come from (absolute path): the path read, or the one file
+        the graph of a Dask array read from one names (:func:`file_of`); None for data in
+        memory or rows of several files. What a fit checks on the workers and messages name."""
+        return self.source or file_of(self.array)
 
 
 def float_dtype(dtype: Any) -> np.dtype:
@@ -87,6 +113,22 @@ def rows_per_chunk(n_features: int, itemsize: int, chunk_bytes: int | None = Non
     cb = chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes")
     rows = max(1, int(cb) // max(1, n_features * itemsize))
     return max(align, rows // align * align)
+
+
+def finish(x: da.Array, dtype: np.dtype | None = None) -> da.Array:
+    """A reader's array ``x`` checked (2-D, numeric), in ``dtype`` (default: its float dtype,
+    with a warning where that converts) and in one chunk across columns: what every reader's
+    array becomes before a fit sees it."""
+    check_2d_numeric(x.shape, x.dtype)
+    dt = float_dtype(x.dtype) if dtype is None else dtype
+    if x.dtype != dt:
+        if dtype is None:  # a conversion the user did not ask for
+            # stacklevel: the caller of read()/read_table() (through them and _read_table).
+            warnings.warn(f"X is {x.dtype}: converted to {dt} for clustering", DaskmeansWarning, stacklevel=4)
+        x = x.astype(dt)
+    if x.numblocks[1] != 1:
+        x = x.rechunk({1: -1})
+    return x
 
 
 def non_numeric(dtypes: Any) -> list[tuple[str, str]]:

@@ -33,11 +33,10 @@ import dask.array as da
 import numpy as np
 
 from ..errors import DaskmeansWarning, DataError
-from ..validation import check_2d_numeric
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
 from .blocks import (
-    FILE_ANNOTATION, RowSource, Table, file_of, files_of, float_dtype, float_dtype_arg, rows_of, rows_per_chunk,
-    split_rows, with_rows,
+    FILE_ANNOTATION, RowSource, Table, file_of, files_of, finish, float_dtype, float_dtype_arg, rows_of,
+    rows_per_chunk, split_rows, with_rows,
 )
 
 __all__ = ["FORMATS", "Format", "RowSource", "Table", "file_of", "files_of", "float_dtype", "format_of", "read",
@@ -187,8 +186,8 @@ def read_table(
     Parameters
     ----------
     source : path, array, DataFrame or Table
-        As :func:`read`; a :class:`Table` is returned as it is (its array converted to
-        ``dtype`` where given).
+        As :func:`read`; a :class:`Table` is returned as it is, as lazy data (its array
+        converted to ``dtype`` where given).
     dataset, columns, drop_columns, chunk_bytes, delimiter, dtype, **options
         As :func:`read`.
 
@@ -210,9 +209,12 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
                 dtype: Any, options: dict) -> Table:
     """:func:`read_table`'s work, for it and :func:`read` (its warnings name their caller's caller)."""
     if isinstance(source, Table):
-        x = _finish(source.array, None if dtype is None else float_dtype_arg(dtype))
-        return source if x is source.array else dataclasses.replace(source, array=x)
-    names = None if isinstance(source, (str, os.PathLike)) else memory_reader.column_names(source)
+        x = finish(source.array, None if dtype is None else float_dtype_arg(dtype))
+        # Read again, the Table is lazy data: its array's outputs stay lazy.
+        return source if x is source.array and not source.in_memory else \
+            dataclasses.replace(source, array=x, in_memory=False)
+    # Column names come from DataFrames (pandas, Dask): a path's are its reader's, an array has none.
+    names = None if isinstance(source, (str, os.PathLike, da.Array)) else memory_reader.column_names(source)
     cb = None if chunk_bytes is None else int(__import__("dask").utils.parse_bytes(chunk_bytes))
     dt = None if dtype is None else float_dtype_arg(dtype)
     takers = {name for fmt in FORMATS for name in fmt.options}
@@ -253,12 +255,13 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
         raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
     if not isinstance(source, (str, os.PathLike)):
         # A Dask array a reader returned earlier (read()'s) is read again in other chunks too.
-        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x))
+        meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x),
+                     in_memory=not dask.is_dask_collection(source))
     if any(np.isnan(c) for c in x.chunks[0]):
         warnings.warn("X has unknown chunk sizes: computing them (one pass over X)", DaskmeansWarning, stacklevel=3)
         x = x.compute_chunk_sizes()
     rows = meta.rows
-    y = _finish(x, dt)
+    y = finish(x, dt)
     if rows is not None and rows.out_dtype != y.dtype:
         rows = dataclasses.replace(rows, out_dtype=np.dtype(y.dtype))
     if rows is not None:
@@ -271,20 +274,6 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
 def _given(value: Any) -> bool:
     """Whether a reader option was given: not None, and not an empty string or list."""
     return value is not None and not (isinstance(value, (str, list, tuple)) and len(value) == 0)
-
-
-def _finish(x: da.Array, dtype: np.dtype | None = None) -> da.Array:
-    """``x`` checked (2-D, numeric), in ``dtype`` (default: its float dtype, with a warning
-    where that converts) and in one chunk across columns."""
-    check_2d_numeric(x.shape, x.dtype)
-    dt = float_dtype(x.dtype) if dtype is None else dtype
-    if x.dtype != dt:
-        if dtype is None:  # a conversion the user did not ask for
-            warnings.warn(f"X is {x.dtype}: converted to {dt} for clustering", DaskmeansWarning, stacklevel=4)
-        x = x.astype(dt)
-    if x.numblocks[1] != 1:
-        x = x.rechunk({1: -1})
-    return x
 
 
 def read_weights(sample_weight: Any, x: da.Array) -> da.Array:

@@ -3,19 +3,21 @@ shards that hold them (the per-row draws that do not depend on the chunking are
 :func:`daskmeans.numerics.hashing.row_uniforms`).
 
 The inits submit their tasks on the shards through :data:`submit_per_shard` here (one place
-to watch them: the fault tests kill a worker as the first of them starts).
+to watch them: the fault tests kill a worker as the first of them starts) and wait for what
+they make of them with :data:`result`: both are the engine's (:mod:`daskmeans.engine.task`),
+so that a round's submissions and waits are one module's.
 """
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 from distributed import Client
 
 from ..engine.placement import Placement, Shard
-from ..engine.task import submit_per_shard
-from ..engine.watch import gather
+from ..engine.task import result, submit_per_shard
+
+__all__ = ["gather_rows", "result", "row_parts", "submit_per_shard", "take_rows"]
 
 
 def chunk_rows(shard: Shard, picks: dict) -> dict:
@@ -73,9 +75,3 @@ def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndar
     """Rows ``rows`` (global indices, in the given order) as a float64 host array."""
     parts = row_parts(client, placement, rows)
     return result(client, placement, client.submit(gather_rows, parts, rows, pure=False))
-
-
-def result(client: Client, placement: Placement, fut: Any) -> Any:
-    """``fut``'s result; :class:`~daskmeans.engine.watch.WorkerLost` if a shard's worker goes
-    meanwhile (the caller places the data again and starts the init over)."""
-    return gather(client, [fut], placement.workers)[0]
