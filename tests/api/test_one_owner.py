@@ -27,14 +27,13 @@ from test_layering import (PACKAGE, ROOT, design_layers, imports_of, is_module, 
                            private, scheduling_in, source_module)
 
 # The targets (design.md, "One owner of a fit"): the upward returns hold (5 for each
-# input); the visits are at 34, 31 and 31 for a NumPy array, a Dask array and a Zarr path
-# (what remains: the job's metric and backend before its reuse key and plan, the placement's
-# calls into the backends, owned keys and the tier, the init's and the Lloyd loop's modules one
-# after another, and the end's return through the fit to the estimator), held there by
-# MAX_VISITS_NOW so that the path gets no longer, while the target stays an expected failure
+# input); the visits are at 33, 30 and 30 for a NumPy array, a Dask array and a Zarr path. A
+# Dask array and a path meet the target; a NumPy array takes three more (the in-memory reader,
+# and at the end its outputs made NumPy again through engine/infer.py and the backend), held
+# there by MAX_VISITS_NOW so that the path gets no longer, its target an expected failure
 # until it holds.
 MAX_VISITS = 30
-MAX_VISITS_NOW = 34
+MAX_VISITS_NOW = 33
 MAX_UPWARD = 8
 
 
@@ -310,8 +309,10 @@ def test_following_x_from_fit_crosses_no_more_modules_than_now(client, kind, tmp
     assert n <= MAX_VISITS_NOW and upward <= MAX_UPWARD, f"{n} visits, {upward} upward:\n" + "\n".join(lines)
 
 
-@pytest.mark.xfail(strict=True, reason="the data's path from KMeans.fit is 31-34 module visits; design.md's target is 30")
-@pytest.mark.parametrize("kind", ["numpy", "dask", "zarr path"])
+@pytest.mark.parametrize("kind", [
+    pytest.param("numpy", marks=pytest.mark.xfail(
+        strict=True, reason="a NumPy array's path from KMeans.fit is 33 module visits; design.md's target is 30")),
+    "dask", "zarr path"])
 def test_following_x_from_fit_crosses_at_most_the_target_visits(client, kind, tmp_path):
     n, _, lines = visits(traced_fit(kind, tmp_path), design_layers())
     assert n <= MAX_VISITS, f"{n} visits:\n" + "\n".join(lines)
