@@ -46,15 +46,27 @@ _JIT = dict(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")
 
 
 @numba.njit(**_JIT)
-def _sqdist(gib, x):  # pragma: no cover - compiled
-    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
-    clamped at 0 (rounding can take a point on its centroid below 0)."""
+def row_sqnorm(x):  # pragma: no cover - compiled
+    """``||x||^2`` of one row in float64 (the same loop, hence the same bits, in every kernel)."""
     sq = 0.0
     for t in range(x.shape[0]):
         v = np.float64(x[t])
         sq += v * v
+    return sq
+
+
+@numba.njit(**_JIT)
+def _clamped(gib, sq):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
+    clamped at 0 (rounding can take a point on its centroid below 0)."""
     d2 = np.float64(gib) + sq
     return d2 if d2 > 0.0 else 0.0
+
+
+@numba.njit(**_JIT)
+def _sqdist(gib, x):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64, clamped at 0 (:func:`_clamped`)."""
+    return _clamped(gib, row_sqnorm(x))
 
 
 def window_weight(wexp: int) -> float:
@@ -95,7 +107,7 @@ def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
-               acc, wwin, window):  # pragma: no cover - compiled
+               acc, wwin, window, xnorm, xnorm_known):  # pragma: no cover - compiled
     """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -120,6 +132,9 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
         and its weight, carried from tile to tile (:func:`flush_windows` closes them)
     window : float, a window's largest weight (:func:`window_weight`); below a row's weight,
         each rounded value goes straight to ``sums`` as int64
+    xnorm : (n,) float64, each row's ``||x||^2`` (:func:`row_sqnorm`), or an empty array
+    xnorm_known : bool, whether ``xnorm`` holds them already (read, not computed); if not and
+        ``xnorm`` is not empty, they are written there for the next pass over the same rows
 
     Returns
     -------
@@ -135,6 +150,7 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     k = g.shape[1]
     reassigned = 0
     own_argmin = sqnorm.shape[0] > 0
+    keep_norms = xnorm.shape[0] > 0
     for i in range(n):
         if own_argmin:
             gi = g[i]
@@ -153,7 +169,13 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
             b = lab[i]
             best = g[i, b]
         x = xt[i]
-        d2 = _sqdist(best, x)
+        if xnorm_known:
+            d2 = _clamped(best, xnorm[i])
+        else:
+            sq = row_sqnorm(x)
+            if keep_norms:
+                xnorm[i] = sq
+            d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])

@@ -16,8 +16,6 @@ arrays only and never needs them.
 
 from __future__ import annotations
 
-import math
-
 import threading
 import time
 from dataclasses import dataclass
@@ -225,6 +223,34 @@ def _tiles(X: numpy.ndarray, p: Prepared, own_argmin: bool = False):
         yield s, s + xt.shape[0], g, g.argmin(axis=1, out=ws.lab[: xt.shape[0]])
 
 
+class RowNorms:
+    """``||x||^2`` (float64, shape (n,)) of one block's rows, kept between passes over the same
+    rows: they never change while the centroids do, and computing them was a fifth of a
+    small-K step (docs/performance.md, "CPU path"). The first :func:`assign` given this
+    object computes them in its pass and keeps them (``known``); the next ones read them.
+
+    The caller keeps one per block and guarantees the block's rows are the same values in
+    every pass given it (the engine's shards: a resident chunk, or one read again and checked
+    against its pin)."""
+
+    __slots__ = ("values", "known")
+
+    def __init__(self, rows: int):
+        self.values = numpy.empty(rows, numpy.float64)
+        self.known = False
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+
+def row_norms(rows: int) -> RowNorms:
+    """An empty :class:`RowNorms` for a block of ``rows`` rows (``assign(row_norms=...)``)."""
+    return RowNorms(rows)
+
+
+_NO_NORMS = numpy.empty(0, numpy.float64)
+
+
 def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple[numpy.ndarray, numpy.ndarray]:
     """Nearest centroid of each row.
 
@@ -259,6 +285,7 @@ def assign(
     out_labels: numpy.ndarray | None = None,
     grid: Grid | None = None,
     interrupt: Callable[[], None] | None = None,
+    row_norms: RowNorms | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -280,6 +307,9 @@ def assign(
         block's own.
     interrupt : callable, optional
         Called before each tile (it raises to stop early).
+    row_norms : RowNorms, optional
+        The rows' ``||x||^2``, kept from an earlier pass over the same rows or filled by
+        this one (the same bits either way).
 
     Returns
     -------
@@ -311,6 +341,10 @@ def assign(
     acc, wwin = ws.sum_windows(kk, d)
     inertia = 0.0
     reassigned = 0
+    if row_norms is not None and row_norms.values.shape[0] != n:
+        raise ValueError(f"row_norms holds {row_norms.values.shape[0]} rows; the block has {n}: one RowNorms per block")
+    known = row_norms is not None and row_norms.known
+    norms = _NO_NORMS if row_norms is None else row_norms.values
     try:
         for s, e, g, lab in _tiles(X, p, own):
             if interrupt is not None:
@@ -318,11 +352,13 @@ def assign(
             prev = ws.no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
             inertia, r_t = cpu_kernels.tile_stats(
                 g, sqnorm, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
-                weights, counts, want_sums, inertia, acc, wwin, window,
+                weights, counts, want_sums, inertia, acc, wwin, window, norms[s:e] if norms.size else norms, known,
             )
             reassigned += r_t
         if want_sums:
             cpu_kernels.flush_windows(acc, wwin, sums)
+        if row_norms is not None:
+            row_norms.known = True  # every tile ran: every row's norm is there
     finally:
         if want_sums and wwin.any():  # interrupted: the next call starts from closed windows
             acc[:] = 0.0
