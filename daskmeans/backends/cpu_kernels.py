@@ -73,10 +73,11 @@ def window_weight(wexp: int) -> float:
     """The weight a cluster's float64 accumulator of :func:`tile_stats` may take in before it is
     flushed to int64: every value on the grid is below ``w * 2**(1 - wexp)`` (:mod:`.grid`:
     ``2**(e + 62)`` exceeds ``max|x| * W``, and ``W >= 2**(wexp + 61)``), so the integers of a
-    window of total weight ``2**(52 + wexp)`` add to at most ``2**53`` in magnitude, where
-    every partial sum of integers is exact in float64. Below 1 (a total weight under 2**10: a
-    toy fit), a row's value alone may not be exact, and the sums go to int64 row by row."""
-    return float(np.ldexp(1.0, 52 + int(wexp)))
+    window of total weight ``2**(51 + wexp)`` add to at most ``2**52`` in magnitude, where
+    every partial sum of integers is exact in float64 (``2**53``), with a factor of 2 to spare
+    for the rounding of the window's weight as it is summed. Below 1 (a total weight under
+    2**11: a toy fit), the sums go to int64 row by row."""
+    return float(np.ldexp(1.0, 51 + int(wexp)))
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written

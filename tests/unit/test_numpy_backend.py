@@ -288,13 +288,13 @@ def test_result_independent_of_tiling(dtype):
         assert o["inertia"] == pytest.approx(outs[0]["inertia"], rel=1e-6 if dtype == np.float32 else 1e-12)
 
 
-@pytest.mark.parametrize("total", [100.0, 1024.0, 3000.0, 1e6])
+@pytest.mark.parametrize("total", [100.0, 2048.0, 6000.0, 1e6])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_sums_exact_at_the_grids_bound(total, weighted):
     """Values at the grid's bound (every row at the largest absolute value, a few clusters) add
     to the exact integers of ``Grid.on_grid``: through float64 windows flushed at the bound's
     weight (a flush every few rows for a small total weight), and straight to int64 where a
-    row alone exceeds a window (a total weight under 2**10)."""
+    row alone exceeds a window (a total weight under 2**11)."""
     rng = np.random.default_rng(int(total))
     n, d, k = 700, 5, 3
     X = rng.choice([-1.0, 1.0], size=(n, d)) * np.array([3.0, 1e-3, 7.5, 1e6, 0.25])
