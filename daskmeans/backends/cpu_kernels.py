@@ -8,10 +8,11 @@ cache does all of it (``docs/performance.md``, "CPU path").
 Conventions shared with the NumPy backend:
 
 - distances are ``g[i, j] = ||c_j||^2 - 2 x_i.c_j`` in the data dtype; the label is the argmin
-  of that row (taken by NumPy, lowest index on ties), the squared distance is
+  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance is
   ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped at 0;
 - each weighted value ``w x`` is rounded once to the sums' fixed-point grid (``w x * scale``
-  to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added as int64, so
+  to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added exactly (in
+  the float64 windows the grid bounds, then as int64), so
   the sums are the GPU's integers for any tiling or chunking (:mod:`.grid`); the inertia
   accumulates in float64, row by row in row order.
 
@@ -45,44 +46,79 @@ _JIT = dict(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")
 
 
 @numba.njit(**_JIT)
-def _sqdist(gib, x):  # pragma: no cover - compiled
-    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
-    clamped at 0 (rounding can take a point on its centroid below 0)."""
+def row_sqnorm(x):  # pragma: no cover - compiled
+    """``||x||^2`` of one row in float64 (the same loop, hence the same bits, in every kernel)."""
     sq = 0.0
     for t in range(x.shape[0]):
         v = np.float64(x[t])
         sq += v * v
+    return sq
+
+
+@numba.njit(**_JIT)
+def _clamped(gib, sq):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
+    clamped at 0 (rounding can take a point on its centroid below 0)."""
     d2 = np.float64(gib) + sq
     return d2 if d2 > 0.0 else 0.0
 
 
-# Adding 1.5 * 2**52 to a float64 below 2**51 in magnitude rounds it to an integer (to nearest,
-# ties to even, as ``rint``) held in the low mantissa bits: the integer is the sum's bits less
-# the constant's. Integer subtraction vectorises where a float64 -> int64 conversion does not
-# (x86 before AVX-512), which made the conversion most of a small-K step.
-_MAGIC = 6755399441055744.0
-_MAGIC_BITS = 0x4338000000000000
+@numba.njit(**_JIT)
+def _sqdist(gib, x):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64, clamped at 0 (:func:`_clamped`)."""
+    return _clamped(gib, row_sqnorm(x))
+
+
+def window_weight(wexp: int) -> float:
+    """The weight a cluster's float64 accumulator of :func:`tile_stats` may take in before it is
+    flushed to int64: every value on the grid is below ``w * 2**(1 - wexp)`` (:mod:`.grid`:
+    ``2**(e + 62)`` exceeds ``max|x| * W``, and ``W >= 2**(wexp + 61)``), so the integers of a
+    window of total weight ``2**(51 + wexp)`` add to at most ``2**52`` in magnitude, where
+    every partial sum of integers is exact in float64 (``2**53``), with a factor of 2 to spare
+    for the rounding of the window's weight as it is summed. Below 1 (a total weight under
+    2**11: a toy fit), the sums go to int64 row by row."""
+    return float(np.ldexp(1.0, 51 + int(wexp)))
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
-def _add_on_grid(acc, x, wi, scales, buf, ibuf):  # pragma: no cover - compiled
-    """``acc += rint(wi * x * scales)`` as int64, each ``|wi * x * scales| < 2**51``; ``buf``
-    float64 (D,) scratch and ``ibuf`` its int64 view."""
+def _add_rounded(acc, x, wi, scales):  # pragma: no cover - compiled
+    """``acc += rint(wi * x * scales)`` in float64 (``acc`` a cluster's window: exact while the
+    window's bound holds, :func:`window_weight`)."""
     for t in range(x.shape[0]):
-        buf[t] = wi * np.float64(x[t]) * scales[t] + _MAGIC
-    for t in range(x.shape[0]):
-        acc[t] += ibuf[t] - _MAGIC_BITS
+        acc[t] += np.rint(wi * np.float64(x[t]) * scales[t])
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _flush(acc, sums):  # pragma: no cover - compiled
+    """``sums += acc`` as int64 (exact: ``|acc| <= 2**53``), then ``acc = 0``."""
+    for t in range(acc.shape[0]):
+        sums[t] += np.int64(acc[t])
+        acc[t] = 0.0
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
+    """Every open window of :func:`tile_stats` added to ``sums`` (K, D) int64 and closed:
+    ``acc`` (K, D) float64 and ``wwin`` (K,) back to 0 for the next call."""
+    for j in range(acc.shape[0]):
+        if wwin[j] != 0.0:
+            _flush(acc[j], sums[j])
+            wwin[j] = 0.0
 
 
 @numba.njit(**_JIT)
-def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
-               small=False):  # pragma: no cover - compiled
-    """Per-row distance, inertia, reassignment and per-cluster sums of one tile.
+def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
+               acc, wwin, window, xnorm, xnorm_known):  # pragma: no cover - compiled
+    """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
     ----------
-    g : (n, K) float32/float64, ``||c||^2 - 2 x.c`` (read only)
-    lab : (n,) intp, argmin of each row of ``g``
+    g : (n, K) float32/float64, ``-2 x.c`` from the GEMM (read only)
+    sqnorm : (K,) ``||c||^2`` in ``g``'s dtype, or an empty array when ``lab`` holds the labels
+        already (``g`` then holds ``||c||^2 - 2 x.c``)
+    lab : (n,) intp, each row's argmin of ``g``, or scratch when ``sqnorm`` is given: the
+        argmin of ``g[i] + sqnorm`` (added in ``g``'s dtype, as NumPy's ``g += sqnorm``), the
+        lowest index on ties and the first NaN if any, as NumPy's ``argmin``, is taken here
     xt : (n, D) the tile's rows
     w : (n,) float64 sample weights, or None (all 1)
     prev : (n,) int32 previous labels, or None (every row counts as reassigned)
@@ -93,22 +129,54 @@ def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, wan
     want_sums : bool
     inertia : float, the running inertia of the block's previous tiles (so that the sum
         runs in row order whatever the tiling)
-    small : bool, whether every ``|w x scales|`` is below ``2**51`` (:func:`_add_on_grid`'s
-        rounding applies; the same integers as ``rint``)
+    acc : (K, D) float64, wwin : (K,) float64 -- each cluster's open window of rounded values
+        and its weight, carried from tile to tile (:func:`flush_windows` closes them)
+    window : float, a window's largest weight (:func:`window_weight`); below a row's weight,
+        each rounded value goes straight to ``sums`` as int64
+    xnorm : (n,) float64, each row's ``||x||^2`` (:func:`row_sqnorm`), or an empty array
+    xnorm_known : bool, whether ``xnorm`` holds them already (read, not computed); if not and
+        ``xnorm`` is not empty, they are written there for the next pass over the same rows
 
     Returns
     -------
     inertia : float, ``inertia`` plus this tile's weighted clamped squared distances
     reassigned : int
+
+    Each value rounds once to the grid (``rint``: to nearest, ties to even) and the integers
+    add exactly, in float64 windows or in int64: the sums are the same integers either way,
+    and float64 additions and ``vroundpd`` vectorise where a float64 -> int64 conversion does
+    not (x86 before AVX-512).
     """
     n, d = xt.shape
+    k = g.shape[1]
     reassigned = 0
-    buf = np.empty(d, np.float64)
-    ibuf = buf.view(np.int64)
+    own_argmin = sqnorm.shape[0] > 0
+    keep_norms = xnorm.shape[0] > 0
     for i in range(n):
-        b = lab[i]
+        if own_argmin:
+            gi = g[i]
+            best = gi[0] + sqnorm[0]
+            b = 0
+            if not np.isnan(best):
+                for j in range(1, k):
+                    v = gi[j] + sqnorm[j]
+                    if v < best:
+                        best = v
+                        b = j
+                    elif np.isnan(v):
+                        b = j
+                        break
+        else:
+            b = lab[i]
+            best = g[i, b]
         x = xt[i]
-        d2 = _sqdist(g[i, b], x)
+        if xnorm_known:
+            d2 = _clamped(best, xnorm[i])
+        else:
+            sq = row_sqnorm(x)
+            if keep_norms:
+                xnorm[i] = sq
+            d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])
@@ -119,12 +187,16 @@ def tile_stats(g, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, wan
             reassigned += 1
         out[i] = b
         if want_sums:
-            acc = sums[b]
-            if small:
-                _add_on_grid(acc, x, wi, scales, buf, ibuf)
+            if wi <= window:
+                if wwin[b] + wi > window:
+                    _flush(acc[b], sums[b])
+                    wwin[b] = 0.0
+                wwin[b] += wi
+                _add_rounded(acc[b], x, wi, scales)
             else:
+                row = sums[b]
                 for t in range(d):
-                    acc[t] += np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
+                    row[t] += np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
             if w is not None:
                 wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1

@@ -340,6 +340,7 @@ def assign(
     out_labels: Any = None,
     grid: Grid | None = None,
     interrupt: Callable[[], None] | None = None,
+    row_norms: Any = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -361,6 +362,9 @@ def assign(
     interrupt : callable, optional
         Called once before the block's kernels are queued (they run asynchronously: a
         block's work is not cut short once queued).
+    row_norms : None
+        Kept row norms are the host kernels' (this module has no ``row_norms``, so the
+        engine never passes any); the GPU's kernels read each row once per pass anyway.
 
     Returns
     -------

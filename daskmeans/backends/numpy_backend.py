@@ -3,9 +3,11 @@
 Distances are computed as ``||c||^2 - 2 x.c`` by GEMM over row tiles whose rows and
 ``rows x K`` distance block together are bounded in bytes (``Tunables.tile_bytes``, from
 ``daskmeans.tile-bytes`` on the client), so the
-N x K matrix never exists whole and the tile's rows are still in cache for the second pass; NumPy takes each tile's row argmin (vectorised), then one compiled pass
-(:mod:`.cpu_kernels`) over the tile, while it is still in cache, adds ``||x||^2``, the
-inertia, the reassigned count and the per-cluster sums (int64 on a :class:`.grid.Grid`).
+N x K matrix never exists whole and the tile's rows are still in cache for the second pass: one
+compiled pass (:mod:`.cpu_kernels`) over the tile, while it is still in cache, takes each row's
+label (the argmin; NumPy's vectorised one beyond ``OWN_ARGMIN_MAX_K`` centroids), adds
+``||x||^2``, the inertia, the reassigned count and the per-cluster sums (int64 on a
+:class:`.grid.Grid`).
 
 The compiled kernels (Numba, whose imports are a visible share of a command:
 docs/performance.md, "Startup") load on first use: a GPU fit uses this module for host-side
@@ -13,8 +15,6 @@ arrays only and never needs them.
 """
 
 from __future__ import annotations
-
-import math
 
 import threading
 import time
@@ -162,6 +162,13 @@ def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
     return max(64, tile_bytes // max(1, (k + d) * itemsize))
 
 
+# Up to this many centroids the compiled pass adds ``||c||^2`` and takes each row's argmin itself,
+# while it reads the row's distances anyway: NumPy's row argmin over a few columns costs a call
+# per row, and ``g += ||c||^2`` a pass over the tile (docs/performance.md, "CPU path"); beyond,
+# NumPy's SIMD argmin is as fast (K = 64) or faster.
+OWN_ARGMIN_MAX_K = 32
+
+
 class _Workspace:
     """Tile buffers reused across tiles, blocks and calls (one set per thread). Dask workers
     set MALLOC_TRIM_THRESHOLD_=64KiB, so a fresh multi-MB temporary is mapped, faulted in and
@@ -175,9 +182,20 @@ class _Workspace:
         # specialisation for both (each one loaded costs a new process time: docs/performance.md,
         # "One compiled pass after the GEMM").
         self.no_labels = numpy.full(rows, -1, numpy.int32)
+        self.windows: dict[tuple[int, int], tuple[numpy.ndarray, numpy.ndarray]] = {}
+
+    def sum_windows(self, k: int, d: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """The compiled pass's per-cluster float64 windows ``(K, D)`` and their weights
+        ``(K,)``, zero between calls (each call closes its windows)."""
+        w = self.windows.get((k, d))
+        if w is None:
+            w = self.windows[k, d] = (numpy.zeros((k, d), numpy.float64), numpy.zeros(k, numpy.float64))
+        return w
 
 
 _local = threading.local()
+_NO_SQNORM = {numpy.dtype(numpy.float32): numpy.empty(0, numpy.float32),
+              numpy.dtype(numpy.float64): numpy.empty(0, numpy.float64)}
 
 
 def _workspace(rows: int, k: int, dtype: Any) -> _Workspace:
@@ -187,17 +205,50 @@ def _workspace(rows: int, k: int, dtype: Any) -> _Workspace:
     return ws
 
 
-def _tiles(X: numpy.ndarray, p: Prepared):
+def _tiles(X: numpy.ndarray, p: Prepared, own_argmin: bool = False):
     """Yield ``(start, stop, g, lab)`` per row tile: ``g = ||c||^2 - 2 x.c`` (rows, K) in the
-    data dtype and its row-wise argmin (lowest index on ties), in reused buffers."""
+    data dtype and its row-wise argmin (lowest index on ties), in reused buffers; with
+    ``own_argmin``, ``g = -2 x.c`` only and ``lab`` scratch (the compiled pass adds
+    ``||c||^2`` and takes the argmin)."""
     n = X.shape[0]
     step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize, p.tile_bytes)
     ws = _workspace(min(step, n), p.k, X.dtype)
     for s in range(0, n, step):
         xt = X[s : s + step]
         g = numpy.matmul(xt, p.neg2_ct, out=ws.g[: xt.shape[0]])
+        if own_argmin:
+            yield s, s + xt.shape[0], g, ws.lab[: xt.shape[0]]
+            continue
         g += p.sqnorm
         yield s, s + xt.shape[0], g, g.argmin(axis=1, out=ws.lab[: xt.shape[0]])
+
+
+class RowNorms:
+    """``||x||^2`` (float64, shape (n,)) of one block's rows, kept between passes over the same
+    rows: they never change while the centroids do, and computing them was a fifth of a
+    small-K step (docs/performance.md, "CPU path"). The first :func:`assign` given this
+    object computes them in its pass and keeps them (``known``); the next ones read them.
+
+    The caller keeps one per block and guarantees the block's rows are the same values in
+    every pass given it (the engine's shards: a resident chunk, or one read again and checked
+    against its pin)."""
+
+    __slots__ = ("values", "known")
+
+    def __init__(self, rows: int):
+        self.values = numpy.empty(rows, numpy.float64)
+        self.known = False
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+
+def row_norms(rows: int) -> RowNorms:
+    """An empty :class:`RowNorms` for a block of ``rows`` rows (``assign(row_norms=...)``)."""
+    return RowNorms(rows)
+
+
+_NO_NORMS = numpy.empty(0, numpy.float64)
 
 
 def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple[numpy.ndarray, numpy.ndarray]:
@@ -234,6 +285,7 @@ def assign(
     out_labels: numpy.ndarray | None = None,
     grid: Grid | None = None,
     interrupt: Callable[[], None] | None = None,
+    row_norms: RowNorms | None = None,
 ) -> dict[str, Any]:
     """Assign each row to its nearest centroid and accumulate per-cluster statistics.
 
@@ -255,6 +307,9 @@ def assign(
         block's own.
     interrupt : callable, optional
         Called before each tile (it raises to stop early).
+    row_norms : RowNorms, optional
+        The rows' ``||x||^2``, kept from an earlier pass over the same rows or filled by
+        this one (the same bits either way).
 
     Returns
     -------
@@ -279,20 +334,35 @@ def assign(
     counts = numpy.zeros(kk, numpy.int64)
     scales = grid.scales(numpy) if want_sums else numpy.zeros(d)
     wscale = grid.wscale if want_sums else 0.0
-    # A value on the grid is below 2**62 * w / W (grid.py: the grid holds the data, W the fit's
-    # total weight, at least 2**(wexp + 61)): below 2**51, the kernel's fast rounding applies.
-    small = want_sums and n > 0 and (1.0 if w is None else float(w.max())) <= math.ldexp(1.0, grid.wexp + 50)
+    window = cpu_kernels.window_weight(grid.wexp) if want_sums else 0.0
+    own = k <= OWN_ARGMIN_MAX_K
+    sqnorm = p.sqnorm if own else _NO_SQNORM[X.dtype]
+    ws = _workspace(min(_tile_rows(k, d, X.dtype.itemsize, p.tile_bytes), n), k, X.dtype)
+    acc, wwin = ws.sum_windows(kk, d)
     inertia = 0.0
     reassigned = 0
-    for s, e, g, lab in _tiles(X, p):
-        if interrupt is not None:
-            interrupt()
-        prev = _workspace(e - s, k, X.dtype).no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
-        inertia, r_t = cpu_kernels.tile_stats(
-            g, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums, weights, counts,
-            want_sums, inertia, small,
-        )
-        reassigned += r_t
+    if row_norms is not None and row_norms.values.shape[0] != n:
+        raise ValueError(f"row_norms holds {row_norms.values.shape[0]} rows; the block has {n}: one RowNorms per block")
+    known = row_norms is not None and row_norms.known
+    norms = _NO_NORMS if row_norms is None else row_norms.values
+    try:
+        for s, e, g, lab in _tiles(X, p, own):
+            if interrupt is not None:
+                interrupt()
+            prev = ws.no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
+            inertia, r_t = cpu_kernels.tile_stats(
+                g, sqnorm, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
+                weights, counts, want_sums, inertia, acc, wwin, window, norms[s:e] if norms.size else norms, known,
+            )
+            reassigned += r_t
+        if want_sums:
+            cpu_kernels.flush_windows(acc, wwin, sums)
+        if row_norms is not None:
+            row_norms.known = True  # every tile ran: every row's norm is there
+    finally:
+        if want_sums and wwin.any():  # interrupted: the next call starts from closed windows
+            acc[:] = 0.0
+            wwin[:] = 0.0
     out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": 0}
     if want_sums:
         if w is None:

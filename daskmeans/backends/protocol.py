@@ -11,6 +11,12 @@ here and on how many devices (:meth:`Backend.available`, :meth:`Backend.device_c
 device memory this worker may still use (:meth:`Backend.device_budget`), its step rate for the
 preflight's estimate (:meth:`Backend.step_rate`) and the collectives its buffers can be summed
 by (``collectives``, names of :data:`daskmeans.engine.collective.REGISTRY`).
+
+One member is optional, outside :class:`Backend`: ``row_norms(rows)``, an object that
+``assign(..., row_norms=obj)`` (a parameter every backend's ``assign`` has) fills with a block's ``||x||^2`` on its first pass and reads on
+the next passes over the same rows (the NumPy backend's :class:`.numpy_backend.RowNorms`). The
+engine keeps one per resident chunk where a backend has it (``engine.step.kept_norms``) and
+never passes the keyword to one that has not.
 """
 
 from __future__ import annotations
@@ -202,13 +208,15 @@ class Backend(Protocol):
 
     def assign(self, X: Any, p: Any, sample_weight: Any = None, want_sums: bool = True,
                prev_labels: Any = None, out_labels: Any = None, grid: Grid | None = None,
-               interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
+               interrupt: Callable[[], None] | None = None, row_norms: Any = None) -> dict[str, Any]:
         """Labels ``(n,)`` int32 of the nearest centroids (exact distances, lowest index on
         ties), ``inertia``, ``reassigned`` (rows whose label differs from ``prev_labels``),
         ``rechecked``; with ``want_sums`` the per-cluster ``sums`` ``(K, d)`` and ``weights``
         ``(K,)`` as int64 multiples of ``grid``'s steps, ``counts`` ``(K,)`` int64 and the
         ``grid``. ``interrupt`` is called between the kernel's pieces of work (it raises to
-        stop a long call early: a fit interrupted or aborted)."""
+        stop a long call early: a fit interrupted or aborted). ``row_norms``: an object of
+        the backend's optional ``row_norms(rows)``, passed only to a backend that has it (the
+        module docstring)."""
 
     def update_centroids(self, isums: Any, iweights: Any, old: Any, grid: Grid) -> tuple[Any, Any]:
         """``(new, shift)``: centroids ``(K, d)`` float64 from combined integer sums (``old``

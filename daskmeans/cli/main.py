@@ -130,7 +130,7 @@ def os_error_line(e: OSError) -> str:
     return " ".join(str(e).split()) or f"{type(e).__name__} (no message)"
 
 
-_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack")
+_OPTIONAL_IMPORTS = ("xarray", "scipy.sparse", "scipy.fftpack", "scipy.linalg.cython_blas")
 _HTML_IMPORTS = ("jinja2",)
 
 
@@ -144,6 +144,10 @@ def command_process(dashboard: bool = False) -> None:
       (SciPy modules that import ``scipy.sparse``, e.g. ``scipy.stats``, and scikit-learn then
       cannot be imported in this process). CuPy's sparse matrices stay: CuPy loads ``cupyx``
       at its first ufunc call, and ``cupyx`` imports them;
+    - Numba does not import SciPy's BLAS wrappers (and ``scipy.linalg`` with them) as it loads
+      the first CPU kernel: it looks for them only to offer ``np.dot`` and ``np.linalg`` in
+      compiled code, which daskmeans' kernels do not use (the cost: performance.md, "The
+      command and the readers"; ``scipy.linalg`` then cannot be imported in this process);
     - without a ``dashboard``, nor Jinja: Dask and distributed load it only for
       their HTML views (notebook reprs, the dashboard's pages), which the command never shows;
     - Dask's own log lines (comm and worker events, with tracebacks when a fit is interrupted

@@ -34,7 +34,7 @@ from ..metric import inertia_scale
 from .placement import Shard
 from . import collective as coll
 from .reseed import for_fit
-from .step import FitSpec, Layout, lloyd_step
+from .step import FitSpec, Layout, kept_norms, lloyd_step, norms_argument
 
 
 @dataclass
@@ -83,8 +83,10 @@ def _labels_under(shard: Shard, centroids: Any, precision: str, be: Any,
     (``interrupt``: see :func:`.step.lloyd_step`)."""
     prep = be.prepare(centroids, shard.dtype, precision)
     labels, inertia = [], []
-    for _, _, block, w in shard.items():
-        out = be.assign(block, prep, w, want_sums=False, interrupt=interrupt)
+    norms = kept_norms(shard, be)
+    for j, (_, _, block, w) in enumerate(shard.items()):
+        out = be.assign(block, prep, w, want_sums=False, interrupt=interrupt,
+                        **norms_argument(norms, j, block, be))
         labels.append(out["labels"])
         inertia.append(out["inertia"])
     return labels, inertia

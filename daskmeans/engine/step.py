@@ -151,6 +151,32 @@ def _slot(shard: Shard, iteration: int) -> list | None:
     return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
 
 
+def kept_norms(shard: Shard, be: Any) -> list | None:
+    """Each local chunk's row norms kept on the shard for the passes of its fits, where the
+    backend keeps them (its ``row_norms``: the NumPy backend, whose step recomputed each
+    row's ``||x||^2`` every iteration) and the tier keeps the rows in memory (the norms cost 8
+    bytes a row, little beside rows held in memory, but unbounded beside a storage tier's).
+    The shard's rows are the same values pass after pass (resident, and checked against their
+    pins), so the norms of the first pass serve every later one; None otherwise (the kernels
+    compute them). Kept as the shard's attribute ``row_norms``, beside the loop's state."""
+    if getattr(be, "row_norms", None) is None or not shard.tier.resident:
+        return None
+    kept = getattr(shard, "row_norms", None)
+    if kept is None or len(kept) != len(shard.chunk_ids):
+        kept = shard.row_norms = [None] * len(shard.chunk_ids)
+    return kept
+
+
+def norms_argument(kept: list | None, j: int, block: Any, be: Any) -> dict:
+    """``assign``'s keyword for local chunk ``j``'s kept norms (:func:`kept_norms`), made on
+    its first pass; none where nothing is kept."""
+    if kept is None:
+        return {}
+    if kept[j] is None or len(kept[j]) != block.shape[0]:
+        kept[j] = be.row_norms(block.shape[0])
+    return {"row_norms": kept[j]}
+
+
 def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any, host: np.ndarray,
                reseed: Reseed, *, end_segment: bool = False,
                interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
@@ -199,10 +225,12 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
     prev = _slot(shard, it - 1) if it > 0 else None
     out_slot = _slot(shard, it)
     labels = []
+    norms = kept_norms(shard, be)
     for j, (cid, _, block, w) in enumerate(shard.items()):
         out = be.assign(
             block, prep, w, want_sums=True, prev_labels=None if prev is None else prev[j],
             out_labels=None if out_slot is None else out_slot[j], grid=fit.grid, interrupt=interrupt,
+            **norms_argument(norms, j, block, be),
         )
         labels.append(out["labels"])
         # Integers on the fit's grid: the total does not depend on chunking or placement.

@@ -186,6 +186,26 @@ def test_the_command_skips_dask_optional_imports(blobs, tmp_path):
     assert (tmp_path / "m.zarr").exists()
 
 
+def test_the_commands_fit_loads_its_kernels_without_scipy_linalg(tmp_path):
+    """Numba imports SciPy's BLAS wrappers (all of ``scipy.linalg``) as it loads its first
+    kernel, only to offer ``np.dot`` in compiled code: the command's process marks them absent,
+    and its CPU fit, whose kernels use none, runs and writes its model."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("scipy")
+    x = np.random.default_rng(0).standard_normal((3000, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "m.zarr"
+    code = ("import sys\nfrom daskmeans import cli\nfrom daskmeans.cli.main import command_process\ncommand_process()\n"
+            f"assert cli.main(['fit', {str(tmp_path / 'x.npy')!r}, '--k', '3', '-q', '-o', {str(out)!r}, '--backend', 'cpu']) == 0\n"
+            "print('LINALG', 'scipy.linalg' in sys.modules, 'numba' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "LINALG False True"
+    assert out.exists()
+
+
 @pytest.mark.parametrize("argv, jinja", [(["fit", "x.npy", "--k", "2"], False),
                                          (["fit", "x.npy", "--k", "2", "--dashboard"], True),
                                          (["fit", "x.npy", "--k", "2", "--dash"], True)])  # argparse's prefix

@@ -288,6 +288,55 @@ def test_result_independent_of_tiling(dtype):
         assert o["inertia"] == pytest.approx(outs[0]["inertia"], rel=1e-6 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("total", [100.0, 2048.0, 6000.0, 1e6])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sums_exact_at_the_grids_bound(total, weighted):
+    """Values at the grid's bound (every row at the largest absolute value, a few clusters) add
+    to the exact integers of ``Grid.on_grid``: through float64 windows flushed at the bound's
+    weight (a flush every few rows for a small total weight), and straight to int64 where a
+    row alone exceeds a window (a total weight under 2**11)."""
+    rng = np.random.default_rng(int(total))
+    n, d, k = 700, 5, 3
+    X = rng.choice([-1.0, 1.0], size=(n, d)) * np.array([3.0, 1e-3, 7.5, 1e6, 0.25])
+    w = rng.uniform(0.25, 1.0, n) * (total / n / 0.625) if weighted else None
+    grid = Grid(np.abs(X).max(axis=0), total)
+    C = X[:k] * 0.5
+    out = nb.assign(X, nb.prepare(C, X.dtype), w, grid=grid)
+    ref = np.zeros((k, d), dtype=object)
+    for i in range(n):
+        v, _ = grid.on_grid(X[i], 1.0 if w is None else w[i])
+        ref[out["labels"][i]] += np.array([int(a) for a in v], dtype=object)
+    assert [[int(a) for a in r] for r in out["sums"]] == [[int(a) for a in r] for r in ref]
+
+
+@pytest.mark.parametrize("k", [3, 40])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kept_row_norms_give_the_same_bits(k, dtype):
+    """``row_norms`` filled by one pass and read by the next: the labels, sums and inertia are
+    the bits of a pass that computes them (K below and above the compiled argmin's limit)."""
+    rng = np.random.default_rng(k)
+    X = rng.standard_normal((5003, 13)).astype(dtype)
+    C = X[:k].astype(np.float64) + 0.1
+    w = rng.uniform(0.5, 2, size=5003)
+    for weights in (None, w):
+        p = nb.prepare(C, dtype)
+        plain = nb.assign(X, p, weights)
+        norms = nb.row_norms(len(X))
+        assert not norms.known
+        first = nb.assign(X, p, weights, row_norms=norms)
+        assert norms.known
+        second = nb.assign(X, p, weights, row_norms=norms)
+        labels_only = nb.assign(X, p, weights, want_sums=False, row_norms=norms)
+        for o in (first, second):
+            for key in ("labels", "sums", "weights", "counts"):
+                np.testing.assert_array_equal(o[key], plain[key])
+            assert o["inertia"] == plain["inertia"]
+        np.testing.assert_array_equal(labels_only["labels"], plain["labels"])
+        assert labels_only["inertia"] == plain["inertia"]
+    with pytest.raises(ValueError, match="holds 5003 rows; the block has 10"):
+        nb.assign(X[:10], nb.prepare(C, dtype), row_norms=norms)
+
+
 # ---------------------------------------------------------------- moments
 
 
