@@ -52,15 +52,17 @@ The kernels (see that module for when each runs):
 
 from __future__ import annotations
 
-import importlib.resources
+import os
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 
 def _source(name: str) -> str:
-    """The text of ``cuda/<name>``, shipped with the package."""
-    return (importlib.resources.files(__package__) / "cuda" / name).read_text(encoding="utf-8")
+    """The text of ``cuda/<name>``, shipped beside this file (found from the file, not the
+    package: :mod:`.gpu_warm_ops` loads this module alone, without the package's imports)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", name), encoding="utf-8") as f:
+        return f.read()
 
 
 # Each module is the common device functions followed by its own kernels; the host code puts
@@ -74,6 +76,8 @@ SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
 SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC)
 
+
+OPTIONS = ("--std=c++17",)  # NVRTC's options for every module (part of CuPy's cache key)
 
 _CACHE: dict = {}
 _PENDING: dict = {}  # key -> Future of a compile in flight (another thread waits for it)
@@ -118,7 +122,7 @@ def _functions(key: tuple, src: str, names: tuple[str, ...]) -> dict[str, Any]:
     def build() -> dict[str, Any]:
         import cupy
 
-        mod = cupy.RawModule(code=src, options=("--std=c++17",))
+        mod = cupy.RawModule(code=src, options=OPTIONS)
         return {f: mod.get_function(f) for f in names}
 
     return _once(key, build)
@@ -217,10 +221,15 @@ PREP_KERNELS = tuple(f"gemm_prep{m}" for m in range(5))
 SUMS_KERNELS = ("scatter_by_label", "sorted_sums", "label_hist", "label_scatter", "label_block_offsets", "label_bases")
 
 
+def prep_source(dtype: Any) -> str:
+    """CUDA source of the ``gemm_prep`` module for data of ``dtype``."""
+    return f"#define T {_ctype(dtype)}\n" + PREP_SRC
+
+
 def prep_kernel(dtype: Any, mode: int) -> Any:
     """``gemm_prep`` of ``mode`` (0-4, see cuda/prep.cu) for data of ``dtype``."""
     key = ("prep", _ctype(dtype))
-    return _first(key, lambda: _functions(key, f"#define T {_ctype(dtype)}\n" + PREP_SRC, PREP_KERNELS))[
+    return _first(key, lambda: _functions(key, prep_source(dtype), PREP_KERNELS))[
         f"gemm_prep{mode}"]
 
 

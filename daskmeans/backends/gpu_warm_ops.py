@@ -165,8 +165,29 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[10] += cp.asarray(cp.ones((), f64)).astype(i64)
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
-    return [moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
+    return [*_modules(cp, np, dt), moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
             *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched, par_draws)]]
+
+
+def _modules(cp, np, dt) -> list:
+    """This package's CUDA modules that depend on the data's dtype alone (the moments and
+    update module, the GEMM's preparation, the sums by label, the row selections after a
+    float16 and a float32 GEMM tile), compiled as :mod:`.cuda_src` builds them: the same source
+    and options, so that the fit finds each in the disk cache. The first kernels a fit needs
+    (the moments pass, the init's first distance pass), and the longest compiles."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "daskmeans_cuda_src", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_src.py"))
+    src = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(src)
+
+    def compile_(code):
+        return lambda: cp.RawModule(code=code, options=src.OPTIONS).compile()
+
+    gemm = (np.float64,) if np.dtype(dt) == np.float64 else (np.float16, np.float32)
+    return [compile_(src.FIT_SRC), compile_(src.prep_source(dt)), compile_(src.sums_source(dt)),
+            *[compile_(src.select_rows_source(dt, g)) for g in gemm]]
 
 
 def _marker(cp, index: int, count: int, dtype: str) -> str:
