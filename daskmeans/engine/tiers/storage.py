@@ -1,13 +1,13 @@
 """The ``storage`` tier: a shard keeps no rows; each pass reads every chunk again from its
-source (the chunk's culled task graph, run on the worker: only the path and offsets travel),
-a thread reading ahead while the kernels run, each chunk checked against its pin as it is
-read."""
+source (a file's row ranges, or the chunk's culled task graph, run on the worker: only the
+path and offsets travel), the worker's reading threads (``daskmeans.read-threads``) reading
+``daskmeans.read-ahead`` chunks ahead while the kernels run, into host buffers kept for the
+shard's passes (page-locked on a GPU worker), each chunk checked against its pin as it is
+read (:mod:`daskmeans.engine.reading`)."""
 
 from __future__ import annotations
 
-import collections
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import dask
 import numpy as np
@@ -16,6 +16,8 @@ from dask.sizeof import sizeof
 from ... import config
 from ...backends import get_backend
 from ...errors import DataError
+from ...io.blocks import rows_of
+from ..reading import stream_chunks
 from .base import Need, Tier
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,12 +28,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class ChunkReader:
     """Reads one row chunk from its source on the worker: the chunk's culled task graph, run
-    in the calling thread. Only the path and offsets travel."""
+    in the calling thread. Only the path and offsets travel. The fallback for arrays derived
+    from a file (a file a reader opened is read by row ranges: ``RowSource.chunk``).
+
+    Attributes
+    ----------
+    rows, n_features : int
+        The chunk's shape.
+    align : int
+        ``rows``: the chunk is read in one piece (:class:`daskmeans.io.fill.ChunkSource`).
+    """
 
     def __init__(self, block: "da.Array"):
         (block,) = dask.optimize(block)
         self.graph = dict(block.__dask_graph__())
         self.key = block.__dask_keys__()[0][0]
+        self.rows, self.n_features = (int(s) for s in block.shape)
+        self.align = max(1, self.rows)
         if sizeof(self.graph) > 2**20:  # a file reader's graph is a few hundred bytes
             raise DataError(
                 "the storage tier re-reads each chunk from its source, but this array is held in the "
@@ -44,26 +57,10 @@ class ChunkReader:
 
         return np.asarray(get_sync(self.graph, self.key))
 
-
-def read_ahead(readers: list, depth: int, check: Callable[[int, np.ndarray], None]) -> Iterator[np.ndarray]:
-    """The readers' chunks in order, up to ``depth`` read ahead by a thread while the caller
-    computes (reading and decompressing overlap the kernels); ``check(j, block)`` runs on each
-    chunk ``j`` in that thread, as it is read (its pin)."""
-
-    def read(j: int) -> np.ndarray:
-        block = readers[j].read()
-        check(j, block)
-        return block
-
-    with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-read-ahead") as ex:
-        pending = collections.deque(ex.submit(read, j) for j in range(min(depth, len(readers))))
-        nxt = len(pending)
-        while pending:
-            block = pending.popleft().result()
-            if nxt < len(readers):
-                pending.append(ex.submit(read, nxt))
-                nxt += 1
-            yield block
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start:stop`` of the chunk into ``out`` (stop - start, d): the chunk read,
+        then copied (its graph makes a new array)."""
+        out[...] = self.read()[start:stop]
 
 
 class StorageTier(Tier):
@@ -77,13 +74,22 @@ class StorageTier(Tier):
         raise TypeError("the storage tier keeps no blocks: its shards read them from their readers")
 
     def readers(self, X: "da.Array", ids: list[int]) -> list | None:
+        # A file a reader opened is read by row ranges (only its path and the offsets travel,
+        # cut into pieces of the file's own chunks for the reading threads); an array derived
+        # from one, by each chunk's culled read graph.
+        src = rows_of(X)
+        if src is not None:
+            offsets = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(int)
+            return [src.chunk(int(offsets[i]), int(offsets[i + 1])) for i in ids]
         return [ChunkReader(X.blocks[i]) for i in ids]
 
     def stream(self, shard: "Shard") -> Iterator[Any]:
         host = get_backend("numpy")  # the pin of a chunk read from its source, on the host
         be = shard.be
         depth = int(config.get("read-ahead"))
-        return (be.asarray(b) for b in read_ahead(shard.readers, depth, lambda j, b: shard.check_pin(j, host, b)))
+        chunks = stream_chunks(be, shard.readers, shard.n_features, shard.dtype, shard.read_threads, depth,
+                               lambda j, b: shard.check_pin(j, host, b), shard.buffers)
+        return (be.asarray(b) for b in chunks)
 
     def refusal(self, need: Need) -> str | None:
         return None  # the loop's working set alone is checked by the plan, before any tier
