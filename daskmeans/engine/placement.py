@@ -38,7 +38,7 @@ from .plan import balance_chunks
 from .reading import host_peers, read_blocks, read_threads, threads_setting
 from .task import unique_key
 from .tiers import Tier
-from .watch import WorkerLost, wait_on_cluster, watch
+from .watch import WorkerLost, some_workers, wait_on_cluster, watch
 
 
 @dataclass
@@ -284,7 +284,8 @@ def place(
     wkeys = list(_row_keys(persisted[-1])) if wfuts is not None else None
     wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
     who = client.who_has(list(by_key.values())) if by_key else {}
-    nthreads = client.nthreads()
+    # Where nothing was persisted (the shards read their files), no wait above saw the workers.
+    nthreads = client.nthreads() or some_workers(client)
 
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
     holders = [sorted(who[key])[0] if key is not None and who.get(key) else None for key in xkeys]
