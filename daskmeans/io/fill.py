@@ -62,9 +62,11 @@ class Piece:
     stop: int
 
 
-def pieces(chunk: int, source: ChunkSource, row_bytes: int, piece_bytes: int = PIECE_BYTES) -> list[Piece]:
-    """Chunk ``chunk``'s pieces of about ``piece_bytes`` (``row_bytes`` a row), whole multiples
-    of its ``align`` rows; one piece where the chunk cannot be cut."""
+def pieces(chunk: int, source: ChunkSource, row_bytes: int, piece_bytes: int | None = None) -> list[Piece]:
+    """Chunk ``chunk``'s pieces of about ``piece_bytes`` (default :data:`PIECE_BYTES`;
+    ``row_bytes`` a row), whole multiples of its ``align`` rows; one piece where the chunk
+    cannot be cut."""
+    piece_bytes = PIECE_BYTES if piece_bytes is None else piece_bytes
     n, align = int(source.rows), max(1, int(source.align))
     step = max(align, int(piece_bytes) // max(1, int(row_bytes)) // align * align)
     return [Piece(chunk, a, min(n, a + step)) for a in range(0, n, step)] or [Piece(chunk, 0, 0)]
