@@ -30,6 +30,7 @@ from distributed import Client, futures_of
 from .. import config
 from ..backends import backend_name, get_backend
 from ..errors import InputChanged
+from ..events import advance
 from ..io.blocks import rows_of
 from ..io.ranges import on_cores
 from . import tiers
@@ -346,7 +347,14 @@ def place(
     # A worker lost meanwhile is a WorkerLost (the fit places its data again), not a shard
     # made elsewhere: each rank's shard must live on its rank's worker.
     ranks = [w for w, _ in groups]
-    watch(client, shards, ranks, fetch=False, hung_after=config.get_seconds("collective-timeout"))
+
+    def placed(status: list) -> None:
+        # Chunks the shards read themselves are placed once their shard is: the command's
+        # progress (persisted chunks were counted by wait_on_cluster).
+        advance(sum(len(ids) for (_, ids), s in zip(groups, status) if s == "finished"), len(rows))
+
+    watch(client, shards, ranks, fetch=False, hung_after=config.get_seconds("collective-timeout"),
+          progress=None if persist_x else placed)
     where = client.who_has(shards)
     astray = [w for f, w in zip(shards, ranks) if w not in where.get(f.key, ())]
     if astray:

@@ -200,6 +200,7 @@ def watch(
     stop: Callable[[list], None] | None = None,
     peer_loss: tuple = (),
     hung_after: float | None = None,
+    progress: Callable[[list], None] | None = None,
 ) -> list | None:
     """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
     those workers; their results (``fetch``), or None.
@@ -218,6 +219,9 @@ def watch(
     retired (:func:`daskmeans.liveness.retire`) and lost as above (``stop`` of the others,
     :class:`WorkerLost`): a stopped worker keeps its connections, and Dask would list it for
     its ``worker-ttl`` (5 minutes) while its tasks wait.
+
+    ``progress(status)``, where given, is told each look's statuses (a placement's shards
+    that read their chunks themselves report the chunks placed).
     """
     from ..liveness import Silence
 
@@ -226,6 +230,8 @@ def watch(
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]  # one look: they change as we go
+        if progress is not None:
+            progress(status)
         if all(s == "finished" for s in status):  # the common case: no scheduler query
             return _fetch(client, futs, ranks) if fetch else None
         lost = lost_ranks(client, ranks)
