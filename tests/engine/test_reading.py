@@ -123,3 +123,49 @@ def test_placement_of_a_file_reads_it_on_the_workers(client, files, tier):
         by_chunk.update(zip(ids, blocks))
     np.testing.assert_array_equal(np.concatenate([by_chunk[i] for i in range(X.numblocks[0])]), x)
     assert not any(k.startswith("daskmeans-data") for k in client.has_what().get(p.workers[0], ()))
+
+
+class _LateCopies:
+    """A device backend whose copies run later, on threads of their own (as a GPU's copy
+    streams do): a staging buffer refilled before its copy was waited for would show in the
+    blocks."""
+
+    on_host = False
+    xp = np
+
+    def __init__(self):
+        self.copies = 0
+
+    @staticmethod
+    def empty_host(shape, dtype):
+        return np.empty(shape, dtype)
+
+    def copy_in(self, dst, src):
+        import threading
+        import time
+
+        done = threading.Event()
+        self.copies += 1
+
+        def later():
+            time.sleep(0.002)
+            dst[...] = src
+            done.set()
+
+        threading.Thread(target=later).start()
+        return done
+
+    @staticmethod
+    def wait(mark):
+        mark.wait()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_device_blocks_wait_for_each_copy_before_refilling_its_staging_buffer(files, threads, monkeypatch):
+    d, x = files
+    monkeypatch.setattr("daskmeans.io.fill.PIECE_BYTES", 7 * 4 * 300)  # one Zarr chunk a piece
+    y, sources = _chunks(readers.read(str(d / "x.zarr")), 1500)
+    be = _LateCopies()
+    blocks = reading.read_blocks(be, False, sources, 7, np.float32, threads)
+    assert be.copies == 17  # 5000 rows in pieces of 300 rows, chunk by chunk of 1500
+    np.testing.assert_array_equal(np.concatenate(blocks), x)

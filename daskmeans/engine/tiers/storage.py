@@ -63,6 +63,14 @@ class ChunkReader:
         out[...] = self.read()[start:stop]
 
 
+def _to_device(be: Any, block: np.ndarray) -> Any:
+    """A device copy of the page-locked host ``block`` (the link's speed: no staging copy),
+    done before its buffer is given to the next read."""
+    out = be.xp.empty(block.shape, block.dtype)
+    be.wait(be.copy_in(out, block))
+    return out
+
+
 class StorageTier(Tier):
     name = "storage"
     help = "re-read from the source file each pass"
@@ -89,7 +97,7 @@ class StorageTier(Tier):
         depth = int(config.get("read-ahead"))
         chunks = stream_chunks(be, shard.readers, shard.n_features, shard.dtype, shard.read_threads, depth,
                                lambda j, b: shard.check_pin(j, host, b), shard.buffers)
-        return (be.asarray(b) for b in chunks)
+        return (be.asarray(b) if be.on_host else _to_device(be, b) for b in chunks)
 
     def refusal(self, need: Need) -> str | None:
         return None  # the loop's working set alone is checked by the plan, before any tier
