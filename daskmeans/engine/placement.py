@@ -11,6 +11,11 @@ Balance: rows are spread evenly over the workers; data whose whole chunks cannot
 out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chunks first
 (:func:`daskmeans.engine.plan.balance_chunks`), so that no worker waits on another because of chunk sizes.
 
+Data a reader opened from a file (its array's ``RowSource``) is not persisted: each shard's
+task reads its chunks on its worker, several threads filling the memory the rows are kept in
+(:mod:`daskmeans.engine.reading`); data in memory, and arrays derived from a file, are
+persisted and grouped as above.
+
 What a shard keeps of its chunks and how it yields them in a pass are its tier's
 (:mod:`daskmeans.engine.tiers`); the waits that see a lost worker are
 :mod:`daskmeans.engine.watch`'s; the wrapper every task on a shard runs in is
