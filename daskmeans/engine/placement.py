@@ -237,6 +237,7 @@ def place(
     balance: bool = True,
     pins: dict | None = None,
     tunables: Any = None,
+    source: str | None = None,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -260,6 +261,11 @@ def place(
         :class:`Shard`): the shards check their chunks against them.
     tunables : backends.protocol.Tunables, optional
         The kernels' settings (the plan's), which each shard's backend runs with.
+    source : str, optional
+        The file ``X`` was read from (the job's path; None: data in memory). Where ``X`` is
+        the reader's array itself (its ``RowSource``: not a sample or rows scaled for the
+        metric) and the tier resident, the shards' workers read their chunks from it
+        (:mod:`daskmeans.engine.reading`) rather than the chunks being persisted.
     """
     tier = tiers.get(tier)
     X = X.rechunk({1: -1})
@@ -268,8 +274,8 @@ def place(
     held = tier.resident_backend(backend_name(backend))  # None: the shards read their chunks each pass
     # A file a reader opened is read by each shard's worker, its reading threads filling the
     # memory the rows are kept in (engine/reading.py); other data is persisted and held.
-    reading = held is not None and rows_of(X) is not None
-    persist_x = held is not None and not reading
+    src = rows_of(X) if held is not None and source is not None else None
+    persist_x = held is not None and src is None
     arrays = [to_backend(X, held)] if persist_x else []
     if sample_weight is not None:
         arrays.append(to_backend(sample_weight.rechunk((X.chunks[0],)), backend))
@@ -318,7 +324,6 @@ def place(
     rows = [int(c) for c in X.chunks[0]]
     setting = threads_setting()
     peers = host_peers(list(nthreads))
-    src = rows_of(X) if reading else None
     for w, ids in groups:
         if src is not None:
             readers = [src.chunk(offsets[i], offsets[i] + rows[i]) for i in ids]

@@ -114,7 +114,7 @@ def test_placement_of_a_file_reads_it_on_the_workers(client, files, tier):
     d, x = files
     X = split_rows(readers.read(str(d / "x.zarr")), 900)
     with dask.config.set({"daskmeans.read-threads": 2}):
-        p = place(client, X, "numpy", tier=tier, balance=False)
+        p = place(client, X, "numpy", tier=tier, balance=False, source=str(d / "x.zarr"))
     got = client.gather([client.submit(_blocks_of, s, pure=False) for s in p.shards])
     assert sorted(c for ids in p.chunk_ids for c in ids) == list(range(X.numblocks[0]))
     by_chunk = {}
