@@ -11,8 +11,9 @@ Floors, measured in this run, with 1 and ``--threads`` threads (default 16, at m
   reading 32 MiB ranges;
 - decode: the Zarr store's chunk files read and decompressed by numcodecs (what zarr-python
   calls) into one array, one chunk file per task;
-- on a GPU, the link (a page-locked host array copied to the device) and the allocation of
-  page-locked host memory (what the host tier's blocks cost before any read).
+- on a GPU, the link (a page-locked host array copied to the device), the allocation of
+  page-locked host memory (what the host tier's blocks cost before any read), and the
+  locking of memory already written (``cudaHostRegister``, the alternative to it).
 
 Then ``daskmeans fit DATA --k 16 --max-iter 5 --tol 0 --seed 0 --tier T --timings`` (a
 subprocess, the command's own local cluster on ``--backend``) for T in host and storage and
@@ -127,6 +128,23 @@ def pinned_alloc_gbs(nbytes: int = 2**30, times: int = 4) -> float:
     return nbytes * times / (time.perf_counter() - t0) / 1e9
 
 
+def page_lock_gbs(nbytes: int = 2**30, times: int = 4) -> float:
+    """Ordinary host memory already written, then page-locked in place (``cudaHostRegister``,
+    the backends' ``page_lock``) and unlocked: the alternative to allocating the host tier's
+    blocks page-locked, GB/s of the locking alone."""
+    import cupy
+
+    total = 0.0
+    for _ in range(times):
+        a = np.empty(nbytes, np.uint8)
+        a[::4096] = 1
+        t0 = time.perf_counter()
+        cupy.cuda.runtime.hostRegister(a.ctypes.data, nbytes, 0)
+        total += time.perf_counter() - t0
+        cupy.cuda.runtime.hostUnregister(a.ctypes.data)
+    return nbytes * times / total / 1e9
+
+
 def h2d_pinned_gbs(nbytes: int = 2**30) -> float:
     """A page-locked host array copied to the GPU (the link), median of 5 after one."""
     import cupy
@@ -211,6 +229,7 @@ def main(argv=None):
     if args.backend == "gpu":
         floors["h2d_pinned_GBps"] = h2d_pinned_gbs()
         floors["pinned_alloc_GBps"] = pinned_alloc_gbs()
+        floors["page_lock_GBps"] = page_lock_gbs()
     print("floors", json.dumps(floors), flush=True)
     runs, ref = {}, None
     for fmt, path, floor in (("zarr", zpath, f"decode_GBps_{threads}"), ("npy", npath, f"raw_read_GBps_{threads}")):
