@@ -34,10 +34,10 @@ from ..errors import DataError
 from ..numerics.grid import Grid
 from .protocol import DeviceBudget, Tunables, tunables_in_force
 
-__all__ = ["Prepared", "add_host", "asarray", "assign", "copy_in", "empty_host", "label_counts", "min_sqdist", "moments", "name", "page_lock",
+__all__ = ["Prepared", "add_host", "asarray", "assign", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
            "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
-           "step_rate"]
+           "step_rate", "copy_in", "empty_host"]
 
 
 def __getattr__(attr: str) -> Any:
