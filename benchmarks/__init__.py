@@ -13,6 +13,9 @@ Subcommands, what each measures, and against which floor (measured in the same r
   against 1 GPU, with the centroids checked bitwise.
 - ``tiers``: the host and storage tiers; floors the pinned host-to-device copy and the store's
   read; P4 in the host tier against the device tier; the command under memory limits.
+- ``placement``: placement and the storage tier's passes (the workers' reading pipeline) of a
+  Zarr store and of the same rows as ``.npy``, on a GPU or on the CPU; floors the same run's
+  raw read and Zstd decode at 1 and 16 threads.
 - ``cpu``: the CPU pipeline per iteration against scikit-learn, whole fits against dask-ml,
   and the orchestration overhead with 1000 chunks.
 - ``scale``: the largest fits (1e8 x 384 in the host tier; 2e7 x 128 at K = 2^20) as whole

@@ -37,7 +37,7 @@ from .protocol import DeviceBudget, Tunables, tunables_in_force
 __all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
            "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
-           "step_rate"]
+           "step_rate", "copy_in", "empty_host"]
 
 
 def __getattr__(attr: str) -> Any:
@@ -111,6 +111,17 @@ def pinned(block: Any) -> numpy.ndarray:
     out = gpu_staging.empty_pinned(a.shape, a.dtype)
     out[...] = a
     return out
+
+
+def empty_host(shape: tuple[int, ...], dtype: Any) -> numpy.ndarray:
+    """An uninitialised host array in page-locked memory (:func:`.gpu_staging.empty_pinned`)."""
+    return gpu_staging.empty_pinned(shape, dtype)
+
+
+def copy_in(dst: Any, src: numpy.ndarray) -> Any:
+    """Queue the copy of page-locked host ``src`` into the device array ``dst`` on the calling
+    thread's copy stream (:func:`.gpu_staging.copy_in`); returns its event."""
+    return gpu_staging.copy_in(dst, src)
 
 
 def page_lock(a: numpy.ndarray) -> Any:

@@ -4,7 +4,10 @@ The host tier: chunks in page-locked host memory copied to the device through tw
 the copy of the next chunk on its own stream overlapping the kernels of the current one, so
 the tier runs near the pinned copy's rate (docs/performance.md, "host tier").
 
-Placement in the device tier (:func:`upload`): a chunk in ordinary (pageable) host memory goes
+Rows read into page-locked buffers by a reading pipeline's threads go to their device blocks on
+a copy stream of each thread's own (:func:`copy_in`), overlapping the threads' next reads.
+
+Placement of an in-memory chunk in the device tier (:func:`upload`): a chunk in ordinary (pageable) host memory goes
 through a few page-locked buffers filled by threads, each buffer's copy to the device
 overlapping the filling of the others: faster than CuPy's copy of pageable memory, above all
 a process's first (docs/performance.md, "placement").
@@ -28,6 +31,32 @@ def empty_pinned(shape: tuple | int, dtype: Any) -> numpy.ndarray:
     shape = (shape,) if isinstance(shape, (int, numpy.integer)) else tuple(shape)
     mem = cupy.cuda.alloc_pinned_memory(max(1, int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize))
     return numpy.ndarray(shape, dtype, buffer=mem)
+
+
+_COPY_STREAMS = threading.local()
+
+
+def copy_in(dst: Any, src: numpy.ndarray) -> Any:
+    """Queue ``dst[...] = src`` (``src`` page-locked host memory, ``dst`` a C-contiguous device
+    array of its shape and dtype, on its own device) on a non-blocking stream of the calling
+    thread's own for that device, made on its first use: the copies of a reading pipeline's
+    threads (:mod:`daskmeans.io.fill`) overlap each other and the threads' next reads, at the
+    link's speed since no staging copy is made. Returns the event recorded after the copy."""
+    import cupy
+
+    with dst.device:
+        dev = dst.device.id
+        streams = getattr(_COPY_STREAMS, "by_device", None)
+        if streams is None:
+            streams = _COPY_STREAMS.by_device = {}
+        stream = streams.get(dev)
+        if stream is None:
+            stream = streams[dev] = cupy.cuda.Stream(non_blocking=True)
+        # The memory pool may have handed ``dst`` over from work still queued on the current
+        # stream: the copy waits for it there, on the device, not here.
+        stream.wait_event(cupy.cuda.get_current_stream().record())
+        dst.set(src, stream=stream)
+        return stream.record()
 
 
 UPLOAD_PIECE_BYTES = 16 << 20

@@ -86,6 +86,17 @@ def pinned(block: Any) -> numpy.ndarray:
     return asarray(block)
 
 
+def empty_host(shape: tuple[int, ...], dtype: Any) -> numpy.ndarray:
+    """An uninitialised host array, C-contiguous and aligned (NumPy's allocations are)."""
+    return numpy.empty(shape, dtype)
+
+
+def copy_in(dst: numpy.ndarray, src: numpy.ndarray) -> Any:
+    """``dst[...] = src``, done on return; the mark :func:`wait` takes."""
+    numpy.copyto(dst, src)
+    return mark()
+
+
 def page_lock(a: numpy.ndarray) -> Any:
     """Nothing to lock on the host: returns the no-op unlock."""
     return _nothing

@@ -173,6 +173,20 @@ class Backend(Protocol):
     def pinned(self, block: Any) -> Any:
         """A host copy of ``block`` kept by the ``host`` tier (page-locked for a GPU)."""
 
+    def empty_host(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised host NumPy array of ``shape`` and ``dtype`` that copies to and from
+        the backend's device read at the link's speed: page-locked for a GPU, C-contiguous and
+        aligned on the host. What the reading pipelines read rows into (the host tier's
+        resident blocks, the staging buffers on their way to a device)."""
+
+    def copy_in(self, dst: Any, src: Any) -> Any:
+        """Queue ``dst[...] = src``: ``src`` a host array from :meth:`empty_host`, ``dst`` a
+        C-contiguous array of the backend of the same shape and dtype (rows of a larger one).
+        On a GPU the copy runs on a stream of the calling thread's own, so copies from
+        several threads overlap each other and the callers' reads; returns the mark
+        :meth:`wait` takes (``src`` may be refilled and ``dst`` read once it is done). On the
+        host it is done on return."""
+
     def page_lock(self, a: Any) -> Any:
         """Page-lock the existing host array ``a`` in place (memory another process shares, for
         one), so that copies between it and a GPU run at the link's speed; returns the callable

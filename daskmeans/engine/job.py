@@ -116,14 +116,19 @@ class FitJob:
         The memory plan (tier, budgets, the largest share a worker holds once placed).
     placement : Placement or None
         The data on the workers, made by :meth:`survive` when first needed.
+    path : str or None
+        The file the data is read from (None: data in memory): a placement's shards read the
+        reader's array from it on their workers (:func:`daskmeans.engine.placement.place`).
     phase : Phases
         Where the job's phases go (plan, place, moments).
     """
 
     def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
                  source: Any, budgets: dict, key: reuse.Placed, kept: reuse.Entry | None, phase: Phases,
-                 every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean"):
+                 every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean",
+                 path: str | None = None):
         self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
+        self.path = path  # the file the data is read from (its shards read it there): None in memory
         self.phase, self.metric = phase, metric
         self.every = every if every is not None else (X, weights)
         self.sampled = every is not None and int(every[0].shape[0]) != int(X.shape[0])
@@ -227,7 +232,7 @@ class FitJob:
                 kept = None
             if kept is None:
                 reuse.make_room(client, tier_registry.get(tiers.tier).kept_bytes(tiers.share), tiers.host_budget)
-        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase, every, metric)
+        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase, every, metric, path)
 
     @staticmethod
     def subsample(client: Client, X: da.Array, weights: da.Array | None, m: int,
@@ -285,7 +290,7 @@ class FitJob:
         # The chunks' pins from the passes over the placement lost: a chunk read again from
         # the source is checked against its first read.
         self.placement = place(self.client, self.X, self.backend, self.weights, self.tiers.tier,
-                               balance=False, pins=self.pins, tunables=self.tiers.tunables)
+                               balance=False, pins=self.pins, tunables=self.tiers.tunables, source=self.path)
 
     def replan(self) -> Placement:
         """A new placement on the workers now present (the Lloyd loop's hook after a loss)."""

@@ -11,6 +11,11 @@ Balance: rows are spread evenly over the workers; data whose whole chunks cannot
 out within 2% (one large chunk, or 15 chunks on 2 workers) is cut into equal chunks first
 (:func:`daskmeans.engine.plan.balance_chunks`), so that no worker waits on another because of chunk sizes.
 
+Data a reader opened from a file (its array's ``RowSource``) is not persisted: each shard's
+task reads its chunks on its worker, several threads filling the memory the rows are kept in
+(:mod:`daskmeans.engine.reading`); data in memory, and arrays derived from a file, are
+persisted and grouped as above.
+
 What a shard keeps of its chunks and how it yields them in a pass are its tier's
 (:mod:`daskmeans.engine.tiers`); the waits that see a lost worker are
 :mod:`daskmeans.engine.watch`'s; the wrapper every task on a shard runs in is
@@ -30,13 +35,16 @@ from distributed import Client, futures_of
 from .. import config
 from ..backends import backend_name, get_backend
 from ..errors import InputChanged
+from ..events import advance
+from ..io.blocks import rows_of
 from ..io.ranges import on_cores
 from . import tiers
 from .owned import balance_owners, own_keys
 from .plan import balance_chunks
+from .reading import host_peers, read_blocks, read_threads, threads_setting
 from .task import unique_key
 from .tiers import Tier
-from .watch import WorkerLost, wait_on_cluster, watch
+from .watch import WorkerLost, some_workers, wait_on_cluster, watch
 
 
 @dataclass
@@ -91,6 +99,11 @@ class Shard:
     # The resident blocks were checked against (or gave) their pins.
     pinned: bool = False
     tunables: Any = None  # the kernels' settings the plan resolved on the client (backends.protocol.Tunables)
+    # The worker's reading threads (daskmeans.read-threads: its cores shared among the
+    # workers of its host), for the reads of a file in placement and in the storage tier's passes.
+    read_threads: int = 1
+    # The storage tier's host buffers, kept from one pass to the next (engine.reading.stream_chunks).
+    buffers: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.tier = tiers.get(self.tier)
@@ -153,12 +166,23 @@ def _sizeof_shard(s: Shard) -> int:
 
 
 def _make_shard(chunk_ids, offsets, rows, n_features, dtype, backend, tier, n_blocks, readers, pins,
-                *arrays, tunables=None) -> Shard:
+                *arrays, tunables=None, threads=None) -> Shard:
+    """The shard of a worker (a task on it): its chunks held (``tier.hold``) from the placed
+    ``arrays`` (the first ``n_blocks``; the weights after them), or, where ``readers`` are
+    given and the tier is resident, read from their file by the worker's reading pipeline
+    (:func:`daskmeans.engine.reading.read_blocks`) straight into the memory they are kept in.
+    ``threads``: ``(daskmeans.read-threads, workers on this host)``."""
     be = get_backend(backend)
-    blocks = [tier.hold(be, a) for a in arrays[:n_blocks]] if tier.resident else None
+    nthreads = read_threads(*threads) if threads is not None else 1
+    if tier.resident and readers is not None:  # a file's chunks, read here
+        on_host = get_backend(tier.resident_backend(backend)).on_host
+        blocks = read_blocks(be, on_host, readers, n_features, dtype, nthreads)
+        readers = None
+    else:
+        blocks = [tier.hold(be, a) for a in arrays[:n_blocks]] if tier.resident else None
     weights = [be.asarray(a) for a in arrays[n_blocks:]] or None
     return Shard(tuple(chunk_ids), tuple(offsets), tuple(rows), n_features, np.dtype(dtype), backend, tier,
-                 blocks, readers, weights, pins=dict(pins or {}), tunables=tunables)
+                 blocks, readers, weights, pins=dict(pins or {}), tunables=tunables, read_threads=nthreads)
 
 
 @dataclass
@@ -213,6 +237,7 @@ def place(
     balance: bool = True,
     pins: dict | None = None,
     tunables: Any = None,
+    source: str | None = None,
 ) -> Placement:
     """Put ``X`` (and weights) on the cluster in ``tier`` and group chunks into one shard per
     worker.
@@ -236,13 +261,22 @@ def place(
         :class:`Shard`): the shards check their chunks against them.
     tunables : backends.protocol.Tunables, optional
         The kernels' settings (the plan's), which each shard's backend runs with.
+    source : str, optional
+        The file ``X`` was read from (the job's path; None: data in memory). Where ``X`` is
+        the reader's array itself (its ``RowSource``: not a sample or rows scaled for the
+        metric) and the tier resident, the shards' workers read their chunks from it
+        (:mod:`daskmeans.engine.reading`) rather than the chunks being persisted.
     """
     tier = tiers.get(tier)
     X = X.rechunk({1: -1})
     if balance:
         X = balance_chunks(X, len(client.nthreads()))
     held = tier.resident_backend(backend_name(backend))  # None: the shards read their chunks each pass
-    arrays = [] if held is None else [to_backend(X, held)]
+    # A file a reader opened is read by each shard's worker, its reading threads filling the
+    # memory the rows are kept in (engine/reading.py); other data is persisted and held.
+    src = rows_of(X) if held is not None and source is not None else None
+    persist_x = held is not None and src is None
+    arrays = [to_backend(X, held)] if persist_x else []
     if sample_weight is not None:
         arrays.append(to_backend(sample_weight.rechunk((X.chunks[0],)), backend))
     # Under daskmeans' own keys (the user's keys, known to the scheduler with another run_spec,
@@ -251,23 +285,24 @@ def place(
     owned = [own_keys(a, client, scatter=True) for a in arrays]
     arrays, sources = [a for a, _ in owned], [f for _, fs in owned for f in fs]
     persisted = client.persist(arrays) if arrays else []
-    xfuts = futures_of(persisted[0]) if held is not None else []
+    xfuts = futures_of(persisted[0]) if persist_x else []
     wfuts = futures_of(persisted[-1]) if sample_weight is not None else None
     # Never forever: a lost scheduler, or no worker left, ends the wait in one line; a hung
     # worker is retired (its tasks run elsewhere).
     wait_on_cluster(client, xfuts + (wfuts or []), hung_after=config.get_seconds("collective-timeout"))
     # futures_of does not promise an order: index them by the block's key.
     by_key = {f.key: f for f in xfuts}
-    xkeys = list(_row_keys(persisted[0])) if held is not None else [None] * X.numblocks[0]
+    xkeys = list(_row_keys(persisted[0])) if persist_x else [None] * X.numblocks[0]
     wkeys = list(_row_keys(persisted[-1])) if wfuts is not None else None
     wby_key = {f.key: f for f in wfuts} if wfuts is not None else {}
     who = client.who_has(list(by_key.values())) if by_key else {}
-    nthreads = client.nthreads()
+    # Where nothing was persisted (the shards read their files), no wait above saw the workers.
+    nthreads = client.nthreads() or some_workers(client)
 
     offsets = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int).tolist()
     holders = [sorted(who[key])[0] if key is not None and who.get(key) else None for key in xkeys]
     owner = balance_owners(holders, list(X.chunks[0]), dict.fromkeys(nthreads, 1))
-    xf = [by_key[k] for k in xkeys] if held is not None else [None] * len(xkeys)
+    xf = [by_key[k] for k in xkeys] if persist_x else [None] * len(xkeys)
     wf = [wby_key[k] for k in wkeys] if wkeys is not None else None
     # The moves and shards go to their workers, or (loose restrictions) anywhere once their
     # worker is gone: a result made from a shard later (the labels) is then made again from
@@ -287,9 +322,14 @@ def place(
 
     shards = []
     rows = [int(c) for c in X.chunks[0]]
+    setting = threads_setting()
+    peers = host_peers(list(nthreads))
     for w, ids in groups:
-        readers = tier.readers(X, ids)
-        args = [xf[i] for i in ids] if held is not None else []
+        if src is not None:
+            readers = [src.chunk(offsets[i], offsets[i] + rows[i]) for i in ids]
+        else:
+            readers = tier.readers(X, ids)
+        args = [xf[i] for i in ids] if persist_x else []
         if wf is not None:
             args += [wf[i] for i in ids]
         shards.append(
@@ -307,6 +347,7 @@ def place(
                 {i: pins[i] for i in ids if i in pins} if pins else None,
                 *args,
                 tunables=tunables,
+                threads=(setting, peers.get(w, 1)),
                 workers=[w],
                 allow_other_workers=True,
                 pure=False,
@@ -316,7 +357,14 @@ def place(
     # A worker lost meanwhile is a WorkerLost (the fit places its data again), not a shard
     # made elsewhere: each rank's shard must live on its rank's worker.
     ranks = [w for w, _ in groups]
-    watch(client, shards, ranks, fetch=False, hung_after=config.get_seconds("collective-timeout"))
+
+    def placed(status: list) -> None:
+        # Chunks the shards read themselves are placed once their shard is: the command's
+        # progress (persisted chunks were counted by wait_on_cluster).
+        advance(sum(len(ids) for (_, ids), s in zip(groups, status) if s == "finished"), len(rows))
+
+    watch(client, shards, ranks, fetch=False, hung_after=config.get_seconds("collective-timeout"),
+          progress=None if persist_x else placed)
     where = client.who_has(shards)
     astray = [w for f, w in zip(shards, ranks) if w not in where.get(f.key, ())]
     if astray:

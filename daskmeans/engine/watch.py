@@ -128,10 +128,34 @@ def wait_on_cluster(client: Client, futs: list, no_worker_seconds: float = NO_WO
         elif empty_since is None:
             empty_since = now
         elif now - empty_since >= no_worker_seconds:
-            raise DaskmeansError(
-                f"every worker left the cluster and none came back in {no_worker_seconds:.0f} s: there is nothing "
-                f"to place the data on (start workers, or a cluster whose nannies restart them)"
-            )
+            raise _nothing_to_place_on(no_worker_seconds)
+
+
+def _nothing_to_place_on(seconds: float) -> DaskmeansError:
+    return DaskmeansError(
+        f"every worker left the cluster and none came back in {seconds:.0f} s: there is nothing "
+        f"to place the data on (start workers, or a cluster whose nannies restart them)"
+    )
+
+
+def some_workers(client: Client, no_worker_seconds: float = NO_WORKER_SECONDS) -> dict:
+    """The cluster's workers (address: threads) once it has one: a placement with nothing to
+    persist first (its shards read their files) waits here, as :func:`wait_on_cluster` would,
+    for a worker to come back (a nanny restarting it), never forever: :class:`SchedulerLost`
+    when the scheduler goes, a :class:`DaskmeansError` after ``no_worker_seconds`` without one."""
+    empty_since = None
+    while True:
+        workers = _workers(client)
+        if workers:
+            return dict(workers)
+        now = time.monotonic()
+        if workers is None:
+            empty_since = None
+        elif empty_since is None:
+            empty_since = now
+        elif now - empty_since >= no_worker_seconds:
+            raise _nothing_to_place_on(no_worker_seconds)
+        time.sleep(0.1)
 
 
 def _fetch(client: Client, futs: list, ranks: set) -> list:
@@ -176,6 +200,7 @@ def watch(
     stop: Callable[[list], None] | None = None,
     peer_loss: tuple = (),
     hung_after: float | None = None,
+    progress: Callable[[list], None] | None = None,
 ) -> list | None:
     """Wait for ``futs`` (tasks pinned to ``workers``, or on their results) while watching
     those workers; their results (``fetch``), or None.
@@ -194,6 +219,9 @@ def watch(
     retired (:func:`daskmeans.liveness.retire`) and lost as above (``stop`` of the others,
     :class:`WorkerLost`): a stopped worker keeps its connections, and Dask would list it for
     its ``worker-ttl`` (5 minutes) while its tasks wait.
+
+    ``progress(status)``, where given, is told each look's statuses (a placement's shards
+    that read their chunks themselves report the chunks placed).
     """
     from ..liveness import Silence
 
@@ -202,6 +230,8 @@ def watch(
     while True:
         wait_a_little(client, futs)
         status = [f.status for f in futs]  # one look: they change as we go
+        if progress is not None:
+            progress(status)
         if all(s == "finished" for s in status):  # the common case: no scheduler query
             return _fetch(client, futs, ranks) if fetch else None
         lost = lost_ranks(client, ranks)

@@ -1,6 +1,7 @@
 """What every reader shares: float dtypes, rows per chunk, a :class:`Table` (the array and what
 the source says of its columns), and Dask arrays of row blocks that a reader can cut again
-(:func:`split_rows`) by reading its file again in other blocks."""
+(:func:`split_rows`) by reading its file again in other blocks, or read into a caller's
+buffers (:class:`RowRange`, the reading pipelines' chunks)."""
 
 from __future__ import annotations
 
@@ -172,6 +173,10 @@ class RowSource:
         The array's dtype (``dtype`` converted by :func:`daskmeans.io.readers.read`).
     path : str or None
         The file (absolute path), which the blocks read again name (:data:`FILE_ANNOTATION`).
+    into : callable or None
+        ``into(*args, start, stop, out)``: rows ``start:stop`` read straight into ``out``, a
+        C-contiguous array (stop - start, d) of ``dtype`` the caller supplies (a reading
+        pipeline's buffer, :mod:`daskmeans.io.fill`); None: ``fn``'s result is copied there.
     """
 
     fn: Callable[..., np.ndarray]
@@ -182,6 +187,34 @@ class RowSource:
     align: int
     out_dtype: np.dtype
     path: str | None = None
+    into: Callable[..., None] | None = None
+
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start:stop`` of the array into ``out`` (stop - start, d) of :attr:`out_dtype`,
+        C-contiguous: read straight into it where the reader can (:attr:`into`) and no
+        conversion is needed, else read and copied (converted) into it.
+
+        Raises
+        ------
+        ValueError
+            ``out`` is not a C-contiguous array of that shape and dtype.
+        """
+        shape = (stop - start, self.d)
+        if out.shape != shape or out.dtype != self.out_dtype or not out.flags.c_contiguous:
+            raise ValueError(f"rows {start}:{stop} go into a C-contiguous {self.out_dtype} array of shape {shape}, "
+                             f"got {out.dtype} {out.shape} (C-contiguous: {out.flags.c_contiguous})")
+        if self.into is not None and self.dtype == self.out_dtype:
+            self.into(*self.args, start, stop, out)
+        elif self.into is not None:
+            raw = np.empty(shape, self.dtype)
+            self.into(*self.args, start, stop, raw)
+            out[...] = raw
+        else:
+            out[...] = self.fn(*self.args, start, stop)
+
+    def chunk(self, start: int, stop: int) -> "RowRange":
+        """Rows ``start:stop`` as a chunk a reading pipeline reads (:mod:`daskmeans.io.fill`)."""
+        return RowRange(self, int(start), int(stop))
 
     def blocks(self, rows: int) -> da.Array:
         """The array again, in chunks of ``rows`` rows rounded to :attr:`align` (the same
@@ -190,13 +223,74 @@ class RowSource:
 
         with dask.annotate(**({FILE_ANNOTATION: self.path} if self.path else {})):
             y = row_blocks(self.fn, self.args, self.n, self.d, self.dtype,
-                           max(self.align, rows // self.align * self.align), self.align)
+                           max(self.align, rows // self.align * self.align), self.align, into=self.into)
         y = y.astype(self.out_dtype) if y.dtype != self.out_dtype else y
         return with_rows(y, dataclasses.replace(self, out_dtype=np.dtype(y.dtype)))
 
 
+@dataclass(frozen=True)
+class RowRange:
+    """Rows ``start:stop`` of a reader's array (:class:`RowSource`), as one chunk of a reading
+    pipeline (:class:`daskmeans.io.fill.ChunkSource`): only the source's recipe and the two
+    offsets travel to the worker that reads it.
+
+    Attributes
+    ----------
+    source : RowSource
+    start, stop : int
+        The chunk's first row and the row after its last, in the source.
+    """
+
+    source: RowSource
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def align(self) -> int:
+        return int(self.source.align)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.source.d)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.source.out_dtype)
+
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start:stop`` of this chunk into ``out`` (:meth:`RowSource.read_into`)."""
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"rows {start}:{stop} lie outside a chunk of {self.rows} rows")
+        self.source.read_into(self.start + start, self.start + stop, out)
+
+    def read(self) -> np.ndarray:
+        """The chunk, shape (rows, n_features), as a new NumPy array."""
+        out = np.empty((self.rows, self.n_features), self.dtype)
+        self.read_into(0, self.rows, out)
+        return out
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The chunk's rows ``rows`` (local indices, int64 ``(m,)``), shape (m, d), in that
+        order: only the file's chunks that hold them (its ``align`` rows each) are read, each
+        once, not the whole row chunk (the inits' draws in the storage tier)."""
+        src = self.source
+        rows = np.asarray(rows, np.int64)
+        glob = rows + self.start
+        first = glob // src.align * src.align  # the file chunk of each row
+        out = np.empty((len(rows), src.d), src.out_dtype)
+        for s in np.unique(first):
+            at = np.flatnonzero(first == s)
+            part = np.asarray(src.fn(*src.args, int(s), int(min(s + src.align, src.n))))
+            out[at] = part[glob[at] - s]  # as the chunk's read: the file's values in the array's dtype
+        return out
+
+
 def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype: Any, rows: int,
-               align: int) -> da.Array:
+               align: int, into: Callable[..., None] | None = None) -> da.Array:
     """A Dask array of ``fn(*args, start, stop)`` blocks of ``rows`` rows (the last shorter),
     which says how it is read again in other chunks (:func:`rows_of`).
 
@@ -212,6 +306,9 @@ def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype
     align : int
         Blocks that :func:`split_rows` cuts again hold a multiple of this many rows (the
         file's own chunks).
+    into : callable, optional
+        ``into(*args, start, stop, out)``: the same rows read straight into a caller's array
+        (:attr:`RowSource.into`), for the reading pipelines.
 
     Returns
     -------
@@ -224,7 +321,8 @@ def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype
         for s in range(0, n, rows)
     ]
     x = da.concatenate(blocks, axis=0)
-    return with_rows(x, RowSource(fn, tuple(args), int(n), int(d), np.dtype(dtype), int(align), np.dtype(dtype)))
+    return with_rows(x, RowSource(fn, tuple(args), int(n), int(d), np.dtype(dtype), int(align), np.dtype(dtype),
+                                  into=into))
 
 
 def with_rows(x: da.Array, rows: RowSource | None) -> da.Array:

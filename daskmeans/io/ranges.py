@@ -10,16 +10,28 @@ or from a parallel file system alike.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from ..errors import DataError
 
 T = TypeVar("T")
 
 PIECE_BYTES = 8 << 20
+
+# Set in every thread of daskmeans' pools, and in a reading pipeline's thread while it reads
+# one of a chunk's several pieces (:func:`in_place`): such a thread runs a split of its own work
+# in place, since it is already one of several (a pipeline's thread that read its piece through
+# a shared pool would wait on that pool's few threads, and waiting for its own pieces on a full
+# pool could wait forever).
+_IN_POOL = threading.local()
+
+
+def _enter_pool() -> None:
+    _IN_POOL.on = True
 
 
 def cores() -> int:
@@ -40,17 +52,16 @@ class _Pool:
         self._name, self._size = name, size
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self._local = threading.local()
 
     def map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T]:
         """``[fn(item) for item in items]`` on the pool's threads; returns once every call has
         returned, then raises the first failure's exception."""
-        if len(items) <= 1 or getattr(self._local, "on", False):
+        if len(items) <= 1 or getattr(_IN_POOL, "on", False):
             return [fn(item) for item in items]
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._size(), thread_name_prefix=self._name,
-                                                    initializer=setattr, initargs=(self._local, "on", True))
+                                                    initializer=_enter_pool)
         futs = [self._executor.submit(fn, item) for item in items]
         wait(futs)  # none still runs: the caller may free what they write to or read from
         return [f.result() for f in futs]
@@ -83,6 +94,24 @@ def read_into(path: str, offset: int, buf: memoryview) -> None:
         in_threads(piece, range(0, n, PIECE_BYTES))  # returns once no piece reads the descriptor
     finally:
         os.close(fd)
+
+
+def reading_pool(threads: int, name: str = "daskmeans-fill") -> ThreadPoolExecutor:
+    """A pool of ``threads`` threads for a reading pipeline (:mod:`daskmeans.io.fill`)."""
+    return ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix=name)
+
+
+@contextlib.contextmanager
+def in_place() -> Iterator[None]:
+    """Within it, the calling thread's reads run their splits in place (:func:`in_threads`,
+    :func:`on_cores`): a pipeline's thread reading one of many pieces, the other threads
+    reading the others, so that the pipeline's thread count bounds the reads at once."""
+    was = getattr(_IN_POOL, "on", False)
+    _IN_POOL.on = True
+    try:
+        yield
+    finally:
+        _IN_POOL.on = was
 
 
 def in_threads(fn: Callable[[Any], None], items: Sequence[Any]) -> None:

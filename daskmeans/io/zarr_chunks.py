@@ -89,20 +89,38 @@ def chunk_file(arr: Any, key: str) -> str | None:
     return os.path.join(str(sp.store.root), *[p for p in f"{sp.path}/{key}".split("/") if p])
 
 
-def read_rows(lay: Layout, start: int, stop: int) -> np.ndarray:
+def read_rows(lay: Layout, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
     """Rows ``start:stop`` of the array, its chunks read and decompressed on the readers'
     threads, straight into the result where a chunk's rows all fall in it.
+
+    Parameters
+    ----------
+    lay : Layout
+    start, stop : int
+    out : ndarray (stop - start, n_features) of the array's dtype, C-contiguous, optional
+        Where the rows go (the caller's buffer); a new array where None.
+
+    Returns
+    -------
+    ndarray (stop - start, n_features)
+        ``out``, or the new array.
 
     Raises
     ------
     DataError
         A chunk file holds the wrong number of bytes (or decompresses to them).
+    ValueError
+        ``out`` is not a C-contiguous array of that shape and dtype.
     """
     arr = lay.array
     n, d = (int(s) for s in arr.shape)
     zrows, zcols = lay.chunks
     dtype = np.dtype(arr.dtype)
-    out = np.empty((stop - start, d), dtype)
+    if out is None:
+        out = np.empty((stop - start, d), dtype)
+    elif out.shape != (stop - start, d) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"rows {start}:{stop} go into a C-contiguous {dtype} array of shape {(stop - start, d)}, "
+                         f"got {out.dtype} {out.shape}")
     chunk_bytes = zrows * zcols * dtype.itemsize
     tasks = [(i, j) for i in range(start // zrows, -(-stop // zrows)) for j in range(-(-d // zcols))]
 

@@ -85,7 +85,7 @@ def open_zarr(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None,
     # One task per block opens the store itself (nothing but the path travels) and refuses a
     # missing chunk: Zarr reads an absent chunk as the fill value, which would silently turn
     # rows of a damaged or half-copied store into zeros.
-    x = row_blocks(zarr_block, (path, arr.path), n, d, arr.dtype, rows, align=zrows)
+    x = row_blocks(zarr_block, (path, arr.path), n, d, arr.dtype, rows, align=zrows, into=zarr_into)
     names = arr.attrs.get(FEATURE_NAMES)
     if names is None:
         return x
@@ -98,6 +98,14 @@ def open_zarr(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None,
 def zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of the Zarr array ``array_path`` in the store at ``path``; a
     DataError if a chunk they lie in is absent from the store."""
+    return zarr_into(path, array_path, start, stop, None)
+
+
+def zarr_into(path: str, array_path: str, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+    """Rows ``start:stop`` of the Zarr array ``array_path`` in the store at ``path`` into
+    ``out`` (the caller's buffer: a C-contiguous array (stop - start, n_features) of the
+    array's dtype; None: a new array), which it returns; a DataError if a chunk they lie in is
+    absent from the store."""
     import zarr
 
     try:
@@ -117,9 +125,19 @@ def zarr_block(path: str, array_path: str, start: int, stop: int) -> np.ndarray:
                     f"Zarr chunk {full} of {path} is missing (rows {i * zrows} to "
                     f"{min((i + 1) * zrows, int(arr.shape[0])) - 1}): the store is incomplete"
                 )
+    dtype = np.dtype(arr.dtype)
+    if out is not None and (out.shape != (stop - start, d) or out.dtype != dtype or not out.flags.c_contiguous):
+        raise ValueError(f"rows {start}:{stop} of {path} go into a C-contiguous {dtype} array of shape "
+                         f"{(stop - start, d)}, got {out.dtype} {out.shape}")
     lay = zarr_chunks.layout(arr)
     try:
-        return zarr_chunks.read_rows(lay, start, stop) if lay is not None else np.asarray(arr[start:stop])
+        if lay is not None:
+            return zarr_chunks.read_rows(lay, start, stop, out)
+        rows = np.asarray(arr[start:stop])
+        if out is None:
+            return rows
+        out[...] = rows
+        return out
     except DataError:
         raise
     except Exception as e:  # a corrupt chunk: a codec error names no row

@@ -862,3 +862,60 @@ def test_balanced_sizes_on_the_gpu():
     assert free.cluster_sizes_.max() / mean > 2.0  # the data is skewed
     assert bal.cluster_sizes_.max() < 0.75 * free.cluster_sizes_.max()
     assert bal.cluster_sizes_.min() > free.cluster_sizes_.min()
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_a_files_chunks_read_into_page_locked_blocks_or_onto_the_device(tmp_path, on_host, monkeypatch):
+    """The reading pipeline on a GPU (engine.reading.read_blocks with the CuPy backend): the
+    host tier's blocks are page-locked host arrays holding the file's rows; the device tier's
+    are device arrays filled through each thread's staging buffer and copy stream, every copy
+    done on return; both bitwise the rows of the file."""
+    import cupy
+    import zarr
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.engine import reading
+    from daskmeans.io import readers
+    from daskmeans.io.blocks import rows_of, split_rows
+
+    x = np.random.default_rng(2).standard_normal((20000, 33)).astype(np.float32)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(1000, 33))
+    monkeypatch.setattr("daskmeans.io.fill.PIECE_BYTES", 2 * 1000 * 33 * 4)  # several pieces a chunk
+    y = split_rows(readers.read(str(tmp_path / "x.zarr")), 7000)
+    offs = np.concatenate([[0], np.cumsum(y.chunks[0])]).astype(int)
+    sources = [rows_of(y).chunk(int(a), int(b)) for a, b in zip(offs[:-1], offs[1:])]
+    blocks = reading.read_blocks(cb, on_host, sources, 33, np.float32, 4)
+    if on_host:
+        for b in blocks:
+            assert cupy.cuda.runtime.pointerGetAttributes(b.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
+        got = np.concatenate(blocks)
+    else:
+        assert all(isinstance(b, cupy.ndarray) for b in blocks)
+        got = np.concatenate([cupy.asnumpy(b) for b in blocks])
+    np.testing.assert_array_equal(got, x)
+
+
+def test_copy_in_from_several_threads():
+    """cupy_backend.copy_in: copies queued from several threads (each on its own stream) into
+    rows of one device array, each done once its mark is waited for."""
+    import threading
+
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+
+    dst = cupy.zeros((8, 1 << 16), cupy.float32)
+    marks = [None] * 8
+
+    def one(i):
+        src = cb.empty_host((1, 1 << 16), np.float32)
+        src[...] = i
+        marks[i] = cb.copy_in(dst[i:i + 1], src)
+        cb.wait(marks[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    np.testing.assert_array_equal(cupy.asnumpy(dst), np.repeat(np.arange(8, dtype=np.float32)[:, None], 1 << 16, 1))

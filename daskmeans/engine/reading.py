@@ -1,0 +1,155 @@
+"""A worker's reading pipeline: the chunks of a file-backed shard read by several threads
+straight into the memory they are kept or staged in (:mod:`daskmeans.io.fill`), with the
+buffers the fit's backend supplies.
+
+- :func:`read_blocks` (placement of a resident tier): every chunk read into the blocks a shard
+  keeps. Where they are kept in host memory (the host tier; the device tier of a host backend)
+  the pieces land in them directly (page-locked on a GPU worker: no second copy into
+  page-locked memory); where they are kept on a device, each thread reads into a page-locked
+  staging buffer of its own whose copy to the device (``Backend.copy_in``) overlaps the
+  thread's next read and the other threads' reads.
+- :func:`stream_chunks` (a pass of the storage tier): the chunks in order, each read into one
+  of ``ahead + 1`` host buffers kept for the shard's passes, ``ahead`` chunks read meanwhile by
+  the threads, each checked against its pin by the thread that completes it.
+
+The I/O layer knows nothing of devices (it reads rows into a caller's array); the kernels
+nothing of files (they receive blocks).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .. import config
+from ..io import fill
+from ..io.ranges import cores
+
+
+def read_threads(setting: Any, peers: int) -> int:
+    """The threads of one worker's reading pipeline: ``setting`` (``daskmeans.read-threads``)
+    where it is a count, else (``"auto"``) this process's cores shared among the ``peers``
+    workers of its host, at least one."""
+    if setting is None or str(setting).strip().lower() == "auto":
+        return max(1, cores() // max(1, int(peers)))
+    n = int(setting)
+    if n < 1:
+        raise ValueError(f"daskmeans.read-threads={setting!r} should be 'auto' or a count of threads of at least 1")
+    return n
+
+
+def host_peers(workers: Sequence[str]) -> dict[str, int]:
+    """For each worker address, the workers of ``workers`` on its host (itself included)."""
+    from distributed.comm import get_address_host
+
+    hosts = {w: get_address_host(w) for w in workers}
+    count = Counter(hosts.values())
+    return {w: count[h] for w, h in hosts.items()}
+
+
+def threads_setting() -> Any:
+    """``daskmeans.read-threads`` as the client sets it (checked here, used on the workers)."""
+    setting = config.get("read-threads")
+    read_threads(setting, 1)  # a bad value fails on the client, in one line
+    return setting
+
+
+def _pieces(sources: Sequence[Any], d: int, dtype: np.dtype) -> list[list[fill.Piece]]:
+    row_bytes = int(d) * np.dtype(dtype).itemsize
+    return [fill.pieces(j, s, row_bytes) for j, s in enumerate(sources)]
+
+
+def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: Any, threads: int) -> list:
+    """Every chunk of ``sources`` (:class:`daskmeans.io.fill.ChunkSource`) read into a block a
+    shard keeps, shape (rows_j, d) of ``dtype``.
+
+    Parameters
+    ----------
+    be : backend module
+        The fit's backend: it supplies the host buffers (``empty_host``: page-locked on a GPU)
+        and the copies to its device (``copy_in``).
+    on_host : bool
+        The blocks are kept in host memory (``be.empty_host``), else as ``be``'s device arrays.
+    threads : int
+        Reads at once.
+
+    Returns
+    -------
+    list of arrays (rows_j, d)
+        Host arrays where ``on_host``, else the backend's; every copy done.
+    """
+    dtype = np.dtype(dtype)
+    chunks = _pieces(sources, d, dtype)
+    n = len(sources)
+    if on_host:
+        blocks: list = [None] * n
+        locks = [threading.Lock() for _ in range(n)]
+
+        def block(j: int) -> np.ndarray:
+            # Made by the first thread that reads into it, while the others read: allocating
+            # page-locked memory costs about as much as filling it.
+            with locks[j]:
+                if blocks[j] is None:
+                    blocks[j] = be.empty_host((int(sources[j].rows), int(d)), dtype)
+                return blocks[j]
+
+        fill.fill(chunks, lambda p: sources[p.chunk].read_into(p.start, p.stop, block(p.chunk)[p.start:p.stop]),
+                  threads)
+        return [b if b is not None else be.empty_host((0, int(d)), dtype) for b in blocks]
+
+    blocks = [be.xp.empty((int(s.rows), int(d)), dtype) for s in sources]
+    piece_rows = max([p.stop - p.start for ps in chunks for p in ps] or [0])
+    local = threading.local()
+    staging: list[list] = []
+    lock = threading.Lock()
+
+    def read(p: fill.Piece) -> None:
+        st = getattr(local, "staging", None)
+        if st is None:  # this thread's page-locked buffer, and the mark of its last copy
+            st = local.staging = [be.empty_host((piece_rows, int(d)), dtype), None]
+            with lock:
+                staging.append(st)
+        buf, last = st
+        if last is not None:
+            be.wait(last)  # its previous copy has left the buffer
+        view = buf[: p.stop - p.start]
+        sources[p.chunk].read_into(p.start, p.stop, view)
+        st[1] = be.copy_in(blocks[p.chunk][p.start:p.stop], view)
+
+    try:
+        fill.fill(chunks, read, threads)
+    finally:
+        for _, last in staging:  # no copy still reads a buffer about to be freed
+            if last is not None:
+                be.wait(last)
+    return blocks
+
+
+def stream_chunks(be: Any, sources: Sequence[Any], d: int, dtype: Any, threads: int, ahead: int,
+                  check: Callable[[int, np.ndarray], None], ring: list) -> Iterator[np.ndarray]:
+    """The chunks of ``sources`` in order, each a host array (rows_j, d) valid until the next
+    is asked for, read by ``threads`` threads up to ``ahead`` chunks ahead of the caller.
+
+    ``check(j, block)`` runs on each chunk as it is complete, in the thread that completed it
+    (its pin). ``ring`` holds the ``ahead + 1`` host buffers (``be.empty_host``: page-locked on
+    a GPU worker), made on the first pass and kept by the caller for the next.
+    """
+    dtype = np.dtype(dtype)
+    slots = max(0, int(ahead)) + 1
+    most = max([int(s.rows) for s in sources] or [0])
+    if len(ring) != slots or any(b.shape[0] < most or b.dtype != dtype for b in ring):
+        ring[:] = [be.empty_host((most, int(d)), dtype) for _ in range(slots)]
+    views: dict[int, np.ndarray] = {}
+
+    def start(j: int) -> None:  # chunk j goes into the buffer chunk j - slots held
+        views[j] = ring[j % slots][: int(sources[j].rows)]
+
+    def read(p: fill.Piece) -> None:
+        sources[p.chunk].read_into(p.start, p.stop, views[p.chunk][p.start:p.stop])
+
+    for j in fill.ordered(_pieces(sources, d, dtype), read, threads, slots - 1,
+                          finished=lambda j: check(j, views[j]), start=start):
+        yield views.pop(j)
