@@ -16,6 +16,7 @@ from distributed import Client, LocalCluster
 
 from daskmeans.engine.placement import place
 from daskmeans.engine.tiers import storage
+from daskmeans.io import blocks
 from daskmeans.io.readers import read
 from daskmeans.numerics.hashing import philox_uniforms, row_uniforms
 from daskmeans.seeding import kmeans_parallel, resolve_init, rows
@@ -41,23 +42,37 @@ def tiny(tmp_path_factory):
     return str(path), x
 
 
+def _reader_key(r):
+    """What names a shard's reader of one row chunk: a file's row range by its first row, a
+    derived array's chunk by its read graph's key."""
+    return ("range", r.start) if isinstance(r, blocks.RowRange) else ("graph", r.key)
+
+
 @pytest.fixture
 def counted(monkeypatch):
-    """Every row chunk read whole from the store (its reader's key), the file's chunks read for
-    rows read alone (their first rows), and the chunks of each read of chosen rows."""
+    """Every row chunk read whole from the store (its reader's key: a pass reads a file's row
+    range from its first row on, a derived array's chunk through its graph), the file's chunks
+    read for rows read alone (their first rows), and the chunks of each read of chosen rows."""
     reads, file_chunks, chosen, lock = [], [], [], threading.Lock()
-    read_chunk, read_rows, chunk_rows = storage.ChunkReader.read, storage.ChunkReader.read_rows, rows.chunk_rows
+    read_chunk = storage.ChunkReader.read
+    range_into, range_rows = blocks.RowRange.read_into, blocks.RowRange.read_rows
+    chunk_rows = rows.chunk_rows
 
     def read_counted(self):
         with lock:
-            reads.append(self.key)
+            reads.append(_reader_key(self))
         return read_chunk(self)
 
-    def read_rows_counted(self, local):
-        if self.source is not None:
+    def range_into_counted(self, start, stop, out):
+        if start == 0:
             with lock:
-                file_chunks.extend(sorted({(self.start + int(r)) // FILE_CHUNK * FILE_CHUNK for r in local}))
-        return read_rows(self, local)
+                reads.append(_reader_key(self))
+        return range_into(self, start, stop, out)
+
+    def read_rows_counted(self, local):
+        with lock:
+            file_chunks.extend(sorted({(self.start + int(r)) // FILE_CHUNK * FILE_CHUNK for r in local}))
+        return range_rows(self, local)
 
     def chunk_rows_counted(shard, picks):
         with lock:
@@ -65,7 +80,8 @@ def counted(monkeypatch):
         return chunk_rows(shard, picks)
 
     monkeypatch.setattr(storage.ChunkReader, "read", read_counted)
-    monkeypatch.setattr(storage.ChunkReader, "read_rows", read_rows_counted)
+    monkeypatch.setattr(blocks.RowRange, "read_into", range_into_counted)
+    monkeypatch.setattr(blocks.RowRange, "read_rows", read_rows_counted)
     monkeypatch.setattr(rows, "chunk_rows", chunk_rows_counted)
     return reads, file_chunks, chosen
 
@@ -80,7 +96,8 @@ def _placed(client, path, tier, derived=False):
 
 def _chunks_read(client, placement, reads):
     """The global chunk index of each read (a reader's key names its chunk's task)."""
-    chunk_of = {r.key: cid for s in client.gather(placement.shards) for r, cid in zip(s.readers, s.chunk_ids)}
+    shards = client.gather(placement.shards)
+    chunk_of = {_reader_key(r): cid for s in shards for r, cid in zip(s.readers, s.chunk_ids)}
     return sorted(chunk_of[key] for key in reads)
 
 
