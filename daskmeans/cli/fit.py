@@ -123,12 +123,16 @@ def run_fit(args: argparse.Namespace) -> int:
     t_main = time.perf_counter()
     phase = Phases()
     with phase("imports"):
-        if args.backend != "cpu" and not common.external(args):
-            # CuPy's kernels of a fit compiled into its disk cache by a few processes while
-            # this one imports and starts its GPU workers (a first fit compiles dozens).
-            from ..backends.cupy_backend import warm_ahead
+        if not common.external(args):
+            from ..backends import on_gpu, requested_backend
 
-            warm_ahead()
+            wanted = requested_backend(args.backend)
+            if wanted is None or on_gpu(wanted):
+                # CuPy's kernels of a fit compiled into its disk cache by a few processes while
+                # this one imports and starts its GPU workers (a first fit compiles dozens).
+                from ..backends.cupy_backend import warm_ahead
+
+                warm_ahead()
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError
         from ..estimator import KMeans
