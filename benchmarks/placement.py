@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from benchmarks import meta
+from benchmarks import meta, tiers
 
 SUMMARY = "placement and the storage tier's passes against the same run's raw-read and decode floors (GPU or CPU)"
 
@@ -145,23 +145,6 @@ def page_lock_gbs(nbytes: int = 2**30, times: int = 4) -> float:
     return nbytes * times / total / 1e9
 
 
-def h2d_pinned_gbs(nbytes: int = 2**30) -> float:
-    """A page-locked host array copied to the GPU (the link), median of 5 after one."""
-    import cupy
-
-    host = np.frombuffer(cupy.cuda.alloc_pinned_memory(nbytes), np.uint8, nbytes)
-    host[...] = 1
-    dev = cupy.empty(nbytes, cupy.uint8)
-    ts = []
-    for _ in range(6):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        dev.set(host)
-        cupy.cuda.Device().synchronize()
-        ts.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(ts[1:]) / 1e9
-
-
 def warm(paths: list[str]) -> None:
     """Every file under ``paths`` read once (the page cache holds them, where it can)."""
     for p in paths:
@@ -227,7 +210,7 @@ def main(argv=None):
         floors[f"raw_read_GBps_{t}"] = raw_read_gbs(npath, t)
         floors[f"decode_GBps_{t}"] = decode_gbs(zpath, t)
     if args.backend == "gpu":
-        floors["h2d_pinned_GBps"] = h2d_pinned_gbs()
+        floors["h2d_pinned_GBps"] = tiers.h2d_pinned_gbs()  # the tiers benchmark's floor
         floors["pinned_alloc_GBps"] = pinned_alloc_gbs()
         floors["page_lock_GBps"] = page_lock_gbs()
     print("floors", json.dumps(floors), flush=True)

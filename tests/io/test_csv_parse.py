@@ -12,6 +12,7 @@ import pytest
 
 from daskmeans import DataError, read
 from daskmeans.io import csv_parse, csv_reader
+from test_io import correctly_rounded_f32
 
 pa = pytest.importorskip("pyarrow")
 pcsv = pytest.importorskip("pyarrow.csv")
@@ -24,18 +25,6 @@ def _arrow(text: str, n_columns: int, dtype) -> np.ndarray:
     t = pcsv.read_csv(pa.py_buffer(text.encode()), read_options=pcsv.ReadOptions(column_names=names),
                       convert_options=pcsv.ConvertOptions(column_types={n: typ for n in names}))
     return t.to_tensor(null_to_nan=True, row_major=True).to_numpy()
-
-
-def _correctly_rounded_f32(text: str) -> np.float32:
-    """The float32 nearest the decimal ``text`` (ties to even), from exact rational arithmetic."""
-    exact = Fraction(text)
-    guess = np.float32(float(exact))
-    best = None
-    for cand in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))):
-        err = abs(Fraction(float(cand)) - exact)
-        if best is None or err < best[0] or (err == best[0] and int(cand.view(np.uint32)) % 2 == 0):
-            best = (err, cand)
-    return best[1]
 
 
 def _same_as_the_references(cells: list[str], n_columns: int) -> None:
@@ -107,7 +96,7 @@ def test_halfway_points_between_float32s():
     out = np.empty((len(cells), 1), np.float32)
     buf = np.frombuffer(("\n".join(cells) + "\n").encode(), np.uint8)
     assert csv_parse.parse_into(buf, ",", 1, [0], out)
-    expected = np.array([_correctly_rounded_f32(c) for c in cells[:2000]], np.float32)
+    expected = np.array([correctly_rounded_f32(c) for c in cells[:2000]], np.float32)
     np.testing.assert_array_equal(out[:2000, 0].view(np.uint32), expected.view(np.uint32))
 
 

@@ -1076,7 +1076,7 @@ def test_csv_columns_as_a_comma_separated_string(labelled_csv, data):
         read(labelled_csv, drop_columns="label,zz")
 
 
-def _correctly_rounded_f32(text: str) -> np.float32:
+def correctly_rounded_f32(text: str) -> np.float32:
     """The float32 nearest the decimal ``text`` (ties to even), from exact rational arithmetic."""
     from fractions import Fraction
 
@@ -1110,7 +1110,7 @@ def test_csv_values_parse_straight_to_float32_exactly(tmp_path):
     np.testing.assert_array_equal(read(str(tmp_path / "g9.csv")).compute().view(np.uint32), x.view(np.uint32))
     texts = [[f"{v:.16e}" for v in row] for row in rng.standard_normal((400, 3)) * 10.0 ** rng.integers(-30, 30, (400, 3))]
     (tmp_path / "d17.csv").write_text("".join(",".join(r) + "\n" for r in texts))
-    expected = np.array([[_correctly_rounded_f32(t) for t in r] for r in texts], np.float32)
+    expected = np.array([[correctly_rounded_f32(t) for t in r] for r in texts], np.float32)
     np.testing.assert_array_equal(read(str(tmp_path / "d17.csv")).compute().view(np.uint32), expected.view(np.uint32))
     # float64: the same text to the nearest double, as NumPy parses it
     np.testing.assert_array_equal(read(str(tmp_path / "d17.csv"), dtype="float64").compute(),
