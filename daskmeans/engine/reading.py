@@ -19,6 +19,7 @@ nothing of files (they receive blocks).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from typing import Any, Callable, Iterator, Sequence
 
@@ -69,10 +70,12 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
     Parameters
     ----------
     be : backend module
-        The fit's backend: it supplies the host buffers (``empty_host``: page-locked on a GPU)
-        and the copies to its device (``copy_in``).
+        The fit's backend: it locks the host blocks in place (``page_lock``: on a GPU) and
+        supplies the staging buffers (``empty_host``: page-locked on a GPU) and the copies to
+        its device (``copy_in``).
     on_host : bool
-        The blocks are kept in host memory (``be.empty_host``), else as ``be``'s device arrays.
+        The blocks are kept in host memory (page-locked in place once filled: :func:`locked`),
+        else as ``be``'s device arrays.
     threads : int
         Reads at once.
 
@@ -85,20 +88,25 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
     chunks = _pieces(sources, d, dtype)
     n = len(sources)
     if on_host:
+        # Ordinary memory, filled by the threads, then page-locked in place (``be.page_lock``)
+        # for as long as each block lives: allocating page-locked memory runs at a fraction
+        # of the decode's rate in the driver, locking memory already written at several times
+        # it (docs/performance.md, "The reading pipeline").
         blocks: list = [None] * n
         locks = [threading.Lock() for _ in range(n)]
 
         def block(j: int) -> np.ndarray:
-            # Made by the first thread that reads into it, while the others read: allocating
-            # page-locked memory costs about as much as filling it.
-            with locks[j]:
+            with locks[j]:  # made by the first thread that reads into it
                 if blocks[j] is None:
-                    blocks[j] = be.empty_host((int(sources[j].rows), int(d)), dtype)
+                    blocks[j] = np.empty((int(sources[j].rows), int(d)), dtype)
                 return blocks[j]
 
         fill.fill(chunks, lambda p: sources[p.chunk].read_into(p.start, p.stop, block(p.chunk)[p.start:p.stop]),
                   threads)
-        return [b if b is not None else be.empty_host((0, int(d)), dtype) for b in blocks]
+        out = [b if b is not None else np.empty((0, int(d)), dtype) for b in blocks]
+        for b in out:
+            locked(be, b)
+        return out
 
     blocks = [be.xp.empty((int(s.rows), int(d)), dtype) for s in sources]
     piece_rows = max([p.stop - p.start for ps in chunks for p in ps] or [0])
@@ -126,6 +134,17 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
             if last is not None:
                 be.wait(last)
     return blocks
+
+
+def locked(be: Any, a: np.ndarray) -> np.ndarray:
+    """``a`` page-locked in place by the backend (a no-op on the host's) until it is freed:
+    the unlock runs when the array goes (``weakref.finalize``), never while a view of it
+    lives. Returns ``a``."""
+    if a.nbytes:
+        # Not at the interpreter's exit: the process's memory goes with it, and the device
+        # may be gone before the finalizers run.
+        weakref.finalize(a, be.page_lock(a)).atexit = False
+    return a
 
 
 def stream_chunks(be: Any, sources: Sequence[Any], d: int, dtype: Any, threads: int, ahead: int,

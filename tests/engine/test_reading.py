@@ -169,3 +169,45 @@ def test_device_blocks_wait_for_each_copy_before_refilling_its_staging_buffer(fi
     blocks = reading.read_blocks(be, False, sources, 7, np.float32, threads)
     assert be.copies == 17  # 5000 rows in pieces of 300 rows, chunk by chunk of 1500
     np.testing.assert_array_equal(np.concatenate(blocks), x)
+
+
+class _Locks:
+    """A host backend that records each block it page-locks (a copy of it, as it was then)
+    and each unlock."""
+
+    on_host = True
+    xp = np
+
+    def __init__(self):
+        self.locked, self.unlocked = [], []
+
+    def page_lock(self, a):
+        ptr = a.ctypes.data
+        self.locked.append((ptr, a.copy()))
+        return lambda: self.unlocked.append(ptr)
+
+    @staticmethod
+    def empty_host(shape, dtype):
+        return np.empty(shape, dtype)
+
+
+def test_host_blocks_are_page_locked_once_filled_and_unlocked_when_freed(files):
+    """The host tier's blocks: ordinary memory the threads fill, then locked in place (each
+    block once, whole), unlocked only when the block is freed."""
+    import gc
+
+    d, x = files
+    _, sources = _chunks(readers.read(str(d / "x.zarr")), 1500)
+    be = _Locks()
+    blocks = reading.read_blocks(be, True, sources, 7, np.float32, 3)
+    assert [p for p, _ in be.locked] == [b.ctypes.data for b in blocks]
+    np.testing.assert_array_equal(np.concatenate([c for _, c in be.locked]), x)  # filled before locked
+    assert be.unlocked == []
+    view = blocks[0][:10]
+    ptrs = [b.ctypes.data for b in blocks]
+    del blocks
+    gc.collect()
+    assert sorted(be.unlocked) == sorted(ptrs[1:])  # a view keeps its block locked
+    del view
+    gc.collect()
+    assert sorted(be.unlocked) == sorted(ptrs)
