@@ -117,3 +117,11 @@ def gpu_in_process(n_gpus: int) -> bool:
     auto or threads); several GPUs take a worker process each (LocalCUDACluster), as a worker
     thread of this process does not own a device of its own."""
     return n_gpus == 1 and local_in_process(1)
+
+
+def numba_cache_dir(numba_setting: str | None) -> str:
+    """Where Numba caches this package's compiled CPU code (the kernels' and the CSV
+    parser's): Numba's own setting (``NUMBA_CACHE_DIR``, ``numba_setting``) where given, else
+    ``daskmeans/numba`` in the user's cache (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return numba_setting or os.path.join(base, "daskmeans", "numba")

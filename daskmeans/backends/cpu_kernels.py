@@ -26,20 +26,14 @@ installed package: reinstalling, or switching to an editable install, always wor
 
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 
-
-def cache_dir() -> str:
-    """Where compiled CPU kernels are cached: ``NUMBA_CACHE_DIR``, else the user's cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return numba.config.CACHE_DIR or os.path.join(base, "daskmeans", "numba")
+from ..config import numba_cache_dir
 
 
 # Numba reads NUMBA_CACHE_DIR when it is imported (maybe before us): set its setting itself.
-numba.config.CACHE_DIR = cache_dir()
+numba.config.CACHE_DIR = numba_cache_dir(numba.config.CACHE_DIR)
 
 _FAST = {"reassoc", "contract"}
 _JIT = dict(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")

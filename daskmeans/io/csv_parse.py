@@ -27,23 +27,17 @@ The compiled code is cached on disk as the CPU kernels' is (the user's cache fol
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Sequence
 
 import numba
 import numpy as np
 
-
-def _cache_dir() -> str:
-    """Where compiled code is cached: ``NUMBA_CACHE_DIR``, else the user's cache (the same
-    folder as ``backends.cpu_kernels.cache_dir``, which this layer cannot import)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return numba.config.CACHE_DIR or os.path.join(base, "daskmeans", "numba")
+from ..config import numba_cache_dir
 
 
 # Numba reads NUMBA_CACHE_DIR when it is imported (maybe before us): set its setting itself.
-numba.config.CACHE_DIR = _cache_dir()
+numba.config.CACHE_DIR = numba_cache_dir(numba.config.CACHE_DIR)
 
 # Bytes a delimiter may not be: those of numbers and of line ends.
 _NOT_DELIMITERS = frozenset(b"0123456789+-.eE\r\n\"")
@@ -132,7 +126,9 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
                     neg = buf[i] == 45
                     i += 1
                 # Every digit goes into w (leading zeros add nothing): a cell of more than 19
-                # digits, which w may not hold, is deferred below.
+                # digits, which w may not hold, is deferred below. The integer and fraction
+                # digits are two copies of one loop: as a compiled helper returning
+                # (i, w, digits) the parse was slower (docs/performance.md, "CSV").
                 w = np.uint64(0)
                 digits = 0
                 while i < n:
