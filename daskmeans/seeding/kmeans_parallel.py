@@ -146,12 +146,11 @@ def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, s
     row drawn by the seed)."""
     phi = float(sum(phis))
     picks = _picks(shard, state, phi, ell, seed, rnd) if phi > 0 else {}
-    order = sorted(picks)
     if first is not None:
         for j, (off, m) in enumerate(zip(shard.offsets, shard.rows)):
             if off <= first < off + m:
                 picks[j] = np.concatenate([[first - off], picks.get(j, np.empty(0, np.int64))]).astype(np.int64)
-                order = sorted(picks)
+    order = sorted(picks)
     if not picks:
         return np.empty(0, np.int64), np.empty((0, shard.n_features), shard.dtype)
     got = rows.chunk_rows(shard, picks)
