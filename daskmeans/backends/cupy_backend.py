@@ -304,7 +304,7 @@ def warm_ahead(dtype: Any = "float32") -> list:
 
 def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     """Compile CuPy's kernels of a fit on data of ``dtype`` (:mod:`.gpu_warm_ops`) in
-    ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
+    ``processes`` processes at once (default: half this machine's cores, 2 to 8), into
     CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
     when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
     and device is there, or while another process compiles that slice. Returns the processes
@@ -320,7 +320,9 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     if dt in _OPS_STARTED:
         return []
     _OPS_STARTED.add(dt)
-    n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
+    # Each process compiles its slice one kernel after another (NVRTC is CPU work under the
+    # interpreter lock): the fit's own processes start while these run, so half the cores.
+    n = processes or max(2, min(8, (os.cpu_count() or 4) // 2))
     n = min(n, gpu_warm_ops.count(dt))
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, str(i), str(n), dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -165,8 +165,14 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[10] += cp.asarray(cp.ones((), f64)).astype(i64)
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
-    return [*_modules(cp, np, dt), moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
-            *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched, par_draws)]]
+    def sized(f):
+        return [lambda n=n: f(n) for n in (SMALL, LARGE)]
+
+    # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
+    # recluster, the iterations; then the other inits'), the modules first: the slices take
+    # every ``count``-th op, so each process starts with what the fit needs soonest.
+    return [*_modules(cp, np, dt), moments, *sized(grid), *sized(par_draws), take_rows, prepare, par_update,
+            *sized(draw), *sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus]
 
 
 def _modules(cp, np, dt) -> list:
