@@ -304,11 +304,11 @@ def warm_ahead(dtype: Any = "float32") -> list:
 
 def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     """Compile CuPy's kernels of a fit on data of ``dtype`` (:mod:`.gpu_warm_ops`) in
-    ``processes`` processes at once (default: half this machine's cores, 2 to 8), into
+    ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
     CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
     when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
-    and device is there, or while another process compiles that slice. Returns the processes
-    started (nothing waits for them). Needs no CuPy in this process: the command calls it
+    and device is there, or while another process compiles that slice; none is started where
+    every slice's marker is there. Returns the processes started (nothing waits for them). Needs no CuPy in this process: the command calls it
     before its own imports."""
     import os
     import subprocess
@@ -321,9 +321,12 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
         return []
     _OPS_STARTED.add(dt)
     # Each process compiles its slice one kernel after another (NVRTC is CPU work under the
-    # interpreter lock): the fit's own processes start while these run, so half the cores.
-    n = processes or max(2, min(8, (os.cpu_count() or 4) // 2))
+    # interpreter lock), beside the command's and workers' own start, which a process per two
+    # cores slowed more than its compiles gained (docs/performance.md, "A first fit").
+    n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
     n = min(n, gpu_warm_ops.count(dt))
+    if gpu_warm_ops.compiled(dt, n):
+        return []
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, str(i), str(n), dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for i in range(n)]

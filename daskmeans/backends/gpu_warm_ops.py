@@ -196,17 +196,61 @@ def _modules(cp, np, dt) -> list:
             *[compile_(src.select_rows_source(dt, g)) for g in gemm]]
 
 
-def _marker(cp, index: int, count: int, dtype: str) -> str:
-    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
-    this list of ops, CuPy, CUDA runtime and device architecture."""
+def _tag() -> str:
+    """This list of ops (the file's hash): a marker left by another list does not count."""
     import hashlib
 
     with open(__file__, "rb") as f:
-        tag = hashlib.sha1(f.read()).hexdigest()[:12]
-    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+        return hashlib.sha1(f.read()).hexdigest()[:12]
+
+
+def cache_dir() -> str:
+    """CuPy's kernel cache (``CUPY_CACHE_DIR``, else CuPy's default)."""
+    return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+
+
+def _marker(cp, index: int, count: int, dtype: str) -> str:
+    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
+    this list of ops, CuPy, CUDA runtime and device architecture."""
     cc = cp.cuda.Device().compute_capability
-    name = f"daskmeans-warm-{tag}-cupy{cp.__version__}-cuda{cp.cuda.runtime.runtimeGetVersion()}-sm{cc}-{dtype}"
-    return os.path.join(cache, f"{name}-{index}of{count}")
+    name = f"daskmeans-warm-{_tag()}-cupy{cp.__version__}-cuda{cp.cuda.runtime.runtimeGetVersion()}-sm{cc}-{dtype}"
+    return os.path.join(cache_dir(), f"{name}-{index}of{count}")
+
+
+def _cupy_version() -> str | None:
+    """The installed CuPy's version, read from its ``_version.py`` (CuPy not imported)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("cupy")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            with open(os.path.join(folder, "_version.py")) as f:
+                got = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read())
+        except OSError:
+            continue
+        if got:
+            return got.group(1)
+    return None
+
+
+def compiled(dtype: str, count: int) -> bool:
+    """Whether every slice of ``count`` left its marker in the cache: then a launcher starts
+    no process (each would import CuPy and open the driver only to find its marker, seconds of
+    CPU beside a fit that has started). Without importing CuPy: the installed version's
+    markers, for any CUDA runtime and device (a cache shared by hosts of other GPUs or CUDA
+    versions then warms nothing ahead for them; their fits compile what they need)."""
+    import glob
+
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        try:
+            return all(os.path.exists(_marker(cp, i, count, dtype)) for i in range(count))
+        except Exception:  # no device here
+            return False
+    version = _cupy_version()
+    head = f"daskmeans-warm-{_tag()}-cupy{glob.escape(version) if version else '*'}-cuda*-sm*-{dtype}-"
+    return all(glob.glob(os.path.join(glob.escape(cache_dir()), f"{head}{i}of{count}")) for i in range(count))
 
 
 def _alive(pid: int) -> bool:
