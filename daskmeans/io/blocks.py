@@ -277,15 +277,20 @@ class RowRange:
         """The chunk's rows ``rows`` (local indices, int64 ``(m,)``), shape (m, d), in that
         order: only the file's chunks that hold them (its ``align`` rows each) are read, each
         once, not the whole row chunk (the inits' draws in the storage tier)."""
+        from .ranges import on_cores
+
         src = self.source
         rows = np.asarray(rows, np.int64)
         glob = rows + self.start
         first = glob // src.align * src.align  # the file chunk of each row
         out = np.empty((len(rows), src.d), src.out_dtype)
-        for s in np.unique(first):
+
+        def one(s: int) -> None:  # a compressed file chunk is decoded whole, on a core of its own
             at = np.flatnonzero(first == s)
             part = np.asarray(src.fn(*src.args, int(s), int(min(s + src.align, src.n))))
             out[at] = part[glob[at] - s]  # as the chunk's read: the file's values in the array's dtype
+
+        on_cores(one, [int(s) for s in np.unique(first)])
         return out
 
 
