@@ -17,11 +17,11 @@ problem on daskmeans' own keys). Re-fits still reuse a placement: the cache
 Keys that are already futures (an array the user persisted or scattered) are left as they are:
 their data is on the cluster and the scheduler holds no run_spec for them.
 
-In-memory data (a NumPy array read by :func:`daskmeans.io.blocks.from_memory`) is made of data nodes
-that would travel inside the graph (distributed warns "Sending large graph of size 61.04 MiB"
-for a 1e6 x 16 array): with ``scatter``, data of that size is scattered instead, each chunk to
-the worker that will hold it, and the futures are returned so that the placement keeps them
-alive (its shards are made again from them if Dask needs to).
+In-memory data (a NumPy array cut into row chunks by :func:`daskmeans.io.blocks.from_memory`)
+is made of data nodes that would travel inside the graph (distributed warns "Sending large
+graph of size 61.04 MiB" for a 1e6 x 16 array): with ``scatter``, data of that size is
+scattered instead, each chunk to the worker that will hold it, and the futures are returned so
+that the placement keeps them alive (its shards are made again from them if Dask needs to).
 """
 
 from __future__ import annotations
