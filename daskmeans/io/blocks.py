@@ -1,7 +1,9 @@
 """What every reader shares: float dtypes, rows per chunk, a :class:`Table` (the array and what
-the source says of its columns), and Dask arrays of row blocks that a reader can cut again
-(:func:`split_rows`) by reading its file again in other blocks, or read into a caller's
-buffers (:class:`RowRange`, the reading pipelines' chunks)."""
+the source says of its columns), an array in memory as row chunks (:func:`from_memory`: a
+NumPy or CuPy array is a Dask array of views of its rows, finished as any reader's array), and
+Dask arrays of row blocks that a reader can cut again (:func:`split_rows`) by reading its file
+again in other blocks, or read into a caller's buffers (:class:`RowRange`, the reading
+pipelines' chunks)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from .. import config
-from ..errors import DaskmeansWarning, DataError, InvalidParameterError
+from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
 
 
@@ -130,6 +132,44 @@ def finish(x: da.Array, dtype: np.dtype | None = None) -> da.Array:
     if x.numblocks[1] != 1:
         x = x.rechunk({1: -1})
     return x
+
+
+def from_memory(a: Any, cb: int | None) -> da.Array:
+    """A 2-D NumPy or CuPy array (n_rows, n_columns) as a Dask array of row chunks of about
+    ``cb`` bytes (as the float data it becomes; default ``daskmeans.chunk-bytes``), CuPy
+    blocks kept on the GPU; an object array of numbers becomes float64.
+
+    The chunks are views of ``a``'s rows: no copy (``da.from_array`` copies the whole array
+    first, which cost a fit from memory more than its moments pass). The array is named by a
+    hash of its contents (with ``xxhash`` installed, several GB/s), so that a re-fit of equal
+    data finds its placement (:mod:`daskmeans.engine.reuse`) and changed data never does; its
+    name starts ``daskmeans-memory-``, which :mod:`daskmeans.engine.owned` scatters rather than
+    sends inside the graph.
+    """
+    from dask.base import tokenize
+
+    if a.dtype == object:
+        a = _object_to_float(a)
+    check_2d_numeric(getattr(a, "shape", ()), a.dtype)
+    rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
+    n, d = a.shape
+    starts = range(0, n, rows) if n else [0]
+    name = f"daskmeans-memory-{tokenize(a, rows)}"
+    graph = {(name, i, 0): a[s : s + rows] for i, s in enumerate(starts)}
+    chunks = (tuple(min(rows, n - s) for s in starts), (d,))
+    return da.Array(graph, name, chunks, meta=a[:0])
+
+
+def _object_to_float(a: np.ndarray) -> np.ndarray:
+    """An object array of numbers as float64 (as NumPy and scikit-learn take it)."""
+    try:
+        out = np.asarray(a, dtype=np.float64)
+    except TypeError as e:  # a value that is no number at all (a dict)
+        raise DataTypeError(f"X has dtype object and a value that is not a number: {e}") from None
+    except ValueError as e:  # a string that is not a number
+        raise DataError(f"X has dtype object and a value that is not a number: {e}") from None
+    warnings.warn("X is object: converted to float64 for clustering", DaskmeansWarning, stacklevel=4)
+    return out
 
 
 def non_numeric(dtypes: Any) -> list[tuple[str, str]]:
