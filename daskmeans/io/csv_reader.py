@@ -23,6 +23,7 @@ columns (an id to write beside the labels) are read by name as text in the same 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import os
@@ -35,7 +36,7 @@ import numpy as np
 
 from .. import config
 from ..errors import DataError
-from .blocks import Table, float_dtype_arg, non_numeric
+from .blocks import RowSource, Table, float_dtype_arg, non_numeric
 from .ranges import cores, on_cores
 
 SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -44,6 +45,9 @@ _COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
 _COUNT_BYTES = 16 << 20  # text one counting call scans: its temporaries stay in the tens of MB
 _PIECE_BYTES = 8 << 20  # at most this much text per parsed piece: its rows stay in the caches
 _MIN_PIECE_BYTES = 1 << 20  # a block is cut into a piece per core, down to pieces of this size
+# Most pieces a plain file is cut into when it is opened: every reader of its rows is given the
+# pieces' table (larger pieces for files of more than 32 GB).
+_MAX_PIECES = 4096
 _SAMPLE_BYTES = 1 << 20  # the head parsed in the client for the columns' names and types
 # Cells read as NaN: pandas' default na_values, given to pyarrow too so that both parsers agree.
 _NA_VALUES = ("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
@@ -123,36 +127,48 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
     names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
     longest = max((len(s) for s in sample.split(b"\n")), default=0)
     st = os.stat(path)
+    if not compression:  # the data: from ``start`` to the line break after its last cell that is not whitespace
+        stop, unended = _data_end(path, start, st.st_size)
     spec = _CsvSpec(path, st.st_size, st.st_mtime_ns, compression, delim, len(names), tuple(keep),
                     tuple(names[k] for k in keep), dtype.name, min(2**30, max(1 << 20, 8 * longest)),
-                    _COUNT_BYTES, _PIECE_BYTES)
-    # Blocks (first byte, end, line breaks, rows) over the data: from ``start`` to the line
-    # break after the last cell that is not whitespace (lines of whitespace after it are no rows).
+                    _COUNT_BYTES, _PIECE_BYTES if compression else _piece_bytes(stop - start))
+    # Blocks of pieces (first byte, end, line breaks, rows): a plain file's pieces of whole lines
+    # (spec.piece_bytes), counted once here, are what every later parse takes as they are (no
+    # second count); a compressed file is one piece, cut again where it is parsed.
     if compression:
         ((breaks, rows, stop),) = dask.compute(delayed(_count_stream, pure=True)(spec, start))
-        layout = [(start, stop, breaks, rows)]
+        layout = [((start, stop, breaks, rows),)]
     else:
-        stop, unended = _data_end(path, start, st.st_size)
         bounds = _block_bounds(path, start, stop, chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes"))
-        (counts,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
-        layout = [(b, e, breaks, rows) for (b, e), (breaks, rows) in zip(bounds, counts)]
+        (layout,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
+        layout = [list(block) for block in layout]
         if layout:  # the last line, with no line break, is a row too
-            layout[-1] = (*layout[-1][:3], layout[-1][3] + unended)
-    blocks, parts, line = [], [], first_line
-    for b, e, breaks, rows in layout:
-        if rows:
-            blocks.append(da.from_delayed(delayed(_csv_block, pure=True)(spec, b, e, line, rows),
-                                          shape=(rows, len(keep)), dtype=dtype))
-            parts.append((b, e, line, rows))
-        line += breaks
+            layout[-1][-1] = (*layout[-1][-1][:3], layout[-1][-1][3] + unended)
+    blocks, pieces, line = [], [], first_line
+    for block in layout:
+        first = len(pieces)
+        for b, e, breaks, rows in block:
+            if rows:
+                pieces.append((b, e, line, rows))
+            line += breaks
+        if len(pieces) > first:
+            blocks.append(tuple(pieces[first:]))
+    arrays = [da.from_delayed(delayed(_csv_block, pure=True)(spec, ps), shape=(sum(p[3] for p in ps), len(keep)),
+                              dtype=dtype) for ps in blocks]
     # A header and no rows: refused by name in read().
-    x = da.concatenate(blocks, axis=0) if blocks else da.zeros((0, len(keep)), dtype=dtype)
-    setattr(x, _CSV_ROWS_ATTRIBUTE, CsvRows(spec, tuple(parts)))
+    x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
+    starts = tuple(np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()) \
+        if pieces else ()
+    csv_rows = CsvRows(spec, tuple(pieces), starts)
+    setattr(x, _CSV_ROWS_ATTRIBUTE, csv_rows)
     found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
         if header and columns is None else []
+    # Each block's bytes as one range (first byte, end, first line, rows), for its other columns.
+    parts = tuple((ps[0][0], ps[-1][1], ps[0][2], sum(p[3] for p in ps)) for ps in blocks)
     return Table(x, tuple(names[k] for k in keep) if header else None, path,
                  _identifier_message(path, found, names, drop_columns) if found else None,
-                 functools.partial(_other_columns, spec, tuple(parts), tuple(names), tuple(dtypes)))
+                 functools.partial(_other_columns, spec, parts, tuple(names), tuple(dtypes)),
+                 rows=_row_source(csv_rows))
 
 
 # ---------------------------------------------------------------- rows read into a given buffer
@@ -171,16 +187,21 @@ class CsvRows(NamedTuple):
     spec : _CsvSpec
         The file, its layout (delimiter, columns read) and the dtype parsed to.
     parts : tuple of (first byte, end, first line, rows)
-        The blocks of the array :func:`open_csv` made, in order; lines are the file's.
+        The file's pieces of whole lines, in order, each with rows (lines are the file's): a
+        plain file's pieces of about ``spec.piece_bytes`` as :func:`open_csv` counted them
+        (at most :data:`_MAX_PIECES`), a compressed file's data as one piece.
+    starts : tuple of int
+        The first row of each piece.
     """
 
     spec: _CsvSpec
     parts: tuple[tuple[int, int, int, int], ...]
+    starts: tuple[int, ...]
 
     @property
     def n(self) -> int:
         """Rows of the file."""
-        return int(sum(p[3] for p in self.parts))
+        return int(self.starts[-1] + self.parts[-1][3]) if self.parts else 0
 
     @property
     def d(self) -> int:
@@ -233,12 +254,31 @@ def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
                          f"of {spec.dtype} for rows {start}:{stop}")
     if out.ndim != 2 or (out.size and out.strides != (out.shape[1] * out.itemsize, out.itemsize)):
         raise ValueError(f"out has strides {out.strides}; its rows should be C-contiguous")
-    first = 0
-    for b, e, line, rows in spec.parts:
-        lo, hi = max(start, first), min(stop, first + rows)
-        if lo < hi:
-            _fill_block(spec.spec, b, e, line, rows, lo - first, hi - first, out[lo - start : hi - start])
-        first += rows
+    if start == stop:
+        return
+    # The pieces that hold rows start:stop: from the last that starts at or before ``start``.
+    i = bisect.bisect_right(spec.starts, start) - 1
+    j = bisect.bisect_left(spec.starts, stop)
+    _parse_parts(spec.spec, spec.parts[i:j], spec.starts[i], start, stop, out)
+
+
+def read_rows(spec: CsvRows, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of the CSV file as a new array (stop - start, spec.d) of spec.dtype
+    (:func:`parse_into`): the file's rows read again in other row chunks."""
+    out = np.empty((stop - start, spec.d), spec.dtype)
+    parse_into(spec, start, stop, out)
+    return out
+
+
+def _row_source(spec: CsvRows) -> RowSource | None:
+    """How the reading pipelines read the rows of a plain file (:class:`~.blocks.RowSource`):
+    any rows parsed straight into the caller's buffer, the pieces counted when it was opened
+    (``bounds``: chosen rows are read with their pieces alone). None for a compressed file,
+    whose rows can only be read by decompressing it from its start: its blocks are persisted."""
+    if spec.spec.compression is not None:
+        return None
+    return RowSource(read_rows, (spec,), spec.n, spec.d, spec.dtype, 1, spec.dtype, into=parse_into,
+                     bounds=spec.starts)
 
 
 # ---------------------------------------------------------------- identifiers and other columns
@@ -341,14 +381,14 @@ def _text_block(spec: _CsvSpec, cols: tuple[int, ...], names: tuple[str, ...], s
 
 
 def _block_bytes(spec: _CsvSpec, start: int, stop: int) -> np.ndarray:
-    """Bytes ``start:stop`` of the (decompressed) file, as uint8: a plain file's pages mapped."""
+    """Bytes ``start:stop`` of the (decompressed) file, as uint8 (read-only): a plain file's
+    pages mapped (no copy)."""
     if spec.compression is None:
-        import pyarrow as pa
-
         _check_size(spec)
-        f = pa.memory_map(spec.path)
-        f.seek(start)
-        return np.frombuffer(f.read_buffer(stop - start), np.uint8)  # no copy: the file's pages, mapped
+        if stop <= start:
+            return np.empty(0, np.uint8)
+        # A plain ndarray over the map (Numba types a memmap subclass as another signature).
+        return np.memmap(spec.path, dtype=np.uint8, mode="r", offset=start, shape=(stop - start,)).view(np.ndarray)
     with _open_text(spec.path, spec.compression) as f:
         return np.frombuffer(f.read(), np.uint8)[start:stop]
 
@@ -557,11 +597,23 @@ def _check_size(spec: _CsvSpec) -> None:
         raise DataError(f"{spec.path} changed since it was opened: {size} bytes, was {spec.size}; read it again")
 
 
-def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
-    """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
+def _piece_bytes(data_bytes: int) -> int:
+    """Text per piece of a plain file of ``data_bytes`` bytes of data: a piece per core down to
+    ``_MIN_PIECE_BYTES``, at most ``_PIECE_BYTES``, at most ``_MAX_PIECES`` pieces."""
+    size = min(_PIECE_BYTES, max(_MIN_PIECE_BYTES, -(-int(data_bytes) // cores())))
+    return max(1, size, -(-int(data_bytes) // _MAX_PIECES))
+
+
+def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Bytes ``start:stop`` of a plain file (whole lines) cut into pieces of whole lines of about
+    ``spec.piece_bytes``, counted on every core: ``(first byte, end, line breaks, rows they end)``
+    of each piece."""
     _check_size(spec)
     _start_warming(spec.dtype)
-    return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
+    a = np.memmap(spec.path, dtype=np.uint8, mode="r")
+    cuts = _line_cuts(a, start, stop, spec.piece_bytes)
+    counts = on_cores(lambda p: _count_rows(a, *p), cuts)
+    return tuple((int(b), int(e), int(n), int(r)) for (b, e), (n, r) in zip(cuts, counts))
 
 
 def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
@@ -617,18 +669,60 @@ def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
 # ---------------------------------------------------------------- parsing a block
 
 
-def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int) -> np.ndarray:
-    """Bytes ``start:stop`` of the (decompressed) file parsed: an array (rows, len(spec.keep))
-    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``."""
+def _csv_block(spec: _CsvSpec, pieces: tuple[tuple[int, int, int, int], ...]) -> np.ndarray:
+    """A block of the array :func:`open_csv` makes: its ``pieces`` (first byte, end, first
+    line, rows) of the (decompressed) file parsed on every core, an array (rows,
+    len(spec.keep)) of ``spec.dtype``."""
+    rows = sum(p[3] for p in pieces)
     out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
-    _fill_block(spec, start, stop, first_line, rows, 0, rows, out)
+    _parse_parts(spec, pieces, 0, 0, rows, out)
     return out
+
+
+def _parse_parts(spec: _CsvSpec, parts: Sequence[tuple[int, int, int, int]], first: int, start: int, stop: int,
+                 out: np.ndarray) -> None:
+    """Rows ``start:stop`` of the file, which ``parts`` (pieces of whole lines, the first
+    holding row ``first`` on) hold, parsed into ``out`` (stop - start, len(spec.keep)): a plain
+    file's pieces on a thread per core each, straight into their rows (a piece that holds
+    rows outside start:stop, only the lines of its rows inside); a compressed file's one piece
+    cut again and parsed on every core (:func:`_fill_block`)."""
+    jobs = []
+    for part in parts:
+        rows = part[3]
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo < hi:
+            jobs.append((part, lo - first, hi - first, out[lo - start : hi - start]))
+        first += rows
+    if spec.compression is not None:
+        for (b, e, line, rows), lo, hi, dest in jobs:
+            _fill_block(spec, b, e, line, rows, lo, hi, dest)
+        return
+    on_cores(lambda job: _parse_piece(spec, *job), jobs)
+
+
+def _parse_piece(spec: _CsvSpec, part: tuple[int, int, int, int], lo: int, hi: int, out: np.ndarray) -> None:
+    """Rows ``lo:hi`` of the piece ``part`` (first byte, end, first line, rows) of a plain
+    file parsed into ``out`` (hi - lo, len(spec.keep)): the lines of those rows alone, found by
+    their line breaks (:func:`.csv_parse.skip_rows`, a scan far cheaper than a parse), parsed
+    straight into ``out`` on the calling thread."""
+    from . import csv_parse
+
+    b, e, line, rows = part
+    a = _block_bytes(spec, b, e)
+    s, before = (0, 0) if lo == 0 else csv_parse.skip_rows(a, 0, len(a), lo)
+    t = len(a) if hi == rows else csv_parse.skip_rows(a, s, len(a), hi - lo)[0]
+    buf, first_line = a[int(s) : int(t)], line + int(before)
+    got = _parse_block(buf, spec, first_line, out)
+    if got != hi - lo:  # the parser skipped or joined lines the count took for rows
+        raise DataError(f"{spec.path}: {_odd_line(buf, first_line)} ({got} rows of values where "
+                        f"{hi - lo} lines that are not empty were counted)")
 
 
 def _fill_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int, lo: int, hi: int,
                 out: np.ndarray) -> None:
     """Rows ``lo:hi`` of the block of bytes ``start:stop`` (``rows`` rows from the file's line
-    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``.
+    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``: a
+    compressed file's (its data, decompressed, is one block whose pieces were not counted).
 
     The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
     (so that every piece knows where its rows go), then each piece that holds rows ``lo:hi``
