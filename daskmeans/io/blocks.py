@@ -263,6 +263,19 @@ class RowRange:
         return int(self.source.d)
 
     @property
+    def cuts(self) -> tuple[int, ...] | None:
+        """Where the file's own pieces start inside the chunk (rows from its start, the first
+        0), for a source whose pieces are of uneven lengths (:attr:`RowSource.bounds`): the
+        reading pipeline's pieces (:func:`daskmeans.io.fill.pieces`); None for the others."""
+        bounds = self.source.bounds
+        if bounds is None:
+            return None
+        import bisect
+
+        inside = bounds[bisect.bisect_right(bounds, self.start) : bisect.bisect_left(bounds, self.stop)]
+        return (0, *(int(b) - self.start for b in inside))
+
+    @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.source.out_dtype)
 
