@@ -1,22 +1,27 @@
 """Numeric CSV (also ``.tsv``, ``.txt``, and compressed ``.csv.gz``, ``.bz2``, ``.xz``) as a
 Dask array of row chunks, parsed straight to float32 (or float64) on every core.
 
-A plain file is cut into blocks of about ``chunk-bytes`` of text, each starting just after a
-line break. Before any parsing, tasks count each block's line breaks (several times faster than
-parsing) so that the array's chunk lengths are known and the file is parsed once. The task
-that reads a block cuts it again into pieces of whole lines and parses them on a thread per
-core (:func:`daskmeans.io.ranges.on_cores`), each piece straight into its rows of the block: a
-worker with one Dask thread (one GPU) still parses on every core, and a nanny's
-``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not matter. A compressed file
-cannot be cut: it is one block, its line breaks counted while it is decompressed. A piece of
-plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly rounded, pyarrow's
-bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow refuses (a short row, a
-value pandas reads and pyarrow does not) by pandas' parser, which reads it or names the line
-and the cell. :func:`parse_into` parses any rows of an opened file the same way into a buffer
-its caller gives (a placement's own buffers: no second copy).
+A plain file is cut into blocks of about ``chunk-bytes`` of text, and each block into pieces
+of whole lines (a few MB, a piece per core for smaller files). Before any parsing, tasks count
+each piece's line breaks (several times faster than parsing), once: the array's chunk lengths
+are known, and every later parse knows where each piece's rows go without counting again. The
+task that reads a block parses its pieces on a thread per core
+(:func:`daskmeans.io.ranges.on_cores`), each straight into its rows of the block: a worker with
+one Dask thread (one GPU) still parses on every core, and a nanny's ``OMP_NUM_THREADS=1``
+(which caps pyarrow's own thread pool) does not matter. A compressed file cannot be cut: it is
+one block, its line breaks counted while it is decompressed, cut and counted again when it is
+parsed. A piece of plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly
+rounded, pyarrow's bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow
+refuses (a short row, a value pandas reads and pyarrow does not) by pandas' parser, which reads
+it or names the line and the cell. :func:`parse_into` parses any rows of an opened file the
+same way into a buffer its caller gives, only the lines of those rows in a piece they share
+with others; a plain file's :class:`~.blocks.RowSource` (``Table.rows``) is built on it, so a
+placement parses the file on each worker straight into the blocks it keeps, in the file's
+pieces (:mod:`daskmeans.io.fill`): no block persisted, no second copy.
 
 A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
-``feature_names_in_``). A column that looks like an identifier rather than a feature is said
+``feature_names_in_``); a sample of plain numbers is named and typed (as pandas would) by the
+compiled parser, so that the common file never imports pandas. A column that looks like an identifier rather than a feature is said
 so (:func:`identifier_columns`), and a fit refuses it unless ``columns`` selected it. Other
 columns (an id to write beside the labels) are read by name as text in the same blocks.
 """
@@ -223,9 +228,11 @@ def csv_rows_of(x: Any) -> CsvRows | None:
 
 def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
     """Parse rows ``start:stop`` of the CSV file into ``out``, on every core (a thread per core,
-    whatever thread calls it), with no copy between the parse and ``out`` (except for the rows
-    of a piece of text ``start`` or ``stop`` cuts): what a placement pipeline calls to fill its
-    own buffers (pinned host memory, say) instead of copying a parsed block into them.
+    whatever thread calls it; in the calling thread within :func:`daskmeans.io.ranges.in_place`),
+    with no copy between the parse and ``out`` (a piece of text ``start`` or ``stop`` cuts: the
+    lines of the rows asked for alone, a compressed file's: its rows parsed, then copied): what a
+    placement pipeline calls to fill its own buffers (pinned host memory, say) instead of
+    copying a parsed block into them.
 
     Parameters
     ----------
@@ -243,8 +250,8 @@ def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
         ``start:stop`` or ``out`` do not fit as said above.
     DataError
         The rows cannot be read (the messages of :func:`daskmeans.io.readers.read`'s tasks:
-        a cell that is no number, the file changed since it was opened...); a piece of text
-        is parsed whole, so a bad cell beside the rows asked for, in their piece, is one too.
+        a cell that is no number, the file changed since it was opened...) of those rows (of
+        a compressed file, of the pieces of text that hold them).
     """
     n = spec.n
     if not 0 <= start <= stop <= n:
