@@ -129,7 +129,8 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
     first_line = 2 if header else 1  # line numbers in messages count the header
     # The sample ends at a line break unless it is the whole file.
     sample = head[start:] if whole else head[start : max(start, head.rfind(b"\n") + 1)]
-    names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
+    names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line,
+                                       dtype.name)
     longest = max((len(s) for s in sample.split(b"\n")), default=0)
     st = os.stat(path)
     if not compression:  # the data: from ``start`` to the line break after its last cell that is not whitespace
@@ -455,11 +456,13 @@ def _head(path: str, compression: str | None) -> tuple[bytes, bool]:
 
 
 def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: list | None,
-                 drop_columns: list | None, first_line: int) -> tuple[list[str], list[int], list[str]]:
+                 drop_columns: list | None, first_line: int,
+                 dtype: str = "float64") -> tuple[list[str], list[int], list[str]]:
     """(the file's column names, positions of the columns to read, each column's dtype in the
     sample) from a sample of its first lines; a DataError names a non-numeric column to read
-    and its first such cell."""
-    plain = _plain_columns(sample, header, delim)
+    and its first such cell; ``dtype``: what the file is parsed to (the compiled parser's
+    variant loaded for it reads the sample)."""
+    plain = _plain_columns(sample, header, delim, dtype)
     if plain is not None:  # every cell a plain number: pandas (a quarter of a second to import) not needed
         names, dtypes = plain
         kept = _select(names, columns, drop_columns, path)
@@ -482,18 +485,23 @@ def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: li
     return names, [names.index(c) for c in kept], [str(t) for t in df.dtypes]
 
 
-def _plain_columns(sample: bytes, header: bool, delim: str) -> tuple[list[str], list[str]] | None:
+def _plain_columns(sample: bytes, header: bool, delim: str,
+                   dtype: str = "float64") -> tuple[list[str], list[str]] | None:
     """(the columns' names, their dtypes) of a sample whose cells are all plain numbers, as
     pandas' ``read_csv`` names and types them (a column of integers alone int64, else float64),
     read by the compiled parser; None where pandas is to read the sample (a cell the parser
     refuses, a header pandas renames: an empty or repeated name, a byte-order mark; an integer
-    beyond 2**53; no rows)."""
+    beyond 2**53; no rows). The sample is parsed to ``dtype``, the file's: the one variant of
+    the parser a process loads (Numba loads each from its cache on first use)."""
     import csv
 
     from . import csv_parse
 
     if not csv_parse.usable(delim) or sample.startswith(b"\xef\xbb\xbf"):
         return None
+    # Loaded here, on the caller's thread (the warming thread may be loading it too: Numba's
+    # lock makes one wait for the other): the counts that follow are compiled, not NumPy's.
+    csv_parse.warm(dtype)
     nl = sample.find(b"\n")
     first = sample if nl < 0 else sample[:nl]
     try:
@@ -511,7 +519,7 @@ def _plain_columns(sample: bytes, header: bool, delim: str) -> tuple[list[str], 
     rows = int(csv_parse.count_rows(a, 0, len(a))[1]) + _unended(a, 0, len(a))
     if rows == 0:
         return None
-    values = np.empty((rows, len(names)), np.float64)
+    values = np.empty((rows, len(names)), dtype)
     if not csv_parse.parse_into(a, delim, len(names), list(range(len(names))), values):
         return None
     # A cell with a fraction or an exponent makes its column float, as an empty cell (NaN)
@@ -524,7 +532,9 @@ def _plain_columns(sample: bytes, header: bool, delim: str) -> tuple[list[str], 
     floats = np.zeros(len(names), bool)
     floats[np.unique(cut[marks] - at_line)] = True
     floats |= np.isnan(values).any(axis=0)
-    if (np.abs(values[:, ~floats]) >= 2.0**53).any():  # integers pandas may type otherwise (uint64, object)
+    # Integers pandas may type otherwise (uint64, object); a float32 rounding near the bound
+    # leaves the sample to pandas, the safe side.
+    if (np.abs(values[:, ~floats]) >= 2.0**53).any():
         return None
     return names, ["float64" if f else "int64" for f in floats]
 
