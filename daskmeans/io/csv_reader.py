@@ -21,9 +21,10 @@ pieces (:mod:`daskmeans.io.fill`): no block persisted, no second copy.
 
 A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
 ``feature_names_in_``); a sample of plain numbers is named and typed (as pandas would) by the
-compiled parser, so that the common file never imports pandas. A column that looks like an identifier rather than a feature is said
-so (:func:`identifier_columns`), and a fit refuses it unless ``columns`` selected it. Other
-columns (an id to write beside the labels) are read by name as text in the same blocks.
+compiled parser, so that the common file never imports pandas. A column that looks like an
+identifier rather than a feature is said so (:func:`identifier_columns`), and a fit refuses it
+unless ``columns`` selected it. Other columns (an id to write beside the labels) are read by
+name as text in the same blocks.
 """
 
 from __future__ import annotations
@@ -463,7 +464,7 @@ def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: li
     and its first such cell; ``dtype``: what the file is parsed to (the compiled parser's
     variant loaded for it reads the sample)."""
     plain = _plain_columns(sample, header, delim, dtype)
-    if plain is not None:  # every cell a plain number: pandas (a quarter of a second to import) not needed
+    if plain is not None:  # every cell a plain number: no pandas (its import is long: performance.md, "CSV placement")
         names, dtypes = plain
         kept = _select(names, columns, drop_columns, path)
         return names, [names.index(c) for c in kept], dtypes

@@ -59,7 +59,8 @@ def test_csv_fit_through_the_pipeline_is_the_persisted_fit(client, csv_files, ti
     a = KMeans(K, init=x[:K], n_init=1, max_iter=30, tol=0, tier=tier).fit(table)
     b = KMeans(K, init=x[:K], n_init=1, max_iter=30, tol=0, tier=tier).fit(_persisted(table.array))
     assert a.n_iter_ == b.n_iter_
-    assert a.cluster_centers_.dtype == b.cluster_centers_.dtype and a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
+    assert a.cluster_centers_.dtype == b.cluster_centers_.dtype
+    assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
     np.testing.assert_array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
     assert list(a.feature_names_in_) == [f"f{j}" for j in range(D)]
 
