@@ -14,7 +14,8 @@ data (seed 0) in a file format and the command's options:
 
 - ``p1``: P1 (scikit-learn's ``make_classification``) from ``.npy``, init rows 1, 3, 6, 8,
   tol 1e-4;
-- ``p1csv``: the same rows as a headerless CSV (about 2.4 GB);
+- ``p1csv``: the same rows as ``pyarrow.csv.write_csv`` writes them (a quoted header ``"f0"``..., each
+  value's shortest text: 1.09 GB), issue 44's file;
 - ``blobs``: 2-D blobs, k-means++ init, up to 300 iterations, tol 0;
 - ``randn1k``: init the first K rows, 10 iterations;
 - ``p3``: P3, init the first K rows, 20 iterations;
@@ -43,7 +44,6 @@ CPU host), entries keyed by run, each with its commit and date.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import platform
@@ -94,7 +94,7 @@ from sklearn.cluster import KMeans
 path, init, k, max_iter, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 if path.endswith(".csv"):
     import pandas as pd
-    X = pd.read_csv(path, header=None, dtype=np.float32, engine="pyarrow").to_numpy()
+    X = pd.read_csv(path, dtype=np.float32, engine="pyarrow").to_numpy()
 else:
     X = np.load(path)
 C = np.load(init) if init.endswith(".npy") else init
@@ -122,21 +122,13 @@ def make_data(name: str, spec: dict, folder: str) -> tuple[str, str | None]:
     return path, ipath
 
 
-def _csv_text(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savetxt(buf, x, delimiter=",", fmt="%.7g")
-    return buf.getvalue()
-
-
 def _write_csv(path: str, X: np.ndarray) -> None:
-    """``X`` as a headerless CSV (``%.7g``, as the seed's file), the rows formatted by every core
-    (``np.savetxt`` alone takes minutes for P1's 2.4 GB)."""
-    from concurrent.futures import ProcessPoolExecutor
+    """``X`` as ``pyarrow.csv.write_csv`` writes a table of float32 columns ``f0``, ``f1``, ...
+    (the issue's P1 file: a quoted header, each value's shortest text that reads back exactly)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
 
-    parts = [X[a:a + 100_000] for a in range(0, len(X), 100_000)]
-    with ProcessPoolExecutor(os.cpu_count()) as ex, open(path, "wb") as f:
-        for text in ex.map(_csv_text, parts):
-            f.write(text)
+    pcsv.write_csv(pa.table({f"f{j}": X[:, j] for j in range(X.shape[1])}), path)
 
 
 def _write_zarr(problem: problems.Problem, path: str) -> None:

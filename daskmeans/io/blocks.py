@@ -217,6 +217,10 @@ class RowSource:
         ``into(*args, start, stop, out)``: rows ``start:stop`` read straight into ``out``, a
         C-contiguous array (stop - start, d) of ``dtype`` the caller supplies (a reading
         pipeline's buffer, :mod:`daskmeans.io.fill`); None: ``fn``'s result is copied there.
+    bounds : tuple of int or None
+        The first row of each of the file's own pieces, where they are of uneven lengths (a
+        CSV file's pieces of whole lines): chosen rows are read with the pieces that hold them
+        (:meth:`RowRange.read_rows`); None: the file's pieces are its ``align`` rows each.
     """
 
     fn: Callable[..., np.ndarray]
@@ -228,6 +232,7 @@ class RowSource:
     out_dtype: np.dtype
     path: str | None = None
     into: Callable[..., None] | None = None
+    bounds: tuple[int, ...] | None = None
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``start:stop`` of the array into ``out`` (stop - start, d) of :attr:`out_dtype`,
@@ -298,6 +303,19 @@ class RowRange:
         return int(self.source.d)
 
     @property
+    def cuts(self) -> tuple[int, ...] | None:
+        """Where the file's own pieces start inside the chunk (rows from its start, the first
+        0), for a source whose pieces are of uneven lengths (:attr:`RowSource.bounds`): the
+        reading pipeline's pieces (:func:`daskmeans.io.fill.pieces`); None for the others."""
+        bounds = self.source.bounds
+        if bounds is None:
+            return None
+        import bisect
+
+        inside = bounds[bisect.bisect_right(bounds, self.start) : bisect.bisect_left(bounds, self.stop)]
+        return (0, *(int(b) - self.start for b in inside))
+
+    @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.source.out_dtype)
 
@@ -315,19 +333,26 @@ class RowRange:
 
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """The chunk's rows ``rows`` (local indices, int64 ``(m,)``), shape (m, d), in that
-        order: only the file's chunks that hold them (its ``align`` rows each) are read, each
-        once, not the whole row chunk (the inits' draws in the storage tier)."""
+        order: only the file's chunks that hold them (its ``align`` rows each, or its pieces:
+        ``bounds``) are read, each once, not the whole row chunk (the inits' draws in the
+        storage tier)."""
         from .ranges import on_cores
 
         src = self.source
         rows = np.asarray(rows, np.int64)
         glob = rows + self.start
-        first = glob // src.align * src.align  # the file chunk of each row
+        if src.bounds is not None:  # the file's pieces of uneven lengths: the piece of each row
+            bounds = np.append(np.asarray(src.bounds, np.int64), src.n)
+            at_piece = np.searchsorted(bounds, glob, side="right") - 1
+            first, end = bounds[at_piece], bounds[at_piece + 1]
+        else:
+            first = glob // src.align * src.align  # the file chunk of each row
+            end = np.minimum(first + src.align, src.n)
         out = np.empty((len(rows), src.d), src.out_dtype)
 
         def one(s: int) -> None:  # a compressed file chunk is decoded whole, on a core of its own
             at = np.flatnonzero(first == s)
-            part = np.asarray(src.fn(*src.args, int(s), int(min(s + src.align, src.n))))
+            part = np.asarray(src.fn(*src.args, int(s), int(end[at[0]])))
             out[at] = part[glob[at] - s]  # as the chunk's read: the file's values in the array's dtype
 
         on_cores(one, [int(s) for s in np.unique(first)])
