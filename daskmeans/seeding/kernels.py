@@ -11,6 +11,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..numerics.grid import Grid, float_sums
+from ..numerics.hashing import row_uniforms
 
 
 def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None) -> Any:
@@ -64,27 +65,36 @@ def local_trials(k: int) -> int:
     return 2 + int(math.log(k)) if k > 1 else 1
 
 
-def _largest(xp: Any, key: Any, m: int) -> Any:
-    """Positions of the ``m`` largest of ``key`` (1-D, distinct values: ties have probability
-    zero), in no particular order. NumPy's partition where it is NumPy; elsewhere a sort, as
-    CuPy's ``argpartition`` checks its ``kth`` on the device (a synchronisation with the host,
-    and a reduction of CUB's to compile on a cold kernel cache)."""
-    if xp is np:
-        return np.argpartition(-key, m - 1)[:m]
-    return xp.argsort(-key)[:m]
-
-
 def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """``m`` rows drawn with probability proportional to ``p`` without replacement
     (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
-    of probability 0 only when no other row is left. Sorted row indices, on ``p``'s device."""
+    of probability 0 only when no other row is left, those of smallest ``u`` first. Sorted row
+    indices, on ``p``'s device; ``m`` at most the rows not excluded.
+
+    On the host, a partition of the live rows' keys; on a device, :func:`_draw_sorted` (the
+    same rows)."""
     m = int(m)  # a Python int: NumPy's kth, and slicing
+    if xp is not np:
+        return _draw_sorted(xp, p, m, u, exclude)
     live = xp.flatnonzero((p > 0) & ~exclude)
     if live.size >= m:
         key = xp.log(u[live]) / p[live]
-        return xp.sort(live[_largest(xp, key, m)])
+        return xp.sort(live[np.argpartition(-key, m - 1)[:m]])
     rest = xp.flatnonzero((p <= 0) & ~exclude)
     return xp.sort(xp.concatenate([live, rest[xp.argsort(u[rest], kind="stable")[: m - live.size]]]))
+
+
+def _draw_sorted(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
+    """:func:`_draw` without reading how many rows are live, which on a device is a
+    synchronisation with the host in every dependent step of the seeding: every row ordered by
+    its key within its class (live, of probability 0, excluded), then stably by class; two
+    sorts of all the rows, on the device."""
+    live = (p > 0) & ~exclude
+    key = xp.where(live, -xp.log(u) / xp.where(live, p, 1.0), u)  # ascending within each class
+    order = xp.argsort(key, kind="stable")
+    cls = (~live).astype(xp.int8) + exclude.astype(xp.int8)  # 0 live, 1 of probability 0, 2 excluded
+    order = order[xp.argsort(cls[order], kind="stable")]
+    return xp.sort(order[:m])
 
 
 def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
@@ -132,7 +142,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     """
     be = get_backend(X)
     xp = be.xp
-    rng = np.random.default_rng(seed)
+    key = _seed_key(seed)
     n = X.shape[0]
     if groups is None:
         if not 0 < k <= n:
@@ -147,25 +157,38 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     chosen = xp.zeros(n, bool)
     picks = []
     bound = Grid.for_block(X)  # X's bound, for every distance pass (no reduction over X in each)
+    # Every row prepared once as a centroid where the backend can (a device's preparation of
+    # each step's draws and picks would read their maxima back to the host: the optional
+    # ``prepared_rows``, backends.protocol); else each subset prepared on its own.
+    ready = be.prepared_rows(X, precision) if hasattr(be, "prepared_rows") else None
+
+    def prepared(idx: Any, m: int) -> Any:
+        return be.prepare(X[idx], X.dtype, precision) if ready is None else ready.take(idx, m)
+
     total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
+    step = 0
     while (total < ks).any():
         live = np.flatnonzero(total < ks)
         b = np.minimum(np.minimum(np.maximum(total[live], 1), cap[live]), ks[live] - total[live])
-        u = xp.asarray(1.0 - rng.random(n))  # in (0, 1]: log(u) is finite
+        # The step's uniforms in (0, 1] (log(u) finite), made on X's device: a copy from the
+        # host's pageable memory would wait for the device's queue (the same bits on either).
+        u = 1.0 - row_uniforms(key, step, 0, n, xp)
+        step += 1
         spans = [slice(int(bounds[g]), int(bounds[g + 1])) for g in live]
         if d2 is None:  # the first centre of each group: a row drawn by weight
             pick = xp.concatenate([_draw(xp, w[s], m, u[s], chosen[s]) + s.start for s, m in zip(spans, b)])
         else:
             p = w * d2
-            draws = [_draw(xp, p[s], min(t * m, r), u[s], chosen[s]) + s.start
-                     for s, m, t, r in zip(spans, b, tries[live], rows[live] - total[live])]
-            sizes = [int(dr.size) for dr in draws]
+            # Each group draws from its rows not chosen yet (at least b of them): exactly
+            # ``sizes`` rows, known here without reading the draws' sizes from the device.
+            sizes = [min(int(t * m), int(r)) for m, t, r in zip(b, tries[live], rows[live] - total[live])]
+            draws = [_draw(xp, p[s], size, u[s], chosen[s]) + s.start for s, size in zip(spans, sizes)]
             if all(size <= m for size, m in zip(sizes, b)):
                 pick = xp.concatenate(draws)
             else:
                 every = xp.concatenate(draws)
-                lab, dn = be.min_sqdist(X, be.prepare(X[every], X.dtype, precision), bound)
-                gain = be.bin_sums(lab, w * xp.maximum(d2 - dn, 0.0), every.size)
+                lab, dn = be.min_sqdist(X, prepared(every, sum(sizes)), bound)
+                gain = be.bin_sums(lab, w * xp.maximum(d2 - dn, 0.0), sum(sizes))
                 ends = np.cumsum(sizes)
                 pick = xp.concatenate([
                     dr if size <= m else xp.sort(dr[xp.argsort(-gain[end - size:end], kind="stable")[:m]])
@@ -175,9 +198,16 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         picks.append(pick)
         total[live] += b
         if (total < ks).any():
-            dn = be.min_sqdist(X, be.prepare(X[pick], X.dtype, precision), bound)[1]
+            dn = be.min_sqdist(X, prepared(pick, int(b.sum())), bound)[1]
             d2 = dn if d2 is None else xp.minimum(d2, dn)
     return X[xp.concatenate(picks)]
+
+
+def _seed_key(seed: int | np.random.SeedSequence) -> int:
+    """The key of :func:`seed_batched`'s per-step uniforms (``row_uniforms``): 64 bits of the
+    seed's ``SeedSequence``."""
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    return int(ss.generate_state(1, np.uint64)[0])
 
 
 def _group_bounds(groups: Any, k: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
