@@ -136,15 +136,17 @@ def _uniforms(shard: Shard, seed: int, rnd: int, xp: Any) -> Iterator[Any]:
         yield buf[off - first:off - first + m]
 
 
-def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, seed: int, rnd: int,
+def _par_sample(shard: Shard, state: _ParState | None, phis: list | None, ell: float, seed: int, rnd: int,
                 first: int | None = None) -> tuple:
     """One round's draws on this shard (:func:`_picks`): ``(global_rows, data)``, the data in
     the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``).
     ``phi`` is every shard's ``phis`` (their futures' floats) added in shard order (what the
-    client added before: the same on any number of workers); a round with ``phi <= 0`` (every row at a candidate already) draws
-    nothing. ``first``: one more global row taken where this shard holds it (the first round's
-    row drawn by the seed)."""
-    phi = float(sum(phis))
+    client added before: the same on any number of workers); None where this shard is the only
+    one (its own ``state.phi``, the same float: no task between its fold and its draws). A
+    round with ``phi <= 0`` (every row at a candidate already) draws nothing. ``first``: one
+    more global row taken where this shard holds it (the first round's row drawn by the
+    seed)."""
+    phi = float(state.phi if phis is None else sum(phis))
     picks = _picks(shard, state, phi, ell, seed, rnd) if phi > 0 else {}
     if first is not None:
         for j, (off, m) in enumerate(zip(shard.offsets, shard.rows)):
@@ -267,7 +269,9 @@ def init_kmeans_parallel(
             states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
             # Only each shard's float moves (the states keep their arrays where they are),
             # added in shard order by every shard's draws: the same phi on any number of workers.
-            phis = per_shard(_phi, states, name="daskmeans-kpar-phi")
+            # One shard takes its own (one dependent task less a round: at wide K on one GPU the
+            # rounds wait on their chain of tasks about as long as they compute).
+            phis = per_shard(_phi, states, name="daskmeans-kpar-phi") if nshard > 1 else None
             new = sample(states, phis, r)
             rounds_drawn.append(new)
         parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
