@@ -99,7 +99,7 @@ def _draw_sorted(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
 
 def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
                  precision: str = "fp32", batches: int = 64, trials: int | None = None,
-                 groups: Any = None) -> Any:
+                 groups: Any = None, batch_trials: int | None = None) -> Any:
     """k-means++ seeding with local trials, in batches: k rows of X.
 
     Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
@@ -118,9 +118,11 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     is still two distance passes of X (against every group's draws, then picks). ``d^2`` and
     the credit are to the nearest draw or pick of any group.
 
-    Everything per row (weights, ``d^2``, the draws' keys, the credit) stays on X's device: a
-    step reads back only the sizes of its draws (the host's uniforms go the other way), so a
-    GPU is not left waiting on host work between the dependent steps.
+    Everything per row (weights, ``d^2``, the draws' keys, the credit, the uniforms) stays on
+    X's device and a step reads nothing back: the draws' sizes are known on the host, the draws
+    are sorted rather than counted (:func:`_draw_sorted`), and the draws and picks are taken
+    from X's rows prepared once (the backend's optional ``prepared_rows``), so a GPU's queue
+    runs ahead of the host through the dependent steps.
 
     Parameters
     ----------
@@ -133,6 +135,9 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         dependent steps, where fewer, larger batches end worse; docs/performance.md,
         "k-means‖'s recluster in batches of K/64")
     trials : int, draws per centre (default ``2 + log(k)`` of the group, as scikit-learn)
+    batch_trials : int, optional
+        Draws per centre in batches of more than one centre (default ``trials``); 1 keeps a
+        batch's draws without their distance pass.
     groups : host int array, shape (n,), optional
         Each row's group in ``[0, G)``, non-decreasing (a group's rows are contiguous).
 
@@ -152,6 +157,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         ks, bounds = _group_bounds(groups, k, n)
     rows = np.diff(bounds)
     tries = np.array([local_trials(int(q)) if trials is None else int(trials) for q in ks])
+    batch_tries = tries if batch_trials is None else np.full(len(ks), int(batch_trials))
     w = xp.ones(n) if sample_weight is None else xp.asarray(sample_weight).astype(xp.float64)
     d2 = None
     chosen = xp.zeros(n, bool)
@@ -181,7 +187,8 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
             p = w * d2
             # Each group draws from its rows not chosen yet (at least b of them): exactly
             # ``sizes`` rows, known here without reading the draws' sizes from the device.
-            sizes = [min(int(t * m), int(r)) for m, t, r in zip(b, tries[live], rows[live] - total[live])]
+            t = np.where(b > 1, batch_tries[live], tries[live])
+            sizes = [min(int(q * m), int(r)) for m, q, r in zip(b, t, rows[live] - total[live])]
             draws = [_draw(xp, p[s], size, u[s], chosen[s]) + s.start for s, size in zip(spans, sizes)]
             if all(size <= m for size, m in zip(sizes, b)):
                 pick = xp.concatenate(draws)

@@ -33,6 +33,12 @@ from .rows import result
 # every precision (backends.cupy_backend), so this is the fastest way to the same bits.
 INIT_PRECISION = "tf32"
 
+# Draws per centre in the recluster's batches of several centres (greedy steps keep
+# scikit-learn's 2 + ln K): fits from it ended no worse than from 2 + ln K on randn and lower
+# on blobs of K true centres, for a third to a quarter of the recluster's distance passes at
+# K = 2^14..2^18 (docs/performance.md, "Inits", "The recluster's draws per centre").
+RECLUSTER_BATCH_TRIALS = 3
+
 
 @dataclass
 class _ParState:
@@ -189,7 +195,8 @@ def _sum_arrays(items: list) -> np.ndarray:
 def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int, n_iter: int,
                backend: str) -> np.ndarray | None:
     """k centres of the weighted candidates on this worker's device (float64 ``(k, d)``):
-    k-means++ with local trials in batches (:func:`seed_batched`), then ``n_iter`` weighted
+    k-means++ with local trials in batches (:func:`seed_batched`; :data:`RECLUSTER_BATCH_TRIALS`
+    draws per centre in batches of several), then ``n_iter`` weighted
     Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default). None where fewer than
     ``k`` candidates have a positive weight (tiny or highly duplicated data: the caller falls
     back to k-means++), said in the same task rather than in a round trip of its own."""
@@ -200,7 +207,7 @@ def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int,
     cands = _candidates(rounds, dtype)
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
-    c = seed_batched(x, k, seed, w, precision=INIT_PRECISION)
+    c = seed_batched(x, k, seed, w, precision=INIT_PRECISION, batch_trials=RECLUSTER_BATCH_TRIALS)
     c = weighted_lloyd(x, c, w, n_iter, precision=INIT_PRECISION)
     return be.to_numpy(c)
 
