@@ -166,6 +166,35 @@ def _par_sample(shard: Shard, state: _ParState | None, phis: list | None, ell: f
     return idx, np.concatenate([got[j] for j in order])
 
 
+@dataclass
+class _Round:
+    """A round of the only shard: its state after the fold, and the rows it then drew
+    (:func:`_par_sample`'s ``(global_rows, data)``)."""
+
+    state: _ParState
+    part: tuple
+
+
+def _par_round(shard: Shard, prev: _Round | None, parts: list | None, grid: Grid | None, ell: float, seed: int,
+               rnd: int) -> _Round:
+    """The only shard's round in one task: the fold (:func:`_par_update`) of the previous
+    round's draws (``prev``'s; without it, ``parts``: the first round's), then this round's
+    draws (:func:`_par_sample`, with the shard's own ``phi``). The same state and rows as the
+    two tasks of a round on several shards, one dependent task instead of two."""
+    state = _par_update(shard, None if prev is None else prev.state, parts if prev is None else [prev.part], grid)
+    return _Round(state, _par_sample(shard, state, None, ell, seed, rnd))
+
+
+def _round_part(shard: Shard, rnd: _Round) -> tuple:
+    """A round's draws, for the recluster (off the chain of rounds)."""
+    return rnd.part
+
+
+def _round_last(shard: Shard, rnd: _Round, grid: Grid | None) -> np.ndarray:
+    """:func:`_par_last` after the only shard's last round."""
+    return _par_last(shard, rnd.state, [rnd.part], grid)
+
+
 def _concat_by_row(parts: list) -> np.ndarray:
     """Sampled rows in global row order, whichever shard (worker) drew them."""
     idx = np.concatenate([p[0] for p in parts])
@@ -272,16 +301,26 @@ def init_kmeans_parallel(
     new = sample(states, [float(n)], 0, row0)
     rounds_drawn = [new]
     try:
-        for r in range(1, rounds):
-            states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
-            # Only each shard's float moves (the states keep their arrays where they are),
-            # added in shard order by every shard's draws: the same phi on any number of workers.
-            # One shard takes its own (one dependent task less a round: at wide K on one GPU the
-            # rounds wait on their chain of tasks about as long as they compute).
-            phis = per_shard(_phi, states, name="daskmeans-kpar-phi") if nshard > 1 else None
-            new = sample(states, phis, r)
-            rounds_drawn.append(new)
-        parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+        if nshard == 1 and rounds > 1:
+            # The only shard folds and draws in one task a round, with its own phi: at wide K on
+            # one GPU the rounds waited between their dependent tasks about as long as they
+            # computed. Its draws reach the recluster through a task off that chain.
+            last: list = [None]
+            for r in range(1, rounds):
+                last = per_shard(_par_round, last, [new if r == 1 else None], [grid], [ell], [seed], [r],
+                                 name="daskmeans-kpar-update")
+                new = per_shard(_round_part, last, name="daskmeans-kpar-sample")
+                rounds_drawn.append(new)
+            parts = per_shard(_round_last, last, [grid], name="daskmeans-kpar-update")
+        else:
+            for r in range(1, rounds):
+                states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+                # Only each shard's float moves (the states keep their arrays where they are),
+                # added in shard order by every shard's draws: the same phi on any number of workers.
+                phis = per_shard(_phi, states, name="daskmeans-kpar-phi")
+                new = sample(states, phis, r)
+                rounds_drawn.append(new)
+            parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
         weights = tree_reduce(client, parts, _sum_arrays, name="daskmeans-kpar-wsum")
         fut = client.submit(
             blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed,
