@@ -23,7 +23,10 @@ data (seed 0) in a file format and the command's options:
 - ``p4zarr``: P4 as Zarr, the default init (k-means||), 3 iterations: the init's cost in
   iteration-times (``init_iteration_times``: the init phase over the median iteration);
 - ``w14``: W14 (2e6 x 128, K = 2^14), the default init, tf32, 5 iterations: a first fit's
-  compiles (``cold_wall_s`` against ``wall_s``: at most 2 s more is the target).
+  compiles (``cold_wall_s`` against ``wall_s``: at most 2 s more is the target);
+- ``w16``, ``w18``: W16 and W18 (2e6 x 128, K = 2^16 and 2^18), as ``w14``: with it, the
+  default init at wide K in iteration-times (``init_iteration_times``; issue 46's target: at
+  most 5 each, warm cache, one GPU: ``--warm-only``, ``CUDA_VISIBLE_DEVICES=0``).
 
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
@@ -36,7 +39,8 @@ the data (one GPU: ``CUDA_VISIBLE_DEVICES=0``).
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
-    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--out r.json [--merge]]
+    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--warm-only] [--out r.json [--merge]]
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems w14,w16,w18 --repeats 3 --warm-only
 
 Committed results: ``results/command_<device>.json`` (``command_cpu_<cores>core.json`` on a
 CPU host), entries keyed by run, each with its commit and date.
@@ -75,9 +79,13 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
     "p4zarr": _spec("P4", fmt="zarr", args=["--max-iter", "3", "--tol", "0"], sk=False, own_init=True),
-    "w14": _spec("W14", fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"], sk=False,
-                 own_init=True),
 }
+# The default init at wide K (issue 46): tf32, 5 iterations, seed 0.
+PROBLEMS.update({
+    name.lower(): _spec(name, fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"],
+                        sk=False, own_init=True)
+    for name in ("W14", "W16", "W18")
+})
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 
 # The out-of-core tiers' runs (issue 44): the default init in the tiers that read the data each pass.
@@ -208,6 +216,8 @@ def main(argv=None) -> None:
     ap.add_argument("--problems", default="p1,blobs", help=f"comma-separated, of {', '.join(PROBLEMS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--api", action="store_true", help="also P1 through the Python API (in memory)")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="no run with an empty kernel cache (its phases then missing: cold_wall_s is null)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")
@@ -220,8 +230,10 @@ def main(argv=None) -> None:
         for name in names:
             spec = PROBLEMS[name]
             path, ipath = make_data(name, spec, folder)
-            with tempfile.TemporaryDirectory() as cold_cache:
-                cold = run_command(path, ipath, spec, folder, cold_cache)
+            cold = {"wall_s": None, "phases": None}
+            if not args.warm_only:
+                with tempfile.TemporaryDirectory() as cold_cache:
+                    cold = run_command(path, ipath, spec, folder, cold_cache)
             run_command(path, ipath, spec, folder, warm_cache)  # fills the warm cache
             runs, sk = [], []
             for _ in range(args.repeats):  # alternating, so that both see the same machine

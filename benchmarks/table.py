@@ -122,7 +122,8 @@ def commands(docs: dict[str, dict]) -> str:
             e = doc["problems"][run]
             label = RUNS[run]["problem"].label + (", CSV" if e["format"] == "csv" else "")
             sk = e.get("sklearn_script_s")
-            rows.append([_host(doc), label, _time(e["wall_s"]), _time(e["cold_wall_s"]),
+            rows.append([_host(doc), label, _time(e["wall_s"]),
+                         _time(e["cold_wall_s"]) if e["cold_wall_s"] is not None else "",
                          _time(sk) if sk else "", f"{e['wall_s'] / sk:.2f}" if sk else ""])
             pairs.append((run, e.get("commit", doc.get("commit"))))
         sources.append(f"{_source(name)}, {_commits(pairs)}")

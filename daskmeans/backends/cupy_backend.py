@@ -22,6 +22,7 @@ lazily so that importing daskmeans never needs a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy
@@ -204,6 +205,45 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunab
     if small is not None:
         return Prepared(c, c64, precision, small, tunables=tunables or tunables_in_force())  # c64: contiguous, as c
     return gpu_gemm.prepare(c, c64, precision, _layout, tunables)
+
+
+class PreparedRows:
+    """The rows of ``X`` ``(n, D)`` as centroids, prepared once for the GEMM regime; subsets of
+    them (:meth:`take`) ready for the kernels without a reduction or a read back to the host
+    (the backend's optional ``prepared_rows``: :mod:`.protocol`)."""
+
+    def __init__(self, X: Any, precision: str, tunables: Tunables):
+        import cupy
+
+        self.X = cupy.ascontiguousarray(X)
+        self.precision = precision
+        self.tunables = tunables
+        self.shared = gpu_device.shared_optin(gpu_device.device_id())
+        self.full: dict = {}  # GEMM mode -> every row prepared in it (its float64 copy dropped)
+
+    def take(self, rows: Any, k: int) -> Prepared:
+        """:func:`prepare` of ``X[rows]``: ``rows`` int ``(k,)`` on the device, ``k`` its length
+        (known on the host). The fused regime's preparation reads nothing back; the GEMM
+        regime's is :func:`.gpu_gemm.take` from every row prepared once in the mode of ``k``
+        centroids (the first subset of each mode pays the maxima's reads, once)."""
+        import cupy
+
+        c = self.X[rows]
+        small = gpu_plan.small_config(k, c.shape[1], self.shared)
+        if small is not None:
+            return Prepared(c, c.astype(cupy.float64), self.precision, small, tunables=self.tunables)
+        mode = gpu_gemm.mode_of(self.precision, c.dtype == cupy.float64, k, self.tunables)
+        if mode not in self.full:
+            full = gpu_gemm.prepare(self.X, self.X.astype(cupy.float64), self.precision, "auto", self.tunables,
+                                    mode_k=k)
+            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None)
+        return gpu_gemm.take(self.full[mode], rows, c)
+
+
+def prepared_rows(X: Any, precision: str = "fp32", tunables: Tunables | None = None) -> PreparedRows:
+    """The rows of ``X`` ``(n, D)`` prepared once as centroids, for many subsets of them
+    (:class:`PreparedRows`; the seeding's draws and picks)."""
+    return PreparedRows(X, precision, tunables or tunables_in_force())
 
 
 def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:

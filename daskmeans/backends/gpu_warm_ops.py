@@ -52,6 +52,10 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         for t in (cp.float32, f64):
             csq = cp.full(SMALL, np.inf, t)
             csq[:8] = sq[:8]
+            csq[:3] = csq[cp.arange(3, dtype=i64)]  # gpu_gemm.take: a subset of the prepared rows
+        for t in (cp.uint16, cp.float32, dt):
+            a = cp.zeros((8, 8), t)
+            a[:3] = cp.ones((SMALL, 8), t)[cp.arange(3, dtype=i64)]
 
     def take_rows():  # seeding.rows: rows of a block by index
         x2()[cp.asarray(np.arange(3, dtype=np.int64))]
@@ -85,14 +89,15 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         cp.abs(x2(n)).max(axis=0)
         v(f64, n).sum()
 
-    def draw(n):  # seeding.kernels._draw
-        p, u = v(f64, n), v(f64, n)
+    def draw(n):  # seeding.kernels._draw_sorted
+        p, u = v(f64, n), 1.0 - v(f64, n)
         exclude = cp.zeros(n, bool)
-        live = cp.flatnonzero((p > 0) & ~exclude)
-        key = cp.log(u[live]) / p[live]
-        cp.sort(live[cp.argsort(-key)[:4]])
-        rest = cp.flatnonzero((p <= 0) & ~exclude)
-        cp.sort(cp.concatenate([live, rest[cp.argsort(u[rest], kind="stable")[:2]]]))
+        live = (p > 0) & ~exclude
+        key = cp.where(live, -cp.log(u) / cp.where(live, p, 1.0), u)
+        order = cp.argsort(key, kind="stable")
+        cls = (~live).astype(cp.int8) + exclude.astype(cp.int8)
+        order = order[cp.argsort(cls[order], kind="stable")]
+        cp.sort(order[:4])
         bool((v(i64, n) < 3).any())
 
     def seed_batched(n):  # seeding.kernels.seed_batched
