@@ -76,6 +76,9 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
     def par_draws(n):  # seeding.kmeans_parallel._par_draws: the draws from the resident state
         u, d2 = v(f64, n), v(f64, n)
         cp.flatnonzero(u < 0.5)
+        # Some rows drawn: CuPy launches its index-writing kernel only where any is nonzero
+        # (the incomplete scan's above 512 elements).
+        cp.flatnonzero(u < 2.0)
         p = d2 * (3 / 7.0)
         p = p * v(f64, n)
         cp.flatnonzero(u < p)
