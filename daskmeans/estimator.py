@@ -76,8 +76,8 @@ class KMeans(BaseKMeans):
         distance computations and give Lloyd's result, which the engine computes exactly with
         one GEMM pass per iteration (see :data:`daskmeans.params.ALGORITHMS`). ``"elkan"`` with one cluster
         warns as scikit-learn does.
-    oversampling_factor : float, default 0.5
-        k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
+    oversampling_factor : float, default 0.83
+        k-means|| draws ``oversampling_factor * n_clusters`` points per round (3 rounds:
         about 2.5 candidates per cluster by default; the init's cost grows with it).
     max_samples_per_cluster : int, optional
         Train on at most ``max_samples_per_cluster * n_clusters`` rows (FAISS's

@@ -102,7 +102,7 @@ class KMeansParams:
     copy_x: bool = _param(True, Boolean(), "scikit-learn's (X is never written to)")
     algorithm: str = _param("lloyd", Options(tuple(ALGORITHMS)), "scikit-learn's names; both run the exact "
                             "Lloyd loop", choices=tuple(ALGORITHMS))
-    oversampling_factor: float = _param(0.5, Interval(0, None, closed="neither"),
+    oversampling_factor: float = _param(0.83, Interval(0, None, closed="neither"),
                                         "k-means|| candidates per cluster and round")
     max_samples_per_cluster: int | None = _param(None, NoneOr(Interval(1, None, integer=True)),
                                                  "train on at most this many rows per cluster")

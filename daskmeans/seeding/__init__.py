@@ -24,6 +24,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..params import KMeansParams
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from distributed import Client
@@ -87,7 +89,7 @@ def chosen_init(init: str, k: int) -> str:
 
 
 def resolve_init(client: "Client", placement: "Placement", init: str, k: int, seed: int,
-                 oversampling_factor: float = 0.5, grid: "Grid | None" = None) -> "np.ndarray":
+                 oversampling_factor: float = KMeansParams.oversampling_factor, grid: "Grid | None" = None) -> "np.ndarray":
     """Initial centroids ``(k, d)`` float64 from the registered init named ``init``
     (:func:`chosen_init`: k-means|| at wide K runs the hierarchical init); ``grid``, the fit's,
     bounds the data (its distance passes then need no reduction of their own per block)."""

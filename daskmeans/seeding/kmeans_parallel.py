@@ -21,6 +21,7 @@ from ..engine.task import blas_capped
 from ..engine.watch import watch
 from ..numerics.grid import Grid
 from ..numerics.hashing import row_uniforms
+from ..params import KMeansParams
 from ..events import advance
 from ..reduction import tree_reduce
 from . import rows
@@ -248,7 +249,7 @@ def init_kmeans_parallel(
     seed: int,
     *,
     rounds: int | None = None,
-    oversampling_factor: float = 0.5,
+    oversampling_factor: float = KMeansParams.oversampling_factor,
     grid: Grid | None = None,
     **options: Any,
 ) -> np.ndarray:

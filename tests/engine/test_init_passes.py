@@ -170,7 +170,8 @@ def test_resident_init_draws_without_a_pass(threads, tiny, monkeypatch):
     monkeypatch.setattr(kmeans_parallel, "_picks", counted_picks)  # looked up by the task, in this process
     p = _placed(threads, path, "host")
     passes.clear()
-    resolve_init(threads, p, "k-means||", 4, 11)
+    with dask.config.set({"daskmeans.init.rounds": 5}):  # five rounds of 0.5 K, as counted here
+        resolve_init(threads, p, "k-means||", 4, 11, 0.5)
     assert drawn == {0: 0, 1: 0, 2: 3, 3: 1, 4: 0}  # and the first round's row drawn by the seed
     assert sorted(passes) == sorted(p.chunk_ids * 3)
 
