@@ -226,6 +226,15 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
     return r, nd_def
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _ends_row(a, i):  # pragma: no cover - compiled
+    """Whether the line break ``a[i]`` ends a row: not where its line is blank (empty, or a
+    lone CR). Bytes before ``a[0]`` count as a line break."""
+    p1 = a[i - 1] if i >= 1 else 10
+    p2 = a[i - 2] if i >= 2 else 10
+    return not (p1 == 10 or (p1 == 13 and p2 == 10))
+
+
 @numba.njit(nogil=True, cache=True)
 def count_rows(a, start, stop):  # pragma: no cover - compiled
     """(line breaks in ``a[start:stop]``, rows they end), in one pass without temporaries: a
@@ -236,9 +245,7 @@ def count_rows(a, start, stop):  # pragma: no cover - compiled
     for i in range(start, stop):
         if a[i] == 10:
             breaks += 1
-            p1 = a[i - 1] if i >= 1 else 10
-            p2 = a[i - 2] if i >= 2 else 10
-            if p1 == 10 or (p1 == 13 and p2 == 10):
+            if not _ends_row(a, i):
                 blank += 1
     return breaks, breaks - blank
 
@@ -256,9 +263,7 @@ def skip_rows(a, start, stop, k):  # pragma: no cover - compiled
     for i in range(start, stop):
         if a[i] == 10:
             breaks += 1
-            p1 = a[i - 1] if i >= 1 else 10
-            p2 = a[i - 2] if i >= 2 else 10
-            if not (p1 == 10 or (p1 == 13 and p2 == 10)):
+            if _ends_row(a, i):
                 rows += 1
                 if rows == k:
                     return i + 1, breaks
