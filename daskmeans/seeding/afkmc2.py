@@ -175,18 +175,22 @@ class Cdf:
         return int(self.ends[-1]) if len(self.ends) else 0
 
 
-def _per_shard(client: Client, placement: Placement, fn: Any, *args: Any, name: str) -> list:
-    """``fn(shard, *args_i)`` on every shard (``args``: a list per shard, or a value for all),
-    their results in shard order."""
-    nshard = len(placement.shards)
-    per = [a if isinstance(a, list) and len(a) == nshard else [a] * nshard for a in args]
-    return gather(client, rows.submit_per_shard(client, placement, fn, *per, name=name), placement.workers)
+def _per_shard(client: Client, placement: Placement, fn: Any, *per_shard: list, name: str) -> list:
+    """``fn(shard, *args_i)`` on every shard (``per_shard``: a list of arguments each, one per
+    shard), their results in shard order."""
+    return gather(client, rows.submit_per_shard(client, placement, fn, *per_shard, name=name), placement.workers)
+
+
+def _all(placement: Placement, value: Any) -> list:
+    """``value`` for every shard."""
+    return [value] * len(placement.shards)
 
 
 def _cdf(client: Client, placement: Placement, states: list, kind: str, max_mass: float) -> Cdf:
     exp = quantum_exp(max_mass, placement.n_samples)
     totals = np.zeros(len(placement.row_chunks), np.int64)
-    for part in _per_shard(client, placement, _chunk_totals, states, kind, exp, name="daskmeans-afkmc2-totals"):
+    for part in _per_shard(client, placement, _chunk_totals, states, _all(placement, kind),
+                           _all(placement, exp), name="daskmeans-afkmc2-totals"):
         for cid, t in part:
             totals[cid] = t
     return Cdf(kind, exp, totals, np.cumsum(totals))
@@ -204,7 +208,8 @@ def _draw(client: Client, placement: Placement, states: list, cdf: Cdf, targets:
     shard_of = owner[chunk]
     nshard = len(placement.shards)
     picks = [np.flatnonzero(shard_of == i) for i in range(nshard)]
-    found = _per_shard(client, placement, _locate, states, cdf.kind, cdf.exp, [chunk[p] for p in picks],
+    found = _per_shard(client, placement, _locate, states, _all(placement, cdf.kind), _all(placement, cdf.exp),
+                       [chunk[p] for p in picks],
                        [residual[p] for p in picks], name="daskmeans-afkmc2-locate")
     out = np.empty(len(targets), np.int64)
     for p, r in zip(picks, found):
@@ -226,6 +231,16 @@ def _sqdist(X: np.ndarray, xsq: np.ndarray, C: np.ndarray) -> np.ndarray:
     out += xsq[:, None]
     out += np.einsum("kd,kd->k", C, C)[None, :]
     return np.maximum(out, 0.0, out=out)
+
+
+def _chain(d2: list, q: list, u: list) -> int:
+    """One chain over its proposals (Python floats: a step is a few scalar operations, which
+    NumPy's scalars would make several times dearer): the index of its last state."""
+    x = 0
+    for j in range(1, len(d2)):
+        if u[j - 1] * d2[x] * q[j] < d2[j] * q[x]:
+            x = j
+    return x
 
 
 def run_chains(X: np.ndarray, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -274,11 +289,7 @@ def run_chains(X: np.ndarray, c1: np.ndarray, chains: np.ndarray, q: np.ndarray,
             d2 = dmin[idx]
             if i > s:  # the centres of this block so far
                 d2 = np.minimum(d2, _sqdist(X[idx], xsq[idx], X[picked[s:i]]).min(axis=1))
-            x = 0
-            for j in range(1, m):
-                if u[i, j - 1] * d2[x] * q[idx[j]] < d2[j] * q[idx[x]]:
-                    x = j
-            picked[i] = idx[x]
+            picked[i] = idx[_chain(d2.tolist(), q[idx].tolist(), u[i].tolist())]
         lo = int(np.searchsorted(last, e))  # rows that chains from e on read
         if lo < X.shape[0] and e < nchain:
             new = _sqdist(X[lo:], xsq[lo:], X[picked[s:e]]).min(axis=1)
@@ -327,18 +338,18 @@ def init_afkmc2(
              f"(at most {CLIENT_BYTES / 2**30:.0f} GiB)")
         m = fit
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
-    nshard = len(placement.shards)
     advance(0, 3)
 
     # The weights' half: uniform over rows without weights (a row index drawn directly).
-    stats = _per_shard(client, placement, _max_mass, [None] * nshard, "w", name="daskmeans-afkmc2-wmax")
+    stats = _per_shard(client, placement, _max_mass, _all(placement, None), _all(placement, "w"),
+                       name="daskmeans-afkmc2-wmax")
     weighted = any(s[0] for s in stats)
-    wcdf = _cdf(client, placement, [None] * nshard, "w", max(s[1] for s in stats)) if weighted else None
+    wcdf = _cdf(client, placement, _all(placement, None), "w", max(s[1] for s in stats)) if weighted else None
     if wcdf is not None and wcdf.total <= 0:
         raise ValueError("the sample weights should not all be 0")
     rng = np.random.default_rng([seed, 0])
     if weighted:
-        row0 = _draw(client, placement, [None] * nshard, wcdf, rng.integers(0, wcdf.total, size=1))
+        row0 = _draw(client, placement, _all(placement, None), wcdf, rng.integers(0, wcdf.total, size=1))
     else:
         row0 = rng.integers(0, n, size=1)
     c1 = take_rows(client, placement, row0)
@@ -346,9 +357,10 @@ def init_afkmc2(
         return c1
 
     # The pass: each row's w d(x, c1)^2, kept on its shard for the draws.
-    states = rows.submit_per_shard(client, placement, _d2_state, [c1] * nshard, [grid] * nshard,
+    states = rows.submit_per_shard(client, placement, _d2_state, _all(placement, c1), _all(placement, grid),
                                    name="daskmeans-afkmc2-d2")
-    top = max(s[1] for s in _per_shard(client, placement, _max_mass, states, "d2", name="daskmeans-afkmc2-max"))
+    top = max(s[1] for s in _per_shard(client, placement, _max_mass, states, _all(placement, "d2"),
+                                       name="daskmeans-afkmc2-max"))
     acdf = _cdf(client, placement, states, "d2", top)
     advance(1, 3)
 
@@ -364,7 +376,7 @@ def init_afkmc2(
     if half_d2.any():
         prop[half_d2] = _draw(client, placement, states, acdf, ta[half_d2])
     if (~half_d2).any():
-        prop[~half_d2] = (_draw(client, placement, [None] * nshard, wcdf, tw[~half_d2]) if weighted
+        prop[~half_d2] = (_draw(client, placement, _all(placement, None), wcdf, tw[~half_d2]) if weighted
                           else tw[~half_d2])
     uniq, inv = np.unique(prop, return_inverse=True)
 
@@ -372,7 +384,8 @@ def init_afkmc2(
     exps = (acdf.exp, wcdf.exp if weighted else 0)
     a = np.zeros(len(uniq), np.int64)
     b = np.zeros(len(uniq), np.int64)
-    for r, ai, bi in _per_shard(client, placement, _row_masses, states, exps, uniq, name="daskmeans-afkmc2-masses"):
+    for r, ai, bi in _per_shard(client, placement, _row_masses, states, _all(placement, exps), _all(placement, uniq),
+                                name="daskmeans-afkmc2-masses"):
         pos = np.searchsorted(uniq, r)
         a[pos], b[pos] = ai, bi
     qw = b / wcdf.total if weighted else np.full(len(uniq), 1.0 / n)
