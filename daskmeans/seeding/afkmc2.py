@@ -14,7 +14,8 @@ by ``searchsorted``, and a task on the shard holding that chunk locates its row.
 rows then come to the client (``seeding.rows.take_rows``), which runs the ``K - 1`` chains in
 float64 NumPy. Every draw is the seed's, on the client, and every number a chain reads is
 either an exact integer or computed on the client from the rows' values: the same seed gives
-the same centroids bit for bit on any chunking, worker count or device.
+the same centroids bit for bit on any chunking and worker (GPU) count. (The one pass's
+distances are the backend's exact ones, ``min_sqdist``, as k-means||'s.)
 """
 
 from __future__ import annotations
@@ -321,7 +322,7 @@ def init_afkmc2(
     with a note; the result is still a function of the seed, ``k``, ``d`` and the setting.
 
     Every draw depends on the seed and global rows only (see the module's docstring): the same
-    centroids on any chunking, worker count and device. A row of weight 0 has no mass in
+    centroids on any chunking and worker count. A row of weight 0 has no mass in
     either half of ``q`` and is never a centre. ``grid``, the fit's (or None), bounds the rows
     for the distance pass. ``options``: other inits' keyword options, not used here.
     """
