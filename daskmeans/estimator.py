@@ -58,8 +58,8 @@ class KMeans(BaseKMeans):
         array, a list of rows) gives the centres themselves.
     n_init : "auto" or int, default "auto"
         Runs from different seeds; the one with the lowest inertia is kept. ``"auto"`` is
-        scikit-learn's rule: 1 run for ``k-means||`` and ``k-means++`` (and explicit centres),
-        10 for ``random`` and a callable. Explicit centres run once whatever ``n_init`` (with
+        scikit-learn's rule: 1 run for ``k-means||``, ``k-means++``, ``hierarchical`` and
+        ``afk-mc2`` (and explicit centres), 10 for ``random`` and a callable. Explicit centres run once whatever ``n_init`` (with
         scikit-learn's RuntimeWarning when it asks for more).
     max_iter : int, default 300
     tol : float, default 1e-4

@@ -57,6 +57,8 @@ REGISTRY: dict[str, Init] = {e.name: e for e in (
     Init("random", f"{__name__}.random_rows", "init_random", "K distinct rows drawn uniformly"),
     Init("hierarchical", f"{__name__}.hierarchical", "init_hierarchical",
          "k-means++ inside sqrt(K) mesoclusters of a sample, K split by their sizes"),
+    Init("afk-mc2", f"{__name__}.afkmc2", "init_afkmc2",
+         "AFK-MC2 (Bachem et al. 2016): Markov chains of daskmeans.init.afkmc2-chain rows drawn after one pass"),
 )}
 
 DEFAULT = "k-means||"
@@ -102,7 +104,7 @@ _LAZY = {
     "kmeans_plusplus": "kernels", "seed_batched": "kernels", "weighted_lloyd": "kernels",
     "take_rows": "rows",
     "init_kmeans_parallel": "kmeans_parallel", "init_kmeans_plusplus": "kmeans_plusplus", "init_random": "random_rows",
-    "init_hierarchical": "hierarchical", "split_k": "hierarchical",
+    "init_hierarchical": "hierarchical", "split_k": "hierarchical", "init_afkmc2": "afkmc2",
 }
 
 

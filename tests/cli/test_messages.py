@@ -186,7 +186,7 @@ def test_a_registered_init_is_accepted_by_the_command(data, tmp_path, capsys, mo
     a, b = (zarr.open_group(str(tmp_path / f"{i}.zarr"), mode="r") for i in ("random-again", "random"))
     np.testing.assert_array_equal(a["cluster_centers"][:], b["cluster_centers"][:])
     rc, _, err = run(capsys, "fit", x, "--k", "5", "--init", "nope", "-o", tmp_path / "n.zarr")
-    assert err == ("daskmeans: error: --init 'nope' should be k-means||, k-means++, random, hierarchical, random-again or an "
+    assert err == ("daskmeans: error: --init 'nope' should be k-means||, k-means++, random, hierarchical, afk-mc2, random-again or an "
                    "existing .npy file\n")
 
 

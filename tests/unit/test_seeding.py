@@ -245,7 +245,7 @@ def test_unknown_init_names_the_registered_ones():
     from daskmeans.seeding import get_init
 
     with pytest.raises(ValueError, match=r"^init='k-medoids' should be one of 'k-means\|\|', 'k-means\+\+', 'random', "
-                                         r"'hierarchical'$"):
+                                         r"'hierarchical', 'afk-mc2'$"):
         get_init("k-medoids")
 
 
