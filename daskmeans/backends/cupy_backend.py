@@ -348,8 +348,8 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
     when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
     and device is there, or while another process compiles that slice; none is started where
-    every slice's marker is there. Returns the processes started (nothing waits for them). Needs no CuPy in this process: the command calls it
-    before its own imports."""
+    every slice's marker is there. Returns the processes started (nothing waits for them).
+    Needs no CuPy in this process: the command calls it before its own imports."""
     import os
     import subprocess
     import sys

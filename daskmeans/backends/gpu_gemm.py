@@ -38,7 +38,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
     mode = mode_of(precision, gemm64, k if mode_k is None else mode_k, tunables)
-    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4  # whole 16-byte vectors of the tile's rows
+    kpad = _kpad(k, mode)
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
     smax = 0.0
@@ -52,9 +52,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
         a = ab
         smax = float(cupy.sqrt(rsq.max()))
     sq = (c64 * c64).sum(axis=1)
-    # Padded with +inf (never selected): select_rows reads it in 16-byte vectors past K.
-    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
-    csq[:k] = sq
+    csq = _padded_norms(sq, cupy.float64 if gemm64 else cupy.float32)
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
                     cexp, tunables)
@@ -72,13 +70,29 @@ def take(full: Prepared, rows: Any, c: Any) -> Prepared:
     import cupy
 
     k = c.shape[0]
-    kpad = -(-k // 8) * 8 if full.mode == 4 else -(-k // 4) * 4
+    kpad = _kpad(k, full.mode)
     a = cupy.zeros((kpad, full.a.shape[1]), full.a.dtype)
     a[:k] = full.a[rows] if full.mode else c
-    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, full.csq.dtype)
-    csq[:k] = full.csq[rows]
+    csq = _padded_norms(full.csq[rows], full.csq.dtype)
     return Prepared(c, c.astype(cupy.float64), full.precision, None, a, csq, full.err, full.mode, full.layout,
                     full.cexp, full.tunables)
+
+
+def _kpad(k: int, mode: int) -> int:
+    """The GEMM side's rows for ``k`` centroids in GEMM ``mode``: whole 16-byte vectors of the
+    tile's rows (8 float16 values in mode 4, else 4)."""
+    return -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
+
+
+def _padded_norms(sq: Any, dtype: Any) -> Any:
+    """The centroids' squared norms ``sq`` ``(k,)`` in ``dtype``, padded with +inf (never
+    selected) to whole :data:`CSQ_PAD` groups: select_rows reads them in 16-byte vectors past K."""
+    import cupy
+
+    k = sq.shape[0]
+    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, dtype)
+    csq[:k] = sq
+    return csq
 
 
 def _max_abs(X: Any) -> float:
@@ -206,7 +220,7 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
     mode = mode_of(precision, gemm64, k, tunables)
-    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
+    kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),

@@ -217,12 +217,19 @@ def cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
 
 
+def _marker_name(cupy: str, cuda: str, sm: str, dtype: str, index: int, count: int) -> str:
+    """The name of the marker of slice ``index`` of ``count`` of this list of ops, for CuPy
+    version ``cupy``, CUDA runtime ``cuda`` and device architecture ``sm`` (or glob patterns
+    of them)."""
+    return f"daskmeans-warm-{_tag()}-cupy{cupy}-cuda{cuda}-sm{sm}-{dtype}-{index}of{count}"
+
+
 def _marker(cp, index: int, count: int, dtype: str) -> str:
     """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
     this list of ops, CuPy, CUDA runtime and device architecture."""
-    cc = cp.cuda.Device().compute_capability
-    name = f"daskmeans-warm-{_tag()}-cupy{cp.__version__}-cuda{cp.cuda.runtime.runtimeGetVersion()}-sm{cc}-{dtype}"
-    return os.path.join(cache_dir(), f"{name}-{index}of{count}")
+    name = _marker_name(cp.__version__, str(cp.cuda.runtime.runtimeGetVersion()), cp.cuda.Device().compute_capability,
+                        dtype, index, count)
+    return os.path.join(cache_dir(), name)
 
 
 def _cupy_version() -> str | None:
@@ -257,8 +264,9 @@ def compiled(dtype: str, count: int) -> bool:
         except Exception:  # no device here
             return False
     version = _cupy_version()
-    head = f"daskmeans-warm-{_tag()}-cupy{glob.escape(version) if version else '*'}-cuda*-sm*-{dtype}-"
-    return all(glob.glob(os.path.join(glob.escape(cache_dir()), f"{head}{i}of{count}")) for i in range(count))
+    cupy = glob.escape(version) if version else "*"
+    return all(glob.glob(os.path.join(glob.escape(cache_dir()), _marker_name(cupy, "*", "*", dtype, i, count)))
+               for i in range(count))
 
 
 def _alive(pid: int) -> bool:
