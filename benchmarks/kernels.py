@@ -40,6 +40,7 @@ against fp32 at K = 2^10 ... 2^18, fp32 against the fp32 GEMM) in one call:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -135,7 +136,7 @@ def add_ratios(r: dict) -> None:
                 r[f"speedup_{mode}_vs_torch{ev}"] = r[f"torch_{mode}{ev}_s"] / step
 
 
-def load_flash():
+def load_flash() -> tuple[object | None, str | None, str | None]:
     """flash-kmeans where it is installed with its Triton kernels.
 
     Returns
@@ -175,7 +176,7 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-def time_flash(fk, X, C, dtype: str, extra: int = FLASH_EXTRA) -> dict:
+def time_flash(fk: object, X: object, C: object, dtype: str, extra: int = FLASH_EXTRA) -> dict:
     """One flash-kmeans Lloyd iteration on ``X`` from ``C``, in ``dtype``.
 
     Parameters
@@ -239,7 +240,7 @@ def gemm_tiled(X, CT, rows):
 MODES = ("fp32", "tf32", "bf16")  # daskmeans.options.PRECISIONS, named here so that --help imports no daskmeans
 
 
-def parse_args(argv=None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, parsed and checked before any GPU library is imported.
 
     Returns
