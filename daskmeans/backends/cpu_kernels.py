@@ -238,3 +238,51 @@ def column_moments(x, mean, m2, max_abs):  # pragma: no cover - compiled
             dv = np.float64(r[t]) - mean[t]
             m2[t] += dv * dv
     return True
+
+
+# Strict float64 (no fastmath): the distances' sums in column order and the chain's products
+# left to right, so a seed's AFK-MC² centres do not depend on the CPU's vector width.
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def afkmc2_block(X, dmin, q, chains, u, picks, s):  # pragma: no cover - compiled
+    """One block of AFK-MC²'s Markov chains, in order (``daskmeans.seeding.afkmc2_chains``;
+    the GPU's ``afkmc2_block`` in ``cuda/afkmc2.cu`` does the same on one CTA).
+
+    Parameters
+    ----------
+    X : ndarray (U, d) float64
+        The distinct proposal rows.
+    dmin : ndarray (U,) float64
+        Each row's squared distance to every centre chosen before the block.
+    q : ndarray (U,) float64
+        Each row's proposal probability (positive).
+    chains : ndarray (b, m) int64
+        The block's chains' proposals, rows of ``X``.
+    u : ndarray (b, m - 1) float64
+        Their acceptance uniforms.
+    picks : ndarray (n_chains,) int64
+        Every chain's last state (a row of ``X``); the block's are written at ``[s, s + b)``,
+        the ones before ``s`` are not read.
+    s : int
+        The block's first chain.
+    """
+    b, m = chains.shape
+    d = X.shape[1]
+    d2 = np.empty(m)
+    for i in range(b):
+        for j in range(m):
+            r = chains[i, j]
+            v = dmin[r]
+            for p in range(s, s + i):  # the block's picks so far
+                c = picks[p]
+                acc = 0.0
+                for t in range(d):
+                    diff = X[r, t] - X[c, t]
+                    acc += diff * diff
+                if acc < v:
+                    v = acc
+            d2[j] = v
+        x = 0
+        for j in range(1, m):
+            if u[i, j - 1] * d2[x] * q[chains[i, j]] < d2[j] * q[chains[i, x]]:
+                x = j
+        picks[s + i] = chains[i, x]

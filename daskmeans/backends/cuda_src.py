@@ -48,6 +48,10 @@ The kernels (see that module for when each runs):
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
     along runs of equal labels, one atomic add per run and column instead of one per element.
+``afkmc2_block`` (``cuda/afkmc2.cu``, outside :data:`SOURCES`: only ``init="afk-mc2"`` loads it)
+    One block of AFK-MC²'s Markov chains on one CTA, in order: each chain's proposals'
+    squared distances to the block's earlier picks, then the chain in one warp
+    (:mod:`daskmeans.seeding.afkmc2_chains` launches it).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ SELECT_ROWS_SRC = _COMMON + _source("certify.cuh") + _source("select_rows.cu")
 SELECT_COLS_SRC = _COMMON + _source("certify.cuh") + _source("select_cols.cu")
 SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
+AFKMC2_SRC = _COMMON + _source("afkmc2.cu")
 SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC)
 
 
@@ -266,6 +271,16 @@ FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", 
 def fit_kernels() -> dict[str, Any]:
     """The fit module's kernels by name (:data:`FIT_KERNELS`; no compile-time configuration)."""
     return _functions(("fit",), FIT_SRC, FIT_KERNELS)
+
+
+AFKMC2_THREADS = 512  # 16 warps: the proposals' distances hide their loads' latency on one SM
+
+
+def afkmc2_kernel() -> Any:
+    """AFK-MC²'s in-block chains (``afkmc2_block``, launched with :data:`AFKMC2_THREADS`
+    threads in one block)."""
+    src = f"#define AFK_THREADS {AFKMC2_THREADS}\n" + AFKMC2_SRC
+    return _functions(("afkmc2", AFKMC2_THREADS), src, ("afkmc2_block",))["afkmc2_block"]
 
 
 def compile_concurrently(*compiles: Any) -> None:

@@ -13,8 +13,8 @@ from daskmeans import KMeans, make_blobs
 from daskmeans.engine.placement import place
 from daskmeans.io.readers import read
 from daskmeans.seeding import REGISTRY, resolve_init
-from daskmeans.seeding.afkmc2 import (CLIENT_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp,
-                                      run_chains)
+from daskmeans.seeding.afkmc2 import WORKER_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp
+from daskmeans.seeding.afkmc2_chains import run_chains
 
 
 def _placed(client, X, chunks, w=None):
@@ -172,7 +172,7 @@ def test_rows_of_weight_zero_are_never_centres(client, blobs):
 def test_a_shorter_chain_where_the_proposals_would_not_fit():
     assert fit_chain(5000, 408, 200) == 200  # P3: 3.3 GB
     m = fit_chain(40_000, 480, 200)
-    assert m == CLIENT_BYTES // (39_999 * 480 * 8) == 27
+    assert m == WORKER_BYTES // (39_999 * 480 * 8) == 27
     assert fit_chain(10**9, 10**4, 200) == 1
 
 

@@ -1,0 +1,68 @@
+// AFK-MC2's chains of one block on one CTA (daskmeans/seeding/afkmc2_chains.py: the host side,
+// which launches this once per block of b chains, all enqueued on one stream, nothing read back
+// until the last block).
+//
+// X (U, d) float64: the distinct proposal rows; dmin (U,): each row's squared distance to every
+// centre chosen before the block (the centres' GEMM, done by the host side before this launch);
+// q (U,): each row's proposal probability (> 0); chains (b, m): this block's chains' proposals,
+// rows of X; u (b, m - 1): their acceptance uniforms; picks: every chain's pick (a row of X),
+// this block's written at [s, s + b); work (b, m): each chain's squared distances, scratch.
+//
+// Chain i of the block: each warp takes proposals j (warp, warp + nwarp, ...); its lanes sum
+// (x_j - c)^2 over strided columns for each earlier pick c of the block (a fixed order, then a
+// butterfly: every lane has the same bits), the minimum with dmin is d2[j]. Then warp 0 runs the
+// Metropolis-Hastings chain: from state x, proposal j is taken when u[j-1] d2[x] q[j] < d2[j] q[x]
+// (the host reference's expression, left to right, without contraction: __dmul_rn), the lanes
+// testing 32 proposals against the same state at once; the first lane that accepts is the next
+// state (the ones before it rejected it), and the lanes after it test again against the new one:
+// exactly the sequential chain, in (accepts + m/32) ballots rather than m dependent steps. A state
+// at distance 0 (a centre) is left for any proposal that is not (0 < d2[j] q[x]).
+extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
+        const double* __restrict__ X, const double* __restrict__ dmin, const double* __restrict__ q,
+        const long long* __restrict__ chains, const double* __restrict__ u, long long* picks,
+        double* work, const int d, const int m, const int b, const long long s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+    for (int i = 0; i < b; ++i) {
+        const long long* idx = chains + (long long)i * m;
+        double* d2 = work + (long long)i * m;
+        for (int j = warp; j < m; j += nwarp) {
+            const double* xr = X + idx[j] * d;
+            double v = dmin[idx[j]];
+            for (int p = 0; p < i; ++p) {
+                const double* xc = X + picks[s + p] * d;
+                double acc = 0.0;
+                for (int t = lane; t < d; t += 32) {
+                    const double diff = xr[t] - xc[t];
+                    acc = fma(diff, diff, acc);
+                }
+                acc = warp_sum(acc);
+                v = acc < v ? acc : v;
+            }
+            if (lane == 0) d2[j] = v;
+        }
+        __syncthreads();  // d2 of every proposal (global writes, visible to the block after this)
+        if (warp == 0) {
+            const double* ui = u + (long long)i * (m - 1);
+            int x = 0;
+            double dx = d2[0], qx = q[idx[0]];
+            for (int base = 1; base < m; base += 32) {
+                const int j = base + lane;
+                const bool valid = j < m;
+                const double dj = valid ? d2[j] : 0.0, qj = valid ? q[idx[j]] : 0.0, uj = valid ? ui[j - 1] : 0.0;
+                int start = 0;
+                for (;;) {
+                    const bool take = valid && lane >= start && __dmul_rn(__dmul_rn(uj, dx), qj) < __dmul_rn(dj, qx);
+                    const unsigned mask = __ballot_sync(FULL, take);
+                    if (mask == 0u) break;
+                    const int l = __ffs(mask) - 1;
+                    x = base + l;
+                    dx = __shfl_sync(FULL, dj, l);
+                    qx = __shfl_sync(FULL, qj, l);
+                    start = l + 1;
+                }
+            }
+            if (lane == 0) picks[s + i] = idx[x];
+        }
+        __syncthreads();  // the pick, for the next chain's distances
+    }
+}
