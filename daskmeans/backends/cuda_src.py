@@ -48,10 +48,12 @@ The kernels (see that module for when each runs):
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
     along runs of equal labels, one atomic add per run and column instead of one per element.
-``afkmc2_block`` (``cuda/afkmc2.cu``, outside :data:`SOURCES`: only ``init="afk-mc2"`` loads it)
+``afkmc2_block`` / ``afkmc2_fold`` (``cuda/afkmc2.cu``, outside :data:`SOURCES`: only
+``init="afk-mc2"`` loads them)
     One block of AFK-MC²'s Markov chains on one CTA, in order: each chain's proposals'
-    squared distances to the block's earlier picks, then the chain in one warp
-    (:mod:`daskmeans.seeding.afkmc2_chains` launches it).
+    squared distances to the block's earlier picks, then the chain in one warp; after it, the
+    block's picks folded from their GEMM into the later chains' distances
+    (:mod:`daskmeans.seeding.afkmc2_chains` launches them).
 """
 
 from __future__ import annotations
@@ -276,11 +278,15 @@ def fit_kernels() -> dict[str, Any]:
 AFKMC2_THREADS = 512  # 16 warps: the proposals' distances hide their loads' latency on one SM
 
 
-def afkmc2_kernel() -> Any:
-    """AFK-MC²'s in-block chains (``afkmc2_block``, launched with :data:`AFKMC2_THREADS`
-    threads in one block)."""
+AFKMC2_KERNELS = ("afkmc2_block", "afkmc2_fold")
+
+
+def afkmc2_kernels() -> dict[str, Any]:
+    """AFK-MC²'s kernels by name: the in-block chains (``afkmc2_block``, launched with
+    :data:`AFKMC2_THREADS` threads in one block) and the fold of a block's picks into the
+    later chains' distances (``afkmc2_fold``, 256 threads a block)."""
     src = f"#define AFK_THREADS {AFKMC2_THREADS}\n" + AFKMC2_SRC
-    return _functions(("afkmc2", AFKMC2_THREADS), src, ("afkmc2_block",))["afkmc2_block"]
+    return _functions(("afkmc2", AFKMC2_THREADS), src, AFKMC2_KERNELS)
 
 
 def compile_concurrently(*compiles: Any) -> None:

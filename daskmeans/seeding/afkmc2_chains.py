@@ -109,26 +109,33 @@ def _device_xp(X: Any) -> Any:
     return cupy.get_array_module(X)
 
 
-def _block_runner(xp: Any, m: int) -> Any:
-    """``run(X, dmin, q, chains, u, picks, s)``: one block's chains on ``xp``'s device (the
-    CPU's Numba kernel, or one CTA of the GPU's)."""
+def _kernels(xp: Any, m: int) -> tuple[Any, Any]:
+    """``(run, fold)`` on ``xp``'s device: ``run(X, dmin, q, chains, u, picks, s)``, one
+    block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
+    dmin)``, a block's picks from their GEMM ``g`` into ``dmin`` (both kernels of
+    ``backends/cpu_kernels.py`` or ``backends/cuda/afkmc2.cu``)."""
     if xp is np:
-        from ..backends.cpu_kernels import afkmc2_block
+        from ..backends.cpu_kernels import afkmc2_block, afkmc2_fold
 
-        return afkmc2_block
+        return afkmc2_block, afkmc2_fold
     from ..backends import cuda_src
 
-    kern = cuda_src.afkmc2_kernel()
+    kern = cuda_src.afkmc2_kernels()
     work: dict = {}
 
     def run(X: Any, dmin: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
         b = chains.shape[0]
         if work.get("w") is None or work["w"].shape[0] < b:
             work["w"] = xp.empty((b, m), xp.float64)
-        kern((1,), (cuda_src.AFKMC2_THREADS,),
-             (X, dmin, q, chains, u, picks, work["w"], np.int32(X.shape[1]), np.int32(m), np.int32(b), np.int64(s)))
+        kern["afkmc2_block"]((1,), (cuda_src.AFKMC2_THREADS,),
+                             (X, dmin, q, chains, u, picks, work["w"], np.int32(X.shape[1]), np.int32(m),
+                              np.int32(b), np.int64(s)))
 
-    return run
+    def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
+        n, b = g.shape
+        kern["afkmc2_fold"]((max(1, min(-(-n // 256), 8192)),), (256,), (g, xsq, csq, dmin, np.int64(n), np.int32(b)))
+
+    return run, fold
 
 
 def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any, *,
@@ -185,12 +192,12 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     xsq = xp.einsum("nd,nd->n", X, X)
     dmin = xp.ascontiguousarray(_sqdist(xp, X, xsq, xp.asarray(c1, xp.float64).reshape(1, d))[:, 0])
     picks = xp.zeros(nchain, xp.int64)
-    run = _block_runner(xp, m)
+    run, fold = _kernels(xp, m)
     for s, e, lo in zip(starts.tolist(), ends.tolist(), suffix.tolist()):
         run(X, dmin, q_d, chains_d[s:e], u_d[s:e], picks, s)
         if lo < U and e < nchain:  # the block's picks into the distances later chains read
-            new = _sqdist(xp, X[lo:], xsq[lo:], X[picks[s:e]]).min(axis=1)
-            xp.minimum(dmin[lo:], new, out=dmin[lo:])
+            C = X[picks[s:e]]
+            fold(X[lo:] @ (-2.0 * C.T), xsq[lo:], xp.einsum("kd,kd->k", C, C), dmin[lo:])
     picked = picks if xp is np else picks.get()  # the one read back
     return order[picked]
 

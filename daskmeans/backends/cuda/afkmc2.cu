@@ -66,3 +66,23 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
         __syncthreads();  // the pick, for the next chain's distances
     }
 }
+
+// After a block: its picks folded into dmin of the suffix of rows later chains read. g (n, b):
+// the GEMM -2 X C^T of those rows against the block's picks; each row's squared distance to a
+// pick is (g + ||x||^2) + ||c||^2 clipped at 0 (the host's expression, in its order: two
+// rounded adds), and dmin takes its minimum. One thread per row.
+extern "C" __global__ void __launch_bounds__(256) afkmc2_fold(
+        const double* __restrict__ g, const double* __restrict__ xsq, const double* __restrict__ csq,
+        double* __restrict__ dmin, const long long n, const int b) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const double* gi = g + i * b;
+        const double xi = xsq[i];
+        double v = dmin[i];
+        for (int j = 0; j < b; ++j) {
+            double t = __dadd_rn(__dadd_rn(gi[j], xi), csq[j]);
+            t = t > 0.0 ? t : 0.0;
+            v = t < v ? t : v;
+        }
+        dmin[i] = v;
+    }
+}
