@@ -132,6 +132,7 @@ def _kernels(xp: Any, m: int) -> tuple[Any, Any]:
                               np.int32(b), np.int64(s)))
 
     def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
+        g = xp.ascontiguousarray(g)  # the kernel reads rows of b (cuBLAS's output already is)
         n, b = g.shape
         kern["afkmc2_fold"]((max(1, min(-(-n // 256), 8192)),), (256,), (g, xsq, csq, dmin, np.int64(n), np.int32(b)))
 
