@@ -26,8 +26,8 @@ the rows are in the mean suffix). The suffix scheme has fewer flops wherever ``U
 (the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
 a function of the proposals alone.
 
-Precision: float64 throughout. The H200's float64 GEMM (tensor cores, ~60 TFLOP/s) is as fast
-as its float32 one, so float32 would save only the suffix's bytes (the GEMM reads the suffix
+Precision: float64 throughout. A data-centre GPU's float64 GEMM (on its tensor cores) runs at
+its float32 rate, so float32 would save only the suffix's bytes (the GEMM reads the suffix
 once per block); float64 keeps every distance the host reference's to within rounding, so a
 chain's decisions are those of exact arithmetic except within a few ulps of a tie. The result is
 deterministic for a seed: it is computed on one device, in a fixed order, with shapes and a block
@@ -49,8 +49,9 @@ from typing import Any
 
 import numpy as np
 
-# The GPU cost model's rates (an H200; the block size is a function of the shapes alone, so
-# these are constants, not the device's measurement: a measured rate would make the result
+# The GPU cost model's rates (the datasheet's, of the GPU it was written for: docs/performance.md,
+# "AFK-MC²'s chains on one worker's device"; the block size is a function of the shapes alone,
+# so these are constants, not the device's measurement: a measured rate would make the result
 # depend on the worker that ran it). One SM's float64 FMA rate (64 lanes x 1.98 GHz), the
 # device's memory bandwidth, and the host's cost of enqueueing one block (its kernel, the
 # gather of the picks, the GEMM and its minimum: five launches).
@@ -58,8 +59,8 @@ GPU_SM_FMA = 64 * 1.98e9
 GPU_BYTES_S = 4.8e12
 GPU_BLOCK_LAUNCH_S = 25e-6
 # On the CPU the suffix GEMM is bound by flops (not by the suffix's bytes) and its rate falls
-# for narrow blocks, while the in-block distances run on one core at ~1 GFMA/s: the block size
-# measured best at 1e5 x 64, K = 1000, m = 200 on 2 shared cores (docs/performance.md).
+# for narrow blocks, while the in-block distances run on one core: the block size measured
+# best at 1e5 x 64, K = 1000, m = 200 on 2 shared cores (docs/performance.md).
 CPU_BLOCK = 32
 # The block size's range: at least a few chains (launches), at most where one CTA's in-block
 # work would dominate any GEMM.
@@ -70,8 +71,7 @@ def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` that minimises the
     cost per chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``,
     plus the in-block work, ``b m d / 2`` FMA on one SM: ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
-    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24, about 15 us per chain, 75 ms for
-    K = 5000).
+    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24).
 
     Parameters
     ----------
