@@ -42,7 +42,7 @@ from .afkmc2_chains import chains_on_shard
 from .rows import _take_rows, take_rows
 
 # The chains' distinct proposal rows (at most (K - 1) m x d float64) are held on one worker's
-# device (or host, a CPU worker's), twice while they are sorted: beyond this many bytes the
+# device (or host, a CPU worker's), twice (as gathered, and sorted by last use): beyond this many bytes the
 # chain is shortened to fit (with a note), rather than the worker running out of memory
 # (K = 40,000, m = 200, d = 480 would need 30 GB; it gets m = 27 here). A constant, not the
 # plan's device budget: the budget is the data's, known to the plan on the client but not
