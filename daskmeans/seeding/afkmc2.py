@@ -39,12 +39,12 @@ from ..numerics.grid import Grid
 from . import rows
 from .kmeans_parallel import INIT_PRECISION
 from .afkmc2_chains import chains_on_shard
-from .rows import _take_rows, take_rows
+from .rows import shard_rows, take_rows
 
 # The chains' distinct proposal rows (at most (K - 1) m x d float64) are held on one worker's
-# device (or host, a CPU worker's), twice (as gathered, and sorted by last use): beyond this many bytes the
-# chain is shortened to fit (with a note), rather than the worker running out of memory
-# (K = 40,000, m = 200, d = 480 would need 30 GB; it gets m = 27 here). A constant, not the
+# device (or host, a CPU worker's), twice (as gathered, and sorted by last use): beyond this
+# many bytes the chain is shortened to fit (with a note), rather than the worker running out of
+# memory (K = 40,000, m = 200, d = 480 would need 30 GB; it gets m = 27 here). A constant, not the
 # plan's device budget: the budget is the data's, known to the plan on the client but not
 # here, and a cap that moved with the workers' memory would make the centroids depend on them.
 WORKER_BYTES = 4 << 30
@@ -238,7 +238,7 @@ def _chains_on_first_shard(client: Client, placement: Placement, uniq: np.ndarra
     the proposals' positions and probabilities are scattered to it. ``(picked, rows)``."""
     nshard = len(placement.shards)
     give = [np.empty(0, np.int64)] + [uniq] * (nshard - 1)  # the first shard's own rows stay on its device
-    parts = rows.submit_per_shard(client, placement, _take_rows, give, name="daskmeans-afkmc2-rows")[1:]
+    parts = rows.submit_per_shard(client, placement, shard_rows, give, name="daskmeans-afkmc2-rows")[1:]
     w0 = placement.workers[0]
     # ~(K - 1) m int64 and U float64: scattered, not in the graph
     uniq_f, chains_f, q_f = client.scatter([uniq, chains, q], workers=[w0], hash=False)
