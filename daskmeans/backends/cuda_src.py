@@ -279,14 +279,25 @@ AFKMC2_THREADS = 512  # 16 warps: the proposals' distances hide their loads' lat
 
 
 AFKMC2_KERNELS = ("afkmc2_block", "afkmc2_fold")
+# Proposals per warp held in registers at once, and the most columns per lane held there
+# (16 x 32 = 512 features; 2 x 16 doubles and the rest fit 512 threads' 128 registers each).
+AFKMC2_ROWS, AFKMC2_MAX_DCH = 2, 16
 
 
-def afkmc2_kernels() -> dict[str, Any]:
-    """AFK-MC²'s kernels by name: the in-block chains (``afkmc2_block``, launched with
-    :data:`AFKMC2_THREADS` threads in one block) and the fold of a block's picks into the
-    later chains' distances (``afkmc2_fold``, 256 threads a block)."""
-    src = f"#define AFK_THREADS {AFKMC2_THREADS}\n" + AFKMC2_SRC
-    return _functions(("afkmc2", AFKMC2_THREADS), src, AFKMC2_KERNELS)
+def afkmc2_dch(d: int) -> int:
+    """Columns per lane of ``d`` features in ``afkmc2_block``'s registers (``ceil(d / 32)``),
+    or 0 (the loop over global memory) beyond :data:`AFKMC2_MAX_DCH`."""
+    dch = -(-int(d) // 32)
+    return dch if 0 < dch <= AFKMC2_MAX_DCH else 0
+
+
+def afkmc2_kernels(d: int) -> dict[str, Any]:
+    """AFK-MC²'s kernels by name for rows of ``d`` features: the in-block chains
+    (``afkmc2_block``, launched with :data:`AFKMC2_THREADS` threads in one block) and the fold
+    of a block's picks into the later chains' distances (``afkmc2_fold``, 256 threads a block)."""
+    dch = afkmc2_dch(d)
+    src = f"#define AFK_THREADS {AFKMC2_THREADS}\n#define AFK_DCH {dch}\n#define AFK_R {AFKMC2_ROWS}\n" + AFKMC2_SRC
+    return _functions(("afkmc2", AFKMC2_THREADS, dch, AFKMC2_ROWS), src, AFKMC2_KERNELS)
 
 
 def compile_concurrently(*compiles: Any) -> None:

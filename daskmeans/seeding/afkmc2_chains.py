@@ -109,7 +109,7 @@ def _device_xp(X: Any) -> Any:
     return cupy.get_array_module(X)
 
 
-def _kernels(xp: Any, m: int) -> tuple[Any, Any]:
+def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     """``(run, fold)`` on ``xp``'s device: ``run(X, dmin, q, chains, u, picks, s)``, one
     block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
     dmin)``, a block's picks from their GEMM ``g`` into ``dmin`` (both kernels of
@@ -120,7 +120,7 @@ def _kernels(xp: Any, m: int) -> tuple[Any, Any]:
         return afkmc2_block, afkmc2_fold
     from ..backends import cuda_src
 
-    kern = cuda_src.afkmc2_kernels()
+    kern = cuda_src.afkmc2_kernels(d)
     work: dict = {}
 
     def run(X: Any, dmin: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
@@ -193,7 +193,7 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     xsq = xp.einsum("nd,nd->n", X, X)
     dmin = xp.ascontiguousarray(_sqdist(xp, X, xsq, xp.asarray(c1, xp.float64).reshape(1, d))[:, 0])
     picks = xp.zeros(nchain, xp.int64)
-    run, fold = _kernels(xp, m)
+    run, fold = _kernels(xp, m, d)
     for s, e, lo in zip(starts.tolist(), ends.tolist(), suffix.tolist()):
         run(X, dmin, q_d, chains_d[s:e], u_d[s:e], picks, s)
         if lo < U and e < nchain:  # the block's picks into the distances later chains read

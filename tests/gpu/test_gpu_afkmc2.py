@@ -39,18 +39,23 @@ def test_toy_chains_by_hand_on_the_gpu():
                                       [4, 1, 3], err_msg=str(block))
 
 
-@pytest.mark.parametrize("m", [1, 2, 32, 33, 50, 200])
-def test_gpu_chains_give_the_cpu_picks_on_integer_rows(m):
-    """Small integers (d = 40: the lanes' strided sums and a remainder): every distance exact
-    on both devices, so the picks are equal for every block size, across the warp's 32-proposal
-    windows (m = 32, 33, 50, 200) and the chain of one proposal."""
+@pytest.mark.parametrize("m, d", [(1, 40), (2, 40), (32, 40), (33, 40), (50, 40), (200, 40), (33, 32), (50, 1),
+                                  (50, 512), (50, 600)])
+def test_gpu_chains_give_the_cpu_picks_on_integer_rows(m, d):
+    """Small integers: every distance exact on both devices, so the picks are equal for every
+    block size, across the warp's 32-proposal windows (m = 32, 33, 50, 200), the chain of one
+    proposal, and the in-block distances from registers (d <= 512: 1, 32, 40 with a partial
+    column of lanes, 512 the most) and from global memory (d = 600)."""
     import cupy
 
+    from daskmeans.backends.cuda_src import afkmc2_dch
+
+    assert (afkmc2_dch(d) == 0) == (d > 512)
     rng = np.random.default_rng(4)
-    X = rng.integers(-20, 20, (3000, 40)).astype(np.float64)
+    X = rng.integers(-20, 20, (3000, d)).astype(np.float64)
     Xu, c1, chains, qu, u = _random_chains(X, 150, m, 8)
     cpu = run_chains(Xu, c1, chains, qu, u)
-    for block in (1, 7, 64, chain_block(True, len(Xu), 40, m)):
+    for block in (1, 7, 64, chain_block(True, len(Xu), d, m)):
         gpu = run_chains(cupy.asarray(Xu), c1, chains, qu, cupy.asarray(u), block=block)
         np.testing.assert_array_equal(gpu, cpu, err_msg=str(block))
 

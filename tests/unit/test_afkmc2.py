@@ -163,6 +163,10 @@ def test_chain_of_one_proposal_and_the_block_sizes():
     assert chain_block(True, 300_000, 408, 200) == 24
     assert chain_block(True, 10, 2, 10**6) == 4 and chain_block(True, 10**9, 1, 1) == 256
     assert chain_block(False, 300_000, 408, 200) == CPU_BLOCK
+    from daskmeans.backends.cuda_src import afkmc2_dch
+
+    # the GPU kernel's columns per lane in registers: ceil(d / 32) up to 512 features
+    assert [afkmc2_dch(d) for d in (1, 32, 33, 408, 512, 513, 4096)] == [1, 1, 2, 13, 16, 0, 0]
     with pytest.raises(ValueError, match="block=0 should be >= 1"):
         run_chains(X, X[1], chains, np.full(6, 1 / 6), np.empty((3, 0)), block=0)
 

@@ -8,9 +8,14 @@
 // rows of X; u (b, m - 1): their acceptance uniforms; picks: every chain's pick (a row of X),
 // this block's written at [s, s + b); work (b, m): each chain's squared distances, scratch.
 //
-// Chain i of the block: each warp takes proposals j (warp, warp + nwarp, ...); its lanes sum
-// (x_j - c)^2 over strided columns for each earlier pick c of the block (a fixed order, then a
-// butterfly: every lane has the same bits), the minimum with dmin is d2[j]. Then warp 0 runs the
+// Chain i of the block: each warp takes AFK_R proposals j at a time; its lanes sum (x_j - c)^2
+// over strided columns t = lane + 32 k, k ascending, by fused multiply-adds, for each earlier
+// pick c of the block, then a butterfly (every lane has the same bits); the minimum with dmin is
+// d2[j]. Where d <= 32 AFK_DCH (AFK_DCH > 0, compiled for the data's width), the proposals'
+// values are read once per chain into registers and each pick's values once per AFK_R
+// proposals (the block's picks stay in L1): one SM's loads, not its float64 lanes, would
+// otherwise bound the block. A column past d adds fma(0, 0, acc) = acc: the same bits as the
+// loop over global memory (AFK_DCH = 0, any d). Then warp 0 runs the
 // Metropolis-Hastings chain: from state x, proposal j is taken when u[j-1] d2[x] q[j] < d2[j] q[x]
 // (the host reference's expression, left to right, without contraction: __dmul_rn), the lanes
 // testing 32 proposals against the same state at once; the first lane that accepts is the next
@@ -25,6 +30,48 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
     for (int i = 0; i < b; ++i) {
         const long long* idx = chains + (long long)i * m;
         double* d2 = work + (long long)i * m;
+#if AFK_DCH > 0
+        for (int j0 = warp * AFK_R; j0 < m; j0 += nwarp * AFK_R) {
+            double xv[AFK_R][AFK_DCH], v[AFK_R];
+            #pragma unroll
+            for (int r = 0; r < AFK_R; ++r) {
+                const long long row = idx[j0 + r < m ? j0 + r : 0];  // past m: any row, its result unused
+                const double* xr = X + row * d;
+                #pragma unroll
+                for (int k = 0; k < AFK_DCH; ++k) {
+                    const int t = lane + 32 * k;
+                    xv[r][k] = t < d ? xr[t] : 0.0;
+                }
+                v[r] = dmin[row];
+            }
+            for (int p = 0; p < i; ++p) {
+                const double* xc = X + picks[s + p] * d;
+                double acc[AFK_R];
+                #pragma unroll
+                for (int r = 0; r < AFK_R; ++r) acc[r] = 0.0;
+                #pragma unroll
+                for (int k = 0; k < AFK_DCH; ++k) {
+                    const int t = lane + 32 * k;
+                    const double cv = t < d ? __ldg(xc + t) : 0.0;
+                    #pragma unroll
+                    for (int r = 0; r < AFK_R; ++r) {
+                        const double diff = xv[r][k] - cv;
+                        acc[r] = fma(diff, diff, acc[r]);
+                    }
+                }
+                #pragma unroll
+                for (int r = 0; r < AFK_R; ++r) {
+                    const double a = warp_sum(acc[r]);
+                    v[r] = a < v[r] ? a : v[r];
+                }
+            }
+            if (lane == 0) {
+                #pragma unroll
+                for (int r = 0; r < AFK_R; ++r)
+                    if (j0 + r < m) d2[j0 + r] = v[r];
+            }
+        }
+#else
         for (int j = warp; j < m; j += nwarp) {
             const double* xr = X + idx[j] * d;
             double v = dmin[idx[j]];
@@ -40,6 +87,7 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
             }
             if (lane == 0) d2[j] = v;
         }
+#endif
         __syncthreads();  // d2 of every proposal (global writes, visible to the block after this)
         if (warp == 0) {
             const double* ui = u + (long long)i * (m - 1);
