@@ -267,7 +267,7 @@ def _sqdiff4(a, b):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def afkmc2_block(X, dmin, q, chains, u, picks, s):  # pragma: no cover - compiled
+def afkmc2_block(X, prior, q, chains, u, picks, s):  # pragma: no cover - compiled
     """One block of AFK-MC²'s Markov chains, in order (``daskmeans.seeding.afkmc2_chains``;
     the GPU's ``afkmc2_block`` in ``cuda/afkmc2.cu`` does the same on one CTA).
 
@@ -275,8 +275,8 @@ def afkmc2_block(X, dmin, q, chains, u, picks, s):  # pragma: no cover - compile
     ----------
     X : ndarray (U, d) float64
         The distinct proposal rows.
-    dmin : ndarray (U,) float64
-        Each row's squared distance to every centre chosen before the block.
+    prior : ndarray (b, m) float64
+        Each proposal's squared distance to every centre chosen before the block.
     q : ndarray (U,) float64
         Each row's proposal probability (positive).
     chains : ndarray (b, m) int64
@@ -294,7 +294,7 @@ def afkmc2_block(X, dmin, q, chains, u, picks, s):  # pragma: no cover - compile
     for i in range(b):
         for j in range(m):
             r = chains[i, j]
-            v = dmin[r]
+            v = prior[i, j]
             for p in range(s, s + i):  # the block's picks so far
                 acc = _sqdiff4(X[r], X[picks[p]])
                 if acc < v:

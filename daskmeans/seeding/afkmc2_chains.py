@@ -10,19 +10,25 @@ the last block:
 - the rows are sorted by the last chain that reads them, so the rows that chains from ``e`` on
   still read are a suffix; ``dmin`` holds each row's squared distance to every centre chosen so
   far;
-- block ``[s, e)``: one launch runs its chains in order (the GPU's ``afkmc2_block``, one CTA,
+- block ``t`` (chains ``[s, e)``): its proposals' distances to the centres before it, the
+  minimum of ``dmin`` and one GEMM of its ``b m`` proposals against block ``t - 1``'s picks
+  (the prior); then one launch runs its chains in order (the GPU's ``afkmc2_block``, one CTA,
   ``backends/cuda/afkmc2.cu``; the CPU's Numba ``afkmc2_block``, ``backends/cpu_kernels.py``):
   each chain's proposals' distances to the block's earlier picks (directly, ``sum (x - c)^2``
-  in a fixed order), their minimum with ``dmin``, then the Metropolis-Hastings chain; its pick
-  goes to a device array the next step indexes;
-- then one GEMM folds the block's ``b`` picks into ``dmin`` of the suffix.
+  in a fixed order), their minimum with the prior, then the Metropolis-Hastings chain; its
+  pick goes to a device array the next steps index;
+- one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
+  ``t`` read. It waits only for block ``t``'s prior, so on a GPU it runs on a second stream
+  beside block ``t``'s chains (the whole device's GEMM beside one SM's chains); no operand
+  depends on that order, so the CPU's one queue computes the same values.
 
 Which scheme for the centres before a block (flops at P3: K = 5000, m = 200, d = 408, U = 3e5
 distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m proposals
 against every centre before it, costs ``sum_s b m s d = m K^2 d / 2`` = 1.0e12 FMA; the suffix
 one above, each block's picks against the rows later chains read, at most ``U K d`` and about
 ``0.77 U K d`` = 4.7e11 FMA at P3 (a row drawn ~3.3 times has its last use late: about 77% of
-the rows are in the mean suffix). The suffix scheme has fewer flops wherever ``U < m K / 2``
+the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 1e10 at b = 24. The
+suffix scheme has fewer flops wherever ``U < m K / 2``
 (the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
 a function of the proposals alone.
 
@@ -38,12 +44,14 @@ in the GPU's sums).
 
 The block size ``b`` (:func:`chain_block`) balances the two costs per block: the suffix GEMM
 reads the suffix once per block (``K / b`` reads of ~0.77 U d 8 bytes) while the in-block work,
-``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; see
-docs/performance.md, "AFK-MC²".
+``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; on a GPU a
+block costs the larger of the two (they overlap), on a CPU their sum. See docs/performance.md,
+"AFK-MC²'s chains on one worker's device".
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -68,9 +76,10 @@ MIN_BLOCK, MAX_BLOCK = 4, 256
 
 
 def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
-    """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` that minimises the
-    cost per chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``,
-    plus the in-block work, ``b m d / 2`` FMA on one SM: ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
+    """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` where the cost per
+    chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
+    in-block work's, ``b m d / 2`` FMA on one SM (the two overlap: a block costs the larger, least
+    where they are equal; their sum is least there too): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
     launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24).
 
     Parameters
@@ -110,9 +119,9 @@ def _device_xp(X: Any) -> Any:
 
 
 def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
-    """``(run, fold)`` on ``xp``'s device: ``run(X, dmin, q, chains, u, picks, s)``, one
+    """``(run, fold)`` on ``xp``'s device: ``run(X, prior, q, chains, u, picks, s)``, one
     block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
-    dmin)``, a block's picks from their GEMM ``g`` into ``dmin`` (both kernels of
+    dmin)``, a block's picks from their GEMM ``g`` into the distances ``dmin`` (both kernels of
     ``backends/cpu_kernels.py`` or ``backends/cuda/afkmc2.cu``)."""
     if xp is np:
         from ..backends.cpu_kernels import afkmc2_block, afkmc2_fold
@@ -121,14 +130,12 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     from ..backends import cuda_src
 
     kern = cuda_src.afkmc2_kernels(d)
-    work: dict = {}
 
-    def run(X: Any, dmin: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
+    def run(X: Any, prior: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
         b = chains.shape[0]
-        if work.get("w") is None or work["w"].shape[0] < b:
-            work["w"] = xp.empty((b, m), xp.float64)
+        work = xp.empty((b, m), xp.float64)  # on the current stream's pool: reused in its order
         kern["afkmc2_block"]((1,), (cuda_src.AFKMC2_THREADS,),
-                             (X, dmin, q, chains, u, picks, work["w"], np.int32(X.shape[1]), np.int32(m),
+                             (X, prior, q, chains, u, picks, work, np.int32(X.shape[1]), np.int32(m),
                               np.int32(b), np.int64(s)))
 
     def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
@@ -139,6 +146,52 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     return run, fold
 
 
+class _Queues:
+    """The two queues of work: the chains' (each block's prior, then its chains) and the
+    suffix's folds, with the events that order them. On a GPU two CuPy streams, so that a
+    block's suffix fold (the whole device's GEMM) runs while the next block's chains run on one
+    SM; on the CPU one order, the same operations on the same values (no-ops here)."""
+
+    def __init__(self, xp: Any):
+        self.gpu = xp is not np
+        self.events: dict = {}
+        if self.gpu:
+            import cupy
+
+            self._cupy = cupy
+            start = cupy.cuda.Event(disable_timing=True)
+            start.record()  # the sorted rows and first distances, on the caller's stream
+            self.chains_stream = cupy.cuda.Stream(non_blocking=True)
+            self.folds_stream = cupy.cuda.Stream(non_blocking=True)
+            for st in (self.chains_stream, self.folds_stream):
+                st.wait_event(start)
+
+    def on(self, which: str) -> Any:
+        """The context that puts work on queue ``which`` ("chains" or "folds")."""
+        if not self.gpu:
+            return contextlib.nullcontext()
+        return self.chains_stream if which == "chains" else self.folds_stream
+
+    def record(self, name: str, t: int) -> None:
+        """Mark the work queued so far on the current queue as event ``(name, t)``."""
+        if self.gpu:
+            ev = self._cupy.cuda.Event(disable_timing=True)
+            ev.record()
+            self.events[name, t] = ev
+
+    def wait(self, name: str, t: int) -> None:
+        """The current queue's next work waits for event ``(name, t)`` (none: nothing to wait for)."""
+        ev = self.events.pop((name, t), None) if self.gpu else None
+        if ev is not None:
+            self._cupy.cuda.get_current_stream().wait_event(ev)
+
+    def finish(self) -> None:
+        """Wait for both queues (the arrays they read are freed after this)."""
+        if self.gpu:
+            self.chains_stream.synchronize()
+            self.folds_stream.synchronize()
+
+
 def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any, *,
                block: int | None = None) -> np.ndarray:
     """The K - 1 Metropolis-Hastings chains of AFK-MC², in blocks on ``X``'s device.
@@ -147,6 +200,14 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     when ``u * d(x, C)^2 q(y) < d(y, C)^2 q(x)``, ``C`` the centres so far (``c1`` and the
     earlier chains' last states); its last state is centre ``i + 1``. A state at distance 0
     (a centre already) is left for any proposal that is not.
+
+    Block ``t`` (chains ``[s, e)``) reads each proposal's distance to the centres before it as
+    the minimum of ``dmin`` (``c1`` and the blocks before ``t - 1``: the suffix folds) and its
+    distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
+    them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
+    ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
+    ``dmin``, so on a GPU it runs beside block ``t``'s chains. Every value is fixed by the
+    proposals (the order of the queues changes no operand): the same on the CPU's one queue.
 
     Parameters
     ----------
@@ -194,11 +255,30 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     dmin = xp.ascontiguousarray(_sqdist(xp, X, xsq, xp.asarray(c1, xp.float64).reshape(1, d))[:, 0])
     picks = xp.zeros(nchain, xp.int64)
     run, fold = _kernels(xp, m, d)
-    for s, e, lo in zip(starts.tolist(), ends.tolist(), suffix.tolist()):
-        run(X, dmin, q_d, chains_d[s:e], u_d[s:e], picks, s)
-        if lo < U and e < nchain:  # the block's picks into the distances later chains read
-            C = X[picks[s:e]]
-            fold(X[lo:] @ (-2.0 * C.T), xsq[lo:], xp.einsum("kd,kd->k", C, C), dmin[lo:])
+
+    def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
+        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``."""
+        C = X[picks[s:e]]
+        fold(rows @ (-2.0 * C.T), xsq_rows, xp.einsum("kd,kd->k", C, C), into)
+
+    queues = _Queues(xp)
+    for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        with queues.on("chains"):
+            queues.wait("fold", t - 2)  # dmin holds c1 and the blocks before t - 1
+            idx = chains_d[s:e]
+            prior = dmin[idx]  # (e - s, m), a new array
+            if t > 0:  # block t - 1's picks: distances of this block's proposals alone
+                flat = idx.ravel()
+                fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
+            queues.record("prior", t)
+            run(X, prior, q_d, idx, u_d[s:e], picks, s)
+        lo = int(suffix[t])
+        if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
+            with queues.on("folds"):
+                queues.wait("prior", t)  # block t's prior has read dmin (and block t - 1 has picked)
+                fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
+                queues.record("fold", t - 1)
+    queues.finish()
     picked = picks if xp is np else picks.get()  # the one read back
     return order[picked]
 

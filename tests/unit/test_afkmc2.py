@@ -119,9 +119,9 @@ TOY_U = np.array([[0.5, 0.5, 0.5], [0.9, 0.1, 0.15], [0.3, 0.99, 0.99]])
 
 def test_in_block_chains_by_hand():
     """One block of three chains in the compiled kernel: each chain sees the block's earlier
-    picks (``dmin`` holds the distances to c1 alone)."""
+    picks (the prior holds the proposals' distances to c1 alone)."""
     picks = np.full(5, -1, np.int64)
-    afkmc2_block(TOY_X, (TOY_X[:, 0] ** 2).copy(), TOY_Q, TOY_CHAINS, TOY_U, picks, 2)
+    afkmc2_block(TOY_X, (TOY_X[:, 0] ** 2)[TOY_CHAINS], TOY_Q, TOY_CHAINS, TOY_U, picks, 2)
     np.testing.assert_array_equal(picks, [-1, -1, 4, 1, 3])  # written at [s, s + b) only
     for block in (1, 2, 3, 64):  # every split into blocks: in the block, or folded by the GEMM
         np.testing.assert_array_equal(run_chains(TOY_X, np.zeros(1), TOY_CHAINS, TOY_Q, TOY_U, block=block),

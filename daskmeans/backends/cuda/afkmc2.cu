@@ -1,17 +1,17 @@
 // AFK-MC2's chains of one block on one CTA (daskmeans/seeding/afkmc2_chains.py: the host side,
-// which launches this once per block of b chains, all enqueued on one stream, nothing read back
-// until the last block).
+// which launches this once per block of b chains on the chains' stream, nothing read back until
+// the last block).
 //
-// X (U, d) float64: the distinct proposal rows; dmin (U,): each row's squared distance to every
-// centre chosen before the block (the centres' GEMM, done by the host side before this launch);
+// X (U, d) float64: the distinct proposal rows; prior (b, m): each proposal's squared distance
+// to every centre chosen before the block (the host side's GEMMs, enqueued before this launch);
 // q (U,): each row's proposal probability (> 0); chains (b, m): this block's chains' proposals,
 // rows of X; u (b, m - 1): their acceptance uniforms; picks: every chain's pick (a row of X),
 // this block's written at [s, s + b); work (b, m): each chain's squared distances, scratch.
 //
 // Chain i of the block: each warp takes AFK_R proposals j at a time; its lanes sum (x_j - c)^2
 // over strided columns t = lane + 32 k, k ascending, by fused multiply-adds, for each earlier
-// pick c of the block, then a butterfly (every lane has the same bits); the minimum with dmin is
-// d2[j]. Where d <= 32 AFK_DCH (AFK_DCH > 0, compiled for the data's width), the proposals'
+// pick c of the block, then a butterfly (every lane has the same bits); the minimum with the prior
+// is d2[j]. Where d <= 32 AFK_DCH (AFK_DCH > 0, compiled for the data's width), the proposals'
 // values are read once per chain into registers and each pick's values once per AFK_R
 // proposals (the block's picks stay in L1): one SM's loads, not its float64 lanes, would
 // otherwise bound the block. A column past d adds fma(0, 0, acc) = acc: the same bits as the
@@ -23,7 +23,7 @@
 // exactly the sequential chain, in (accepts + m/32) ballots rather than m dependent steps. A state
 // at distance 0 (a centre) is left for any proposal that is not (0 < d2[j] q[x]).
 extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
-        const double* __restrict__ X, const double* __restrict__ dmin, const double* __restrict__ q,
+        const double* __restrict__ X, const double* __restrict__ prior, const double* __restrict__ q,
         const long long* __restrict__ chains, const double* __restrict__ u, long long* picks,
         double* work, const int d, const int m, const int b, const long long s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
@@ -35,14 +35,14 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
             double xv[AFK_R][AFK_DCH], v[AFK_R];
             #pragma unroll
             for (int r = 0; r < AFK_R; ++r) {
-                const long long row = idx[j0 + r < m ? j0 + r : 0];  // past m: any row, its result unused
-                const double* xr = X + row * d;
+                const int j = j0 + r < m ? j0 + r : 0;  // past m: any proposal, its result unused
+                const double* xr = X + idx[j] * d;
                 #pragma unroll
                 for (int k = 0; k < AFK_DCH; ++k) {
                     const int t = lane + 32 * k;
                     xv[r][k] = t < d ? xr[t] : 0.0;
                 }
-                v[r] = dmin[row];
+                v[r] = prior[(long long)i * m + j];
             }
             for (int p = 0; p < i; ++p) {
                 const double* xc = X + picks[s + p] * d;
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
 #else
         for (int j = warp; j < m; j += nwarp) {
             const double* xr = X + idx[j] * d;
-            double v = dmin[idx[j]];
+            double v = prior[(long long)i * m + j];
             for (int p = 0; p < i; ++p) {
                 const double* xc = X + picks[s + p] * d;
                 double acc = 0.0;
@@ -115,10 +115,11 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
     }
 }
 
-// After a block: its picks folded into dmin of the suffix of rows later chains read. g (n, b):
-// the GEMM -2 X C^T of those rows against the block's picks; each row's squared distance to a
-// pick is (g + ||x||^2) + ||c||^2 clipped at 0 (the host's expression, in its order: two
-// rounded adds), and dmin takes its minimum. One thread per row.
+// A block's picks folded into the distances of n rows (the next block's proposals, or the
+// suffix of rows the chains after it read). g (n, b): the GEMM -2 X C^T of those rows against
+// the block's picks; each row's squared distance to a pick is (g + ||x||^2) + ||c||^2 clipped
+// at 0 (the host's expression, in its order: two rounded adds), and dmin takes its minimum. One
+// thread per row.
 extern "C" __global__ void __launch_bounds__(256) afkmc2_fold(
         const double* __restrict__ g, const double* __restrict__ xsq, const double* __restrict__ csq,
         double* __restrict__ dmin, const long long n, const int b) {
