@@ -69,7 +69,7 @@ def profile(problem: problems.Problem) -> None:
         picks = ac.run_chains(Xu, c1, chains, qu, u, block=b)  # reads the picks back: synchronised
         s = time.perf_counter() - t0
         read_s = 0.77 * U * d * 8 / ac.GPU_BYTES_S + ac.GPU_BLOCK_LAUNCH_S
-        model = k * (read_s / b + b * m * d / (2 * ac.GPU_SM_FMA))
+        model = k * max(read_s / b, b * m * d / (2 * ac.GPU_SM_FMA))  # the fold beside the chains
         same = "" if ref is None else f", the same picks as block {BLOCKS[0]}: {bool((picks == ref).all())}"
         ref = picks if ref is None else ref
         print(f"  block {b:3d}{' (chosen)' if b == chosen else ''}: {s:.3f} s = {s / it:.1f} iterations "
