@@ -28,6 +28,10 @@ data (seed 0) in a file format and the command's options:
   default init at wide K in iteration-times (``init_iteration_times``; issue 46's target: at
   most 5 each, warm cache, one GPU: ``--warm-only``, ``CUDA_VISIBLE_DEVICES=0``).
 
+- ``p3afk``, ``p3pp``: P3 with ``--init afk-mc2`` and with ``--init k-means++``, tf32, 20
+  iterations, seed 0: AFK-MC²'s init in iteration-times (``init_iteration_times``; issue 46's
+  target: at most 3, warm cache, one GPU) beside k-means++'s.
+
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
 
@@ -41,6 +45,7 @@ in memory, against scikit-learn's fit of the same array.
 
     python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--warm-only] [--out r.json [--merge]]
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems w14,w16,w18 --repeats 3 --warm-only
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems p3afk,p3pp --repeats 3 --warm-only
 
 Committed results: ``results/command_<device>.json`` (``command_cpu_<cores>core.json`` on a
 CPU host), entries keyed by run, each with its commit and date.
@@ -85,6 +90,12 @@ PROBLEMS.update({
     name.lower(): _spec(name, fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"],
                         sk=False, own_init=True)
     for name in ("W14", "W16", "W18")
+})
+# AFK-MC² at P3 (issue 46), beside k-means++: tf32, 20 iterations, seed 0.
+PROBLEMS.update({
+    f"p3{tag}": _spec("P3", fmt="npy", args=["--init", init, "--precision", "tf32", "--seed", "0", "--max-iter", "20",
+                                             "--tol", "0"], sk=False, own_init=True)
+    for tag, init in (("afk", "afk-mc2"), ("pp", "k-means++"))
 })
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 

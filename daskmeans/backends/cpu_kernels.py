@@ -238,3 +238,88 @@ def column_moments(x, mean, m2, max_abs):  # pragma: no cover - compiled
             dv = np.float64(r[t]) - mean[t]
             m2[t] += dv * dv
     return True
+
+
+# Strict float64 (no fastmath): the distances' sums in a fixed order and the chain's products
+# left to right, so a seed's AFK-MC² centres do not depend on the CPU's vector width.
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _sqdiff4(a, b):  # pragma: no cover - compiled
+    """``sum((a - b)^2)`` in float64 by four running sums over columns ``t = 4 i + r`` (four
+    independent lanes the compiler can put in one vector without reordering a sum), added
+    ``(s0 + s1) + (s2 + s3)``, then the columns beyond the last multiple of 4 in order."""
+    s0 = s1 = s2 = s3 = 0.0
+    d = a.shape[0]
+    d4 = d - d % 4
+    for t in range(0, d4, 4):
+        e0 = a[t] - b[t]
+        e1 = a[t + 1] - b[t + 1]
+        e2 = a[t + 2] - b[t + 2]
+        e3 = a[t + 3] - b[t + 3]
+        s0 += e0 * e0
+        s1 += e1 * e1
+        s2 += e2 * e2
+        s3 += e3 * e3
+    acc = (s0 + s1) + (s2 + s3)
+    for t in range(d4, d):
+        e = a[t] - b[t]
+        acc += e * e
+    return acc
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def afkmc2_block(X, prior, q, chains, u, picks, s):  # pragma: no cover - compiled
+    """One block of AFK-MC²'s Markov chains, in order (``daskmeans.seeding.afkmc2_chains``;
+    the GPU's ``afkmc2_block`` in ``cuda/afkmc2.cu`` does the same on one CTA).
+
+    Parameters
+    ----------
+    X : ndarray (U, d) float64
+        The distinct proposal rows.
+    prior : ndarray (b, m) float64
+        Each proposal's squared distance to every centre chosen before the block.
+    q : ndarray (U,) float64
+        Each row's proposal probability (positive).
+    chains : ndarray (b, m) int64
+        The block's chains' proposals, rows of ``X``.
+    u : ndarray (b, m - 1) float64
+        Their acceptance uniforms.
+    picks : ndarray (n_chains,) int64
+        Every chain's last state (a row of ``X``); the block's are written at ``[s, s + b)``,
+        the ones before ``s`` are not read.
+    s : int
+        The block's first chain.
+    """
+    b, m = chains.shape
+    d2 = np.empty(m)
+    for i in range(b):
+        for j in range(m):
+            r = chains[i, j]
+            v = prior[i, j]
+            for p in range(s, s + i):  # the block's picks so far
+                acc = _sqdiff4(X[r], X[picks[p]])
+                if acc < v:
+                    v = acc
+            d2[j] = v
+        x = 0
+        for j in range(1, m):
+            if u[i, j - 1] * d2[x] * q[chains[i, j]] < d2[j] * q[chains[i, x]]:
+                x = j
+        picks[s + i] = chains[i, x]
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def afkmc2_fold(g, xsq, csq, dmin):  # pragma: no cover - compiled
+    """A block of AFK-MC²'s picks folded into the later chains' distances: ``dmin[i] =
+    min(dmin[i], min_j max(0, (g[i, j] + xsq[i]) + csq[j]))`` (``g`` (n, b) float64, the GEMM
+    ``-2 X C^T``; the GPU's ``afkmc2_fold``, the same expression in the same order)."""
+    n, b = g.shape
+    for i in range(n):
+        v = dmin[i]
+        xi = xsq[i]
+        for j in range(b):
+            t = (g[i, j] + xi) + csq[j]
+            if t < 0.0:
+                t = 0.0
+            if t < v:
+                v = t
+        dmin[i] = v

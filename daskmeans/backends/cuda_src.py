@@ -48,6 +48,12 @@ The kernels (see that module for when each runs):
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
     along runs of equal labels, one atomic add per run and column instead of one per element.
+``afkmc2_block`` / ``afkmc2_fold`` (``cuda/afkmc2.cu``, outside :data:`SOURCES`: only
+``init="afk-mc2"`` loads them)
+    One block of AFK-MC²'s Markov chains on one CTA, in order: each chain's proposals'
+    squared distances to the block's earlier picks, then the chain in one warp; after it, the
+    block's picks folded from their GEMM into the later chains' distances
+    (:mod:`daskmeans.seeding.afkmc2_chains` launches them).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ SELECT_ROWS_SRC = _COMMON + _source("certify.cuh") + _source("select_rows.cu")
 SELECT_COLS_SRC = _COMMON + _source("certify.cuh") + _source("select_cols.cu")
 SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
+AFKMC2_SRC = _COMMON + _source("afkmc2.cu")
 SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC)
 
 
@@ -266,6 +273,31 @@ FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", 
 def fit_kernels() -> dict[str, Any]:
     """The fit module's kernels by name (:data:`FIT_KERNELS`; no compile-time configuration)."""
     return _functions(("fit",), FIT_SRC, FIT_KERNELS)
+
+
+AFKMC2_THREADS = 512  # 16 warps: the proposals' distances hide their loads' latency on one SM
+
+
+AFKMC2_KERNELS = ("afkmc2_block", "afkmc2_fold")
+# Proposals per warp held in registers at once, and the most columns per lane held there
+# (16 x 32 = 512 features; 2 x 16 doubles and the rest fit 512 threads' 128 registers each).
+AFKMC2_ROWS, AFKMC2_MAX_DCH = 2, 16
+
+
+def afkmc2_dch(d: int) -> int:
+    """Columns per lane of ``d`` features in ``afkmc2_block``'s registers (``ceil(d / 32)``),
+    or 0 (the loop over global memory) beyond :data:`AFKMC2_MAX_DCH`."""
+    dch = -(-int(d) // 32)
+    return dch if 0 < dch <= AFKMC2_MAX_DCH else 0
+
+
+def afkmc2_kernels(d: int) -> dict[str, Any]:
+    """AFK-MC²'s kernels by name for rows of ``d`` features: the in-block chains
+    (``afkmc2_block``, launched with :data:`AFKMC2_THREADS` threads in one block) and the fold
+    of a block's picks into the later chains' distances (``afkmc2_fold``, 256 threads a block)."""
+    dch = afkmc2_dch(d)
+    src = f"#define AFK_THREADS {AFKMC2_THREADS}\n#define AFK_DCH {dch}\n#define AFK_R {AFKMC2_ROWS}\n" + AFKMC2_SRC
+    return _functions(("afkmc2", AFKMC2_THREADS, dch, AFKMC2_ROWS), src, AFKMC2_KERNELS)
 
 
 def compile_concurrently(*compiles: Any) -> None:

@@ -10,12 +10,16 @@ CDF over the global row order crosses a uniform of the seed. A float prefix sum 
 chunking, so each row's mass is rounded once to an int64 multiple of a power of two chosen from
 the global maximum (:class:`daskmeans.numerics.grid.Grid`'s exponent rule): integer sums are
 exact in any order, so the chunks' totals, gathered in chunk order, locate a proposal's chunk
-by ``searchsorted``, and a task on the shard holding that chunk locates its row. The proposal
-rows then come to the client (``seeding.rows.take_rows``), which runs the ``K - 1`` chains in
-float64 NumPy. Every draw is the seed's, on the client, and every number a chain reads is
-either an exact integer or computed on the client from the rows' values: the same seed gives
-the same centroids bit for bit on any chunking and worker (GPU) count. (The one pass's
-distances are the backend's exact ones, ``min_sqdist``, as k-means||'s.)
+by ``searchsorted``, and a task on the shard holding that chunk locates its row. The distinct
+proposal rows then go to one worker, the first shard's (its own rows stay on its device; the
+others' come through Dask as host rows), which runs the ``K - 1`` chains on its device in
+blocks (:mod:`.afkmc2_chains`: CuPy on a GPU worker, NumPy and Numba on a CPU one; float64,
+one kernel launch and one GEMM per block, nothing read back until the end). Every draw is the
+seed's, on the client, and every number a chain reads is either an exact integer or computed
+on that one device from the rows' values, in an order and with shapes that depend on the
+proposals alone: the same seed gives the same centroids bit for bit on any chunking and worker
+(GPU) count of one kind of device. (The one pass's distances are the backend's exact ones,
+``min_sqdist``, as k-means||'s.)
 """
 
 from __future__ import annotations
@@ -28,21 +32,22 @@ from distributed import Client
 
 from .. import config
 from ..engine.placement import Placement, Shard
+from ..engine.task import blas_capped, unique_key
 from ..engine.watch import gather
 from ..events import advance, note
 from ..numerics.grid import Grid
 from . import rows
 from .kmeans_parallel import INIT_PRECISION
-from .rows import take_rows
+from .afkmc2_chains import chains_on_shard
+from .rows import shard_rows, take_rows
 
-# The chains' proposal rows ((K - 1) m x d float64) are held on the client: beyond this many
-# bytes the chain is shortened to fit (with a note), rather than the client running out of
-# memory (K = 40,000, m = 200, d = 480 would need 30 GB; it gets m = 27 here).
-CLIENT_BYTES = 4 << 30
-# Chains run in blocks of this many: after each block, one GEMM folds the block's new centres
-# into the distances of the proposals that later chains read (a column per centre, read
-# b columns at a time: the proposal matrix is read K / b times, not K times).
-BLOCK = 64
+# The chains' distinct proposal rows (at most (K - 1) m x d float64) are held on one worker's
+# device (or host, a CPU worker's), twice (as gathered, and sorted by last use): beyond this
+# many bytes the chain is shortened to fit (with a note), rather than the worker running out of
+# memory (K = 40,000, m = 200, d = 480 would need 30 GB; it gets m = 27 here). A constant, not the
+# plan's device budget: the budget is the data's, known to the plan on the client but not
+# here, and a cap that moved with the workers' memory would make the centroids depend on them.
+WORKER_BYTES = 4 << 30
 
 
 # ---------------------------------------------------------------- on the shards
@@ -220,82 +225,27 @@ def _draw(client: Client, placement: Placement, states: list, cdf: Cdf, targets:
 
 def fit_chain(k: int, d: int, m: int) -> int:
     """The chain length that runs: ``m``, or the longest whose ``(k - 1) m`` proposal rows of
-    ``d`` float64 values fit in :data:`CLIENT_BYTES` (at least 1: a chain of one proposal is
+    ``d`` float64 values fit in :data:`WORKER_BYTES` (at least 1: a chain of one proposal is
     a draw from ``q``)."""
-    fits = CLIENT_BYTES // max(1, (k - 1) * d * 8)
+    fits = WORKER_BYTES // max(1, (k - 1) * d * 8)
     return max(1, min(m, int(fits)))
 
 
-def _sqdist(X: np.ndarray, xsq: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """Squared distances ``(len(X), len(C))`` float64 by one GEMM, clipped at 0."""
-    out = X @ (-2.0 * C.T)
-    out += xsq[:, None]
-    out += np.einsum("kd,kd->k", C, C)[None, :]
-    return np.maximum(out, 0.0, out=out)
-
-
-def _chain(d2: list, q: list, u: list) -> int:
-    """One chain over its proposals (Python floats: a step is a few scalar operations, which
-    NumPy's scalars would make several times dearer): the index of its last state."""
-    x = 0
-    for j in range(1, len(d2)):
-        if u[j - 1] * d2[x] * q[j] < d2[j] * q[x]:
-            x = j
-    return x
-
-
-def run_chains(X: np.ndarray, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """The K - 1 Metropolis-Hastings chains of AFK-MC², one after another on the host.
-
-    Chain ``i`` starts at its first proposal and moves to its proposal ``y`` from state ``x``
-    when ``u * d(x, C)^2 q(y) < d(y, C)^2 q(x)``, ``C`` the centres so far (``c1`` and the
-    earlier chains' last states); its last state is centre ``i + 1``. A state at distance 0
-    (a centre already) is left for any proposal that is not.
-
-    Parameters
-    ----------
-    X : ndarray, shape (U, d), float64
-        The distinct proposal rows.
-    c1 : ndarray, shape (d,), float64
-        The first centre.
-    chains : ndarray of intp, shape (K - 1, m)
-        Each chain's proposals, as rows of ``X``.
-    q : ndarray, shape (U,), float64
-        Each row's proposal probability (positive).
-    u : ndarray, shape (K - 1, m - 1), float64
-        The acceptance uniforms.
-
-    Returns
-    -------
-    ndarray of intp, shape (K - 1,)
-        Each chain's last state, a row of ``X``.
-    """
-    nchain, m = chains.shape
-    # Rows by the last chain that reads them: the distances the later chains still need are
-    # then a suffix, updated in place by one GEMM per block of chains.
-    last = np.full(X.shape[0], -1, np.int64)
-    np.maximum.at(last, chains.ravel(), np.repeat(np.arange(nchain), m))
-    order = np.argsort(last, kind="stable")
-    where = np.empty_like(order)
-    where[order] = np.arange(len(order))
-    X, q, last = X[order], q[order], last[order]
-    chains = where[chains]
-    xsq = np.einsum("nd,nd->n", X, X)
-    dmin = _sqdist(X, xsq, c1[None, :])[:, 0]
-    picked = np.empty(nchain, np.intp)
-    for s in range(0, nchain, BLOCK):
-        e = min(nchain, s + BLOCK)
-        for i in range(s, e):
-            idx = chains[i]
-            d2 = dmin[idx]
-            if i > s:  # the centres of this block so far
-                d2 = np.minimum(d2, _sqdist(X[idx], xsq[idx], X[picked[s:i]]).min(axis=1))
-            picked[i] = idx[_chain(d2.tolist(), q[idx].tolist(), u[i].tolist())]
-        lo = int(np.searchsorted(last, e))  # rows that chains from e on read
-        if lo < X.shape[0] and e < nchain:
-            new = _sqdist(X[lo:], xsq[lo:], X[picked[s:e]]).min(axis=1)
-            np.minimum(dmin[lo:], new, out=dmin[lo:])
-    return order[picked]
+def _chains_on_first_shard(client: Client, placement: Placement, uniq: np.ndarray, c1: np.ndarray,
+                           chains: np.ndarray, q: np.ndarray, u_seed: list) -> tuple[np.ndarray, np.ndarray]:
+    """The chains on the first shard's worker (:func:`.afkmc2_chains.chains_on_shard`): the
+    other shards' rows of ``uniq`` come to it as host rows (with one worker nothing moves),
+    the proposals' positions and probabilities are scattered to it. ``(picked, rows)``."""
+    nshard = len(placement.shards)
+    give = [np.empty(0, np.int64)] + [uniq] * (nshard - 1)  # the first shard's own rows stay on its device
+    parts = rows.submit_per_shard(client, placement, shard_rows, give, name="daskmeans-afkmc2-rows")[1:]
+    w0 = placement.workers[0]
+    # ~(K - 1) m int64 and U float64: scattered, not in the graph
+    uniq_f, chains_f, q_f = client.scatter([uniq, chains, q], workers=[w0], hash=False)
+    fut = client.submit(blas_capped(chains_on_shard), placement.shards[0], parts, uniq_f, c1, chains_f, q_f, u_seed,
+                        workers=[w0], allow_other_workers=False, pure=False,
+                        key=unique_key("daskmeans-afkmc2-chains"))
+    return rows.result(client, placement, fut)
 
 
 def init_afkmc2(
@@ -314,10 +264,12 @@ def init_afkmc2(
     Metropolis-Hastings chain of ``chain_length`` proposals (``daskmeans.init.afkmc2-chain``,
     200 by default, as the paper) drawn from ``q(x) = 1/2 w d(x, c1)^2 / sum(w d^2) + 1/2 w /
     sum(w)``. Cost: one distance pass over the data (against ``c1``), a few tasks without a
-    pass (the chunks' integer totals, the rows' locations), ``(k - 1) * chain_length`` rows to
-    the client, and there the chains, ``O(k^2 chain_length d)`` float64 flops in GEMMs.
+    pass (the chunks' integer totals, the rows' locations), the distinct proposal rows (at most
+    ``(k - 1) * chain_length``) to the first shard's worker, and there the chains on its device,
+    at most ``O(U k d)`` float64 flops in GEMMs (``U`` distinct rows) and ``O(k b chain_length
+    d)`` in the blocks of ``b`` chains (:mod:`.afkmc2_chains`).
 
-    Where the ``(k - 1) * chain_length * d`` float64 proposals exceed :data:`CLIENT_BYTES`
+    Where the ``(k - 1) * chain_length * d`` float64 proposals exceed :data:`WORKER_BYTES`
     (4 GiB) the chain is shortened automatically to the longest that fits (:func:`fit_chain`),
     with a note; the result is still a function of the seed, ``k``, ``d`` and the setting.
 
@@ -335,8 +287,8 @@ def init_afkmc2(
     fit = fit_chain(k, d, m)
     if fit < m:
         note(f"afk-mc2: chains of {fit} proposals, not {m}: (k - 1) x m x d = {k - 1} x {m} x {d} float64 "
-             f"proposals would take {(k - 1) * m * d * 8 / 2**30:.1f} GiB of the client's memory "
-             f"(at most {CLIENT_BYTES / 2**30:.0f} GiB)")
+             f"proposals would take {(k - 1) * m * d * 8 / 2**30:.1f} GiB of a worker's memory "
+             f"(at most {WORKER_BYTES / 2**30:.0f} GiB)")
         m = fit
     seed = int(np.random.SeedSequence(seed).generate_state(1)[0])
     advance(0, 3)
@@ -391,10 +343,10 @@ def init_afkmc2(
         a[pos], b[pos] = ai, bi
     qw = b / wcdf.total if weighted else np.full(len(uniq), 1.0 / n)
     q = qw if acdf.total == 0 else 0.5 * (a / acdf.total) + 0.5 * qw
-    X = take_rows(client, placement, uniq)
     advance(2, 3)
 
-    u = np.random.default_rng([seed, 2]).random((k - 1, m - 1))
-    picked = run_chains(X, c1[0], inv.reshape(k - 1, m), q, u)
+    # The chains on one worker's device; the acceptance uniforms drawn there from [seed, 2].
+    _, centres = _chains_on_first_shard(client, placement, uniq, c1, inv.reshape(k - 1, m).astype(np.int64), q,
+                                        [seed, 2])
     advance(3, 3)
-    return np.concatenate([c1, X[picked]])
+    return np.concatenate([c1, centres])

@@ -17,7 +17,7 @@ from distributed import Client
 from ..engine.placement import Placement, Shard
 from ..engine.task import result, submit_per_shard
 
-__all__ = ["gather_rows", "result", "row_parts", "submit_per_shard", "take_rows"]
+__all__ = ["gather_rows", "result", "row_parts", "shard_rows", "submit_per_shard", "take_rows"]
 
 
 def chunk_rows(shard: Shard, picks: dict) -> dict:
@@ -42,7 +42,7 @@ def chunk_rows(shard: Shard, picks: dict) -> dict:
     return shard.tier.take(shard, picks)
 
 
-def _take_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def shard_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Host copies of the global ``rows`` (sorted) that fall in this shard; only the chunks
     that hold some of them are read."""
     picks = {}
@@ -66,9 +66,9 @@ def gather_rows(parts: list, rows: np.ndarray) -> np.ndarray:
 
 
 def row_parts(client: Client, placement: Placement, rows: np.ndarray) -> list:
-    """Futures of each shard's share of ``rows`` (:func:`_take_rows`), for :func:`gather_rows`."""
+    """Futures of each shard's share of ``rows`` (:func:`shard_rows`), for :func:`gather_rows`."""
     uniq = rows if bool(np.all(rows[1:] > rows[:-1])) else np.unique(rows)
-    return submit_per_shard(client, placement, _take_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
+    return submit_per_shard(client, placement, shard_rows, [uniq] * len(placement.shards), name="daskmeans-take-rows")
 
 
 def take_rows(client: Client, placement: Placement, rows: np.ndarray) -> np.ndarray:

@@ -13,8 +13,9 @@ from daskmeans import KMeans, make_blobs
 from daskmeans.engine.placement import place
 from daskmeans.io.readers import read
 from daskmeans.seeding import REGISTRY, resolve_init
-from daskmeans.seeding.afkmc2 import (CLIENT_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp,
-                                      run_chains)
+from daskmeans.seeding.afkmc2 import WORKER_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp
+from daskmeans.backends.cpu_kernels import afkmc2_block
+from daskmeans.seeding.afkmc2_chains import CPU_BLOCK, chain_block, run_chains
 
 
 def _placed(client, X, chunks, w=None):
@@ -83,6 +84,93 @@ def test_run_chains_by_hand():
     np.testing.assert_array_equal(got, [2, 1])
 
 
+def run_chains_reference(X, c1, chains, q, u):
+    """The chains one after another in float64, each proposal's squared distance to every
+    centre so far computed directly (no blocks, no GEMM, no suffix): the rule of
+    :func:`run_chains`, written plainly."""
+    centres = [np.asarray(c1, np.float64)]
+    picked = []
+    for i, idx in enumerate(chains):
+        d2 = np.min([((X[idx] - c) ** 2).sum(axis=1) for c in centres], axis=0)
+        x = 0
+        for j in range(1, len(idx)):
+            if u[i, j - 1] * d2[x] * q[idx[j]] < d2[j] * q[idx[x]]:
+                x = j
+        picked.append(idx[x])
+        centres.append(X[idx[x]])
+    return np.array(picked, np.int64)
+
+
+# Three chains of four proposals on the line (rows 0, 1, 3, 6, 10; c1 = 0), by hand:
+# chain 0, proposals rows 1, 2, 0, 4 (d^2 1, 9, 0, 100; q .2, .3, .1, .2), u .5 .5 .5: from row 1,
+#   .5 * 1 * .3 < 9 * .2 takes row 2; .5 * 9 * .1 < 0 * .3 keeps it; .5 * 9 * .2 < 100 * .3 takes
+#   row 4 (x = 10): the pick.
+# chain 1, rows 3, 4, 2, 1; d^2 with centre 10: 16, 0, 9, 1; u .9 .1 .15: row 4 (a centre) is
+#   refused (.9 * 16 * .2 < 0); .1 * 16 * .3 < 9 * .2 takes row 2; .15 * 9 * .2 = .27 < 1 * .3
+#   takes row 1 (x = 1; with q uniform, 1.35 < 1 would not): the pick.
+# chain 2, rows 4, 2, 3, 1; d^2 with centres 10 and 1: 0, 4, 16, 0; u .3 .99 .99: the state at
+#   distance 0 is left for row 2 (0 < 4 * .2), then row 3 (.99 * 4 * .2 < 16 * .3); row 1, a
+#   centre, is refused: the pick is row 3 (x = 6).
+TOY_X = np.array([[0.0], [1.0], [3.0], [6.0], [10.0]])
+TOY_Q = np.array([0.1, 0.2, 0.3, 0.2, 0.2])
+TOY_CHAINS = np.array([[1, 2, 0, 4], [3, 4, 2, 1], [4, 2, 3, 1]], np.int64)
+TOY_U = np.array([[0.5, 0.5, 0.5], [0.9, 0.1, 0.15], [0.3, 0.99, 0.99]])
+
+
+def test_in_block_chains_by_hand():
+    """One block of three chains in the compiled kernel: each chain sees the block's earlier
+    picks (the prior holds the proposals' distances to c1 alone)."""
+    picks = np.full(5, -1, np.int64)
+    afkmc2_block(TOY_X, (TOY_X[:, 0] ** 2)[TOY_CHAINS], TOY_Q, TOY_CHAINS, TOY_U, picks, 2)
+    np.testing.assert_array_equal(picks, [-1, -1, 4, 1, 3])  # written at [s, s + b) only
+    for block in (1, 2, 3, 64):  # every split into blocks: in the block, or folded by the GEMM
+        np.testing.assert_array_equal(run_chains(TOY_X, np.zeros(1), TOY_CHAINS, TOY_Q, TOY_U, block=block),
+                                      [4, 1, 3], err_msg=str(block))
+    np.testing.assert_array_equal(run_chains_reference(TOY_X, np.zeros(1), TOY_CHAINS, TOY_Q, TOY_U), [4, 1, 3])
+
+
+def _random_chains(X, k, m, seed):
+    """Proposals drawn as AFK-MC² draws them (half by d^2 to c1 = row 0, half uniform), as rows
+    of their distinct rows: ``(Xu, c1, chains, qu, u)``."""
+    rng = np.random.default_rng(seed)
+    n = len(X)
+    d2 = ((X - X[0]) ** 2).sum(axis=1)
+    q = 0.5 * d2 / d2.sum() + 0.5 / n
+    uniq, inv = np.unique(rng.choice(n, size=(k - 1) * m, p=q), return_inverse=True)
+    return X[uniq], X[0], inv.reshape(k - 1, m), q[uniq], rng.random((k - 1, m - 1))
+
+
+@pytest.mark.parametrize("integers", [True, False])
+def test_blocks_give_the_reference_chains(integers):
+    """Small integers: every distance exact in any order, so every block size gives the plain
+    float64 chains' picks exactly; Gaussian rows (these seeds): no decision within rounding of
+    a tie either."""
+    rng = np.random.default_rng(4)
+    X = rng.integers(-20, 20, (2000, 6)).astype(np.float64) if integers else rng.standard_normal((2000, 6))
+    Xu, c1, chains, qu, u = _random_chains(X, 60, 25, 8)
+    ref = run_chains_reference(Xu, c1, chains, qu, u)
+    assert len(np.unique(ref)) > 50  # the chains do move
+    for block in (1, 5, 16, CPU_BLOCK, 59, 64):
+        np.testing.assert_array_equal(run_chains(Xu, c1, chains, qu, u, block=block), ref, err_msg=str(block))
+
+
+def test_chain_of_one_proposal_and_the_block_sizes():
+    """m = 1 (no uniforms): each pick is its chain's proposal. The GPU's block size is a
+    function of the shapes alone, within its bounds (P3: 24)."""
+    X = np.arange(12.0).reshape(6, 2)
+    chains = np.array([[3], [5], [0]])
+    np.testing.assert_array_equal(run_chains(X, X[1], chains, np.full(6, 1 / 6), np.empty((3, 0))), [3, 5, 0])
+    assert chain_block(True, 300_000, 408, 200) == 24
+    assert chain_block(True, 10, 2, 10**6) == 4 and chain_block(True, 10**9, 1, 1) == 256
+    assert chain_block(False, 300_000, 408, 200) == CPU_BLOCK
+    from daskmeans.backends.cuda_src import afkmc2_dch
+
+    # the GPU kernel's columns per lane in registers: ceil(d / 32) up to 512 features
+    assert [afkmc2_dch(d) for d in (1, 32, 33, 408, 512, 513, 4096)] == [1, 1, 2, 13, 16, 0, 0]
+    with pytest.raises(ValueError, match="block=0 should be >= 1"):
+        run_chains(X, X[1], chains, np.full(6, 1 / 6), np.empty((3, 0)), block=0)
+
+
 # ---------------------------------------------------------------- the quantised CDF sampler
 
 
@@ -149,6 +237,16 @@ def test_same_centroids_on_any_chunking_and_worker_count(client, client1, client
     assert not np.array_equal(runs[1, 2, True], ref)
 
 
+@pytest.mark.parametrize("tier", ["host", "storage"])
+def test_same_centroids_in_every_tier(client, blobs, tier):
+    """The chains' worker takes its own rows where its tier keeps them (the device tier's
+    blocks in place; the storage tier reads them): the same rows, the same centroids."""
+    Xd = read(da.from_array(blobs, chunks=(1000, -1)))
+    ref = init_afkmc2(client, place(client, Xd, "numpy", balance=False), 12, 3, chain_length=40)
+    got = init_afkmc2(client, place(client, Xd, "numpy", tier=tier, balance=False), 12, 3, chain_length=40)
+    np.testing.assert_array_equal(got, ref)
+
+
 def test_seed_decides_the_centroids(client, blobs):
     p = _placed(client, blobs, 2)
     a, b = init_afkmc2(client, p, 8, 1), init_afkmc2(client, p, 8, 1)
@@ -172,7 +270,7 @@ def test_rows_of_weight_zero_are_never_centres(client, blobs):
 def test_a_shorter_chain_where_the_proposals_would_not_fit():
     assert fit_chain(5000, 408, 200) == 200  # P3: 3.3 GB
     m = fit_chain(40_000, 480, 200)
-    assert m == CLIENT_BYTES // (39_999 * 480 * 8) == 27
+    assert m == WORKER_BYTES // (39_999 * 480 * 8) == 27
     assert fit_chain(10**9, 10**4, 200) == 1
 
 

@@ -1,0 +1,361 @@
+"""AFK-MC²'s Markov chains on one worker's device, in blocks (:mod:`.afkmc2` draws their
+proposals; this module runs them).
+
+The distinct proposal rows are gathered on one worker, the first shard's (its own rows taken
+where they live, on its device; the other shards' come as host rows through Dask), and the
+``K - 1`` chains run there with the backend's array module (CuPy on a GPU worker, NumPy on a
+CPU one), in blocks of ``b`` chains, every step enqueued without reading anything back until
+the last block:
+
+- the rows are sorted by the last chain that reads them, so the rows that chains from ``e`` on
+  still read are a suffix; ``dmin`` holds each row's squared distance to every centre chosen so
+  far;
+- block ``t`` (chains ``[s, e)``): its proposals' distances to the centres before it, the
+  minimum of ``dmin`` and one GEMM of its ``b m`` proposals against block ``t - 1``'s picks
+  (the prior); then one launch runs its chains in order (the GPU's ``afkmc2_block``, one CTA,
+  ``backends/cuda/afkmc2.cu``; the CPU's Numba ``afkmc2_block``, ``backends/cpu_kernels.py``):
+  each chain's proposals' distances to the block's earlier picks (directly, ``sum (x - c)^2``
+  in a fixed order), their minimum with the prior, then the Metropolis-Hastings chain; its
+  pick goes to a device array the next steps index;
+- one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
+  ``t`` read. It waits only for block ``t``'s prior, so on a GPU it runs on a second stream
+  beside block ``t``'s chains (the whole device's GEMM beside one SM's chains); no operand
+  depends on that order, so the CPU's one queue computes the same values.
+
+Which scheme for the centres before a block (flops at P3: K = 5000, m = 200, d = 408, U = 3e5
+distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m proposals
+against every centre before it, costs ``sum_s b m s d = m K^2 d / 2`` = 1.0e12 FMA; the suffix
+one above, each block's picks against the rows later chains read, at most ``U K d`` and about
+``0.77 U K d`` = 4.7e11 FMA at P3 (a row drawn ~3.3 times has its last use late: about 77% of
+the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 1e10 at b = 24. The
+suffix scheme has fewer flops wherever ``U < m K / 2``
+(the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
+a function of the proposals alone.
+
+Precision: float64 throughout. A data-centre GPU's float64 GEMM (on its tensor cores) runs at
+its float32 rate, so float32 would save only the suffix's bytes (the GEMM reads the suffix
+once per block); float64 keeps every distance the host reference's to within rounding, so a
+chain's decisions are those of exact arithmetic except within a few ulps of a tie. The result is
+deterministic for a seed: it is computed on one device, in a fixed order, with shapes and a block
+size that depend only on the proposals (not on the chunking, the worker count or which worker),
+so the same seed gives the same centroids bit for bit on any chunking and worker count of a
+kind of device; a GPU and a CPU may differ where rounding decides a near-tie (fused multiply-adds
+in the GPU's sums).
+
+The block size ``b`` (:func:`chain_block`) balances the two costs per block: the suffix GEMM
+reads the suffix once per block (``K / b`` reads of ~0.77 U d 8 bytes) while the in-block work,
+``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; on a GPU a
+block costs the larger of the two (they overlap), on a CPU their sum. See docs/performance.md,
+"AFK-MC²'s chains on one worker's device".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+
+# The GPU cost model's rates (the datasheet's, of the GPU it was written for: docs/performance.md,
+# "AFK-MC²'s chains on one worker's device"; the block size is a function of the shapes alone,
+# so these are constants, not the device's measurement: a measured rate would make the result
+# depend on the worker that ran it). One SM's float64 FMA rate (64 lanes x 1.98 GHz), the
+# device's memory bandwidth, and the host's cost of enqueueing one block (its kernel, the
+# gather of the picks, the GEMM and its minimum: five launches).
+GPU_SM_FMA = 64 * 1.98e9
+GPU_BYTES_S = 4.8e12
+GPU_BLOCK_LAUNCH_S = 25e-6
+# On the CPU the suffix GEMM is bound by flops (not by the suffix's bytes) and its rate falls
+# for narrow blocks, while the in-block distances run on one core: the block size measured
+# best at 1e5 x 64, K = 1000, m = 200 on 2 shared cores (docs/performance.md).
+CPU_BLOCK = 32
+# The block size's range: at least a few chains (launches), at most where one CTA's in-block
+# work would dominate any GEMM.
+MIN_BLOCK, MAX_BLOCK = 4, 256
+
+
+def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
+    """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` where the cost per
+    chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
+    in-block work's, ``b m d / 2`` FMA on one SM (the two overlap: a block costs the larger, least
+    where they are equal; their sum is least there too): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
+    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24).
+
+    Parameters
+    ----------
+    gpu : bool
+        The chains run on a GPU.
+    n_rows : int
+        Distinct proposal rows (U).
+    d, m : int
+        Features; proposals per chain.
+
+    Returns
+    -------
+    int in [MIN_BLOCK, MAX_BLOCK]
+    """
+    if not gpu:
+        return CPU_BLOCK
+    read_s = 0.77 * n_rows * d * 8 / GPU_BYTES_S + GPU_BLOCK_LAUNCH_S
+    b = math.sqrt(2.0 * GPU_SM_FMA * read_s / max(1, m * d))
+    return int(min(MAX_BLOCK, max(MIN_BLOCK, round(b))))
+
+
+def _sqdist(xp: Any, X: Any, xsq: Any, C: Any) -> Any:
+    """Squared distances ``(len(X), len(C))`` float64 by one GEMM, clipped at 0 (``xsq``:
+    the rows' squared norms)."""
+    out = X @ (-2.0 * C.T)
+    out += xsq[:, None]
+    out += xp.einsum("kd,kd->k", C, C)[None, :]
+    return xp.maximum(out, 0.0, out=out)
+
+
+def _device_xp(X: Any) -> Any:
+    """The array module of a device array (CuPy's, imported only for one)."""
+    import cupy
+
+    return cupy.get_array_module(X)
+
+
+def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
+    """``(run, fold)`` on ``xp``'s device: ``run(X, prior, q, chains, u, picks, s)``, one
+    block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
+    dmin)``, a block's picks from their GEMM ``g`` into the distances ``dmin`` (both kernels of
+    ``backends/cpu_kernels.py`` or ``backends/cuda/afkmc2.cu``)."""
+    if xp is np:
+        from ..backends.cpu_kernels import afkmc2_block, afkmc2_fold
+
+        return afkmc2_block, afkmc2_fold
+    from ..backends import cuda_src
+
+    kern = cuda_src.afkmc2_kernels(d)
+
+    def run(X: Any, prior: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
+        b = chains.shape[0]
+        work = xp.empty((b, m), xp.float64)  # on the current stream's pool: reused in its order
+        kern["afkmc2_block"]((1,), (cuda_src.AFKMC2_THREADS,),
+                             (X, prior, q, chains, u, picks, work, np.int32(X.shape[1]), np.int32(m),
+                              np.int32(b), np.int64(s)))
+
+    def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
+        g = xp.ascontiguousarray(g)  # the kernel reads rows of b (cuBLAS's output already is)
+        n, b = g.shape
+        kern["afkmc2_fold"]((max(1, min(-(-n // 256), 8192)),), (256,), (g, xsq, csq, dmin, np.int64(n), np.int32(b)))
+
+    return run, fold
+
+
+class _Queues:
+    """The two queues of work: the chains' (each block's prior, then its chains) and the
+    suffix's folds, with the events that order them. On a GPU two CuPy streams, so that a
+    block's suffix fold (the whole device's GEMM) runs while the next block's chains run on one
+    SM; on the CPU one order, the same operations on the same values (no-ops here)."""
+
+    def __init__(self, xp: Any):
+        self.gpu = xp is not np
+        self.events: dict = {}
+        if self.gpu:
+            import cupy
+
+            self._cupy = cupy
+            start = cupy.cuda.Event(disable_timing=True)
+            start.record()  # the sorted rows and first distances, on the caller's stream
+            self.chains_stream = cupy.cuda.Stream(non_blocking=True)
+            self.folds_stream = cupy.cuda.Stream(non_blocking=True)
+            for st in (self.chains_stream, self.folds_stream):
+                st.wait_event(start)
+
+    def on(self, which: str) -> Any:
+        """The context that puts work on queue ``which`` ("chains" or "folds")."""
+        if not self.gpu:
+            return contextlib.nullcontext()
+        return self.chains_stream if which == "chains" else self.folds_stream
+
+    def record(self, name: str, t: int) -> None:
+        """Mark the work queued so far on the current queue as event ``(name, t)``."""
+        if self.gpu:
+            ev = self._cupy.cuda.Event(disable_timing=True)
+            ev.record()
+            self.events[name, t] = ev
+
+    def wait(self, name: str, t: int) -> None:
+        """The current queue's next work waits for event ``(name, t)`` (none: nothing to wait for)."""
+        ev = self.events.pop((name, t), None) if self.gpu else None
+        if ev is not None:
+            self._cupy.cuda.get_current_stream().wait_event(ev)
+
+    def finish(self) -> None:
+        """Wait for both queues (the arrays they read are freed after this)."""
+        if self.gpu:
+            self.chains_stream.synchronize()
+            self.folds_stream.synchronize()
+
+
+def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any, *,
+               block: int | None = None) -> np.ndarray:
+    """The K - 1 Metropolis-Hastings chains of AFK-MC², in blocks on ``X``'s device.
+
+    Chain ``i`` starts at its first proposal and moves to its proposal ``y`` from state ``x``
+    when ``u * d(x, C)^2 q(y) < d(y, C)^2 q(x)``, ``C`` the centres so far (``c1`` and the
+    earlier chains' last states); its last state is centre ``i + 1``. A state at distance 0
+    (a centre already) is left for any proposal that is not.
+
+    Block ``t`` (chains ``[s, e)``) reads each proposal's distance to the centres before it as
+    the minimum of ``dmin`` (``c1`` and the blocks before ``t - 1``: the suffix folds) and its
+    distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
+    them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
+    ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
+    ``dmin``, so on a GPU it runs beside block ``t``'s chains. Every value is fixed by the
+    proposals (the order of the queues changes no operand): the same on the CPU's one queue.
+
+    Parameters
+    ----------
+    X : array (U, d), float64, NumPy or CuPy
+        The distinct proposal rows; the chains run where they are.
+    c1 : ndarray, shape (d,), float64
+        The first centre.
+    chains : ndarray of int, shape (K - 1, m)
+        Each chain's proposals, as rows of ``X``.
+    q : ndarray, shape (U,), float64
+        Each row's proposal probability (positive).
+    u : array, shape (K - 1, m - 1), float64 (host or ``X``'s device)
+        The acceptance uniforms.
+    block : int, optional
+        Chains per block (:func:`chain_block` by default).
+
+    Returns
+    -------
+    ndarray of int64, shape (K - 1,)
+        Each chain's last state, a row of ``X`` (host).
+    """
+    xp = np if isinstance(X, np.ndarray) else _device_xp(X)
+    nchain, m = chains.shape
+    U, d = X.shape
+    b = int(block) if block is not None else chain_block(xp is not np, U, d, m)
+    if b < 1:
+        raise ValueError(f"block={b} should be >= 1")
+    # Rows by the last chain that reads them (host, from the proposals alone): the distances
+    # the chains from e on still need are then a suffix, whose start per block is known here.
+    chains = np.asarray(chains, np.int64)
+    last = np.full(U, -1, np.int64)
+    np.maximum.at(last, chains.ravel(), np.repeat(np.arange(nchain), m))
+    order = np.argsort(last, kind="stable")
+    where = np.empty_like(order)
+    where[order] = np.arange(U)
+    starts = np.arange(0, nchain, b)
+    ends = np.minimum(starts + b, nchain)
+    suffix = np.searchsorted(last[order], ends)  # rows that chains from e on read: [suffix, U)
+
+    X = X[xp.asarray(order)]  # on X's device
+    q_d = xp.asarray(np.asarray(q, np.float64)[order])
+    chains_d = xp.asarray(where[chains])
+    u_d = xp.ascontiguousarray(xp.asarray(u, xp.float64).reshape(nchain, max(m - 1, 0)))
+    xsq = xp.einsum("nd,nd->n", X, X)
+    dmin = xp.ascontiguousarray(_sqdist(xp, X, xsq, xp.asarray(c1, xp.float64).reshape(1, d))[:, 0])
+    picks = xp.zeros(nchain, xp.int64)
+    run, fold = _kernels(xp, m, d)
+
+    def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
+        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``."""
+        C = X[picks[s:e]]
+        fold(rows @ (-2.0 * C.T), xsq_rows, xp.einsum("kd,kd->k", C, C), into)
+
+    queues = _Queues(xp)
+    for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        with queues.on("chains"):
+            queues.wait("fold", t - 2)  # dmin holds c1 and the blocks before t - 1
+            idx = chains_d[s:e]
+            prior = dmin[idx]  # (e - s, m), a new array
+            if t > 0:  # block t - 1's picks: distances of this block's proposals alone
+                flat = idx.ravel()
+                fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
+            queues.record("prior", t)
+            run(X, prior, q_d, idx, u_d[s:e], picks, s)
+        lo = int(suffix[t])
+        if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
+            with queues.on("folds"):
+                queues.wait("prior", t)  # block t's prior has read dmin (and block t - 1 has picked)
+                fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
+                queues.record("fold", t - 1)
+    queues.finish()
+    picked = picks if xp is np else picks.get()  # the one read back
+    return order[picked]
+
+
+# ---------------------------------------------------------------- on the chosen worker
+
+
+def own_rows(shard: Any, want: np.ndarray) -> tuple[np.ndarray, Any]:
+    """The global rows ``want`` (sorted) that ``shard`` holds, on its device where they live
+    there (the device tier: its blocks indexed in place, no host copy), else read as the tier
+    reads chosen rows (:func:`.rows.chunk_rows`) and copied to the device.
+
+    Returns
+    -------
+    idx : ndarray of int64, shape (r,)
+        The global rows found, in the shard's row order.
+    rows : array (r, d) float64, the shard's backend
+    """
+    from .rows import chunk_rows
+
+    xp = shard.be.xp
+    picks = {}
+    for j, (off, n) in enumerate(zip(shard.offsets, shard.rows)):
+        sel = want[(want >= off) & (want < off + n)]
+        if len(sel):
+            picks[j] = sel - off
+    if not picks:
+        return np.empty(0, np.int64), xp.empty((0, shard.n_features), xp.float64)
+    idx = np.concatenate([shard.offsets[j] + picks[j] for j in sorted(picks)])
+    tier = shard.tier
+    if tier.resident and tier.resident_backend(shard.backend) == shard.backend:
+        if not shard.pinned:  # as a pass would: check the blocks before use
+            shard.pin_resident()
+        data = xp.concatenate([shard.blocks[j][xp.asarray(picks[j])] for j in sorted(picks)])
+    else:
+        got = chunk_rows(shard, picks)
+        data = xp.asarray(np.concatenate([got[j] for j in sorted(picks)]))
+    return idx, data.astype(xp.float64)
+
+
+def chains_on_shard(shard: Any, parts: list, uniq: np.ndarray, c1: np.ndarray, chains: np.ndarray,
+                    q: np.ndarray, u_seed: list, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The task on the chosen shard's worker: the proposal rows put together on its device,
+    the chains run there (:func:`run_chains`).
+
+    Parameters
+    ----------
+    shard : Shard
+        The chosen shard (its worker runs the chains; its own rows are taken in place).
+    parts : list of (ndarray (r_i,) int64, ndarray (r_i, d) float64)
+        The other shards' rows of ``uniq`` (global indices and host values).
+    uniq : ndarray of int64, shape (U,)
+        The distinct proposal rows (global, sorted).
+    c1 : ndarray (1, d) float64
+    chains : ndarray of int64, shape (K - 1, m)
+        Each chain's proposals, as positions in ``uniq``.
+    q : ndarray (U,) float64
+    u_seed : list of int
+        The seed of the acceptance uniforms, ``(K - 1, m - 1)`` from
+        ``numpy.random.default_rng(u_seed)``, drawn here (not shipped).
+    block : int, optional
+        Chains per block (:func:`chain_block` by default).
+
+    Returns
+    -------
+    picked : ndarray of int64, shape (K - 1,)
+        Each chain's last state, a position in ``uniq``.
+    rows : ndarray (K - 1, d) float64
+        Those rows' values (the centres after ``c1``).
+    """
+    xp = shard.be.xp
+    nchain, m = chains.shape
+    X = xp.empty((len(uniq), c1.shape[1]), xp.float64)
+    for idx, data in [own_rows(shard, uniq), *parts]:
+        if len(idx):  # every row of uniq is in exactly one shard's part
+            X[xp.asarray(np.searchsorted(uniq, idx))] = xp.asarray(data, xp.float64)
+    u = np.random.default_rng(u_seed).random((nchain, m - 1))
+    picked = run_chains(X, c1[0], chains, q, u, block=block)
+    got = X[xp.asarray(picked)]
+    return picked, got if xp is np else got.get()
