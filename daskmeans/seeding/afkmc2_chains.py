@@ -57,15 +57,15 @@ from typing import Any
 
 import numpy as np
 
-# The GPU cost model's rates (the datasheet's, of the GPU it was written for: docs/performance.md,
-# "AFK-MC²'s chains on one worker's device"; the block size is a function of the shapes alone,
-# so these are constants, not the device's measurement: a measured rate would make the result
-# depend on the worker that ran it). One SM's float64 FMA rate (64 lanes x 1.98 GHz), the
-# device's memory bandwidth, and the host's cost of enqueueing one block (its kernel, the
-# gather of the picks, the GEMM and its minimum: five launches).
-GPU_SM_FMA = 64 * 1.98e9
+# The GPU cost model's rates (docs/performance.md, "AFK-MC²'s chains on one worker's device";
+# the block size is a function of the shapes alone, so these are constants, not the device's
+# measurement: a measured rate would make the result depend on the worker that ran it). The
+# in-block kernel's float64 FMA rate as measured (its loads, not one SM's float64 lanes, bound
+# it: the datasheet's lane rate put the best block several times too wide), the device's memory bandwidth, and the host's cost of enqueueing one block (its
+# kernel, the gather of the picks, the GEMM and its minimum: five launches of CuPy's).
+GPU_SM_FMA = 6.8e9
 GPU_BYTES_S = 4.8e12
-GPU_BLOCK_LAUNCH_S = 25e-6
+GPU_BLOCK_LAUNCH_S = 100e-6
 # On the CPU the suffix GEMM is bound by flops (not by the suffix's bytes) and its rate falls
 # for narrow blocks, while the in-block distances run on one core: the block size measured
 # best at 1e5 x 64, K = 1000, m = 200 on 2 shared cores (docs/performance.md).

@@ -156,11 +156,12 @@ def test_blocks_give_the_reference_chains(integers):
 
 def test_chain_of_one_proposal_and_the_block_sizes():
     """m = 1 (no uniforms): each pick is its chain's proposal. The GPU's block size is a
-    function of the shapes alone, within its bounds (P3: 24)."""
+    function of the shapes alone, within its bounds (P3: sqrt(2 x 6.8e9 x (0.77 x 3e5 x 408 x 8 /
+    4.8e12 + 1e-4) / (200 x 408)) = 6.5, so 7)."""
     X = np.arange(12.0).reshape(6, 2)
     chains = np.array([[3], [5], [0]])
     np.testing.assert_array_equal(run_chains(X, X[1], chains, np.full(6, 1 / 6), np.empty((3, 0))), [3, 5, 0])
-    assert chain_block(True, 300_000, 408, 200) == 24
+    assert chain_block(True, 300_000, 408, 200) == 7
     assert chain_block(True, 10, 2, 10**6) == 4 and chain_block(True, 10**9, 1, 1) == 256
     assert chain_block(False, 300_000, 408, 200) == CPU_BLOCK
     from daskmeans.backends.cuda_src import afkmc2_dch
