@@ -8,21 +8,11 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
+from afkchains import random_chains
 
 from daskmeans.seeding.afkmc2_chains import chain_block, run_chains
 
 pytestmark = pytest.mark.gpu
-
-
-def _random_chains(X, k, m, seed):
-    """Proposals drawn as AFK-MC² draws them (half by d^2 to c1 = row 0, half uniform), as rows
-    of their distinct rows: ``(Xu, c1, chains, qu, u)``."""
-    rng = np.random.default_rng(seed)
-    n = len(X)
-    d2 = ((X - X[0]) ** 2).sum(axis=1)
-    q = 0.5 * d2 / d2.sum() + 0.5 / n
-    uniq, inv = np.unique(rng.choice(n, size=(k - 1) * m, p=q), return_inverse=True)
-    return X[uniq], X[0], inv.reshape(k - 1, m), q[uniq], rng.random((k - 1, m - 1))
 
 
 def test_toy_chains_by_hand_on_the_gpu():
@@ -53,7 +43,7 @@ def test_gpu_chains_give_the_cpu_picks_on_integer_rows(m, d):
     assert (afkmc2_dch(d) == 0) == (d > 512)
     rng = np.random.default_rng(4)
     X = rng.integers(-20, 20, (3000, d)).astype(np.float64)
-    Xu, c1, chains, qu, u = _random_chains(X, 150, m, 8)
+    Xu, c1, chains, qu, u = random_chains(X, 150, m, 8)
     cpu = run_chains(Xu, c1, chains, qu, u)
     for block in (1, 7, 64, chain_block(True, len(Xu), d, m)):
         gpu = run_chains(cupy.asarray(Xu), c1, chains, qu, cupy.asarray(u), block=block)
@@ -68,7 +58,7 @@ def test_gpu_chains_give_the_cpu_picks_on_separated_blobs():
     rng = np.random.default_rng(5)
     centres = rng.standard_normal((30, 24)) * 50
     X = centres[rng.integers(0, 30, 6000)] + rng.standard_normal((6000, 24))
-    Xu, c1, chains, qu, u = _random_chains(X, 80, 100, 1)
+    Xu, c1, chains, qu, u = random_chains(X, 80, 100, 1)
     cpu = run_chains(Xu, c1, chains, qu, u)
     np.testing.assert_array_equal(run_chains(cupy.asarray(Xu), c1, chains, qu, u), cpu)
 

@@ -8,6 +8,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from afkchains import random_chains
 
 from daskmeans import KMeans, make_blobs
 from daskmeans.engine.placement import place
@@ -129,17 +130,6 @@ def test_in_block_chains_by_hand():
     np.testing.assert_array_equal(run_chains_reference(TOY_X, np.zeros(1), TOY_CHAINS, TOY_Q, TOY_U), [4, 1, 3])
 
 
-def _random_chains(X, k, m, seed):
-    """Proposals drawn as AFK-MC² draws them (half by d^2 to c1 = row 0, half uniform), as rows
-    of their distinct rows: ``(Xu, c1, chains, qu, u)``."""
-    rng = np.random.default_rng(seed)
-    n = len(X)
-    d2 = ((X - X[0]) ** 2).sum(axis=1)
-    q = 0.5 * d2 / d2.sum() + 0.5 / n
-    uniq, inv = np.unique(rng.choice(n, size=(k - 1) * m, p=q), return_inverse=True)
-    return X[uniq], X[0], inv.reshape(k - 1, m), q[uniq], rng.random((k - 1, m - 1))
-
-
 @pytest.mark.parametrize("integers", [True, False])
 def test_blocks_give_the_reference_chains(integers):
     """Small integers: every distance exact in any order, so every block size gives the plain
@@ -147,7 +137,7 @@ def test_blocks_give_the_reference_chains(integers):
     a tie either."""
     rng = np.random.default_rng(4)
     X = rng.integers(-20, 20, (2000, 6)).astype(np.float64) if integers else rng.standard_normal((2000, 6))
-    Xu, c1, chains, qu, u = _random_chains(X, 60, 25, 8)
+    Xu, c1, chains, qu, u = random_chains(X, 60, 25, 8)
     ref = run_chains_reference(Xu, c1, chains, qu, u)
     assert len(np.unique(ref)) > 50  # the chains do move
     for block in (1, 5, 16, CPU_BLOCK, 59, 64):
