@@ -8,8 +8,9 @@ cache does all of it (``docs/performance.md``, "CPU path").
 Conventions shared with the NumPy backend:
 
 - distances are ``g[i, j] = ||c_j||^2 - 2 x_i.c_j`` in the data dtype; the label is the argmin
-  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance is
-  ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped at 0;
+  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance
+  a row reports (the inertia's) is ``||x_i - c_label||^2`` in float64 in a fixed order
+  (:func:`owner_sqdist`);
 - each weighted value ``w x`` is rounded once to the sums' fixed-point grid (``w x * scale``
   to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added exactly (in
   the float64 windows the grid bounds, then as int64), so
@@ -49,18 +50,62 @@ def row_sqnorm(x):  # pragma: no cover - compiled
     return sq
 
 
-@numba.njit(**_JIT)
-def _clamped(gib, sq):  # pragma: no cover - compiled
-    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
-    clamped at 0 (rounding can take a point on its centroid below 0)."""
-    d2 = np.float64(gib) + sq
-    return d2 if d2 > 0.0 else 0.0
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the same bits wherever inlined
+def owner_sqdist(x, c):  # pragma: no cover - compiled
+    """``||x - c||^2`` of one row and one centroid (both ``(D,)``, the data dtype) in float64,
+    in a fixed order (four running sums over ``t mod 4``, then ``(s0 + s1) + (s2 + s3)``).
+
+    Every kernel that reports a row's distance to its centroid (the inertia of :func:`tile_stats`,
+    :func:`tile_sqdist`, :func:`owner_inertia`, the bounds of :func:`tile_bounds`) calls this one
+    function, compiled without fast-math flags, so the inertia is the same bits whichever kernel
+    computed it (the Yinyang step computes it for rows it never puts through the GEMM), and it is
+    the distance itself, not ``||c||^2 - 2 x.c + ||x||^2``, whose float32 rounding cancels."""
+    d = x.shape[0]
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    t = 0
+    while t + 4 <= d:
+        a0 = np.float64(x[t]) - np.float64(c[t])
+        a1 = np.float64(x[t + 1]) - np.float64(c[t + 1])
+        a2 = np.float64(x[t + 2]) - np.float64(c[t + 2])
+        a3 = np.float64(x[t + 3]) - np.float64(c[t + 3])
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+        t += 4
+    while t < d:
+        a0 = np.float64(x[t]) - np.float64(c[t])
+        s0 += a0 * a0
+        t += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: no fused multiply-add here
+def _add_inertia(inertia, wi, d2):  # pragma: no cover - compiled
+    """``inertia + wi * d2``, rounded twice as written, in every kernel that sums the inertia."""
+    return inertia + wi * d2
 
 
 @numba.njit(**_JIT)
-def _sqdist(gib, x):  # pragma: no cover - compiled
-    """``gib + ||x||^2`` in float64, clamped at 0 (:func:`_clamped`)."""
-    return _clamped(gib, row_sqnorm(x))
+def _own_argmin(gi, sqnorm):  # pragma: no cover - compiled
+    """The argmin of ``gi + sqnorm`` (added in ``gi``'s dtype, as NumPy's ``g += sqnorm``), the
+    lowest index on ties and the first NaN if any (NumPy's ``argmin``), and its value."""
+    k = gi.shape[0]
+    best = gi[0] + sqnorm[0]
+    b = 0
+    if not np.isnan(best):
+        for j in range(1, k):
+            v = gi[j] + sqnorm[j]
+            if v < best:
+                best = v
+                b = j
+            elif np.isnan(v):
+                b = j
+                break
+    return b
 
 
 def window_weight(wexp: int) -> float:
@@ -101,7 +146,7 @@ def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
+def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
                acc, wwin, window, xnorm, xnorm_known):  # pragma: no cover - compiled
     """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
@@ -114,6 +159,8 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
         argmin of ``g[i] + sqnorm`` (added in ``g``'s dtype, as NumPy's ``g += sqnorm``), the
         lowest index on ties and the first NaN if any, as NumPy's ``argmin``, is taken here
     xt : (n, D) the tile's rows
+    cen : (K, D) the centroids in the data dtype (each row's squared distance to its own, in
+        float64: :func:`owner_sqdist`)
     w : (n,) float64 sample weights, or None (all 1)
     prev : (n,) int32 previous labels, or None (every row counts as reassigned)
     out : (n,) int32, receives the labels (may be ``prev``: each row is compared first)
@@ -128,8 +175,9 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     window : float, a window's largest weight (:func:`window_weight`); below a row's weight,
         each rounded value goes straight to ``sums`` as int64
     xnorm : (n,) float64, each row's ``||x||^2`` (:func:`row_sqnorm`), or an empty array
-    xnorm_known : bool, whether ``xnorm`` holds them already (read, not computed); if not and
-        ``xnorm`` is not empty, they are written there for the next pass over the same rows
+    xnorm_known : bool, whether ``xnorm`` holds them already; if not and ``xnorm`` is not
+        empty, they are written there for the next pass over the same rows (the Yinyang
+        step's error bounds read them)
 
     Returns
     -------
@@ -142,39 +190,22 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     not (x86 before AVX-512).
     """
     n, d = xt.shape
-    k = g.shape[1]
     reassigned = 0
     own_argmin = sqnorm.shape[0] > 0
     keep_norms = xnorm.shape[0] > 0
     for i in range(n):
         if own_argmin:
-            gi = g[i]
-            best = gi[0] + sqnorm[0]
-            b = 0
-            if not np.isnan(best):
-                for j in range(1, k):
-                    v = gi[j] + sqnorm[j]
-                    if v < best:
-                        best = v
-                        b = j
-                    elif np.isnan(v):
-                        b = j
-                        break
+            b = _own_argmin(g[i], sqnorm)
         else:
             b = lab[i]
-            best = g[i, b]
         x = xt[i]
-        if xnorm_known:
-            d2 = _clamped(best, xnorm[i])
-        else:
-            sq = row_sqnorm(x)
-            if keep_norms:
-                xnorm[i] = sq
-            d2 = _clamped(best, sq)
+        if keep_norms and not xnorm_known:
+            xnorm[i] = row_sqnorm(x)
+        d2 = owner_sqdist(x, cen[b])
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])
-        inertia += wi * d2
+        inertia = _add_inertia(inertia, wi, d2)
         if prev is None:
             reassigned += 1
         elif prev[i] != b:
@@ -198,12 +229,163 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
 
 
 @numba.njit(**_JIT)
-def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
-    """Labels (int32) and clamped float64 squared distances of one tile (no statistics)."""
+def tile_sqdist(g, lab, xt, cen, out_lab, out_d2):  # pragma: no cover - compiled
+    """Labels (int32) and float64 squared distances (:func:`owner_sqdist`) of one tile (no
+    statistics)."""
     for i in range(xt.shape[0]):
         b = lab[i]
-        out_d2[i] = _sqdist(g[i, b], xt[i])
+        out_d2[i] = owner_sqdist(xt[i], cen[b])
         out_lab[i] = b
+
+
+@numba.njit(**_JIT)
+def row_sqnorms(x, out):  # pragma: no cover - compiled
+    """``out[i] = ||x_i||^2`` (float64, :func:`row_sqnorm`) of every row of ``x`` (n, D)."""
+    for i in range(x.shape[0]):
+        out[i] = row_sqnorm(x[i])
+
+
+# ---------------------------------------------------------------- Yinyang's bounds
+#
+# Bounds are on Euclidean distances (not squared) to the centroids in the data dtype, in
+# float64. ``eps`` is the relative error bound of the GEMM path's ``g`` (numpy_backend's
+# ``bound_margins``): two computed ``g`` values of one row can swap order only where their
+# exact squared distances differ by at most ``eps * (2 ||x|| C + C^2)`` (C the largest
+# centroid norm), so a row whose squared bounds are further apart than that keeps its label
+# in the GEMM's argmin too. ``delta`` covers the float64 rounding of the bounds themselves.
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _certain(u, l, e, delta):  # pragma: no cover - compiled
+    """Whether a lower bound ``l`` on every other centroid's distance beats the owner's upper
+    bound ``u`` by more than the squared margin ``e``."""
+    return l > u and (l - u) * (l + u) * (1.0 - delta) > e
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def yy_filter(xt, cen, lab, upper, lower, xnorm, drift, gdrift, cmax, eps, delta, cand):  # pragma: no cover
+    """Yinyang's global filter over one block, its bounds moved by the centroids' drift.
+
+    Parameters
+    ----------
+    xt : (n, D) rows; cen : (K, D) the new centroids in the data dtype
+    lab : (n,) int32 the labels of the previous step
+    upper : (n,) float64, an upper bound on each row's distance to its centroid under the
+        previous step's centroids (updated in place: under the new ones)
+    lower : (n, t) float64, a lower bound per group on the distances to the other centroids
+        of the group (updated in place)
+    xnorm : (n,) float64 ``||x||^2``
+    drift : (K,) float64, each centroid's move (rounded up); gdrift : (t,) the largest per group
+    cmax : float, the largest new centroid norm (rounded up); eps, delta : the margins
+    cand : (n,) int64 receives the rows the bounds do not certify, in order
+
+    Returns
+    -------
+    int : the number of rows in ``cand``. A row is certified when its upper bound, moved by
+    its centroid's drift (and if need be tightened to its distance, :func:`owner_sqdist`),
+    stays below every group's lower bound by the margin.
+    """
+    n = xt.shape[0]
+    t = lower.shape[1]
+    m = 0
+    up = 1.0 + delta
+    down = 1.0 - delta
+    for i in range(n):
+        a = lab[i]
+        u = (upper[i] + drift[a]) * up
+        lo = lower[i]
+        lmin = np.inf
+        for q in range(t):
+            v = lo[q] - gdrift[q]
+            v = v * down if v > 0.0 else 0.0
+            lo[q] = v
+            if v < lmin:
+                lmin = v
+        xn = np.sqrt(xnorm[i]) * up
+        e = eps * (2.0 * xn * cmax + cmax * cmax)
+        if not _certain(u, lmin, e, delta):
+            u = np.sqrt(owner_sqdist(xt[i], cen[a])) * up
+            if not _certain(u, lmin, e, delta):
+                cand[m] = i
+                m += 1
+        upper[i] = u
+    return m
+
+
+@numba.njit(**_JIT)
+def tile_bounds(g, sqnorm, lab, xt, cen, group_of, xnorm, cmax, eps, delta, out, upper, lower):  # pragma: no cover
+    """Labels as :func:`tile_stats` takes them, and Yinyang's bounds, of one tile.
+
+    ``g``, ``sqnorm``, ``lab`` as :func:`tile_stats`; ``group_of`` (K,) int32 each centroid's
+    group; ``out`` (n,) int32 the labels; ``upper`` (n,) float64 each row's distance to its
+    centroid, rounded up; ``lower`` (n, t) float64 for each group a lower bound on the
+    distances to its centroids other than the row's own (``inf`` where there is none): the
+    group's smallest ``g`` plus ``||x||^2`` less the GEMM's error bound, rounded down.
+    """
+    n, k = g.shape
+    t = lower.shape[1]
+    own_argmin = sqnorm.shape[0] > 0
+    for i in range(n):
+        gi = g[i]
+        if own_argmin:
+            b = _own_argmin(gi, sqnorm)
+        else:
+            b = lab[i]
+        out[i] = b
+        lo = lower[i]
+        for q in range(t):
+            lo[q] = np.inf
+        for j in range(k):
+            if j == b:
+                continue
+            v = gi[j] + sqnorm[j] if own_argmin else gi[j]
+            q = group_of[j]
+            vf = np.float64(v)
+            if vf < lo[q]:
+                lo[q] = vf
+        xn2 = xnorm[i]
+        xn = np.sqrt(xn2) * (1.0 + delta)
+        e = eps * (2.0 * xn * cmax + cmax * cmax) + eps * xn2
+        for q in range(t):
+            if lo[q] < np.inf:
+                v = lo[q] + xn2 - e
+                lo[q] = np.sqrt(v) * (1.0 - delta) if v > 0.0 else 0.0
+        upper[i] = np.sqrt(owner_sqdist(xt[i], cen[b])) * (1.0 + delta)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
+def label_sums(xt, lab, w, sign, scales, wscale, sums, wsum, counts):  # pragma: no cover - compiled
+    """``sign`` (+1 or -1) times each row's values on the grid added to its label's sums, as
+    :func:`tile_stats` rounds them (``rint(w x * scale)``, one rounding per value): the same
+    integers, so a cluster's sums updated by the rows that left and joined it equal its sums
+    over all its rows. ``w`` (n,) float64 or None; ``sums`` (K, D), ``wsum`` (K,) (untouched
+    without ``w``), ``counts`` (K,) int64, in place."""
+    n, d = xt.shape
+    for i in range(n):
+        b = lab[i]
+        wi = 1.0
+        if w is not None:
+            wi = np.float64(w[i])
+        x = xt[i]
+        row = sums[b]
+        for t in range(d):
+            row[t] += sign * np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
+        if w is not None:
+            wsum[b] += sign * np.int64(np.rint(wi * wscale))
+        counts[b] += sign
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def owner_inertia(xt, cen, lab, w):  # pragma: no cover - compiled
+    """A block's inertia: ``w_i * ||x_i - c_label||^2`` added in row order, the bits of
+    :func:`tile_stats`' sum over the same block."""
+    inertia = 0.0
+    for i in range(xt.shape[0]):
+        wi = 1.0
+        if w is not None:
+            wi = np.float64(w[i])
+        inertia = _add_inertia(inertia, wi, owner_sqdist(xt[i], cen[lab[i]]))
+    return inertia
 
 
 @numba.njit(**_JIT)
