@@ -114,7 +114,7 @@ def assign_bounds(be: Any, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: 
     n, d = X.shape
     k = p.centroids.shape[0]
     eps, delta = margins(d, np.float64)
-    labels = be.assign(X, p, want_sums=False)["labels"]
+    labels = be.assign(X, p, want_sums=False)["labels"]  # the backend's own labels (exact on the GPU)
     c64 = p.centroids.astype(xp.float64)
     csq = (c64 * c64).sum(axis=1)
     neg2 = -2.0 * c64.T

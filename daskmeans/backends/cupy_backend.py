@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy
 
-from . import cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_staging
+from . import bounds, cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_staging
 from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
@@ -516,3 +516,56 @@ def sqdistances(X: Any, p: Prepared) -> Any:
     g += (p.c64 * p.c64).sum(axis=1)
     g += (x64 * x64).sum(axis=1)[:, None]
     return cupy.maximum(g, 0.0)
+
+
+# ---------------------------------------------------------------- Yinyang's bounds
+# Array-module versions (backends/bounds.py) on CuPy arrays: correct and exact in their labels
+# and sums; CUDA kernels of their own (a fused filter, the group minima in the selection's
+# epilogue) are what would make them fast.
+
+
+def row_sqnorms(X: Any) -> Any:
+    """``||x||^2`` of every row, float64 ``(n,)``."""
+    import cupy
+
+    return bounds.row_sqnorms(cupy, X)
+
+
+def centroid_drift(old: Any, new: Any) -> tuple[Any, float]:
+    """Each centroid's move (rounded up) and the largest norm of ``new`` (:func:`.bounds.centroid_drift`)."""
+    import cupy
+
+    return bounds.centroid_drift(cupy, old, new)
+
+
+def yinyang_filter(X: Any, p: Prepared, labels: Any, upper: Any, lower: Any, xnorm: Any, drift: Any, gdrift: Any,
+                   cmax: float) -> Any:
+    """Yinyang's global filter (:func:`.bounds.yinyang_filter`)."""
+    import cupy
+
+    return bounds.yinyang_filter(cupy, X, p.centroids, labels, upper, lower, xnorm, drift, gdrift, cmax)
+
+
+def assign_bounds(X: Any, p: Prepared, group_of: Any, n_groups: int, xnorm: Any, cmax: float,
+                  interrupt: Callable[[], None] | None = None) -> tuple:
+    """:func:`assign`'s labels and Yinyang's bounds (:func:`.bounds.assign_bounds`)."""
+    import sys
+
+    if interrupt is not None:
+        interrupt()
+    return bounds.assign_bounds(sys.modules[__name__], X, p, group_of, n_groups, xnorm, cmax)
+
+
+def add_label_sums(X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any, weights: Any,
+                   counts: Any) -> None:
+    """The rows' values on the grid added (``sign``) to their labels' sums (:func:`.bounds.add_label_sums`)."""
+    import cupy
+
+    bounds.add_label_sums(cupy, X, labels, sample_weight, sign, grid, sums, weights, counts)
+
+
+def owner_inertia(X: Any, p: Prepared, labels: Any, sample_weight: Any = None) -> Any:
+    """The rows' inertia under ``labels`` (0-d float64; its sum order CuPy's)."""
+    import cupy
+
+    return bounds.owner_inertia(cupy, X, p.centroids, labels, sample_weight)

@@ -261,6 +261,36 @@ class Backend(Protocol):
     def sqdistances(self, X: Any, p: Any) -> Any:
         """Squared distances ``(n, K)`` float64 from every row to every centroid."""
 
+    # Yinyang's kernels (engine/yinyang.py; the contract of each is numpy_backend's, any array
+    # module's versions in backends/bounds.py). Bounds are on Euclidean distances to the
+    # prepared centroids in the data dtype, float64, rounded outwards.
+
+    def row_sqnorms(self, X: Any) -> Any:
+        """``||x||^2`` of every row, float64 ``(n,)``."""
+
+    def centroid_drift(self, old: Any, new: Any) -> tuple[Any, float]:
+        """Each centroid's move ``(K,)`` float64 (rounded up) between two steps' centroids in
+        the data dtype, and the largest norm of ``new`` (rounded up)."""
+
+    def yinyang_filter(self, X: Any, p: Any, labels: Any, upper: Any, lower: Any, xnorm: Any, drift: Any,
+                       gdrift: Any, cmax: float) -> Any:
+        """The bounds moved by the drift (in place) and the rows ``(m,)`` int64 whose label
+        they leave uncertain: every other row's label is the one :meth:`assign` gives."""
+
+    def assign_bounds(self, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: Any, cmax: float,
+                      interrupt: Any = None) -> tuple[Any, Any, Any]:
+        """:meth:`assign`'s labels ``(n,)`` int32 of the rows, each row's upper bound ``(n,)``
+        and its per-group lower bounds ``(n, n_groups)``."""
+
+    def add_label_sums(self, X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any,
+                       weights: Any, counts: Any) -> None:
+        """``sign`` times the rows' values on ``grid`` added to their labels' int64 sums
+        ``(K, d)``, weights ``(K,)`` (weighted rows only) and counts ``(K,)`` in place: the
+        integers :meth:`assign` adds."""
+
+    def owner_inertia(self, X: Any, p: Any, labels: Any, sample_weight: Any = None) -> Any:
+        """The rows' inertia under ``labels`` (float64; on the host :meth:`assign`'s bits)."""
+
 
 def members() -> Iterable[str]:
     """The names a backend module must define (:func:`capabilities` and ``name`` last)."""

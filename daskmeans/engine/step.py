@@ -55,6 +55,10 @@ class FitSpec:
     # (:class:`.reseed.SizeBalance`); ``seed`` chooses the rows they move to.
     max_imbalance: float | None = None
     seed: int = 0
+    # The step each iteration runs (``params.ALGORITHMS``' values): "lloyd" (:func:`lloyd_step`)
+    # or "yinyang" (:func:`.yinyang.yinyang_step`: the same result, rows whose bounds certify
+    # their label skip the distances).
+    algorithm: str = "lloyd"
 
 
 @dataclass(frozen=True)
@@ -210,18 +214,19 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         The new centroids ``(K, D)`` float64 (backend array, the same bits on every rank) and
         the step's statistics.
     """
+    return run_step(lloyd_pass, shard, centroids, iteration, fit, comm, host, reseed, end_segment=end_segment,
+                    interrupt=interrupt)
+
+
+def lloyd_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
+               interrupt: Callable[[], None] | None) -> None:
+    """Lloyd's local work of step ``it``: every local chunk assigned under the prepared
+    centroids ``prep``, its sums, weights, counts, inertia (the chunk's slot), reassigned and
+    re-checked rows added to ``buf`` (``lay``'s int64 fields), its labels kept in the shard's
+    workspace (``shard.labels[it % 2]``)."""
     be = shard.be
     xp = be.xp
-    t_start = time.perf_counter()
-    m_start = be.mark()
-    k, d = centroids.shape
-    lay = Layout(k, d, fit.n_chunks)
-    buf = xp.zeros(lay.n, xp.int64)
     fv = buf.view(xp.float64)
-    if end_segment:
-        buf[lay.flag] = 1
-    prep = be.prepare(centroids, shard.dtype, fit.precision)
-    it = iteration
     prev = _slot(shard, it - 1) if it > 0 else None
     out_slot = _slot(shard, it)
     labels = []
@@ -237,13 +242,39 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         buf[lay.sums] += out["sums"].reshape(-1)
         buf[lay.weights] += out["weights"]
         buf[lay.counts] += out["counts"]
-        if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
-            raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks (ids 0 to {fit.n_chunks - 1})")
+        check_chunk(cid, fit)
         fv[lay.inertia + cid] = out["inertia"]
         # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
         buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
         buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
     shard.labels[it % 2] = labels
+
+
+def check_chunk(cid: int, fit: FitSpec) -> None:
+    """A chunk's id must name one of the fit's inertia slots."""
+    if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
+        raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks (ids 0 to {fit.n_chunks - 1})")
+
+
+def run_step(local_pass: Callable[..., None], shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any,
+             host: np.ndarray, reseed: Reseed, *, end_segment: bool = False,
+             interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
+    """One step on this rank around its ``local_pass`` (:func:`lloyd_pass`'s signature: what
+    differs between the algorithms): the buffer, the collective, the update, the re-seeding
+    and the statistics, the same for every algorithm (parameters and result as
+    :func:`lloyd_step`)."""
+    be = shard.be
+    xp = be.xp
+    t_start = time.perf_counter()
+    m_start = be.mark()
+    k, d = centroids.shape
+    lay = Layout(k, d, fit.n_chunks)
+    buf = xp.zeros(lay.n, xp.int64)
+    if end_segment:
+        buf[lay.flag] = 1
+    prep = be.prepare(centroids, shard.dtype, fit.precision)
+    it = iteration
+    local_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
     m_kernels = be.mark()
     total = comm.allreduce(buf, wait=False)  # NCCL: queued; the host waits below, once the rest is queued too
     m_reduced = be.mark()

@@ -1,0 +1,216 @@
+"""Yinyang k-means's step (Ding et al. 2015, "Yinyang K-means"): Lloyd's result, with the
+distance work skipped for the rows whose bounds certify their label.
+
+Beside :func:`.step.lloyd_step`, with its signature (the segment runner picks the step by
+``FitSpec.algorithm``); only the local pass differs (:func:`yinyang_pass`), the collective,
+the update and the re-seeding are :func:`.step.run_step`'s. Per rank, in the shard's
+workspace (``shard.yinyang``, :class:`YinyangState`):
+
+- the centroids' groups (``t`` groups by a few Lloyd steps on the centroids of the step that
+  set the bounds: :func:`centroid_groups`; :func:`n_groups` says how many);
+- per local chunk, each row's upper bound on the distance to its centroid, its lower bounds
+  per group on the distances to the group's other centroids (float64, ``(n,)`` and
+  ``(n, t)``) and its ``||x||^2``;
+- the rank's partial sums, weights and counts (int64 on the fit's grid) under the labels of
+  the last step.
+
+A step moves the bounds by each centroid's drift (its group's largest for the lower bounds)
+and keeps a row's label where the upper bound, tightened to the row's distance if need be,
+stays below every group's lower bound by the backend's rounding margin
+(:mod:`daskmeans.backends.bounds`): the label the full assignment would give. The other rows
+go through the backend's own assignment (the same GEMM and selection as Lloyd's) and get new
+bounds. The sums change by the rows that moved, subtracted from their old cluster and added
+to their new one as the exact integers the kernels add: the same int64 totals as summing
+every row again, so the centroids are Lloyd's bits. Each chunk's inertia is its rows'
+distances to their centroids added in row order (on the CPU the bits of Lloyd's kernels).
+
+The bounds are set by a full assignment (every row's distances) where they are not known
+to hold for the step's centroids: the fit's first step, the first after a restart or a
+re-placement, and any step given centroids other than those the last step returned (the
+state keeps that array). A re-seeding (empty clusters, size balance) needs no reset: the
+bounds are moved by the drift of whatever the update did, which the triangle inequality
+covers for any move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .placement import Shard
+from .reseed import Reseed
+from .step import FitSpec, IterationStats, Layout, _slot, check_chunk, run_step
+
+# Ding et al. take t = K / 10 groups; the bounds cost 8 bytes per row and group, so t is
+# capped (MAX_GROUPS) to keep them a small multiple of the rows' own memory at wide K.
+GROUP_RATIO = 10
+MAX_GROUPS = 256
+GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the filter's strength)
+
+
+def n_groups(k: int) -> int:
+    """Groups of ``k`` centroids: ``k / 10`` (Ding et al.), at least 1, at most :data:`MAX_GROUPS`."""
+    return int(min(MAX_GROUPS, max(1, k // GROUP_RATIO)))
+
+
+def bound_bytes(rows: int, k: int) -> int:
+    """Bytes of a rank's Yinyang state for ``rows`` rows and ``k`` centroids: per row the
+    upper bound, ``||x||^2`` and the group bounds (float64), and the step's gathered rows'
+    labels and indices (bounded by the rows)."""
+    return rows * 8 * (2 + n_groups(k)) + rows * (8 + 4)
+
+
+@dataclass
+class YinyangState:
+    """A rank's Yinyang bounds and partial sums between steps (see the module docstring)."""
+
+    next_iteration: int  # the step the state is for
+    expect: Any  # the centroids that step must be given (the last step's result, by identity)
+    cref: Any  # (K, D) the last step's centroids in the data dtype (the drift's origin)
+    group_of: Any  # (K,) int32, backend array
+    group_host: np.ndarray  # the same on the host (the groups' drifts)
+    t: int
+    sums: Any  # (K, D) int64, this rank's under the last step's labels
+    weights: Any  # (K,) int64 (weighted rows)
+    counts: Any  # (K,) int64
+    weighted: bool = False
+    upper: list = field(default_factory=list)  # per chunk (n,) float64
+    lower: list = field(default_factory=list)  # per chunk (n, t) float64
+    xnorm: list = field(default_factory=list)  # per chunk (n,) float64
+
+
+def centroid_groups(xp: Any, centroids: Any, t: int) -> Any:
+    """Each centroid's group, ``(K,)`` int32: :data:`GROUPING_STEPS` Lloyd steps on the
+    centroids (float64) from ``t`` of them evenly spaced by index (a group left empty keeps its
+    centre). A function of the centroids alone, the same on every rank; it steers only how
+    many rows the filter certifies, never a label."""
+    c = centroids.astype(xp.float64)
+    k = c.shape[0]
+    if t <= 1 or k <= 1:
+        return xp.zeros(k, xp.int32)
+    centres = c[xp.asarray(np.linspace(0, k - 1, t).round().astype(np.int64))]
+    csq = (c * c).sum(axis=1)
+    group = xp.zeros(k, xp.int64)
+    step = max(1, (1 << 24) // max(1, t))  # rows of the K x t distances at a time
+    for _ in range(GROUPING_STEPS):
+        zsq = (centres * centres).sum(axis=1)
+        for s in range(0, k, step):
+            dist = csq[s : s + step, None] - 2.0 * (c[s : s + step] @ centres.T) + zsq[None, :]
+            group[s : s + step] = dist.argmin(axis=1)
+        # The groups' means by sorted segments (float64 running sums; only the grouping depends on them).
+        order = xp.argsort(group, kind="stable")
+        g_sorted = group[order]
+        cs = xp.concatenate([xp.zeros((1, c.shape[1]), xp.float64), xp.cumsum(c[order], axis=0)])
+        counts = xp.bincount(g_sorted, minlength=t)
+        ends = xp.cumsum(counts)
+        starts = ends - counts
+        filled = counts > 0
+        means = (cs[ends] - cs[starts]) / xp.maximum(counts, 1)[:, None]
+        centres = xp.where(filled[:, None], means, centres)
+    return group.astype(xp.int32)
+
+
+def _reset(shard: Shard, prep: Any, k: int, d: int, t: int) -> YinyangState:
+    be = shard.be
+    xp = be.xp
+    group_of = centroid_groups(xp, prep.centroids, t)
+    return YinyangState(
+        next_iteration=-1, expect=None, cref=prep.centroids, group_of=group_of, group_host=be.to_numpy(group_of),
+        t=t, sums=xp.zeros((k, d), xp.int64), weights=xp.zeros(k, xp.int64), counts=xp.zeros(k, xp.int64),
+    )
+
+
+def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
+                 interrupt: Callable[[], None] | None) -> None:
+    """Yinyang's local work of step ``it`` (:func:`.step.lloyd_pass`'s contract: the same
+    values in ``buf`` and the same labels in ``shard.labels[it % 2]``)."""
+    be = shard.be
+    xp = be.xp
+    fv = buf.view(xp.float64)
+    k, d = centroids.shape
+    prev = _slot(shard, it - 1) if it > 0 else None
+    out_slot = _slot(shard, it)
+    st: YinyangState | None = getattr(shard, "yinyang", None)
+    holds = (st is not None and st.next_iteration == it and st.expect is centroids and prev is not None
+             and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids))
+    if not holds:
+        st = shard.yinyang = _reset(shard, prep, k, d, n_groups(k))
+        _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
+        drift = gdrift = None
+    else:
+        drift, cmax = be.centroid_drift(st.cref, prep.centroids)
+        gd = np.zeros(st.t, np.float64)
+        np.maximum.at(gd, st.group_host, be.to_numpy(drift))
+        gdrift = be.asarray(gd)
+    labels_out = []
+    for j, (cid, _, block, w) in enumerate(shard.items()):
+        if interrupt is not None:
+            interrupt()
+        check_chunk(cid, fit)
+        n = block.shape[0]
+        if n == 0:
+            lab = xp.empty(0, xp.int32)
+            moved_rows = 0
+            if not holds:
+                st.upper.append(xp.empty(0, xp.float64))
+                st.lower.append(xp.empty((0, st.t), xp.float64))
+                st.xnorm.append(xp.empty(0, xp.float64))
+        elif not holds:
+            # Every row's distances: the labels of the backend's assignment, and the bounds.
+            xnorm = be.row_sqnorms(block)
+            new_lab, upper, lower = be.assign_bounds(block, prep, st.group_of, st.t, xnorm, cmax, interrupt=interrupt)
+            lab = new_lab if out_slot is None or out_slot[j].shape[0] != n else out_slot[j]
+            if lab is not new_lab:
+                lab[...] = new_lab
+            st.upper.append(upper)
+            st.lower.append(lower)
+            st.xnorm.append(xnorm)
+            st.weighted = w is not None
+            be.add_label_sums(block, lab, w, 1, fit.grid, st.sums, st.weights, st.counts)
+            moved_rows = n if prev is None else xp.count_nonzero(lab != prev[j])
+        else:
+            old = prev[j]
+            lab = out_slot[j] if out_slot is not None and out_slot[j].shape[0] == n else xp.empty(n, xp.int32)
+            lab[...] = old
+            cand = be.yinyang_filter(block, prep, old, st.upper[j], st.lower[j], st.xnorm[j], drift, gdrift, cmax)
+            moved_rows = 0
+            if cand.shape[0]:
+                xu = block[cand]
+                new_u, up_u, lo_u = be.assign_bounds(xu, prep, st.group_of, st.t, st.xnorm[j][cand], cmax,
+                                                     interrupt=interrupt)
+                st.upper[j][cand] = up_u
+                st.lower[j][cand] = lo_u
+                old_u = old[cand]
+                moved = xp.flatnonzero(new_u != old_u)
+                moved_rows = moved.shape[0]
+                if moved_rows:
+                    # The rows that changed cluster leave their old one and join the new one, as
+                    # the exact integers the kernels add: the sums over every row again.
+                    xm = xu[moved]
+                    wm = None if w is None else w[cand[moved]]
+                    be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts)
+                    be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts)
+                    lab[cand[moved]] = new_u[moved]
+        labels_out.append(lab)
+        fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
+        buf[lay.reassigned] += xp.asarray(moved_rows).astype(xp.int64)
+    shard.labels[it % 2] = labels_out
+    buf[lay.sums] += st.sums.reshape(-1)
+    buf[lay.weights] += st.weights if st.weighted else fit.grid.unit_weights(st.counts)
+    buf[lay.counts] += st.counts
+    st.next_iteration = it + 1
+    st.cref = prep.centroids
+
+
+def yinyang_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any, host: np.ndarray,
+                 reseed: Reseed, *, end_segment: bool = False,
+                 interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
+    """One Yinyang step on this rank: :func:`.step.lloyd_step`'s parameters and result, the
+    same centroids, labels and statistics but the timings and ``rechecked`` (0: the GPU's
+    exact re-checks of Lloyd's rows are not counted here)."""
+    new, stats = run_step(yinyang_pass, shard, centroids, iteration, fit, comm, host, reseed,
+                          end_segment=end_segment, interrupt=interrupt)
+    shard.yinyang.expect = new  # the next step's bounds hold for these centroids alone
+    return new, stats
