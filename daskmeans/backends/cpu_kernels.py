@@ -313,36 +313,38 @@ def yy_filter(xt, cen, lab, upper, lower, xnorm, drift, gdrift, cmax, eps, delta
 
 
 @numba.njit(**_JIT)
-def tile_bounds(g, sqnorm, lab, xt, cen, group_of, xnorm, cmax, eps, delta, out, upper, lower):  # pragma: no cover
-    """Labels as :func:`tile_stats` takes them, and Yinyang's bounds, of one tile.
+def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax, eps, delta, out, upper,
+                lower):  # pragma: no cover - compiled
+    """Yinyang's bounds of one tile, from its distances and their minima per group.
 
-    ``g``, ``sqnorm``, ``lab`` as :func:`tile_stats`; ``group_of`` (K,) int32 each centroid's
-    group; ``out`` (n,) int32 the labels; ``upper`` (n,) float64 each row's distance to its
-    centroid, rounded up; ``lower`` (n, t) float64 for each group a lower bound on the
-    distances to its centroids other than the row's own (``inf`` where there is none): the
-    group's smallest ``g`` plus ``||x||^2`` less the GEMM's error bound, rounded down.
+    ``g`` (n, K) ``||c||^2 - 2 x.c`` in the data dtype and ``lab`` (n,) its argmin (the labels,
+    copied to ``out`` as int32); ``gp`` (n, K): ``g``'s columns by group (``g[:, order]``, group
+    ``q`` in columns ``starts[q]:ends[q]``: each group's minimum a contiguous run). ``upper``
+    (n,) float64 each row's distance to its centroid, rounded up; ``lower`` (n, t) float64 per
+    group a lower bound on the distances to its centroids other than the row's own (``inf``
+    where there is none): the group's smallest ``g`` (the row's own group's without its
+    centroid, recomputed over that group's few members) plus ``||x||^2`` less the GEMM's error
+    bound, rounded down.
     """
-    n, k = g.shape
+    n = g.shape[0]
     t = lower.shape[1]
-    own_argmin = sqnorm.shape[0] > 0
     for i in range(n):
-        gi = g[i]
-        if own_argmin:
-            b = _own_argmin(gi, sqnorm)
-        else:
-            b = lab[i]
+        gpi = gp[i]
+        b = lab[i]
         out[i] = b
         lo = lower[i]
+        own = group_of[b]
         for q in range(t):
-            lo[q] = np.inf
-        for j in range(k):
-            if j == b:
-                continue
-            v = gi[j] + sqnorm[j] if own_argmin else gi[j]
-            q = group_of[j]
-            vf = np.float64(v)
-            if vf < lo[q]:
-                lo[q] = vf
+            v = np.inf
+            if q == own:
+                for m in range(starts[q], ends[q]):
+                    if order[m] != b and np.float64(gpi[m]) < v:
+                        v = np.float64(gpi[m])
+            else:
+                for m in range(starts[q], ends[q]):
+                    w = np.float64(gpi[m])
+                    v = w if w < v else v
+            lo[q] = v
         xn2 = xnorm[i]
         xn = np.sqrt(xn2) * (1.0 + delta)
         e = eps * (2.0 * xn * cmax + cmax * cmax) + eps * xn2
