@@ -4,8 +4,8 @@ data, init and settings, and whether their results are bitwise equal (issue 46).
 For each problem (``--problems``, of :mod:`benchmarks.problems`; randn rows of seed 0 written
 once to a Zarr store under ``--data-dir``, drawn on the GPU where CuPy is there; init the
 first K rows), the fit runs with ``algorithm="lloyd"`` and ``algorithm="yinyang"``
-(``--order`` decides which first; the first fit of the run, a warm-up of 2 iterations on the
-same data, loads the kernels and places the data), ``--iters`` iterations at ``tol=0``, at
+(``--order`` decides which first; a warm-up fit of 2 iterations per algorithm on the same data
+first loads both steps' kernels and places the data), ``--iters`` iterations at ``tol=0``, at
 ``--precision``, through the Python API on one local cluster (the machine's GPUs, or its
 cores). Per algorithm: the whole loop's time (the sum of the iterations' wall times, rank 0's),
 the fit's wall time, the median iteration and per iteration the rows reassigned; then whether
@@ -78,7 +78,8 @@ def main(argv=None):
         path = _store(problem, args.data_dir)
         init = _init(problem, path)
         common = dict(init=init, n_init=1, tol=0, precision=args.precision, backend=args.backend, client=client)
-        daskmeans.KMeans(problem.k, max_iter=2, **common).fit(path)  # warm-up: kernels, placement
+        for alg in algorithms:  # warm-up: both steps' kernels compiled or loaded, the data placed
+            daskmeans.KMeans(problem.k, max_iter=2, algorithm=alg, **common).fit(path)
         row = {"problem": problem.name, "n": problem.n, "d": problem.d, "k": problem.k,
                "precision": args.precision}
         fits = {}

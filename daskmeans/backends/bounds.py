@@ -118,29 +118,34 @@ def assign_bounds(be: Any, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: 
     c64 = p.centroids.astype(xp.float64)
     csq = (c64 * c64).sum(axis=1)
     neg2 = -2.0 * c64.T
-    # The columns by group: each group a contiguous range of ``order``.
-    order = xp.argsort(group_of, kind="stable")
-    ends = np.cumsum(np.bincount(be.to_numpy(group_of), minlength=n_groups))
-    starts = ends - np.bincount(be.to_numpy(group_of), minlength=n_groups)
+    # The columns by group as one (t, smax) table of column indices, short groups padded with
+    # column K (an extra column of inf): a piece's group minima are one gather and one
+    # reduction, whatever t (a launch per group would cost more than the distances at wide K).
+    gh = np.asarray(be.to_numpy(group_of), np.int64)
+    sizes = np.bincount(gh, minlength=n_groups)
+    smax = max(1, int(sizes.max()) if sizes.size else 1)
+    table = np.full((n_groups, smax), k, np.int64)
+    order = np.argsort(gh, kind="stable")
+    ends = np.cumsum(sizes)
+    for q in np.flatnonzero(sizes):
+        table[q, : sizes[q]] = order[ends[q] - sizes[q] : ends[q]]
+    table = xp.asarray(table.reshape(-1))
     lower = xp.empty((n, n_groups), xp.float64)
-    step = max(1, _PIECE_BYTES // max(1, 8 * (k + d)))
+    step = max(1, 4 * _PIECE_BYTES // max(1, 8 * (k + 1 + n_groups * smax + d)))
     for s in range(0, n, step):
         e_ = min(n, s + step)
-        x64 = X[s:e_].astype(xp.float64)
-        g = x64 @ neg2
-        g += csq[None, :]
+        g = xp.empty((e_ - s, k + 1), xp.float64)
+        g[:, k] = xp.inf
+        gk = g[:, :k]
+        gk[...] = X[s:e_].astype(xp.float64) @ neg2
         xn2 = xnorm[s:e_]
-        g += xn2[:, None]
-        g[xp.arange(e_ - s), labels[s:e_]] = xp.inf
-        g = g[:, order]
+        gk += csq[None, :]
+        gk += xn2[:, None]
+        gk[xp.arange(e_ - s), labels[s:e_]] = xp.inf  # the row's own centroid is no other centroid
+        mins = xp.take(g, table, axis=1).reshape(e_ - s, n_groups, smax).min(axis=2)
         xn = xp.sqrt(xn2) * (1.0 + delta)
         err = eps * (2.0 * xn * cmax + cmax * cmax + xn2)
-        for q in range(n_groups):
-            if ends[q] > starts[q]:
-                lower[s:e_, q] = g[:, int(starts[q]) : int(ends[q])].min(axis=1)
-            else:
-                lower[s:e_, q] = xp.inf
-        v = lower[s:e_] - err[:, None]
+        v = mins - err[:, None]
         lower[s:e_] = xp.where(xp.isinf(v), v, xp.sqrt(xp.maximum(v, 0.0)) * (1.0 - delta))
     upper = _owner_dist(xp, X, p.centroids, labels) * (1.0 + delta)
     return labels, upper, lower
