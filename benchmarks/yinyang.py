@@ -16,7 +16,8 @@ Lloyd's; P3 and P4 never slower).
     python -m benchmarks yinyang --problems W18,P3,P4 --precision tf32 --iters 20
         [--backend auto] [--data-dir /tmp] [--out benchmarks/results/yinyang_h200.json [--merge]]
 
-The CPU figure of performance.md (2 cores): ``--problems C10 --precision fp32``.
+The CPU figures of performance.md (2 cores): ``--problems C10 --precision fp32``, with
+``--data blobs`` too.
 """
 
 from __future__ import annotations
@@ -31,15 +32,24 @@ from benchmarks import meta, problems
 
 SUMMARY = "Yinyang's loop against Lloyd's, same run, bitwise check"  # its line in --help
 
-LAYOUT = meta.Layout(rows={"results": ("problem", "precision")})
+LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "data")})
 STATS = ("iteration", "inertia", "shift", "reassigned", "n_empty", "imbalance", "n_moved")
 ALLOWED = problems.pick("W18", "W16", "W14", "P3", "P4", "P2", "C10")
 
 
-def _store(problem: problems.Problem, data_dir: str) -> str:
-    """The problem's randn rows (seed 0) as Zarr, written once."""
-    path = os.path.join(data_dir, f"daskmeans-yinyang-{problem.name}.zarr")
+def _store(problem: problems.Problem, data_dir: str, data: str) -> str:
+    """The problem's rows (seed 0) as Zarr, written once: randn, or ``blobs`` (scikit-learn's
+    ``make_blobs`` with K centres, float32: clusters, where bounds certify most rows)."""
+    path = os.path.join(data_dir, f"daskmeans-yinyang-{problem.name}-{data}.zarr")
     if not os.path.exists(path):
+        if data == "blobs":
+            import zarr
+            from sklearn.datasets import make_blobs
+
+            X = make_blobs(n_samples=problem.n, n_features=problem.d, centers=problem.k, random_state=0)[0]
+            z = zarr.create_array(path, shape=X.shape, chunks=(problems.BLOCK_ROWS, problem.d), dtype=np.float32)
+            z[:] = X.astype(np.float32)
+            return path
         try:
             import cupy as xp
         except ImportError:
@@ -62,6 +72,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--order", choices=("lloyd-first", "yinyang-first"), default="lloyd-first")
     ap.add_argument("--data-dir", default="/tmp")
+    ap.add_argument("--data", choices=("randn", "blobs"), default="randn",
+                    help="the rows: the problem's randn (the issue's cases), or make_blobs with K centres")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "yinyang")
@@ -75,13 +87,13 @@ def main(argv=None):
            "cores": os.cpu_count(), "iters": args.iters, "results": []}
     client = api_client(None, args.backend)  # the local cluster the command would start, kept for every fit
     for problem in chosen:
-        path = _store(problem, args.data_dir)
+        path = _store(problem, args.data_dir, args.data)
         init = _init(problem, path)
         common = dict(init=init, n_init=1, tol=0, precision=args.precision, backend=args.backend, client=client)
         for alg in algorithms:  # warm-up: both steps' kernels compiled or loaded, the data placed
             daskmeans.KMeans(problem.k, max_iter=2, algorithm=alg, **common).fit(path)
         row = {"problem": problem.name, "n": problem.n, "d": problem.d, "k": problem.k,
-               "precision": args.precision}
+               "precision": args.precision, "data": args.data}
         fits = {}
         for alg in algorithms:
             t0 = time.perf_counter()
