@@ -25,9 +25,11 @@ every row again, so the centroids are Lloyd's bits. Each chunk's inertia is its 
 distances to their centroids added in row order (on the CPU the bits of Lloyd's kernels).
 
 The bounds are set by a full assignment (every row's distances) where they are not known
-to hold for the step's centroids: the fit's first step, the first after a restart or a
-re-placement, and any step given centroids other than those the last step returned (the
-state keeps that array). A re-seeding (empty clusters, size balance) needs no reset: the
+to hold for the step's centroids: once the rank's last step moved at most
+:data:`BOUND_START` of its rows, after the fit's first steps, a restart or a re-placement,
+or a step given centroids other than those the last step returned (the state keeps that
+array). Until then the step is Lloyd's pass itself: while the centroids still move far next
+to no row stays certified, and the bounds cost more than the distances they would save. A re-seeding (empty clusters, size balance) needs no reset: the
 bounds are moved by the drift of whatever the update did, which the triangle inequality
 covers for any move.
 """
@@ -41,13 +43,17 @@ import numpy as np
 
 from .placement import Shard
 from .reseed import Reseed
-from .step import FitSpec, IterationStats, Layout, _slot, check_chunk, run_step
+from .step import FitSpec, IterationStats, Layout, _slot, check_chunk, lloyd_pass, run_step
 
 # Ding et al. take t = K / 10 groups; the bounds cost 8 bytes per row and group, so t is
 # capped (MAX_GROUPS) to keep them a small multiple of the rows' own memory at wide K.
 GROUP_RATIO = 10
 MAX_GROUPS = 256
 GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the filter's strength)
+# The bounds are set (every row's distances, ~3x a Lloyd pass on the CPU) only once the rank's
+# last step moved at most this share of its rows: before that the centroids still drift so far
+# that next to no row stays certified, and Lloyd's own pass is the cheaper step.
+BOUND_START = 0.1
 
 
 def n_groups(k: int) -> int:
@@ -68,14 +74,16 @@ class YinyangState:
 
     next_iteration: int  # the step the state is for
     expect: Any  # the centroids that step must be given (the last step's result, by identity)
-    cref: Any  # (K, D) the last step's centroids in the data dtype (the drift's origin)
-    group_of: Any  # (K,) int32, backend array
-    group_host: np.ndarray  # the same on the host (the groups' drifts)
-    t: int
-    sums: Any  # (K, D) int64, this rank's under the last step's labels
-    weights: Any  # (K,) int64 (weighted rows)
-    counts: Any  # (K,) int64
+    cref: Any = None  # (K, D) the last step's centroids in the data dtype (the drift's origin)
+    group_of: Any = None  # (K,) int32, backend array
+    group_host: np.ndarray | None = None  # the same on the host (the groups' drifts)
+    t: int = 1
+    sums: Any = None  # (K, D) int64, this rank's under the last step's labels
+    weights: Any = None  # (K,) int64 (weighted rows)
+    counts: Any = None  # (K,) int64
     weighted: bool = False
+    bounded: bool = False  # the bounds and sums below hold (else the last step was Lloyd's pass)
+    moved: float = 1.0  # the share of the rank's rows the last step moved
     upper: list = field(default_factory=list)  # per chunk (n,) float64
     lower: list = field(default_factory=list)  # per chunk (n, t) float64
     xnorm: list = field(default_factory=list)  # per chunk (n,) float64
@@ -119,6 +127,7 @@ def _reset(shard: Shard, prep: Any, k: int, d: int, t: int) -> YinyangState:
     return YinyangState(
         next_iteration=-1, expect=None, cref=prep.centroids, group_of=group_of, group_host=be.to_numpy(group_of),
         t=t, sums=xp.zeros((k, d), xp.int64), weights=xp.zeros(k, xp.int64), counts=xp.zeros(k, xp.int64),
+        bounded=True,
     )
 
 
@@ -133,8 +142,15 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     prev = _slot(shard, it - 1) if it > 0 else None
     out_slot = _slot(shard, it)
     st: YinyangState | None = getattr(shard, "yinyang", None)
-    holds = (st is not None and st.next_iteration == it and st.expect is centroids and prev is not None
-             and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids))
+    ours = st is not None and st.next_iteration == it and st.expect is centroids and prev is not None
+    holds = (ours and st.bounded and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids))
+    if not holds and (not ours or st.moved > BOUND_START):
+        # No bounds yet, and the centroids still move far: Lloyd's own pass (its bits, its cost).
+        lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
+        rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
+        moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0])
+        shard.yinyang = YinyangState(next_iteration=it + 1, expect=None, moved=moved / max(1, rows))
+        return
     if not holds:
         st = shard.yinyang = _reset(shard, prep, k, d, n_groups(k))
         _, cmax = be.centroid_drift(prep.centroids, prep.centroids)

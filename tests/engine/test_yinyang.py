@@ -21,6 +21,29 @@ def _data(seed, n=4000, d=6, centers=12):
     return (c[rng.integers(0, centers, n)] + rng.normal(size=(n, d))).astype(np.float32)
 
 
+def _set_bound_start(value):
+    from daskmeans.engine import yinyang as module
+
+    old = module.BOUND_START
+    module.BOUND_START = value
+    return old
+
+
+@pytest.fixture(params=["default", "always"])
+def bound_start(request, client):
+    """Yinyang's bounds from the first step that can have them ("always": from the second
+    step, so that every re-seed and early move meets the bounded path) or by the default rule
+    (after Lloyd's passes while many rows move), on the session cluster's workers."""
+    if request.param == "default":
+        yield request.param
+        return
+    old = client.run(_set_bound_start, 1.0)
+    try:
+        yield request.param
+    finally:
+        client.run(_set_bound_start, next(iter(old.values())))
+
+
 def _same(a, b, client_a, client_b=None):
     """Every bit of two fits' results the algorithms must share."""
     client_b = client_b or client_a
@@ -37,7 +60,7 @@ def _pair(client, X, k, sw=None, **kw):
 
 
 @pytest.mark.parametrize("seed,k", [(0, 3), (1, 12), (2, 40), (3, 100)])
-def test_yinyang_is_lloyds_bits(client, seed, k):
+def test_yinyang_is_lloyds_bits(client, bound_start, seed, k):
     x = _data(seed)
     X = da.from_array(x, chunks=(900, -1))
     lloyd, yy = _pair(client, X, k, random_state=seed, tol=0, max_iter=60)
@@ -46,7 +69,7 @@ def test_yinyang_is_lloyds_bits(client, seed, k):
 
 
 @pytest.mark.parametrize("chunks", [(4000,), (333,), ((1500, 7, 2493),)])
-def test_yinyang_for_any_chunking_and_weights(client, chunks):
+def test_yinyang_for_any_chunking_and_weights(client, bound_start, chunks):
     x = _data(5)
     w = np.random.default_rng(1).uniform(0.5, 2.0, len(x))
     X = da.from_array(x, chunks=chunks + (-1,))
@@ -71,7 +94,7 @@ def test_yinyang_on_one_and_three_workers(client1, client3):
     assert three.n_iter_ == one.n_iter_
 
 
-def test_yinyang_with_empty_cluster_reseeds(client):
+def test_yinyang_with_empty_cluster_reseeds(client, bound_start):
     """Duplicate initial centroids leave clusters empty: the re-seeds move centroids far, and
     the bounds follow them (the drift) to Lloyd's bits."""
     x = _data(11)
@@ -82,7 +105,7 @@ def test_yinyang_with_empty_cluster_reseeds(client):
     _same(lloyd, yy, client)
 
 
-def test_yinyang_with_size_balancing(client):
+def test_yinyang_with_size_balancing(client, bound_start):
     rng = np.random.default_rng(4)
     x = np.concatenate([rng.normal(size=(3000, 4)), rng.normal(loc=8, scale=0.3, size=(300, 4))]).astype(np.float32)
     X = da.from_array(x, chunks=(800, -1))
@@ -91,7 +114,7 @@ def test_yinyang_with_size_balancing(client):
     _same(lloyd, yy, client)
 
 
-def test_yinyang_across_segments_and_float64(client):
+def test_yinyang_across_segments_and_float64(client, bound_start):
     """Segments of one iteration (the bounds kept on the shard between tasks), float64 data."""
     x = _data(13).astype(np.float64)
     X = da.from_array(x, chunks=(1000, -1))
@@ -100,7 +123,7 @@ def test_yinyang_across_segments_and_float64(client):
     _same(lloyd, yy, client)
 
 
-def test_the_bounds_skip_rows_in_late_iterations(client):
+def test_the_bounds_skip_rows_in_late_iterations(client, bound_start):
     """The filter certifies most rows once few move: fewer rows go through the assignment than
     there are rows (counted on the workers by wrapping the backend's ``assign_bounds``)."""
     x = _data(17, n=6000)
