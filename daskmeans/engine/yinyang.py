@@ -54,6 +54,10 @@ GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the
 # last step moved at most this share of its rows: before that the centroids still drift so far
 # that next to no row stays certified, and Lloyd's own pass is the cheaper step.
 BOUND_START = 0.1
+# Bounds that leave more than this share of the rows uncertain cost more than Lloyd's pass
+# (each uncertain row ~3x its Lloyd cost on the CPU): they are dropped, and set again only once
+# the steps move a quarter as many rows as when they were last set.
+ABANDON = 0.3
 
 
 def n_groups(k: int) -> int:
@@ -84,6 +88,7 @@ class YinyangState:
     weighted: bool = False
     bounded: bool = False  # the bounds and sums below hold (else the last step was Lloyd's pass)
     moved: float = 1.0  # the share of the rank's rows the last step moved
+    threshold: float | None = None  # the bounds are set once ``moved`` is at most this (None: BOUND_START)
     upper: list = field(default_factory=list)  # per chunk (n,) float64
     lower: list = field(default_factory=list)  # per chunk (n, t) float64
     xnorm: list = field(default_factory=list)  # per chunk (n,) float64
@@ -120,15 +125,23 @@ def centroid_groups(xp: Any, centroids: Any, t: int) -> Any:
     return group.astype(xp.int32)
 
 
-def _reset(shard: Shard, prep: Any, k: int, d: int, t: int) -> YinyangState:
+def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int) -> None:
+    """``st``'s groups, zero sums and empty bounds, to be set by a pass over every row."""
     be = shard.be
     xp = be.xp
-    group_of = centroid_groups(xp, prep.centroids, t)
-    return YinyangState(
-        next_iteration=-1, expect=None, cref=prep.centroids, group_of=group_of, group_host=be.to_numpy(group_of),
-        t=t, sums=xp.zeros((k, d), xp.int64), weights=xp.zeros(k, xp.int64), counts=xp.zeros(k, xp.int64),
-        bounded=True,
-    )
+    st.group_of = centroid_groups(xp, prep.centroids, t)
+    st.group_host = be.to_numpy(st.group_of)
+    st.t = t
+    st.sums, st.weights, st.counts = xp.zeros((k, d), xp.int64), xp.zeros(k, xp.int64), xp.zeros(k, xp.int64)
+    st.upper, st.lower, st.xnorm = [], [], []
+    st.bounded = True
+
+
+def _drop(st: YinyangState) -> None:
+    """The bounds and sums freed: the next steps are Lloyd's passes."""
+    st.bounded = False
+    st.upper, st.lower, st.xnorm = [], [], []
+    st.sums = st.weights = st.counts = None
 
 
 def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
@@ -142,17 +155,21 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     prev = _slot(shard, it - 1) if it > 0 else None
     out_slot = _slot(shard, it)
     st: YinyangState | None = getattr(shard, "yinyang", None)
-    ours = st is not None and st.next_iteration == it and st.expect is centroids and prev is not None
-    holds = (ours and st.bounded and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids))
-    if not holds and (not ours or st.moved > BOUND_START):
-        # No bounds yet, and the centroids still move far: Lloyd's own pass (its bits, its cost).
+    if st is None or st.next_iteration != it or st.expect is not centroids or prev is None:
+        st = shard.yinyang = YinyangState(next_iteration=it, expect=None)  # this run's state starts here
+    holds = st.bounded and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids)
+    rows = 0
+    threshold = BOUND_START if st.threshold is None else st.threshold
+    if not holds and st.moved > threshold:
+        # No bounds, and the centroids still move far: Lloyd's own pass (its bits, its cost).
+        _drop(st)
         lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
         rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
-        moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0])
-        shard.yinyang = YinyangState(next_iteration=it + 1, expect=None, moved=moved / max(1, rows))
+        st.moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]) / max(1, rows)
+        st.next_iteration = it + 1
         return
     if not holds:
-        st = shard.yinyang = _reset(shard, prep, k, d, n_groups(k))
+        _reset(st, shard, prep, k, d, n_groups(k))
         _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
         drift = gdrift = None
     else:
@@ -161,11 +178,13 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         np.maximum.at(gd, st.group_host, be.to_numpy(drift))
         gdrift = be.asarray(gd)
     labels_out = []
+    uncertain = moved_host = 0
     for j, (cid, _, block, w) in enumerate(shard.items()):
         if interrupt is not None:
             interrupt()
         check_chunk(cid, fit)
         n = block.shape[0]
+        rows += n
         if n == 0:
             lab = xp.empty(0, xp.int32)
             moved_rows = 0
@@ -191,6 +210,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
             lab = out_slot[j] if out_slot is not None and out_slot[j].shape[0] == n else xp.empty(n, xp.int32)
             lab[...] = old
             cand = be.yinyang_filter(block, prep, old, st.upper[j], st.lower[j], st.xnorm[j], drift, gdrift, cmax)
+            uncertain += int(cand.shape[0])
             moved_rows = 0
             if cand.shape[0]:
                 xu = block[cand]
@@ -209,6 +229,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
                     be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts)
                     be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts)
                     lab[cand[moved]] = new_u[moved]
+                moved_host += moved_rows
         labels_out.append(lab)
         fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
         buf[lay.reassigned] += xp.asarray(moved_rows).astype(xp.int64)
@@ -218,6 +239,12 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     buf[lay.counts] += st.counts
     st.next_iteration = it + 1
     st.cref = prep.centroids
+    if holds and uncertain > ABANDON * rows:
+        # The bounds certify too few rows to pay: Lloyd's passes until the steps move a quarter
+        # as many rows as now (this step's sums are in ``buf`` already, whole).
+        st.moved = moved_host / max(1, rows)
+        st.threshold = min(threshold, st.moved) / 4
+        _drop(st)
 
 
 def yinyang_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any, host: np.ndarray,

@@ -21,27 +21,28 @@ def _data(seed, n=4000, d=6, centers=12):
     return (c[rng.integers(0, centers, n)] + rng.normal(size=(n, d))).astype(np.float32)
 
 
-def _set_bound_start(value):
+def _set_rule(values):
     from daskmeans.engine import yinyang as module
 
-    old = module.BOUND_START
-    module.BOUND_START = value
+    old = (module.BOUND_START, module.ABANDON)
+    module.BOUND_START, module.ABANDON = values
     return old
 
 
 @pytest.fixture(params=["default", "always"])
 def bound_start(request, client):
-    """Yinyang's bounds from the first step that can have them ("always": from the second
-    step, so that every re-seed and early move meets the bounded path) or by the default rule
-    (after Lloyd's passes while many rows move), on the session cluster's workers."""
+    """Yinyang's bounds from the first step that can have them and never dropped ("always":
+    from the second step on, so that every re-seed and early move meets the bounded path), or
+    by the default rule (Lloyd's passes while many rows move or the bounds certify too few), on
+    the session cluster's workers."""
     if request.param == "default":
         yield request.param
         return
-    old = client.run(_set_bound_start, 1.0)
+    old = client.run(_set_rule, (1.0, 2.0))
     try:
         yield request.param
     finally:
-        client.run(_set_bound_start, next(iter(old.values())))
+        client.run(_set_rule, next(iter(old.values())))
 
 
 def _same(a, b, client_a, client_b=None):
