@@ -93,11 +93,9 @@ def main(argv=None):
         for alg in algorithms:  # warm-up: both steps' kernels compiled or loaded, the data placed
             daskmeans.KMeans(problem.k, max_iter=2, algorithm=alg, **common).fit(path)
         # Yinyang's bound kernels run only once few rows move: a small fit of its own loads them.
-        import zarr
         from sklearn.datasets import make_blobs
 
         small = make_blobs(n_samples=20_000, n_features=problem.d, centers=16, random_state=1)[0].astype(np.float32)
-        small = zarr.open_array(path, mode="r")[:1].astype(np.float32) * 0 + small  # the store's dtype
         daskmeans.KMeans(16, init=small[:16].astype(np.float64), n_init=1, tol=0, max_iter=15, algorithm="yinyang",
                          precision=args.precision, backend=args.backend, client=client).fit(small)
         row = {"problem": problem.name, "n": problem.n, "d": problem.d, "k": problem.k,

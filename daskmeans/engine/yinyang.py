@@ -29,7 +29,9 @@ to hold for the step's centroids: once the rank's last step moved at most
 :data:`BOUND_START` of its rows, after the fit's first steps, a restart or a re-placement,
 or a step given centroids other than those the last step returned (the state keeps that
 array). Until then the step is Lloyd's pass itself: while the centroids still move far next
-to no row stays certified, and the bounds cost more than the distances they would save. A re-seeding (empty clusters, size balance) needs no reset: the
+to no row stays certified, and the bounds cost more than the distances they would save.
+Bounds that leave more than :data:`ABANDON` of the rows uncertain are dropped the same way,
+and set again once the steps move a quarter as many rows (docs/performance.md, "Yinyang"). A re-seeding (empty clusters, size balance) needs no reset: the
 bounds are moved by the drift of whatever the update did, which the triangle inequality
 covers for any move.
 """

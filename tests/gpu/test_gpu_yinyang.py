@@ -66,11 +66,22 @@ def test_cupy_label_sums_are_assigns_integers(weighted):
         np.testing.assert_array_equal(cupy.asnumpy(weights), cupy.asnumpy(out["weights"]))
 
 
+def _set_rule(values):
+    from daskmeans.engine import yinyang as module
+
+    old = (module.BOUND_START, module.ABANDON)
+    module.BOUND_START, module.ABANDON = values
+    return old
+
+
+@pytest.mark.parametrize("rule", ["default", "always"])
 @pytest.mark.parametrize("k", [64, 4096, 1 << 14])
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_yinyang_fit_is_lloyds_bits_on_the_gpu(k, precision):
+def test_yinyang_fit_is_lloyds_bits_on_the_gpu(k, precision, rule):
     """Centroids, labels, iteration count and the history's statistics bitwise Lloyd's, in two
-    chunkings; the inertia to float atomics' reproducibility (Lloyd's own on the GPU)."""
+    chunkings; the inertia to float atomics' reproducibility (Lloyd's own on the GPU). "always":
+    the bounds from the second step on and never dropped (every step after the first through
+    the bounded path)."""
     import cupy
     import dask.array as da
     from dask_cuda import LocalCUDACluster
@@ -83,6 +94,8 @@ def test_yinyang_fit_is_lloyds_bits_on_the_gpu(k, precision):
     x = rng.standard_normal((n, d), dtype=np.float32)
     init = x[:k].astype(np.float64)
     with LocalCUDACluster(dashboard_address=":0") as lc, Client(lc) as client:
+        if rule == "always":
+            client.run(_set_rule, (1.0, 2.0))
         for chunks in (n, 17_000):
             X = da.from_array(cupy.asarray(x), chunks=(chunks, d), asarray=False)
             fits = [daskmeans.KMeans(k, init=init, n_init=1, max_iter=12, tol=0, precision=precision,
