@@ -22,6 +22,24 @@ from typing import Any
 
 import numpy as np
 
+# Ding et al. take t = K / 10 groups; the bounds cost 8 bytes per row and group, so t is
+# capped (MAX_GROUPS) to keep them a small multiple of the rows' own memory at wide K.
+GROUP_RATIO = 10
+MAX_GROUPS = 256
+
+
+def n_groups(k: int) -> int:
+    """Groups of ``k`` centroids: ``k / 10`` (Ding et al.), at least 1, at most :data:`MAX_GROUPS`."""
+    return int(min(MAX_GROUPS, max(1, k // GROUP_RATIO)))
+
+
+def bound_bytes(rows: int, k: int) -> int:
+    """Bytes of a rank's Yinyang state for ``rows`` rows and ``k`` centroids: per row the
+    upper bound, ``||x||^2`` and the group bounds (float64), and the step's gathered rows'
+    labels and indices (bounded by the rows)."""
+    return rows * 8 * (2 + n_groups(k)) + rows * (8 + 4)
+
+
 # Rows per piece of the gathers below: a piece's float64 copy of its rows stays near 128 MiB.
 _PIECE_BYTES = 1 << 27
 

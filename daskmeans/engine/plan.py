@@ -35,6 +35,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import backend_here, get_backend
+from ..backends.bounds import bound_bytes
 from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
 from ..io.readers import split_rows
@@ -122,7 +123,7 @@ def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
     SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
     computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32);
     with ``algorithm`` "yinyang", ``bounds``: its per-row bounds and the rank's kept partial
-    sums (:func:`.yinyang.bound_bytes`). ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
+    sums (:func:`daskmeans.backends.bounds.bound_bytes`). ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
     tunables = tunables if tunables is not None else kernel_tunables()
     parts = {
@@ -132,8 +133,6 @@ def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
         "labels": rows_per_worker * 4 * 3,
     }
     if algorithm == "yinyang":
-        from .yinyang import bound_bytes
-
         parts["bounds"] = bound_bytes(rows_per_worker, k) + (k * d + 2 * k) * 8
     return parts
 

@@ -149,7 +149,7 @@ class Layout:
         return self.n - self.weights.start
 
 
-def _slot(shard: Shard, iteration: int) -> list | None:
+def label_slot(shard: Shard, iteration: int) -> list | None:
     """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
     labels = shard.labels.get(iteration % 2)
     return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
@@ -227,8 +227,8 @@ def lloyd_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, b
     be = shard.be
     xp = be.xp
     fv = buf.view(xp.float64)
-    prev = _slot(shard, it - 1) if it > 0 else None
-    out_slot = _slot(shard, it)
+    prev = label_slot(shard, it - 1) if it > 0 else None
+    out_slot = label_slot(shard, it)
     labels = []
     norms = kept_norms(shard, be)
     for j, (cid, _, block, w) in enumerate(shard.items()):

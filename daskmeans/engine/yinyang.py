@@ -7,7 +7,7 @@ the update and the re-seeding are :func:`.step.run_step`'s. Per rank, in the sha
 workspace (``shard.yinyang``, :class:`YinyangState`):
 
 - the centroids' groups (``t`` groups by a few Lloyd steps on the centroids of the step that
-  set the bounds: :func:`centroid_groups`; :func:`n_groups` says how many);
+  set the bounds: :func:`centroid_groups`; :func:`.bounds.n_groups` says how many);
 - per local chunk, each row's upper bound on the distance to its centroid, its lower bounds
   per group on the distances to the group's other centroids (float64, ``(n,)`` and
   ``(n, t)``) and its ``||x||^2``;
@@ -43,14 +43,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..backends.bounds import n_groups
 from .placement import Shard
 from .reseed import Reseed
-from .step import FitSpec, IterationStats, Layout, _slot, check_chunk, lloyd_pass, run_step
+from .step import FitSpec, IterationStats, Layout, label_slot, check_chunk, lloyd_pass, run_step
 
-# Ding et al. take t = K / 10 groups; the bounds cost 8 bytes per row and group, so t is
-# capped (MAX_GROUPS) to keep them a small multiple of the rows' own memory at wide K.
-GROUP_RATIO = 10
-MAX_GROUPS = 256
 GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the filter's strength)
 # The bounds are set (every row's distances, ~3x a Lloyd pass on the CPU) only once the rank's
 # last step moved at most this share of its rows: before that the centroids still drift so far
@@ -60,18 +57,6 @@ BOUND_START = 0.1
 # (each uncertain row ~3x its Lloyd cost on the CPU): they are dropped, and set again only once
 # the steps move a quarter as many rows as when they were last set.
 ABANDON = 0.3
-
-
-def n_groups(k: int) -> int:
-    """Groups of ``k`` centroids: ``k / 10`` (Ding et al.), at least 1, at most :data:`MAX_GROUPS`."""
-    return int(min(MAX_GROUPS, max(1, k // GROUP_RATIO)))
-
-
-def bound_bytes(rows: int, k: int) -> int:
-    """Bytes of a rank's Yinyang state for ``rows`` rows and ``k`` centroids: per row the
-    upper bound, ``||x||^2`` and the group bounds (float64), and the step's gathered rows'
-    labels and indices (bounded by the rows)."""
-    return rows * 8 * (2 + n_groups(k)) + rows * (8 + 4)
 
 
 @dataclass
@@ -154,8 +139,8 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     xp = be.xp
     fv = buf.view(xp.float64)
     k, d = centroids.shape
-    prev = _slot(shard, it - 1) if it > 0 else None
-    out_slot = _slot(shard, it)
+    prev = label_slot(shard, it - 1) if it > 0 else None
+    out_slot = label_slot(shard, it)
     st: YinyangState | None = getattr(shard, "yinyang", None)
     if st is None or st.next_iteration != it or st.expect is not centroids or prev is None:
         st = shard.yinyang = YinyangState(next_iteration=it, expect=None)  # this run's state starts here

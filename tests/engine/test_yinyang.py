@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from daskmeans import KMeans
+from daskmeans.backends import bounds
 from daskmeans.engine import yinyang
 
 STATS = ("iteration", "inertia", "shift", "reassigned", "n_empty", "rechecked", "imbalance", "n_moved")
@@ -160,9 +161,9 @@ def test_the_bounds_skip_rows_in_late_iterations(client, bound_start):
 
 
 def test_groups_and_memory_rule():
-    assert yinyang.n_groups(1) == 1 and yinyang.n_groups(9) == 1 and yinyang.n_groups(100) == 10
-    assert yinyang.n_groups(1 << 18) == yinyang.MAX_GROUPS
-    assert yinyang.bound_bytes(1000, 100) == 1000 * 8 * 12 + 1000 * 12
+    assert bounds.n_groups(1) == 1 and bounds.n_groups(9) == 1 and bounds.n_groups(100) == 10
+    assert bounds.n_groups(1 << 18) == bounds.MAX_GROUPS
+    assert bounds.bound_bytes(1000, 100) == 1000 * 8 * 12 + 1000 * 12
     c = np.concatenate([np.zeros((5, 2)), np.full((5, 2), 10.0)])
     g = yinyang.centroid_groups(np, c, 2)
     assert g.dtype == np.int32 and set(g[:5]) == {g[0]} and set(g[5:]) == {g[5]} and g[0] != g[5]
@@ -174,7 +175,7 @@ def test_the_plan_counts_and_refuses_the_bounds():
     lloyd = working_parts(1000, 16, 4, 1 << 20, 100_000, "numpy")
     yy = working_parts(1000, 16, 4, 1 << 20, 100_000, "numpy", algorithm="yinyang")
     assert "bounds" not in lloyd
-    assert yy["bounds"] == yinyang.bound_bytes(100_000, 1000) + (1000 * 16 + 2000) * 8
+    assert yy["bounds"] == bounds.bound_bytes(100_000, 1000) + (1000 * 16 + 2000) * 8
 
 
 def test_yinyang_refused_cleanly_where_the_bounds_do_not_fit(client):

@@ -16,7 +16,8 @@ def test_cupy_bounds_hold_and_labels_are_assigns(k, precision):
     import cupy
 
     from daskmeans.backends import cupy_backend as cb
-    from daskmeans.engine.yinyang import centroid_groups, n_groups
+    from daskmeans.backends.bounds import n_groups
+    from daskmeans.engine.yinyang import centroid_groups
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3000, 40)).astype(np.float32)
