@@ -8,7 +8,8 @@ Subcommands, what each measures, and against which floor (measured in the same r
   floors the cuBLAS fp32 and TF32 GEMMs of the same shape, one HBM read of X and a naive
   PyTorch step.
 - ``command``: whole ``daskmeans fit`` commands (a subprocess, warm and empty kernel cache),
-  split into phases; against scikit-learn's script doing the same.
+  split into phases; against scikit-learn's script doing the same; the default init at wide K
+  in iteration-times (``--problems w14,w16,w18 --warm-only``).
 - ``multigpu``: P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives;
   against 1 GPU, with the centroids checked bitwise.
 - ``tiers``: the host and storage tiers; floors the pinned host-to-device copy and the store's
@@ -28,7 +29,8 @@ Subcommands, what each measures, and against which floor (measured in the same r
   fails where they differ).
 - ``profile-step``, ``profile-small``, ``profile-host``, ``profile-init``: the GEMM regime's
   step in pieces, the fused small-K kernel's variants, the host time of a small-K step, the
-  k-means|| recluster's time and host profile (printed only, for planning kernel work).
+  k-means|| recluster's time in iteration-times and host profile (printed only, for planning
+  kernel work).
 
 Problems are defined once, in :mod:`benchmarks.problems`. Results: ``--out PATH`` writes JSON
 (:mod:`benchmarks.meta`), ``--merge`` merges a run into an existing file; one current file per

@@ -14,7 +14,8 @@ data (seed 0) in a file format and the command's options:
 
 - ``p1``: P1 (scikit-learn's ``make_classification``) from ``.npy``, init rows 1, 3, 6, 8,
   tol 1e-4;
-- ``p1csv``: the same rows as a headerless CSV (about 2.4 GB);
+- ``p1csv``: the same rows as ``pyarrow.csv.write_csv`` writes them (a quoted header ``"f0"``..., each
+  value's shortest text: 1.09 GB), issue 44's file;
 - ``blobs``: 2-D blobs, k-means++ init, up to 300 iterations, tol 0;
 - ``randn1k``: init the first K rows, 10 iterations;
 - ``p3``: P3, init the first K rows, 20 iterations;
@@ -22,7 +23,10 @@ data (seed 0) in a file format and the command's options:
 - ``p4zarr``: P4 as Zarr, the default init (k-means||), 3 iterations: the init's cost in
   iteration-times (``init_iteration_times``: the init phase over the median iteration);
 - ``w14``: W14 (2e6 x 128, K = 2^14), the default init, tf32, 5 iterations: a first fit's
-  compiles (``cold_wall_s`` against ``wall_s``: at most 2 s more is the target).
+  compiles (``cold_wall_s`` against ``wall_s``: at most 2 s more is the target);
+- ``w16``, ``w18``: W16 and W18 (2e6 x 128, K = 2^16 and 2^18), as ``w14``: with it, the
+  default init at wide K in iteration-times (``init_iteration_times``; issue 46's target: at
+  most 5 each, warm cache, one GPU: ``--warm-only``, ``CUDA_VISIBLE_DEVICES=0``).
 
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
@@ -35,7 +39,8 @@ the data (one GPU: ``CUDA_VISIBLE_DEVICES=0``).
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
-    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--out r.json [--merge]]
+    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--warm-only] [--out r.json [--merge]]
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems w14,w16,w18 --repeats 3 --warm-only
 
 Committed results: ``results/command_<device>.json`` (``command_cpu_<cores>core.json`` on a
 CPU host), entries keyed by run, each with its commit and date.
@@ -43,7 +48,6 @@ CPU host), entries keyed by run, each with its commit and date.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import platform
@@ -75,9 +79,13 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
     "p4zarr": _spec("P4", fmt="zarr", args=["--max-iter", "3", "--tol", "0"], sk=False, own_init=True),
-    "w14": _spec("W14", fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"], sk=False,
-                 own_init=True),
 }
+# The default init at wide K (issue 46): tf32, 5 iterations, seed 0.
+PROBLEMS.update({
+    name.lower(): _spec(name, fmt="npy", args=["--precision", "tf32", "--seed", "0", "--max-iter", "5", "--tol", "0"],
+                        sk=False, own_init=True)
+    for name in ("W14", "W16", "W18")
+})
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 
 # The out-of-core tiers' runs (issue 44): the default init in the tiers that read the data each pass.
@@ -94,7 +102,7 @@ from sklearn.cluster import KMeans
 path, init, k, max_iter, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 if path.endswith(".csv"):
     import pandas as pd
-    X = pd.read_csv(path, header=None, dtype=np.float32, engine="pyarrow").to_numpy()
+    X = pd.read_csv(path, dtype=np.float32, engine="pyarrow").to_numpy()
 else:
     X = np.load(path)
 C = np.load(init) if init.endswith(".npy") else init
@@ -122,21 +130,13 @@ def make_data(name: str, spec: dict, folder: str) -> tuple[str, str | None]:
     return path, ipath
 
 
-def _csv_text(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savetxt(buf, x, delimiter=",", fmt="%.7g")
-    return buf.getvalue()
-
-
 def _write_csv(path: str, X: np.ndarray) -> None:
-    """``X`` as a headerless CSV (``%.7g``, as the seed's file), the rows formatted by every core
-    (``np.savetxt`` alone takes minutes for P1's 2.4 GB)."""
-    from concurrent.futures import ProcessPoolExecutor
+    """``X`` as ``pyarrow.csv.write_csv`` writes a table of float32 columns ``f0``, ``f1``, ...
+    (the issue's P1 file: a quoted header, each value's shortest text that reads back exactly)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
 
-    parts = [X[a:a + 100_000] for a in range(0, len(X), 100_000)]
-    with ProcessPoolExecutor(os.cpu_count()) as ex, open(path, "wb") as f:
-        for text in ex.map(_csv_text, parts):
-            f.write(text)
+    pcsv.write_csv(pa.table({f"f{j}": X[:, j] for j in range(X.shape[1])}), path)
 
 
 def _write_zarr(problem: problems.Problem, path: str) -> None:
@@ -216,6 +216,8 @@ def main(argv=None) -> None:
     ap.add_argument("--problems", default="p1,blobs", help=f"comma-separated, of {', '.join(PROBLEMS)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--api", action="store_true", help="also P1 through the Python API (in memory)")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="no run with an empty kernel cache (its phases then missing: cold_wall_s is null)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")
@@ -228,8 +230,10 @@ def main(argv=None) -> None:
         for name in names:
             spec = PROBLEMS[name]
             path, ipath = make_data(name, spec, folder)
-            with tempfile.TemporaryDirectory() as cold_cache:
-                cold = run_command(path, ipath, spec, folder, cold_cache)
+            cold = {"wall_s": None, "phases": None}
+            if not args.warm_only:
+                with tempfile.TemporaryDirectory() as cold_cache:
+                    cold = run_command(path, ipath, spec, folder, cold_cache)
             run_command(path, ipath, spec, folder, warm_cache)  # fills the warm cache
             runs, sk = [], []
             for _ in range(args.repeats):  # alternating, so that both see the same machine

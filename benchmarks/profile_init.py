@@ -1,10 +1,14 @@
 """``python -m benchmarks profile-init``: the k-means|| recluster (``seed_batched`` on about
 2.5 K weighted candidates, reduced to K on one GPU) at the shapes where the init costs most:
-its wall time, the host functions that take the time (cProfile, sorted by their own time),
-and the fp32 GEMM floor of its distance passes. For planning init work;
-prints, writes no file.
+its wall time with the init's draws per centre in batches (``RECLUSTER_BATCH_TRIALS``) and
+with scikit-learn's ``2 + ln K`` (the recluster before), each in iteration-times (one tf32
+assignment of the problem's rows against K centroids, with its sums: a Lloyd step's kernels),
+the host functions that take the time (cProfile, sorted by their own time), and the fp32 GEMM
+floor of its distance passes. For planning init work; prints, writes no file. The whole
+init in iteration-times, as users run it: ``python -m benchmarks command --problems
+w14,w16,w18 --warm-only``.
 
-    python -m benchmarks profile-init [P4] [W16] [W18]
+    python -m benchmarks profile-init [P4] [W14] [W16] [W18]
 """
 
 from __future__ import annotations
@@ -16,41 +20,73 @@ import time
 
 from benchmarks import problems
 
-SUMMARY = "the k-means|| recluster at P4 and wide K: wall time, host profile, GEMM floor"  # its line in --help
+SUMMARY = "the k-means|| recluster at P4 and wide K: wall time in iteration-times, host profile, GEMM floor"  # its line in --help
 
-PROBLEMS = problems.pick("P4", "W16", "W18")
+PROBLEMS = problems.pick("P4", "W14", "W16", "W18")
+
+
+def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile | None = None) -> float:
+    """Seconds of one ``seed_batched`` of the candidates ``x`` (weights ``w``) to ``k``."""
+    import cupy
+
+    from daskmeans.seeding.kernels import seed_batched
+    from daskmeans.seeding.kmeans_parallel import INIT_PRECISION
+
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
+    seed_batched(x, k, 0, w, precision=INIT_PRECISION, batch_trials=batch_trials)
+    cupy.cuda.Device().synchronize()
+    if prof is not None:
+        prof.disable()
+    return time.perf_counter() - t0
+
+
+def _iteration_s(problem: problems.Problem) -> float:
+    """Seconds of a tf32 assignment with sums of the problem's rows against K centroids (the
+    kernels of one Lloyd step on one GPU), the median of 5 after one to load them."""
+    from benchmarks import meta
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.numerics.grid import Grid
+
+    X, C = problems.cupy_randn(problem)
+    p = cb.prepare(C, X.dtype, "tf32")
+    grid = Grid.for_block(X)  # the fit's bound, found once
+    return meta.synced_ms(lambda: cb.assign(X, p, grid=grid), reps=5, warm=1) / 1e3
 
 
 def profile(problem: problems.Problem) -> None:
-    """Print the recluster's wall time at ``problem``'s K and D, its profile, and its floor."""
+    """Print the recluster's wall time at ``problem``'s K and D (the init's setting and the
+    one before) against an iteration, its profile, and its floor."""
     import cupy
 
     from benchmarks import meta
-    from daskmeans.seeding.kernels import local_trials, seed_batched
+    from daskmeans.seeding.kernels import local_trials
+    from daskmeans.seeding.kmeans_parallel import RECLUSTER_BATCH_TRIALS
 
+    it = _iteration_s(problem)
+    cupy.get_default_memory_pool().free_all_blocks()  # the rows of the iteration's pass
     n_cand, d, k = int(2.5 * problem.k), problem.d, problem.k
     rs = cupy.random.default_rng(0)
     x = rs.standard_normal((n_cand, d), dtype=cupy.float32)
     w = rs.integers(1, 100, n_cand).astype(cupy.float64)
-    seed_batched(x[: 4 * 256], 256, 0, w[: 4 * 256], precision="tf32")  # kernels loaded
-    cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
+    for trials in (RECLUSTER_BATCH_TRIALS, None):  # kernels loaded
+        _recluster_s(x[: 4 * 256], w[: 4 * 256], 256, trials)
     prof = cProfile.Profile()
-    prof.enable()
-    seed_batched(x, k, 0, w, precision="tf32")
-    cupy.cuda.Device().synchronize()
-    prof.disable()
-    wall = time.perf_counter() - t0
+    now = _recluster_s(x, w, k, RECLUSTER_BATCH_TRIALS, prof)
+    before = _recluster_s(x, w, k, None)
     # The distance passes' floor: every draw (trials per centre) and every pick against all
     # candidates, as one TF32 GEMM each.
-    cols = (local_trials(k) + 1) * k
     c = rs.standard_normal((4096, d), dtype=cupy.float32)
     ms = meta.event_ms(lambda: x @ c.T, reps=10, warm=2)
-    floor = ms / 1e3 * cols / 4096
+    floor = {t: ms / 1e3 * (t + 1) * k / 4096 for t in (RECLUSTER_BATCH_TRIALS, local_trials(k))}
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-    print(f"{problem.label}: recluster of {n_cand} candidates to K={k}: {wall:.3f} s; "
-          f"GEMM floor of its passes (fp32) {floor:.3f} s", flush=True)
+    print(f"{problem.label}: one iteration {it:.3f} s; recluster of {n_cand} candidates to K={k}: "
+          f"{now:.3f} s = {now / it:.2f} iterations with {RECLUSTER_BATCH_TRIALS} draws per centre "
+          f"(GEMM floor, fp32: {floor[RECLUSTER_BATCH_TRIALS]:.3f} s), {before:.3f} s = {before / it:.2f} "
+          f"iterations with {local_trials(k)} (floor {floor[local_trials(k)]:.3f} s)", flush=True)
     print(s.getvalue(), flush=True)
 
 

@@ -29,6 +29,7 @@ KERNELS_WIDE = "gpu_kernels_h100.json"
 COMMANDS = ("command_h100.json", "command_cpu_2core.json")
 MULTIGPU = "multigpu_h100x4.json"
 TIERS = "tiers_h200.json"
+PLACEMENT = "placement_h200.json"
 
 
 def _sig(x: float) -> str:
@@ -122,7 +123,8 @@ def commands(docs: dict[str, dict]) -> str:
             e = doc["problems"][run]
             label = RUNS[run]["problem"].label + (", CSV" if e["format"] == "csv" else "")
             sk = e.get("sklearn_script_s")
-            rows.append([_host(doc), label, _time(e["wall_s"]), _time(e["cold_wall_s"]),
+            rows.append([_host(doc), label, _time(e["wall_s"]),
+                         _time(e["cold_wall_s"]) if e["cold_wall_s"] is not None else "",
                          _time(sk) if sk else "", f"{e['wall_s'] / sk:.2f}" if sk else ""])
             pairs.append((run, e.get("commit", doc.get("commit"))))
         sources.append(f"{_source(name)}, {_commits(pairs)}")
@@ -162,8 +164,10 @@ def multigpu(doc: dict) -> str:
                                    "centroids bitwise those of 1 GPU"], rows)
 
 
-def tiers(doc: dict) -> str:
-    """The host and storage tiers against their floors, and P4 in the host tier."""
+def tiers(doc: dict, placement: dict | None = None) -> str:
+    """The host and storage tiers against their floors, P4 in the host tier, and (from the
+    placement benchmark's ``placement``) a file placed in the host tier and the storage tier's
+    iteration against the store's decode or raw read on every core."""
     rows, pairs = [], []
     t = doc.get("throughput")
     if t:
@@ -181,8 +185,26 @@ def tiers(doc: dict) -> str:
         rows.append([f"{problems.get('P4').label} per iteration, host tier", _time(p4["host"]["iteration_s"]),
                      f"device tier {_time(p4['device']['iteration_s'])}", f"{p4['host_over_device']:.2f}"])
         pairs.append(("P4", p4.get("commit", doc.get("commit"))))
+    sources = [f"{_source(TIERS)}, {_commits(pairs)}"]
+    if placement:
+        gb, fl = placement["n"] * placement["d"] * 4 / 1e9, placement["floors"]
+        what = {"zarr-host": "placement, host tier: Zarr (Zstd)", "npy-host": "placement, host tier: `.npy`",
+                "zarr-storage": "storage tier's iteration: Zarr (Zstd)"}
+        floor = {"decode_GBps_16": f"the store's decode on {fl['threads']} threads",
+                 "raw_read_GBps_16": f"the file's read on {fl['threads']} threads"}
+        mine = []
+        for run, label in what.items():
+            r = placement["runs"].get(run)
+            if r is None:
+                continue
+            rate = r["place_GBps"] if "place_GBps" in r else r["iteration_GBps"]
+            ratio = r["place_over_floor"] if "place_over_floor" in r else r["iteration_over_floor"]
+            rows.append([f"{label}, {gb:.3g} GB ({placement['n']:,} x {placement['d']})", f"{_sig(rate)} GB/s",
+                         f"{floor.get(r['floor'], r['floor'])} {_sig(fl[r['floor']])} GB/s", f"{ratio:.2f}"])
+            mine.append((run, r.get("commit", placement.get("commit"))))
+        sources.append(f"{_source(PLACEMENT)}, {_commits(mine)}")
     lead = (f"**Out-of-core tiers** ({doc['device']}, data streamed from host memory or re-read from the store "
-            f"each iteration, against the floor measured in the same run; {_source(TIERS)}, {_commits(pairs)}):")
+            f"each iteration, against the floor measured in the same run; {'; '.join(sources)}):")
     return lead + "\n\n" + _table(["what", "figure", "floor", "ratio"], rows)
 
 
@@ -199,7 +221,7 @@ def generate(results: str) -> str:
         wide_k(load(KERNELS_WIDE)),
         commands({name: load(name) for name in COMMANDS}),
         multigpu(load(MULTIGPU)),
-        tiers(load(TIERS)),
+        tiers(load(TIERS), load(PLACEMENT) if os.path.exists(os.path.join(results, PLACEMENT)) else None),
     ]
     return "\n\n".join(parts)
 

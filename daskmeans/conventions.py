@@ -25,8 +25,9 @@ from .errors import DaskmeansWarning, DataError
 from .validation import Boolean, InitLike, NInit, Verbose, is_array_like  # noqa: F401
 
 # Inits that draw one good start by themselves: n_init="auto" runs them once (scikit-learn's
-# rule for k-means++; k-means|| and its wide-K form hierarchical are k-means++'s distributed kin).
-_ONE_RUN_INITS = ("k-means++", "k-means||", "hierarchical")
+# rule for k-means++; k-means|| and its wide-K form hierarchical are k-means++'s distributed kin,
+# AFK-MC² its approximation by Markov chains).
+_ONE_RUN_INITS = ("k-means++", "k-means||", "hierarchical", "afk-mc2")
 OUTPUTS = ("default", "pandas", "polars")
 
 

@@ -2,12 +2,13 @@
 
 ``__init__`` only stores parameters; ``fit`` validates them (declarative constraints), then the
 data, before any distributed work is submitted. The work itself is the engine's: the fit
-driver (``engine/fit.py``) and inference by blocks (``engine/infer.py``), on the client that
-``dask_cluster.using_client`` gives (the one passed, the default one, or a local cluster
-started once per process).
+driver (``engine/fit.py``) and inference by blocks (``engine/infer.py``, through
+``BaseKMeans``), on the client that ``dask_cluster.using_client`` gives (the one passed, the
+default one, or a local cluster started once per process).
 
 Outputs follow the input: NumPy, pandas, lists and other in-memory data give NumPy arrays,
-CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Dask arrays.
+CuPy arrays give CuPy arrays, Dask arrays and DataFrames and paths give lazy Dask arrays. The
+fit's labels come from the engine in that kind (the read says whether the data was in memory).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import numpy as np
 
 from .backends import choices as backend_choices, names as backend_names
 from .dask_cluster import using_client
-from .engine import infer
 from .engine.fit import fit_distributed
 from .errors import DaskmeansError
 from .io.readers import read_table, read_weights
@@ -58,8 +58,8 @@ class KMeans(BaseKMeans):
         array, a list of rows) gives the centres themselves.
     n_init : "auto" or int, default "auto"
         Runs from different seeds; the one with the lowest inertia is kept. ``"auto"`` is
-        scikit-learn's rule: 1 run for ``k-means||`` and ``k-means++`` (and explicit centres),
-        10 for ``random`` and a callable. Explicit centres run once whatever ``n_init`` (with
+        scikit-learn's rule: 1 run for ``k-means||``, ``k-means++``, ``hierarchical`` and
+        ``afk-mc2`` (and explicit centres), 10 for ``random`` and a callable. Explicit centres run once whatever ``n_init`` (with
         scikit-learn's RuntimeWarning when it asks for more).
     max_iter : int, default 300
     tol : float, default 1e-4
@@ -78,8 +78,8 @@ class KMeans(BaseKMeans):
         warns as scikit-learn does. ``"yinyang"`` runs Yinyang's bounded step: Lloyd's result
         bit for bit, the distances skipped for rows whose bounds certify their label (8 bytes
         per row and group of centroids kept on the workers).
-    oversampling_factor : float, default 0.5
-        k-means|| draws ``oversampling_factor * n_clusters`` points per round (5 rounds:
+    oversampling_factor : float, default 0.83
+        k-means|| draws ``oversampling_factor * n_clusters`` points per round (3 rounds:
         about 2.5 candidates per cluster by default; the init's cost grows with it).
     max_samples_per_cluster : int, optional
         Train on at most ``max_samples_per_cluster * n_clusters`` rows (FAISS's
@@ -336,8 +336,8 @@ class KMeans(BaseKMeans):
             ck = self._read_checkpoint() if resume else None
             table = read_table(X)  # the columns' names from a DataFrame, a CSV header, a Zarr attribute
             table.refuse_identifiers()  # a CSV column that numbers rows is no feature
-            # What labels_ follows: data given in memory (its kind), else the lazy array read.
-            like, memory = (X, True) if table.in_memory else (table.array, False)
+            # What a callable init is given: data given in memory as it was, else the lazy array read.
+            like = X if table.in_memory else table.array
             names, X = table.feature_names, table.array
             path = table.file()  # a path given or an array read() from one: messages name it
             files = table.files()  # every file the rows come from: a re-fit checks them for changes
@@ -365,13 +365,11 @@ class KMeans(BaseKMeans):
         with using_client(self.client, self.backend, exclusive=True) as client, steps:
             best = fit_distributed(
                 client, X, algo, run, seed=seed, sample_weight=w, path=path, files=files, train_rows=m, resume=ck,
-                callback=_fanout(callbacks), phase=phase,
+                in_memory=table.in_memory, callback=_fanout(callbacks), phase=phase,
                 on_checkpoint=lambda it: setattr(self, "checkpoint_iteration_", it),
             )
             self.sample_inertia_, self.n_samples_fit_ = best.sample_inertia, best.n_samples_fit
-            self._fitted(best, client, d, names, X.dtype)
-            if memory:  # labels_ of the input's kind, as predict(X) gives them
-                self._labels = (infer.materialise(client, best.labels, like), client)
+            self._fitted(best, client, d, names, X.dtype)  # labels_ of the input's kind, as predict(X) gives them
             return None if then is None else then(client)
 
     def _printer(self, runs: int) -> Callable[[dict], None] | None:

@@ -17,7 +17,6 @@ import dask.array as da
 import numpy as np
 
 from .dask_cluster import using_client
-from .engine import infer
 from .engine.minibatch import InitDraw, Rule, State, fit_minibatch, partial_step
 from .conventions import DaskmeansRuntimeWarning, init_data, random_state_for_init, resolve_n_init
 from .errors import DataError, not_fitted
@@ -206,7 +205,7 @@ class MiniBatchKMeans(BaseKMeans):
             res = fit_minibatch(
                 client, x, record(MiniBatchParams, self), record(RunParams, self), draw, step_seed=step_seed,
                 reassign_seed=reassign_seed, sample_weight=w, path=table.source, files=table.files(),
-                report=self._round_line if self.verbose else None,
+                in_memory=table.in_memory, report=self._round_line if self.verbose else None,
             )
             st = res.state
             if self.verbose and st.stopped:
@@ -215,10 +214,8 @@ class MiniBatchKMeans(BaseKMeans):
             self.n_steps_ = st.step
             self.n_iter_ = int(np.ceil(st.step * res.batch / n))
             self.tier_ = res.tier
-            if self.compute_labels:
-                like = output_like(X)  # labels_ of the input's kind, as KMeans's
-                labels = infer.materialise(client, res.labels, like) if in_memory(like) else res.labels
-                self._labels, self.inertia_ = (labels, client), res.inertia
+            if self.compute_labels:  # labels_ of the input's kind (the engine's), as KMeans's
+                self._labels, self.inertia_ = (res.labels, client), res.inertia
             else:
                 self.__dict__.pop("_labels", None)
                 self.inertia_ = float(st.ewa or 0.0) * n

@@ -105,7 +105,7 @@ class KMeansParams:
     algorithm: str = _param("lloyd", Options(tuple(ALGORITHMS)), "scikit-learn's names run the exact Lloyd "
                             "loop; yinyang gives its result, skipping rows whose bounds certify their label",
                             choices=tuple(ALGORITHMS))
-    oversampling_factor: float = _param(0.5, Interval(0, None, closed="neither"),
+    oversampling_factor: float = _param(0.83, Interval(0, None, closed="neither"),
                                         "k-means|| candidates per cluster and round")
     max_samples_per_cluster: int | None = _param(None, NoneOr(Interval(1, None, integer=True)),
                                                  "train on at most this many rows per cluster")

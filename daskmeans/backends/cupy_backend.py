@@ -22,6 +22,7 @@ lazily so that importing daskmeans never needs a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy
@@ -206,6 +207,45 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunab
     return gpu_gemm.prepare(c, c64, precision, _layout, tunables)
 
 
+class PreparedRows:
+    """The rows of ``X`` ``(n, D)`` as centroids, prepared once for the GEMM regime; subsets of
+    them (:meth:`take`) ready for the kernels without a reduction or a read back to the host
+    (the backend's optional ``prepared_rows``: :mod:`.protocol`)."""
+
+    def __init__(self, X: Any, precision: str, tunables: Tunables):
+        import cupy
+
+        self.X = cupy.ascontiguousarray(X)
+        self.precision = precision
+        self.tunables = tunables
+        self.shared = gpu_device.shared_optin(gpu_device.device_id())
+        self.full: dict = {}  # GEMM mode -> every row prepared in it (its float64 copy dropped)
+
+    def take(self, rows: Any, k: int) -> Prepared:
+        """:func:`prepare` of ``X[rows]``: ``rows`` int ``(k,)`` on the device, ``k`` its length
+        (known on the host). The fused regime's preparation reads nothing back; the GEMM
+        regime's is :func:`.gpu_gemm.take` from every row prepared once in the mode of ``k``
+        centroids (the first subset of each mode pays the maxima's reads, once)."""
+        import cupy
+
+        c = self.X[rows]
+        small = gpu_plan.small_config(k, c.shape[1], self.shared)
+        if small is not None:
+            return Prepared(c, c.astype(cupy.float64), self.precision, small, tunables=self.tunables)
+        mode = gpu_gemm.mode_of(self.precision, c.dtype == cupy.float64, k, self.tunables)
+        if mode not in self.full:
+            full = gpu_gemm.prepare(self.X, self.X.astype(cupy.float64), self.precision, "auto", self.tunables,
+                                    mode_k=k)
+            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None)
+        return gpu_gemm.take(self.full[mode], rows, c)
+
+
+def prepared_rows(X: Any, precision: str = "fp32", tunables: Tunables | None = None) -> PreparedRows:
+    """The rows of ``X`` ``(n, D)`` prepared once as centroids, for many subsets of them
+    (:class:`PreparedRows`; the seeding's draws and picks)."""
+    return PreparedRows(X, precision, tunables or tunables_in_force())
+
+
 def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
     """Two GEMM tiles (one GEMM overlaps the previous tile's selection) where K x D takes the
     GEMM regime, sized as :func:`.gpu_gemm.tile_rows` sizes them; none in the fused regime."""
@@ -307,9 +347,9 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
     CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
     when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
-    and device is there, or while another process compiles that slice. Returns the processes
-    started (nothing waits for them). Needs no CuPy in this process: the command calls it
-    before its own imports."""
+    and device is there, or while another process compiles that slice; none is started where
+    every slice's marker is there. Returns the processes started (nothing waits for them).
+    Needs no CuPy in this process: the command calls it before its own imports."""
     import os
     import subprocess
     import sys
@@ -320,8 +360,13 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     if dt in _OPS_STARTED:
         return []
     _OPS_STARTED.add(dt)
+    # Each process compiles its slice one kernel after another (NVRTC is CPU work under the
+    # interpreter lock), beside the command's and workers' own start, which a process per two
+    # cores slowed more than its compiles gained (docs/performance.md, "A first fit").
     n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
     n = min(n, gpu_warm_ops.count(dt))
+    if gpu_warm_ops.compiled(dt, n):
+        return []
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, str(i), str(n), dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for i in range(n)]

@@ -26,17 +26,19 @@ from .gpu_sums import label_sums
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14  # cudaDataType_t (library_types.h)
 
 
-def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tunables | None = None) -> Prepared:
+def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tunables | None = None,
+            mode_k: int | None = None) -> Prepared:
     """The GEMM regime's centroid side: ``c`` ``(K, D)`` in the data dtype and its float64
     values ``c64``; the centroids as the GEMM reads them (in the GEMM mode ``tunables`` pick
-    for ``precision``), their squared norms and the error bound's coefficients."""
+    for ``precision`` and K, or for ``mode_k`` centroids where given: the mode of the subsets
+    :func:`take` draws from ``c``), their squared norms and the error bound's coefficients."""
     import cupy
 
     tunables = tunables or tunables_in_force()
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
-    mode = _gemm_mode(precision, gemm64, k, tunables)
-    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4  # whole 16-byte vectors of the tile's rows
+    mode = mode_of(precision, gemm64, k if mode_k is None else mode_k, tunables)
+    kpad = _kpad(k, mode)
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
     smax = 0.0
@@ -50,12 +52,47 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
         a = ab
         smax = float(cupy.sqrt(rsq.max()))
     sq = (c64 * c64).sum(axis=1)
-    # Padded with +inf (never selected): select_rows reads it in 16-byte vectors past K.
-    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, cupy.float64 if gemm64 else cupy.float32)
-    csq[:k] = sq
+    csq = _padded_norms(sq, cupy.float64 if gemm64 else cupy.float32)
     cmax = float(cupy.sqrt(sq.max()))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
                     cexp, tunables)
+
+
+def take(full: Prepared, rows: Any, c: Any) -> Prepared:
+    """What :func:`prepare` gives for a subset of the centroids ``full`` was prepared on:
+    ``rows`` (int, shape (k,), on the device) their positions in ``full``, ``c`` ``(k, D)``
+    their values. The rows as the GEMM reads them and their squared norms are ``full``'s, and
+    so is the error bound, whose largest norm and rounding error bound every subset's (the
+    subset's own bound would be tighter: at most a few more rows re-ranked exactly, the same
+    labels and distances). No reduction and no read back to the host, where :func:`prepare`
+    reads up to four of each subset's maxima (seeding's draws: two subsets per dependent
+    step)."""
+    import cupy
+
+    k = c.shape[0]
+    kpad = _kpad(k, full.mode)
+    a = cupy.zeros((kpad, full.a.shape[1]), full.a.dtype)
+    a[:k] = full.a[rows] if full.mode else c
+    csq = _padded_norms(full.csq[rows], full.csq.dtype)
+    return Prepared(c, c.astype(cupy.float64), full.precision, None, a, csq, full.err, full.mode, full.layout,
+                    full.cexp, full.tunables)
+
+
+def _kpad(k: int, mode: int) -> int:
+    """The GEMM side's rows for ``k`` centroids in GEMM ``mode``: whole 16-byte vectors of the
+    tile's rows (8 float16 values in mode 4, else 4)."""
+    return -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
+
+
+def _padded_norms(sq: Any, dtype: Any) -> Any:
+    """The centroids' squared norms ``sq`` ``(k,)`` in ``dtype``, padded with +inf (never
+    selected) to whole :data:`CSQ_PAD` groups: select_rows reads them in 16-byte vectors past K."""
+    import cupy
+
+    k = sq.shape[0]
+    csq = cupy.full(-(-k // CSQ_PAD) * CSQ_PAD, numpy.inf, dtype)
+    csq[:k] = sq
+    return csq
 
 
 def _max_abs(X: Any) -> float:
@@ -63,7 +100,8 @@ def _max_abs(X: Any) -> float:
     return float(max(X.max(), -X.min())) if X.size else 0.0
 
 
-def _gemm_mode(precision: str, gemm64: bool, k: int, tunables: Tunables) -> int:
+def mode_of(precision: str, gemm64: bool, k: int, tunables: Tunables) -> int:
+    """The GEMM mode (:func:`.gpu_plan.gemm_mode`) of ``k`` centroids on this device."""
     return gpu_plan.gemm_mode(precision, gemm64, tunables.gpu_fp32_gemm,
                               gpu_device.compute_capability(gpu_device.device_id()), tunables.gpu_tf32_gemm, k)
 
@@ -181,8 +219,8 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     sums), for :func:`.cupy_backend.warm`."""
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    mode = _gemm_mode(precision, gemm64, k, tunables)
-    kpad = -(-k // 8) * 8 if mode == 4 else -(-k // 4) * 4
+    mode = mode_of(precision, gemm64, k, tunables)
+    kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),

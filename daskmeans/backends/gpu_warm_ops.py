@@ -52,6 +52,10 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         for t in (cp.float32, f64):
             csq = cp.full(SMALL, np.inf, t)
             csq[:8] = sq[:8]
+            csq[:3] = csq[cp.arange(3, dtype=i64)]  # gpu_gemm.take: a subset of the prepared rows
+        for t in (cp.uint16, cp.float32, dt):
+            a = cp.zeros((8, 8), t)
+            a[:3] = cp.ones((SMALL, 8), t)[cp.arange(3, dtype=i64)]
 
     def take_rows():  # seeding.rows: rows of a block by index
         x2()[cp.asarray(np.arange(3, dtype=np.int64))]
@@ -72,6 +76,9 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
     def par_draws(n):  # seeding.kmeans_parallel._par_draws: the draws from the resident state
         u, d2 = v(f64, n), v(f64, n)
         cp.flatnonzero(u < 0.5)
+        # Some rows drawn: CuPy launches its index-writing kernel only where any is nonzero
+        # (the incomplete scan's above 512 elements).
+        cp.flatnonzero(u < 2.0)
         p = d2 * (3 / 7.0)
         p = p * v(f64, n)
         cp.flatnonzero(u < p)
@@ -85,14 +92,15 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         cp.abs(x2(n)).max(axis=0)
         v(f64, n).sum()
 
-    def draw(n):  # seeding.kernels._draw
-        p, u = v(f64, n), v(f64, n)
+    def draw(n):  # seeding.kernels._draw_sorted
+        p, u = v(f64, n), 1.0 - v(f64, n)
         exclude = cp.zeros(n, bool)
-        live = cp.flatnonzero((p > 0) & ~exclude)
-        key = cp.log(u[live]) / p[live]
-        cp.sort(live[cp.argsort(-key)[:4]])
-        rest = cp.flatnonzero((p <= 0) & ~exclude)
-        cp.sort(cp.concatenate([live, rest[cp.argsort(u[rest], kind="stable")[:2]]]))
+        live = (p > 0) & ~exclude
+        key = cp.where(live, -cp.log(u) / cp.where(live, p, 1.0), u)
+        order = cp.argsort(key, kind="stable")
+        cls = (~live).astype(cp.int8) + exclude.astype(cp.int8)
+        order = order[cp.argsort(cls[order], kind="stable")]
+        cp.sort(order[:4])
         bool((v(i64, n) < 3).any())
 
     def seed_batched(n):  # seeding.kernels.seed_batched
@@ -165,8 +173,14 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[10] += cp.asarray(cp.ones((), f64)).astype(i64)
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
-    return [*_modules(cp, np, dt), moments, prepare, take_rows, par_update, plusplus, weighted_lloyd, sums, small_stats, step,
-            *[lambda n=n, f=f: f(n) for n in (SMALL, LARGE) for f in (grid, draw, seed_batched, par_draws)]]
+    def sized(f):
+        return [lambda n=n: f(n) for n in (SMALL, LARGE)]
+
+    # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
+    # recluster, the iterations; then the other inits'), the modules first: the slices take
+    # every ``count``-th op, so each process starts with what the fit needs soonest.
+    return [*_modules(cp, np, dt), moments, *sized(grid), *sized(par_draws), take_rows, prepare, par_update,
+            *sized(draw), *sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus]
 
 
 def _modules(cp, np, dt) -> list:
@@ -190,17 +204,69 @@ def _modules(cp, np, dt) -> list:
             *[compile_(src.select_rows_source(dt, g)) for g in gemm]]
 
 
-def _marker(cp, index: int, count: int, dtype: str) -> str:
-    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
-    this list of ops, CuPy, CUDA runtime and device architecture."""
+def _tag() -> str:
+    """This list of ops (the file's hash): a marker left by another list does not count."""
     import hashlib
 
     with open(__file__, "rb") as f:
-        tag = hashlib.sha1(f.read()).hexdigest()[:12]
-    cache = os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
-    cc = cp.cuda.Device().compute_capability
-    name = f"daskmeans-warm-{tag}-cupy{cp.__version__}-cuda{cp.cuda.runtime.runtimeGetVersion()}-sm{cc}-{dtype}"
-    return os.path.join(cache, f"{name}-{index}of{count}")
+        return hashlib.sha1(f.read()).hexdigest()[:12]
+
+
+def cache_dir() -> str:
+    """CuPy's kernel cache (``CUPY_CACHE_DIR``, else CuPy's default)."""
+    return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+
+
+def _marker_name(cupy: str, cuda: str, sm: str, dtype: str, index: int, count: int) -> str:
+    """The name of the marker of slice ``index`` of ``count`` of this list of ops, for CuPy
+    version ``cupy``, CUDA runtime ``cuda`` and device architecture ``sm`` (or glob patterns
+    of them)."""
+    return f"daskmeans-warm-{_tag()}-cupy{cupy}-cuda{cuda}-sm{sm}-{dtype}-{index}of{count}"
+
+
+def _marker(cp, index: int, count: int, dtype: str) -> str:
+    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
+    this list of ops, CuPy, CUDA runtime and device architecture."""
+    name = _marker_name(cp.__version__, str(cp.cuda.runtime.runtimeGetVersion()), cp.cuda.Device().compute_capability,
+                        dtype, index, count)
+    return os.path.join(cache_dir(), name)
+
+
+def _cupy_version() -> str | None:
+    """The installed CuPy's version, read from its ``_version.py`` (CuPy not imported)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("cupy")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            with open(os.path.join(folder, "_version.py")) as f:
+                got = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read())
+        except OSError:
+            continue
+        if got:
+            return got.group(1)
+    return None
+
+
+def compiled(dtype: str, count: int) -> bool:
+    """Whether every slice of ``count`` left its marker in the cache: then a launcher starts
+    no process (each would import CuPy and open the driver only to find its marker, seconds of
+    CPU beside a fit that has started). Without importing CuPy: the installed version's
+    markers, for any CUDA runtime and device (a cache shared by hosts of other GPUs or CUDA
+    versions then warms nothing ahead for them; their fits compile what they need)."""
+    import glob
+
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        try:
+            return all(os.path.exists(_marker(cp, i, count, dtype)) for i in range(count))
+        except Exception:  # no device here
+            return False
+    version = _cupy_version()
+    cupy = glob.escape(version) if version else "*"
+    return all(glob.glob(os.path.join(glob.escape(cache_dir()), _marker_name(cupy, "*", "*", dtype, i, count)))
+               for i in range(count))
 
 
 def _alive(pid: int) -> bool:

@@ -16,7 +16,11 @@ One member is optional, outside :class:`Backend`: ``row_norms(rows)``, an object
 ``assign(..., row_norms=obj)`` (a parameter every backend's ``assign`` has) fills with a block's ``||x||^2`` on its first pass and reads on
 the next passes over the same rows (the NumPy backend's :class:`.numpy_backend.RowNorms`). The
 engine keeps one per resident chunk where a backend has it (``engine.step.kept_norms``) and
-never passes the keyword to one that has not.
+never passes the keyword to one that has not. Another is ``prepared_rows(X, precision)``: the
+rows of ``X`` prepared once as centroids, whose ``take(rows, k)`` is ``prepare(X[rows])``
+without reading anything back from a device (the CuPy backend's
+:class:`.cupy_backend.PreparedRows`); the seeding's batches (``seeding.kernels.seed_batched``)
+use it where a backend has it, and ``prepare`` otherwise.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the parameters are checked.
 
     FitJob.open (the sample, plan, chunking fixed for the fit) -> place -> moments (tolerance,
     grid, digest) -> per run: init -> run_lloyd -> best run -> on a sample: every row's labels,
-    inertia and sizes -> FitResult (labels lazy on the workers)
+    inertia and sizes -> FitResult (labels of the caller's kind: ``job.output``)
 
 Every step that runs tasks on the placement's shards runs through ``job.survive``: a worker
 lost before or during it places the same chunks again on the workers left and repeats the step
@@ -49,7 +49,10 @@ class FitResult:
     history : list of dict, one per iteration
     sizes : ndarray (K,) int64
     converged : bool
-    labels : dask array (n,) int32, lazy, held by the fit's workers
+    labels : array (n,) int32
+        Of the caller's kind (:meth:`FitJob.output`): computed, NumPy (CuPy for CuPy data),
+        where the data was given in memory (``in_memory``); else a lazy Dask array whose
+        blocks the fit's workers hold.
     backend, tier, tier_plan : str
     tol_abs : float
     timings : dict of str to float (seconds of the phases)
@@ -67,7 +70,7 @@ class FitResult:
     history: list
     sizes: np.ndarray
     converged: bool
-    labels: da.Array
+    labels: Any
     backend: str
     tier: str
     tier_plan: str
@@ -90,6 +93,7 @@ def fit_distributed(
     files: tuple[str, ...] | None = None,
     train_rows: int | None = None,
     resume: dict | None = None,
+    in_memory: bool = False,
     callback: Callable[[dict], None] | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     phase: Phases | None = None,
@@ -121,6 +125,9 @@ def fit_distributed(
     resume : dict, optional
         A checkpoint read by :func:`daskmeans.io.checkpoint.read_checkpoint`: the fit goes on
         from it once its fingerprint matches this fit's.
+    in_memory : bool
+        ``X`` was given in memory (the read's ``Table.in_memory``): the labels are computed,
+        an array of its kind (:meth:`FitJob.output`); else they stay lazy on the workers.
     callback : callable(dict), optional
         Each iteration's statistics with ``run`` (which of ``n_init``, from 1).
     on_checkpoint : callable(int), optional
@@ -132,7 +139,8 @@ def fit_distributed(
     k = params.n_clusters
     job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files,
                       precision=params.precision, max_iter=params.max_iter, metric=params.metric,
-                      train_rows=train_rows, seed=seed, phase=phase, algorithm=ALGORITHMS[params.algorithm])
+                      train_rows=train_rows, seed=seed, in_memory=in_memory, phase=phase,
+                      algorithm=ALGORITHMS[params.algorithm])
     n, d = (int(s) for s in job.X.shape)
     # One run per explicit start (a callable init's), else n_init from a named init or one array.
     starts = params.init if isinstance(params.init, list) else None
@@ -177,13 +185,16 @@ def fit_distributed(
                     )
                 if best is None or res.inertia < best.inertia:
                     best, best_run = res, i + 1
+            # The labels as the caller gets them (computed here while the shards hold them, for
+            # data given in memory); on a sample, every row's come after.
+            labels = None if job.sampled else job.output(_labels_array(best.states, best.row_chunks, best.layout))
             job.keep(best.states)
         except InputChanged as e:  # raised on a worker, which knows chunks but not the file
             raise InputChanged(f"{path}: {e}" if path else str(e)) from None
-    labels, inertia, sizes = _labels_array(best.states, best.row_chunks, best.layout), best.inertia, best.sizes
+    inertia, sizes = best.inertia, best.sizes
     if job.sampled:  # the model is every row's: its labels, inertia and sizes
         every = job.labels(best.centroids, params.precision)
-        labels, inertia, sizes = every.labels, every.inertia, every.sizes
+        labels, inertia, sizes = job.output(every.labels), every.inertia, every.sizes
     return FitResult(
         best.centroids, inertia, best.n_iter, best.history, sizes, best.converged, labels, job.backend,
         job.tiers.tier, job.tiers.describe(), tol_abs, phase.seconds, best_run, best.inertia, n,

@@ -12,6 +12,8 @@
       the data (the job's place phase) where nothing placed it before
     FitJob.subsample: the rows a fit on a sample trains on (``train_rows`` of ``open``), drawn
       before the plan; job.labels(centroids): the labels, inertia and sizes of every row after
+    job.output(labels): a fit's labels as its caller gets them: computed into an array of the
+      data's kind where the data was given in memory (``in_memory`` of ``open``), else lazy
     job.keep(states): the placement to be kept for the next fit of the same data
     job.close(), the job's end: the placement kept (engine/reuse.py) after a fit that asked it and
       ended without error, else released
@@ -32,7 +34,7 @@ import dask.array as da
 import numpy as np
 from distributed import Client
 
-from ..backends import backend_name
+from ..backends import backend_name, get_backend
 from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import files_of, split_rows
@@ -111,7 +113,10 @@ class FitJob:
         Every row of the data and its weights, before the metric's scaling: ``X`` is a sample
         of them where the job trains on one (``train_rows``), else their scaled rows.
     backend : str
-        "numpy" or "cupy".
+        "numpy" or "cupy": the fit's.
+    outputs : str or None
+        The backend whose arrays :meth:`output` gives (the data's own kind: "numpy", or
+        "cupy" for CuPy blocks) where the data was given in memory; None: outputs stay lazy.
     tiers : TierPlan
         The memory plan (tier, budgets, the largest share a worker holds once placed).
     placement : Placement or None
@@ -126,8 +131,9 @@ class FitJob:
     def __init__(self, client: Client, X: da.Array, weights: da.Array | None, backend: str, tiers: TierPlan,
                  source: Any, budgets: dict, key: reuse.Placed, kept: reuse.Entry | None, phase: Phases,
                  every: tuple[da.Array, da.Array | None] | None = None, metric: str = "euclidean",
-                 path: str | None = None):
+                 path: str | None = None, outputs: str | None = None):
         self.client, self.X, self.weights, self.backend, self.tiers = client, X, weights, backend, tiers
+        self.outputs = outputs
         self.path = path  # the file the data is read from (its shards read it there): None in memory
         self.phase, self.metric = phase, metric
         self.every = every if every is not None else (X, weights)
@@ -157,6 +163,7 @@ class FitJob:
         metric: str = "euclidean",
         train_rows: int | None = None,
         seed: int | None = None,
+        in_memory: bool = False,
         phase: Phases | None = None,
         algorithm: str = "lloyd",
     ) -> "FitJob":
@@ -189,6 +196,10 @@ class FitJob:
             has; None: every row.
         seed : int, optional
             The sample's seed (needed with ``train_rows``).
+        in_memory : bool
+            The caller gave the data in memory (the read's ``Table.in_memory``): its outputs
+            (:meth:`output`) are arrays of the data's kind, computed on ``client``, as
+            scikit-learn gives them; else lazy Dask arrays (data that may not fit the client).
         phase : Phases, optional
             Where the seconds of sample, plan, place and moments go.
         algorithm : str
@@ -208,7 +219,8 @@ class FitJob:
             some_worker(client)
             if path is not None:
                 check_paths_on_workers(client, read=[path])
-            backend = resolve_backend(client, run.backend, backend_name(X))
+            kind = backend_name(X)  # the data's own arrays' backend: what outputs in memory are made of
+            backend = resolve_backend(client, run.backend, kind)
             tier = run.tier
             limits = budget_limits(run.memory_limit, run.device_memory_limit)
             source = reuse.source_key(client, X, sample_weight, backend, tier, *limits, files)
@@ -236,7 +248,8 @@ class FitJob:
                 kept = None
             if kept is None:
                 reuse.make_room(client, tier_registry.get(tiers.tier).kept_bytes(tiers.share), tiers.host_budget)
-        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase, every, metric, path)
+        return cls(client, X, w, backend, tiers, source, budgets, key, kept, phase, every, metric, path,
+                   kind if in_memory else None)
 
     @staticmethod
     def subsample(client: Client, X: da.Array, weights: da.Array | None, m: int,
@@ -331,6 +344,15 @@ class FitJob:
             centers = np.asarray(centroids).astype(x.dtype)  # as predict reads cluster_centers_
             inertia, sizes = all_rows_stats(self.client, xb, w, centers, precision, self.metric)
         return EveryRow(infer.labels(xb, centers, precision), inertia, sizes)
+
+    def output(self, result: da.Array) -> Any:
+        """``result`` (a fit's labels (n,), lazy Dask array of NumPy blocks) as the caller
+        gets it: computed on the job's client into an array of the data's kind (NumPy, or
+        CuPy for CuPy data) where the data was given in memory (:attr:`outputs`), else the
+        lazy ``result`` itself, whose blocks the workers hold."""
+        if self.outputs is None:
+            return result
+        return get_backend(self.outputs).asarray(result.compute(scheduler=self.client))
 
     # ------------------------------------------------------------ the end of the job
 

@@ -148,8 +148,10 @@ class MiniBatchResult:
     batch : int
         Rows per batch (``batch_size``, at most ``n``).
     backend, tier : str
-    labels : dask array (n,) int32 or None
-        Lazy, held by the workers (``compute_labels``); None otherwise.
+    labels : array (n,) int32 or None
+        Of the caller's kind (``compute_labels``; :meth:`FitJob.output`): computed, NumPy
+        (CuPy for CuPy data), where the data was given in memory, else a lazy Dask array held
+        by the workers; None without ``compute_labels``.
     inertia : float or None
         Over every row under the final centres (``compute_labels``); None otherwise.
     """
@@ -159,7 +161,7 @@ class MiniBatchResult:
     batch: int
     backend: str
     tier: str
-    labels: da.Array | None
+    labels: Any
     inertia: float | None
 
 
@@ -175,6 +177,7 @@ def fit_minibatch(
     sample_weight: da.Array | None = None,
     path: str | None = None,
     files: tuple[str, ...] | None = None,
+    in_memory: bool = False,
     report: Callable[[State, int], None] | None = None,
     phase: Phases | None = None,
 ) -> MiniBatchResult:
@@ -201,6 +204,9 @@ def fit_minibatch(
         The file ``X`` is read from (checked on every worker first).
     files : tuple of str, optional
         Every file ``X`` is read from (the read's ``Table.files()``), for the job's re-fit check.
+    in_memory : bool
+        ``X`` was given in memory (the read's ``Table.in_memory``): the labels are computed,
+        an array of its kind; else they stay lazy on the workers.
     report : callable(State, int), optional
         Called after each round with the state and the most steps the fit may run.
     phase : Phases, optional
@@ -213,7 +219,7 @@ def fit_minibatch(
     k, precision = int(params.n_clusters), params.precision
     n, d = (int(s) for s in X.shape)
     job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files, precision=precision,
-                      phase=phase)
+                      in_memory=in_memory, phase=phase)
     backend = job.backend
     with job:
         moments = job.moments()
@@ -241,6 +247,7 @@ def fit_minibatch(
         labels = inertia = None
         if params.compute_labels:
             labels, inertia = job.survive(labels_inertia, st.centers, precision)
+            labels = job.output(labels)  # of the caller's kind, computed while the shards hold them
         return MiniBatchResult(st, n_steps, batch, backend, job.tiers.tier, labels, inertia)
 
 

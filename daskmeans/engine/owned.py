@@ -17,11 +17,11 @@ problem on daskmeans' own keys). Re-fits still reuse a placement: the cache
 Keys that are already futures (an array the user persisted or scattered) are left as they are:
 their data is on the cluster and the scheduler holds no run_spec for them.
 
-In-memory data (a NumPy array read by :mod:`daskmeans.io.memory_reader`) is made of data nodes
-that would travel inside the graph (distributed warns "Sending large graph of size 61.04 MiB"
-for a 1e6 x 16 array): with ``scatter``, data of that size is scattered instead, each chunk to
-the worker that will hold it, and the futures are returned so that the placement keeps them
-alive (its shards are made again from them if Dask needs to).
+In-memory data (a NumPy array cut into row chunks by :func:`daskmeans.io.blocks.from_memory`)
+is made of data nodes that would travel inside the graph (distributed warns "Sending large
+graph of size 61.04 MiB" for a 1e6 x 16 array): with ``scatter``, data of that size is
+scattered instead, each chunk to the worker that will hold it, and the futures are returned so
+that the placement keeps them alive (its shards are made again from them if Dask needs to).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import dask
 import dask.array as da
 
 PREFIX = "daskmeans-data"
-# The name prefix of the in-memory reader's chunks (io/memory_reader.py).
+# The name prefix of the chunks of an array in memory (io/blocks.py's from_memory).
 MEMORY = "daskmeans-memory-"
 
 
@@ -60,7 +60,7 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
     client : distributed.Client, optional
         Needed with ``scatter``.
     scatter : bool, default False
-        Scatter the chunks of daskmeans' in-memory reader (:data:`MEMORY`) found in the graph
+        Scatter the chunks of an array in memory (:data:`MEMORY`) found in the graph
         instead of sending them inside it, where they would make a graph distributed warns of
         (``distributed.admin.large-graph-warning-threshold``): in row order, equal rows per
         worker (so that the placement moves none). Smaller data, and a user's own graph, keep

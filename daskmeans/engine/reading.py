@@ -101,12 +101,11 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
                     blocks[j] = np.empty((int(sources[j].rows), int(d)), dtype)
                 return blocks[j]
 
+        # Each block is locked by the thread that filled its last piece, while the others
+        # still read: the locks overlap the reads instead of following them.
         fill.fill(chunks, lambda p: sources[p.chunk].read_into(p.start, p.stop, block(p.chunk)[p.start:p.stop]),
-                  threads)
-        out = [b if b is not None else np.empty((0, int(d)), dtype) for b in blocks]
-        for b in out:
-            locked(be, b)
-        return out
+                  threads, finished=lambda j: locked(be, block(j)))
+        return [b if b is not None else np.empty((0, int(d)), dtype) for b in blocks]
 
     blocks = [be.xp.empty((int(s.rows), int(d)), dtype) for s in sources]
     piece_rows = max([p.stop - p.start for ps in chunks for p in ps] or [0])

@@ -1,7 +1,9 @@
 """What every reader shares: float dtypes, rows per chunk, a :class:`Table` (the array and what
-the source says of its columns), and Dask arrays of row blocks that a reader can cut again
-(:func:`split_rows`) by reading its file again in other blocks, or read into a caller's
-buffers (:class:`RowRange`, the reading pipelines' chunks)."""
+the source says of its columns), an array in memory as row chunks (:func:`from_memory`: a
+NumPy or CuPy array is a Dask array of views of its rows, finished as any reader's array), and
+Dask arrays of row blocks that a reader can cut again (:func:`split_rows`) by reading its file
+again in other blocks, or read into a caller's buffers (:class:`RowRange`, the reading
+pipelines' chunks)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from .. import config
-from ..errors import DaskmeansWarning, DataError, InvalidParameterError
+from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
 
 
@@ -132,6 +134,44 @@ def finish(x: da.Array, dtype: np.dtype | None = None) -> da.Array:
     return x
 
 
+def from_memory(a: Any, cb: int | None) -> da.Array:
+    """A 2-D NumPy or CuPy array (n_rows, n_columns) as a Dask array of row chunks of about
+    ``cb`` bytes (as the float data it becomes; default ``daskmeans.chunk-bytes``), CuPy
+    blocks kept on the GPU; an object array of numbers becomes float64.
+
+    The chunks are views of ``a``'s rows: no copy (``da.from_array`` copies the whole array
+    first, which cost a fit from memory more than its moments pass). The array is named by a
+    hash of its contents (with ``xxhash`` installed, several GB/s), so that a re-fit of equal
+    data finds its placement (:mod:`daskmeans.engine.reuse`) and changed data never does; its
+    name starts ``daskmeans-memory-``, which :mod:`daskmeans.engine.owned` scatters rather than
+    sends inside the graph.
+    """
+    from dask.base import tokenize
+
+    if a.dtype == object:
+        a = _object_to_float(a)
+    check_2d_numeric(getattr(a, "shape", ()), a.dtype)
+    rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
+    n, d = a.shape
+    starts = range(0, n, rows) if n else [0]
+    name = f"daskmeans-memory-{tokenize(a, rows)}"
+    graph = {(name, i, 0): a[s : s + rows] for i, s in enumerate(starts)}
+    chunks = (tuple(min(rows, n - s) for s in starts), (d,))
+    return da.Array(graph, name, chunks, meta=a[:0])
+
+
+def _object_to_float(a: np.ndarray) -> np.ndarray:
+    """An object array of numbers as float64 (as NumPy and scikit-learn take it)."""
+    try:
+        out = np.asarray(a, dtype=np.float64)
+    except TypeError as e:  # a value that is no number at all (a dict)
+        raise DataTypeError(f"X has dtype object and a value that is not a number: {e}") from None
+    except ValueError as e:  # a string that is not a number
+        raise DataError(f"X has dtype object and a value that is not a number: {e}") from None
+    warnings.warn("X is object: converted to float64 for clustering", DaskmeansWarning, stacklevel=4)
+    return out
+
+
 def non_numeric(dtypes: Any) -> list[tuple[str, str]]:
     """``(column, dtype)`` of the columns of a pandas ``dtypes`` Series that are not numbers
     (booleans are not)."""
@@ -177,6 +217,10 @@ class RowSource:
         ``into(*args, start, stop, out)``: rows ``start:stop`` read straight into ``out``, a
         C-contiguous array (stop - start, d) of ``dtype`` the caller supplies (a reading
         pipeline's buffer, :mod:`daskmeans.io.fill`); None: ``fn``'s result is copied there.
+    bounds : tuple of int or None
+        The first row of each of the file's own pieces, where they are of uneven lengths (a
+        CSV file's pieces of whole lines): chosen rows are read with the pieces that hold them
+        (:meth:`RowRange.read_rows`); None: the file's pieces are its ``align`` rows each.
     """
 
     fn: Callable[..., np.ndarray]
@@ -188,6 +232,7 @@ class RowSource:
     out_dtype: np.dtype
     path: str | None = None
     into: Callable[..., None] | None = None
+    bounds: tuple[int, ...] | None = None
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``start:stop`` of the array into ``out`` (stop - start, d) of :attr:`out_dtype`,
@@ -258,6 +303,19 @@ class RowRange:
         return int(self.source.d)
 
     @property
+    def cuts(self) -> tuple[int, ...] | None:
+        """Where the file's own pieces start inside the chunk (rows from its start, the first
+        0), for a source whose pieces are of uneven lengths (:attr:`RowSource.bounds`): the
+        reading pipeline's pieces (:func:`daskmeans.io.fill.pieces`); None for the others."""
+        bounds = self.source.bounds
+        if bounds is None:
+            return None
+        import bisect
+
+        inside = bounds[bisect.bisect_right(bounds, self.start) : bisect.bisect_left(bounds, self.stop)]
+        return (0, *(int(b) - self.start for b in inside))
+
+    @property
     def dtype(self) -> np.dtype:
         return np.dtype(self.source.out_dtype)
 
@@ -275,17 +333,29 @@ class RowRange:
 
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """The chunk's rows ``rows`` (local indices, int64 ``(m,)``), shape (m, d), in that
-        order: only the file's chunks that hold them (its ``align`` rows each) are read, each
-        once, not the whole row chunk (the inits' draws in the storage tier)."""
+        order: only the file's chunks that hold them (its ``align`` rows each, or its pieces:
+        ``bounds``) are read, each once, not the whole row chunk (the inits' draws in the
+        storage tier)."""
+        from .ranges import on_cores
+
         src = self.source
         rows = np.asarray(rows, np.int64)
         glob = rows + self.start
-        first = glob // src.align * src.align  # the file chunk of each row
+        if src.bounds is not None:  # the file's pieces of uneven lengths: the piece of each row
+            bounds = np.append(np.asarray(src.bounds, np.int64), src.n)
+            at_piece = np.searchsorted(bounds, glob, side="right") - 1
+            first, end = bounds[at_piece], bounds[at_piece + 1]
+        else:
+            first = glob // src.align * src.align  # the file chunk of each row
+            end = np.minimum(first + src.align, src.n)
         out = np.empty((len(rows), src.d), src.out_dtype)
-        for s in np.unique(first):
+
+        def one(s: int) -> None:  # a compressed file chunk is decoded whole, on a core of its own
             at = np.flatnonzero(first == s)
-            part = np.asarray(src.fn(*src.args, int(s), int(min(s + src.align, src.n))))
+            part = np.asarray(src.fn(*src.args, int(s), int(end[at[0]])))
             out[at] = part[glob[at] - s]  # as the chunk's read: the file's values in the array's dtype
+
+        on_cores(one, [int(s) for s in np.unique(first)])
         return out
 
 

@@ -226,6 +226,15 @@ def parse_lines(buf, delim, slot, out, f32, deferred):  # pragma: no cover - com
     return r, nd_def
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _ends_row(a, i):  # pragma: no cover - compiled
+    """Whether the line break ``a[i]`` ends a row: not where its line is blank (empty, or a
+    lone CR). Bytes before ``a[0]`` count as a line break."""
+    p1 = a[i - 1] if i >= 1 else 10
+    p2 = a[i - 2] if i >= 2 else 10
+    return not (p1 == 10 or (p1 == 13 and p2 == 10))
+
+
 @numba.njit(nogil=True, cache=True)
 def count_rows(a, start, stop):  # pragma: no cover - compiled
     """(line breaks in ``a[start:stop]``, rows they end), in one pass without temporaries: a
@@ -236,11 +245,29 @@ def count_rows(a, start, stop):  # pragma: no cover - compiled
     for i in range(start, stop):
         if a[i] == 10:
             breaks += 1
-            p1 = a[i - 1] if i >= 1 else 10
-            p2 = a[i - 2] if i >= 2 else 10
-            if p1 == 10 or (p1 == 13 and p2 == 10):
+            if not _ends_row(a, i):
                 blank += 1
     return breaks, breaks - blank
+
+
+@numba.njit(nogil=True, cache=True)
+def skip_rows(a, start, stop, k):  # pragma: no cover - compiled
+    """(the byte after the line break that ends the ``k``-th row of ``a[start:stop]``, the line
+    breaks up to it), by :func:`count_rows`' rule (a blank line is no row); ``(start, 0)`` for
+    ``k <= 0``; ``(stop, every break)`` where fewer rows end in the range. Where rows ``lo:hi``
+    of a piece of text lie, so that they alone are parsed straight into their rows."""
+    if k <= 0:
+        return start, 0
+    breaks = 0
+    rows = 0
+    for i in range(start, stop):
+        if a[i] == 10:
+            breaks += 1
+            if _ends_row(a, i):
+                rows += 1
+                if rows == k:
+                    return i + 1, breaks
+    return stop, breaks
 
 
 _ready = threading.Event()
@@ -254,6 +281,7 @@ def warm(dtype: str) -> None:
     buf = np.frombuffer(b"1\n", np.uint8)  # read-only, as the reader's mapped text is
     parse_into(buf, ",", 1, [0], np.empty((1, 1), dtype=dtype))
     count_rows(buf, 0, 2)
+    skip_rows(buf, 0, 2, 1)
     _ready.set()
 
 
@@ -267,11 +295,11 @@ def resolve(buf: np.ndarray, cells: np.ndarray, out: np.ndarray) -> None:
     :func:`parse_lines`) of ``buf`` into ``out``, each text converted by pyarrow's string to
     float conversion: the bits pyarrow's CSV parser gives it (correctly rounded, to float32
     directly), and for float64 those of Python's ``float()``."""
+    if not len(cells):  # the common piece: pyarrow is not even imported
+        return
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not len(cells):
-        return
     # One string array over the cells' bytes gathered end to end (no Python object per cell).
     first, lengths = cells[:, 2], cells[:, 3] - cells[:, 2]
     offsets = np.zeros(len(cells) + 1, dtype=np.int64)

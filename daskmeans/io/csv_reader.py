@@ -1,28 +1,35 @@
 """Numeric CSV (also ``.tsv``, ``.txt``, and compressed ``.csv.gz``, ``.bz2``, ``.xz``) as a
 Dask array of row chunks, parsed straight to float32 (or float64) on every core.
 
-A plain file is cut into blocks of about ``chunk-bytes`` of text, each starting just after a
-line break. Before any parsing, tasks count each block's line breaks (several times faster than
-parsing) so that the array's chunk lengths are known and the file is parsed once. The task
-that reads a block cuts it again into pieces of whole lines and parses them on a thread per
-core (:func:`daskmeans.io.ranges.on_cores`), each piece straight into its rows of the block: a
-worker with one Dask thread (one GPU) still parses on every core, and a nanny's
-``OMP_NUM_THREADS=1`` (which caps pyarrow's own thread pool) does not matter. A compressed file
-cannot be cut: it is one block, its line breaks counted while it is decompressed. A piece of
-plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly rounded, pyarrow's
-bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow refuses (a short row, a
-value pandas reads and pyarrow does not) by pandas' parser, which reads it or names the line
-and the cell. :func:`parse_into` parses any rows of an opened file the same way into a buffer
-its caller gives (a placement's own buffers: no second copy).
+A plain file is cut into blocks of about ``chunk-bytes`` of text, and each block into pieces
+of whole lines (a few MB, a piece per core for smaller files). Before any parsing, tasks count
+each piece's line breaks (several times faster than parsing), once: the array's chunk lengths
+are known, and every later parse knows where each piece's rows go without counting again. The
+task that reads a block parses its pieces on a thread per core
+(:func:`daskmeans.io.ranges.on_cores`), each straight into its rows of the block: a worker with
+one Dask thread (one GPU) still parses on every core, and a nanny's ``OMP_NUM_THREADS=1``
+(which caps pyarrow's own thread pool) does not matter. A compressed file cannot be cut: it is
+one block, its line breaks counted while it is decompressed, cut and counted again when it is
+parsed. A piece of plain numbers is parsed by compiled code (:mod:`.csv_parse`: correctly
+rounded, pyarrow's bits); one it refuses by pyarrow's C++ parser; one with a cell pyarrow
+refuses (a short row, a value pandas reads and pyarrow does not) by pandas' parser, which reads
+it or names the line and the cell. :func:`parse_into` parses any rows of an opened file the
+same way into a buffer its caller gives, only the lines of those rows in a piece they share
+with others; a plain file's :class:`~.blocks.RowSource` (``Table.rows``) is built on it, so a
+placement parses the file on each worker straight into the blocks it keeps, in the file's
+pieces (:mod:`daskmeans.io.fill`): no block persisted, no second copy.
 
 A header names the features (:class:`~daskmeans.io.blocks.Table`'s ``columns``, a model's
-``feature_names_in_``). A column that looks like an identifier rather than a feature is said
-so (:func:`identifier_columns`), and a fit refuses it unless ``columns`` selected it. Other
-columns (an id to write beside the labels) are read by name as text in the same blocks.
+``feature_names_in_``); a sample of plain numbers is named and typed (as pandas would) by the
+compiled parser, so that the common file never imports pandas. A column that looks like an
+identifier rather than a feature is said so (:func:`identifier_columns`), and a fit refuses it
+unless ``columns`` selected it. Other columns (an id to write beside the labels) are read by
+name as text in the same blocks.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import os
@@ -35,7 +42,7 @@ import numpy as np
 
 from .. import config
 from ..errors import DataError
-from .blocks import Table, float_dtype_arg, non_numeric
+from .blocks import RowSource, Table, float_dtype_arg, non_numeric
 from .ranges import cores, on_cores
 
 SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.xz", ".tsv", ".txt")
@@ -44,6 +51,9 @@ _COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
 _COUNT_BYTES = 16 << 20  # text one counting call scans: its temporaries stay in the tens of MB
 _PIECE_BYTES = 8 << 20  # at most this much text per parsed piece: its rows stay in the caches
 _MIN_PIECE_BYTES = 1 << 20  # a block is cut into a piece per core, down to pieces of this size
+# Most pieces a plain file is cut into when it is opened: every reader of its rows is given the
+# pieces' table (larger pieces for files of more than 32 GB).
+_MAX_PIECES = 4096
 _SAMPLE_BYTES = 1 << 20  # the head parsed in the client for the columns' names and types
 # Cells read as NaN: pandas' default na_values, given to pyarrow too so that both parsers agree.
 _NA_VALUES = ("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
@@ -120,39 +130,52 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
     first_line = 2 if header else 1  # line numbers in messages count the header
     # The sample ends at a line break unless it is the whole file.
     sample = head[start:] if whole else head[start : max(start, head.rfind(b"\n") + 1)]
-    names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line)
+    names, keep, dtypes = _csv_columns(path, head[:start] + sample, header, delim, columns, drop_columns, first_line,
+                                       dtype.name)
     longest = max((len(s) for s in sample.split(b"\n")), default=0)
     st = os.stat(path)
+    if not compression:  # the data: from ``start`` to the line break after its last cell that is not whitespace
+        stop, unended = _data_end(path, start, st.st_size)
     spec = _CsvSpec(path, st.st_size, st.st_mtime_ns, compression, delim, len(names), tuple(keep),
                     tuple(names[k] for k in keep), dtype.name, min(2**30, max(1 << 20, 8 * longest)),
-                    _COUNT_BYTES, _PIECE_BYTES)
-    # Blocks (first byte, end, line breaks, rows) over the data: from ``start`` to the line
-    # break after the last cell that is not whitespace (lines of whitespace after it are no rows).
+                    _COUNT_BYTES, _PIECE_BYTES if compression else _piece_bytes(stop - start))
+    # Blocks of pieces (first byte, end, line breaks, rows): a plain file's pieces of whole lines
+    # (spec.piece_bytes), counted once here, are what every later parse takes as they are (no
+    # second count); a compressed file is one piece, cut again where it is parsed.
     if compression:
         ((breaks, rows, stop),) = dask.compute(delayed(_count_stream, pure=True)(spec, start))
-        layout = [(start, stop, breaks, rows)]
+        layout = [((start, stop, breaks, rows),)]
     else:
-        stop, unended = _data_end(path, start, st.st_size)
         bounds = _block_bounds(path, start, stop, chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes"))
-        (counts,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
-        layout = [(b, e, breaks, rows) for (b, e), (breaks, rows) in zip(bounds, counts)]
+        (layout,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
+        layout = [list(block) for block in layout]
         if layout:  # the last line, with no line break, is a row too
-            layout[-1] = (*layout[-1][:3], layout[-1][3] + unended)
-    blocks, parts, line = [], [], first_line
-    for b, e, breaks, rows in layout:
-        if rows:
-            blocks.append(da.from_delayed(delayed(_csv_block, pure=True)(spec, b, e, line, rows),
-                                          shape=(rows, len(keep)), dtype=dtype))
-            parts.append((b, e, line, rows))
-        line += breaks
+            layout[-1][-1] = (*layout[-1][-1][:3], layout[-1][-1][3] + unended)
+    blocks, pieces, line = [], [], first_line
+    for block in layout:
+        first = len(pieces)
+        for b, e, breaks, rows in block:
+            if rows:
+                pieces.append((b, e, line, rows))
+            line += breaks
+        if len(pieces) > first:
+            blocks.append(tuple(pieces[first:]))
+    arrays = [da.from_delayed(delayed(_csv_block, pure=True)(spec, ps), shape=(sum(p[3] for p in ps), len(keep)),
+                              dtype=dtype) for ps in blocks]
     # A header and no rows: refused by name in read().
-    x = da.concatenate(blocks, axis=0) if blocks else da.zeros((0, len(keep)), dtype=dtype)
-    setattr(x, _CSV_ROWS_ATTRIBUTE, CsvRows(spec, tuple(parts)))
+    x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
+    starts = tuple(np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()) \
+        if pieces else ()
+    csv_rows = CsvRows(spec, tuple(pieces), starts)
+    setattr(x, _CSV_ROWS_ATTRIBUTE, csv_rows)
     found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
         if header and columns is None else []
+    # Each block's bytes as one range (first byte, end, first line, rows), for its other columns.
+    parts = tuple((ps[0][0], ps[-1][1], ps[0][2], sum(p[3] for p in ps)) for ps in blocks)
     return Table(x, tuple(names[k] for k in keep) if header else None, path,
                  _identifier_message(path, found, names, drop_columns) if found else None,
-                 functools.partial(_other_columns, spec, tuple(parts), tuple(names), tuple(dtypes)))
+                 functools.partial(_other_columns, spec, parts, tuple(names), tuple(dtypes)),
+                 rows=_row_source(csv_rows))
 
 
 # ---------------------------------------------------------------- rows read into a given buffer
@@ -171,16 +194,21 @@ class CsvRows(NamedTuple):
     spec : _CsvSpec
         The file, its layout (delimiter, columns read) and the dtype parsed to.
     parts : tuple of (first byte, end, first line, rows)
-        The blocks of the array :func:`open_csv` made, in order; lines are the file's.
+        The file's pieces of whole lines, in order, each with rows (lines are the file's): a
+        plain file's pieces of about ``spec.piece_bytes`` as :func:`open_csv` counted them
+        (at most :data:`_MAX_PIECES`), a compressed file's data as one piece.
+    starts : tuple of int
+        The first row of each piece.
     """
 
     spec: _CsvSpec
     parts: tuple[tuple[int, int, int, int], ...]
+    starts: tuple[int, ...]
 
     @property
     def n(self) -> int:
         """Rows of the file."""
-        return int(sum(p[3] for p in self.parts))
+        return int(self.starts[-1] + self.parts[-1][3]) if self.parts else 0
 
     @property
     def d(self) -> int:
@@ -202,9 +230,11 @@ def csv_rows_of(x: Any) -> CsvRows | None:
 
 def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
     """Parse rows ``start:stop`` of the CSV file into ``out``, on every core (a thread per core,
-    whatever thread calls it), with no copy between the parse and ``out`` (except for the rows
-    of a piece of text ``start`` or ``stop`` cuts): what a placement pipeline calls to fill its
-    own buffers (pinned host memory, say) instead of copying a parsed block into them.
+    whatever thread calls it; in the calling thread within :func:`daskmeans.io.ranges.in_place`),
+    with no copy between the parse and ``out`` (a piece of text ``start`` or ``stop`` cuts: the
+    lines of the rows asked for alone, a compressed file's: its rows parsed, then copied): what a
+    placement pipeline calls to fill its own buffers (pinned host memory, say) instead of
+    copying a parsed block into them.
 
     Parameters
     ----------
@@ -222,8 +252,8 @@ def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
         ``start:stop`` or ``out`` do not fit as said above.
     DataError
         The rows cannot be read (the messages of :func:`daskmeans.io.readers.read`'s tasks:
-        a cell that is no number, the file changed since it was opened...); a piece of text
-        is parsed whole, so a bad cell beside the rows asked for, in their piece, is one too.
+        a cell that is no number, the file changed since it was opened...) of those rows (of
+        a compressed file, of the pieces of text that hold them).
     """
     n = spec.n
     if not 0 <= start <= stop <= n:
@@ -233,12 +263,31 @@ def parse_into(spec: CsvRows, start: int, stop: int, out: np.ndarray) -> None:
                          f"of {spec.dtype} for rows {start}:{stop}")
     if out.ndim != 2 or (out.size and out.strides != (out.shape[1] * out.itemsize, out.itemsize)):
         raise ValueError(f"out has strides {out.strides}; its rows should be C-contiguous")
-    first = 0
-    for b, e, line, rows in spec.parts:
-        lo, hi = max(start, first), min(stop, first + rows)
-        if lo < hi:
-            _fill_block(spec.spec, b, e, line, rows, lo - first, hi - first, out[lo - start : hi - start])
-        first += rows
+    if start == stop:
+        return
+    # The pieces that hold rows start:stop: from the last that starts at or before ``start``.
+    i = bisect.bisect_right(spec.starts, start) - 1
+    j = bisect.bisect_left(spec.starts, stop)
+    _parse_parts(spec.spec, spec.parts[i:j], spec.starts[i], start, stop, out)
+
+
+def read_rows(spec: CsvRows, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of the CSV file as a new array (stop - start, spec.d) of spec.dtype
+    (:func:`parse_into`): the file's rows read again in other row chunks."""
+    out = np.empty((stop - start, spec.d), spec.dtype)
+    parse_into(spec, start, stop, out)
+    return out
+
+
+def _row_source(spec: CsvRows) -> RowSource | None:
+    """How the reading pipelines read the rows of a plain file (:class:`~.blocks.RowSource`):
+    any rows parsed straight into the caller's buffer, the pieces counted when it was opened
+    (``bounds``: chosen rows are read with their pieces alone). None for a compressed file,
+    whose rows can only be read by decompressing it from its start: its blocks are persisted."""
+    if spec.spec.compression is not None:
+        return None
+    return RowSource(read_rows, (spec,), spec.n, spec.d, spec.dtype, 1, spec.dtype, into=parse_into,
+                     bounds=spec.starts)
 
 
 # ---------------------------------------------------------------- identifiers and other columns
@@ -341,14 +390,14 @@ def _text_block(spec: _CsvSpec, cols: tuple[int, ...], names: tuple[str, ...], s
 
 
 def _block_bytes(spec: _CsvSpec, start: int, stop: int) -> np.ndarray:
-    """Bytes ``start:stop`` of the (decompressed) file, as uint8: a plain file's pages mapped."""
+    """Bytes ``start:stop`` of the (decompressed) file, as uint8 (read-only): a plain file's
+    pages mapped (no copy)."""
     if spec.compression is None:
-        import pyarrow as pa
-
         _check_size(spec)
-        f = pa.memory_map(spec.path)
-        f.seek(start)
-        return np.frombuffer(f.read_buffer(stop - start), np.uint8)  # no copy: the file's pages, mapped
+        if stop <= start:
+            return np.empty(0, np.uint8)
+        # A plain ndarray over the map (Numba types a memmap subclass as another signature).
+        return np.memmap(spec.path, dtype=np.uint8, mode="r", offset=start, shape=(stop - start,)).view(np.ndarray)
     with _open_text(spec.path, spec.compression) as f:
         return np.frombuffer(f.read(), np.uint8)[start:stop]
 
@@ -408,10 +457,17 @@ def _head(path: str, compression: str | None) -> tuple[bytes, bool]:
 
 
 def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: list | None,
-                 drop_columns: list | None, first_line: int) -> tuple[list[str], list[int], list[str]]:
+                 drop_columns: list | None, first_line: int,
+                 dtype: str = "float64") -> tuple[list[str], list[int], list[str]]:
     """(the file's column names, positions of the columns to read, each column's dtype in the
     sample) from a sample of its first lines; a DataError names a non-numeric column to read
-    and its first such cell."""
+    and its first such cell; ``dtype``: what the file is parsed to (the compiled parser's
+    variant loaded for it reads the sample)."""
+    plain = _plain_columns(sample, header, delim, dtype)
+    if plain is not None:  # every cell a plain number: no pandas (its import is long: performance.md, "CSV placement")
+        names, dtypes = plain
+        kept = _select(names, columns, drop_columns, path)
+        return names, [names.index(c) for c in kept], dtypes
     import pandas as pd
 
     try:
@@ -428,6 +484,60 @@ def _csv_columns(path: str, sample: bytes, header: bool, delim: str, columns: li
         where = _first_non_numeric(data, delim, len(names), names.index(c), first_line)
         raise _not_numeric(path, c, where or f"dtype {t}")
     return names, [names.index(c) for c in kept], [str(t) for t in df.dtypes]
+
+
+def _plain_columns(sample: bytes, header: bool, delim: str,
+                   dtype: str = "float64") -> tuple[list[str], list[str]] | None:
+    """(the columns' names, their dtypes) of a sample whose cells are all plain numbers, as
+    pandas' ``read_csv`` names and types them (a column of integers alone int64, else float64),
+    read by the compiled parser; None where pandas is to read the sample (a cell the parser
+    refuses, a header pandas renames: an empty or repeated name, a byte-order mark; an integer
+    beyond 2**53; no rows). The sample is parsed to ``dtype``, the file's: the one variant of
+    the parser a process loads (Numba loads each from its cache on first use)."""
+    import csv
+
+    from . import csv_parse
+
+    if not csv_parse.usable(delim) or sample.startswith(b"\xef\xbb\xbf"):
+        return None
+    # Loaded here, on the caller's thread (the warming thread may be loading it too: Numba's
+    # lock makes one wait for the other): the counts that follow are compiled, not NumPy's.
+    csv_parse.warm(dtype)
+    nl = sample.find(b"\n")
+    first = sample if nl < 0 else sample[:nl]
+    try:
+        cells = next(csv.reader([first.decode("utf-8").rstrip("\r")], delimiter=delim))
+    except (UnicodeDecodeError, csv.Error, StopIteration):
+        return None
+    if header:
+        names = cells
+        if "" in names or len(set(names)) != len(names):  # pandas renames them ("Unnamed: 0", "a.1")
+            return None
+        data = sample[nl + 1 :] if nl >= 0 else b""
+    else:
+        names, data = [str(i) for i in range(len(cells))], sample
+    a = np.frombuffer(data, np.uint8)
+    rows = int(csv_parse.count_rows(a, 0, len(a))[1]) + _unended(a, 0, len(a))
+    if rows == 0:
+        return None
+    values = np.empty((rows, len(names)), dtype)
+    if not csv_parse.parse_into(a, delim, len(names), list(range(len(names))), values):
+        return None
+    # A cell with a fraction or an exponent makes its column float, as an empty cell (NaN)
+    # does: the column of each such byte is the count of delimiters before it on its line.
+    marks = np.flatnonzero((a == 46) | (a == 101) | (a == 69))  # '.', 'e', 'E'
+    cut = np.cumsum(a == ord(delim), dtype=np.int64)
+    breaks = np.flatnonzero(a == 10)
+    lines_before = np.searchsorted(breaks, marks)  # the line breaks before each mark
+    at_line = np.where(lines_before > 0, cut[breaks[np.maximum(lines_before - 1, 0)]], 0)
+    floats = np.zeros(len(names), bool)
+    floats[np.unique(cut[marks] - at_line)] = True
+    floats |= np.isnan(values).any(axis=0)
+    # Integers pandas may type otherwise (uint64, object); a float32 rounding near the bound
+    # leaves the sample to pandas, the safe side.
+    if (np.abs(values[:, ~floats]) >= 2.0**53).any():
+        return None
+    return names, ["float64" if f else "int64" for f in floats]
 
 
 def _select(names: list[str], columns: list | None, drop_columns: list | None, path: str) -> list[str]:
@@ -557,11 +667,23 @@ def _check_size(spec: _CsvSpec) -> None:
         raise DataError(f"{spec.path} changed since it was opened: {size} bytes, was {spec.size}; read it again")
 
 
-def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[int, int]:
-    """(line breaks, rows they end) in bytes ``start:stop`` of a plain file."""
+def _piece_bytes(data_bytes: int) -> int:
+    """Text per piece of a plain file of ``data_bytes`` bytes of data: a piece per core down to
+    ``_MIN_PIECE_BYTES``, at most ``_PIECE_BYTES``, at most ``_MAX_PIECES`` pieces."""
+    size = min(_PIECE_BYTES, max(_MIN_PIECE_BYTES, -(-int(data_bytes) // cores())))
+    return max(1, size, -(-int(data_bytes) // _MAX_PIECES))
+
+
+def _count_block(spec: _CsvSpec, start: int, stop: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Bytes ``start:stop`` of a plain file (whole lines) cut into pieces of whole lines of about
+    ``spec.piece_bytes``, counted on every core: ``(first byte, end, line breaks, rows they end)``
+    of each piece."""
     _check_size(spec)
     _start_warming(spec.dtype)
-    return _count_all(np.memmap(spec.path, dtype=np.uint8, mode="r"), start, stop, spec.count_bytes)
+    a = np.memmap(spec.path, dtype=np.uint8, mode="r")
+    cuts = _line_cuts(a, start, stop, spec.piece_bytes)
+    counts = on_cores(lambda p: _count_rows(a, *p), cuts)
+    return tuple((int(b), int(e), int(n), int(r)) for (b, e), (n, r) in zip(cuts, counts))
 
 
 def _data_end(path: str, start: int, size: int) -> tuple[int, int]:
@@ -617,18 +739,60 @@ def _count_stream(spec: _CsvSpec, start: int) -> tuple[int, int, int]:
 # ---------------------------------------------------------------- parsing a block
 
 
-def _csv_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int) -> np.ndarray:
-    """Bytes ``start:stop`` of the (decompressed) file parsed: an array (rows, len(spec.keep))
-    of ``spec.dtype``; ``first_line`` is the file's line number of byte ``start``."""
+def _csv_block(spec: _CsvSpec, pieces: tuple[tuple[int, int, int, int], ...]) -> np.ndarray:
+    """A block of the array :func:`open_csv` makes: its ``pieces`` (first byte, end, first
+    line, rows) of the (decompressed) file parsed on every core, an array (rows,
+    len(spec.keep)) of ``spec.dtype``."""
+    rows = sum(p[3] for p in pieces)
     out = np.empty((rows, len(spec.keep)), dtype=spec.dtype)
-    _fill_block(spec, start, stop, first_line, rows, 0, rows, out)
+    _parse_parts(spec, pieces, 0, 0, rows, out)
     return out
+
+
+def _parse_parts(spec: _CsvSpec, parts: Sequence[tuple[int, int, int, int]], first: int, start: int, stop: int,
+                 out: np.ndarray) -> None:
+    """Rows ``start:stop`` of the file, which ``parts`` (pieces of whole lines, the first
+    holding row ``first`` on) hold, parsed into ``out`` (stop - start, len(spec.keep)): a plain
+    file's pieces on a thread per core each, straight into their rows (a piece that holds
+    rows outside start:stop, only the lines of its rows inside); a compressed file's one piece
+    cut again and parsed on every core (:func:`_fill_block`)."""
+    jobs = []
+    for part in parts:
+        rows = part[3]
+        lo, hi = max(start, first), min(stop, first + rows)
+        if lo < hi:
+            jobs.append((part, lo - first, hi - first, out[lo - start : hi - start]))
+        first += rows
+    if spec.compression is not None:
+        for (b, e, line, rows), lo, hi, dest in jobs:
+            _fill_block(spec, b, e, line, rows, lo, hi, dest)
+        return
+    on_cores(lambda job: _parse_piece(spec, *job), jobs)
+
+
+def _parse_piece(spec: _CsvSpec, part: tuple[int, int, int, int], lo: int, hi: int, out: np.ndarray) -> None:
+    """Rows ``lo:hi`` of the piece ``part`` (first byte, end, first line, rows) of a plain
+    file parsed into ``out`` (hi - lo, len(spec.keep)): the lines of those rows alone, found by
+    their line breaks (:func:`.csv_parse.skip_rows`, a scan far cheaper than a parse), parsed
+    straight into ``out`` on the calling thread."""
+    from . import csv_parse
+
+    b, e, line, rows = part
+    a = _block_bytes(spec, b, e)
+    s, before = (0, 0) if lo == 0 else csv_parse.skip_rows(a, 0, len(a), lo)
+    t = len(a) if hi == rows else csv_parse.skip_rows(a, s, len(a), hi - lo)[0]
+    buf, first_line = a[int(s) : int(t)], line + int(before)
+    got = _parse_block(buf, spec, first_line, out)
+    if got != hi - lo:  # the parser skipped or joined lines the count took for rows
+        raise DataError(f"{spec.path}: {_odd_line(buf, first_line)} ({got} rows of values where "
+                        f"{hi - lo} lines that are not empty were counted)")
 
 
 def _fill_block(spec: _CsvSpec, start: int, stop: int, first_line: int, rows: int, lo: int, hi: int,
                 out: np.ndarray) -> None:
     """Rows ``lo:hi`` of the block of bytes ``start:stop`` (``rows`` rows from the file's line
-    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``.
+    ``first_line``) parsed into ``out`` (hi - lo, len(spec.keep)) of ``spec.dtype``: a
+    compressed file's (its data, decompressed, is one block whose pieces were not counted).
 
     The block is cut into pieces of whole lines, a few per core; each piece's rows are counted
     (so that every piece knows where its rows go), then each piece that holds rows ``lo:hi``

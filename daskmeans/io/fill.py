@@ -48,6 +48,10 @@ class ChunkSource(Protocol):
     rows: int
     align: int
 
+    # Optional: ``cuts``, a tuple of rows where the source's own pieces start inside the chunk
+    # (the first 0), for pieces of uneven lengths (a CSV file's pieces of whole lines): the
+    # pipeline's pieces are those. Sources without it are cut by ``align``.
+
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``start:stop`` of the chunk into ``out``, a C-contiguous array of shape
         (stop - start, n_features) in the chunk's dtype."""
@@ -65,9 +69,15 @@ class Piece:
 def pieces(chunk: int, source: ChunkSource, row_bytes: int, piece_bytes: int | None = None) -> list[Piece]:
     """Chunk ``chunk``'s pieces of about ``piece_bytes`` (default :data:`PIECE_BYTES`;
     ``row_bytes`` a row), whole multiples of its ``align`` rows; one piece where the chunk
-    cannot be cut."""
+    cannot be cut. A source that says where its own pieces start (``cuts``) is read in those:
+    each is parsed whole by one thread (a CSV file's, a few MB of text each, spread the parse
+    over every thread where pieces of ``piece_bytes`` of rows would leave some idle)."""
     piece_bytes = PIECE_BYTES if piece_bytes is None else piece_bytes
     n, align = int(source.rows), max(1, int(source.align))
+    cuts = getattr(source, "cuts", None)
+    if cuts is not None:
+        edges = sorted({0, n, *(int(c) for c in cuts if 0 < int(c) < n)})
+        return [Piece(chunk, a, b) for a, b in zip(edges, edges[1:])] or [Piece(chunk, 0, 0)]
     step = max(align, int(piece_bytes) // max(1, int(row_bytes)) // align * align)
     return [Piece(chunk, a, min(n, a + step)) for a in range(0, n, step)] or [Piece(chunk, 0, 0)]
 

@@ -1,15 +1,20 @@
-"""Data already in memory: NumPy and CuPy arrays, lists, pandas and Dask DataFrames, SciPy
-sparse matrices, as Dask arrays of row chunks (sparse rows densified chunk by chunk)."""
+"""Data in memory that is not an array yet: pandas and Dask DataFrames, SciPy sparse matrices,
+lists and other array-likes, as an array and their columns' names (:func:`as_array`).
+
+A NumPy or CuPy array needs nothing of this module: :func:`daskmeans.io.blocks.from_memory`
+makes any array in memory (one given, or one made here) a Dask array of views of its rows, as
+:func:`daskmeans.io.readers.read_table` does with a Dask array given. Sparse rows and a Dask
+DataFrame's partitions become a Dask array here (densified chunk by chunk; read in one pass
+for their lengths)."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
-from ..errors import DaskmeansWarning, DataError, DataTypeError
+from ..errors import DataError
 from ..validation import check_2d_numeric
 from .blocks import float_dtype, non_numeric, rows_per_chunk
 
@@ -19,16 +24,55 @@ def is_dataframe(a: Any) -> bool:
     return type(a).__name__ == "DataFrame" and hasattr(a, "dtypes") and hasattr(a, "columns")
 
 
-def from_dataframe(df: Any, cb: int | None) -> da.Array:
+def as_array(source: Any, cb: int | None) -> tuple[Any, np.ndarray | None]:
+    """``source``, data in memory that is not a NumPy, CuPy or Dask array, as an array
+    (n_rows, n_columns), and its columns' names.
+
+    Parameters
+    ----------
+    source : DataFrame, sparse matrix, list or array-like
+        A pandas or Dask DataFrame (numeric columns), a SciPy sparse matrix or array, a list
+        of rows, or anything with ``shape`` and ``dtype`` or ``__array__``.
+    cb : int or None
+        Dense bytes per chunk of a sparse matrix densified (default ``daskmeans.chunk-bytes``).
+
+    Returns
+    -------
+    (array, ndarray (n_columns,) of str or None)
+        An array in memory (a pandas frame's values, a list's; an array-like as it is), which
+        :func:`daskmeans.io.blocks.from_memory` cuts into row chunks, or a Dask array (a Dask
+        DataFrame's partitions, sparse rows densified chunk by chunk); the names as
+        :func:`column_names` gives them.
+
+    Raises
+    ------
+    DataError
+        A non-numeric column, or ``source`` is none of these kinds.
+    TypeError
+        Column names that mix strings and other types (scikit-learn's error).
+    """
+    names = column_names(source)
+    if is_dataframe(source):
+        return from_dataframe(source), names
+    if is_sparse(source):
+        return from_sparse(source, cb), names
+    if hasattr(source, "shape") and hasattr(source, "dtype"):
+        return source, names
+    if isinstance(source, (list, tuple)) or hasattr(source, "__array__"):
+        return np.asarray(source), names
+    raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
+
+
+def from_dataframe(df: Any) -> Any:
     """A pandas or Dask DataFrame of numeric columns (any other column is refused by name) as
-    a Dask array (n_rows, n_columns): a pandas frame in chunks of about ``cb`` bytes, a Dask
-    frame in its partitions."""
+    an array (n_rows, n_columns): a pandas frame's values (a NumPy array), a Dask frame's
+    partitions as a Dask array."""
     bad = non_numeric(df.dtypes)
     if bad:
         raise DataError(f"column {bad[0][0]!r} of the DataFrame is not numeric (dtype {bad[0][1]}): pass its numeric "
                         f"columns, e.g. df.select_dtypes('number')")
     if isinstance(df, __import__("pandas").DataFrame):
-        return from_memory(df.to_numpy(), cb)
+        return df.to_numpy()
     return df.to_dask_array(lengths=True)  # a Dask DataFrame: its partitions' lengths, one pass
 
 
@@ -79,42 +123,3 @@ def from_sparse(a: Any, cb: int | None) -> da.Array:
     blocks = [da.from_delayed(__import__("dask").delayed(_densify)(a[s : s + rows]), shape=(min(rows, n - s), d),
                               dtype=a.dtype) for s in range(0, n, rows)]
     return da.concatenate(blocks, axis=0)
-
-
-def from_memory(a: Any, cb: int | None) -> da.Array:
-    """A 2-D NumPy or CuPy array (n_rows, n_columns) as a Dask array of row chunks of about
-    ``cb`` bytes (as the float data it becomes), CuPy blocks kept on the GPU; an object array
-    of numbers becomes float64."""
-    if a.dtype == object:
-        a = _object_to_float(a)
-    check_2d_numeric(getattr(a, "shape", ()), a.dtype)
-    rows = rows_per_chunk(a.shape[1], float_dtype(a.dtype).itemsize, cb)
-    return _views(a, rows)
-
-
-def _views(a: Any, rows: int) -> da.Array:
-    """``a`` as a Dask array whose chunks are views of its rows: no copy (``da.from_array``
-    copies the whole array first, which cost a fit from memory more than its moments pass),
-    CuPy rows kept on the GPU. Named by a hash of the contents (with ``xxhash`` installed,
-    several GB/s), so that a re-fit of equal data finds its placement
-    (:mod:`daskmeans.engine.reuse`) and changed data never does."""
-    from dask.base import tokenize
-
-    n, d = a.shape
-    starts = range(0, n, rows) if n else [0]
-    name = f"daskmeans-memory-{tokenize(a, rows)}"
-    graph = {(name, i, 0): a[s : s + rows] for i, s in enumerate(starts)}
-    chunks = (tuple(min(rows, n - s) for s in starts), (d,))
-    return da.Array(graph, name, chunks, meta=a[:0])
-
-
-def _object_to_float(a: np.ndarray) -> np.ndarray:
-    """An object array of numbers as float64 (as NumPy and scikit-learn take it)."""
-    try:
-        out = np.asarray(a, dtype=np.float64)
-    except TypeError as e:  # a value that is no number at all (a dict)
-        raise DataTypeError(f"X has dtype object and a value that is not a number: {e}") from None
-    except ValueError as e:  # a string that is not a number
-        raise DataError(f"X has dtype object and a value that is not a number: {e}") from None
-    warnings.warn("X is object: converted to float64 for clustering", DaskmeansWarning, stacklevel=4)
-    return out

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import DaskmeansWarning, DataError
 from . import csv_reader, memory_reader, npy_reader, zarr_reader
 from .blocks import (
-    FILE_ANNOTATION, RowSource, Table, file_of, files_of, finish, float_dtype, float_dtype_arg, rows_of,
+    FILE_ANNOTATION, RowSource, Table, file_of, files_of, finish, float_dtype, float_dtype_arg, from_memory, rows_of,
     rows_per_chunk, split_rows, with_rows,
 )
 
@@ -213,8 +213,6 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
         # Read again, the Table is lazy data: its array's outputs stay lazy.
         return source if x is source.array and not source.in_memory else \
             dataclasses.replace(source, array=x, in_memory=False)
-    # Column names come from DataFrames (pandas, Dask): a path's are its reader's, an array has none.
-    names = None if isinstance(source, (str, os.PathLike, da.Array)) else memory_reader.column_names(source)
     cb = None if chunk_bytes is None else int(__import__("dask").utils.parse_bytes(chunk_bytes))
     dt = None if dtype is None else float_dtype_arg(dtype)
     takers = {name for fmt in FORMATS for name in fmt.options}
@@ -222,9 +220,7 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
         if name not in takers:
             raise TypeError(f"read() got an unexpected keyword argument {name!r}")
     options = {"dataset": dataset, "columns": columns, "drop_columns": drop_columns, "delimiter": delimiter, **options}
-    if isinstance(source, da.Array):
-        x = source
-    elif isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)):
         # Absolute on the client: workers resolve a relative path from their own directory,
         # which on an external cluster is not the user's (it read as an empty store: zeros).
         path = os.path.abspath(os.fspath(source))
@@ -243,17 +239,13 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
         rows = table.rows or rows_of(table.array)
         rows = None if rows is None else dataclasses.replace(rows, path=path)
         x, meta = table.array, dataclasses.replace(table, source=path, rows=rows)
-    elif memory_reader.is_dataframe(source):
-        x = memory_reader.from_dataframe(source, cb)
-    elif memory_reader.is_sparse(source):
-        x = memory_reader.from_sparse(source, cb)
-    elif hasattr(source, "shape") and hasattr(source, "dtype"):
-        x = memory_reader.from_memory(source, cb)
-    elif isinstance(source, (list, tuple)) or hasattr(source, "__array__"):
-        x = memory_reader.from_memory(np.asarray(source), cb)
     else:
-        raise DataError(f"X should be an array, a DataFrame or a path, got {type(source).__name__}")
-    if not isinstance(source, (str, os.PathLike)):
+        # An array is rows as it is: a Dask array's chunks, or views of an array in memory
+        # (NumPy, CuPy) in row chunks; other data in memory (a DataFrame, a sparse matrix, a
+        # list) is made an array first, with its columns' names (a path's are its reader's).
+        x, names = (source, None) if _array(source) else memory_reader.as_array(source, cb)
+        if not isinstance(x, da.Array):
+            x = from_memory(x, cb)
         # A Dask array a reader returned earlier (read()'s) is read again in other chunks too.
         meta = Table(x, None if names is None else tuple(str(n) for n in names), rows=rows_of(x),
                      in_memory=not dask.is_dask_collection(source))
@@ -269,6 +261,12 @@ def _read_table(source: Any, dataset: Any, columns: Any, drop_columns: Any, chun
     if meta.columns is not None and len(meta.columns) != int(y.shape[1]):
         raise DataError(f"{meta.source or 'X'} names {len(meta.columns)} columns but has {int(y.shape[1])}")
     return dataclasses.replace(meta, array=y, rows=rows)
+
+
+def _array(source: Any) -> bool:
+    """Whether ``source`` is an array whose rows a fit reads as they are: a Dask array, or a
+    NumPy or CuPy array in memory (no columns' names, nothing to convert first)."""
+    return isinstance(source, (da.Array, np.ndarray)) or hasattr(source, "__cuda_array_interface__")
 
 
 def _given(value: Any) -> bool:

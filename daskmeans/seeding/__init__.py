@@ -24,6 +24,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..params import KMeansParams
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from distributed import Client
@@ -55,6 +57,8 @@ REGISTRY: dict[str, Init] = {e.name: e for e in (
     Init("random", f"{__name__}.random_rows", "init_random", "K distinct rows drawn uniformly"),
     Init("hierarchical", f"{__name__}.hierarchical", "init_hierarchical",
          "k-means++ inside sqrt(K) mesoclusters of a sample, K split by their sizes"),
+    Init("afk-mc2", f"{__name__}.afkmc2", "init_afkmc2",
+         "AFK-MC2 (Bachem et al. 2016): Markov chains of daskmeans.init.afkmc2-chain rows drawn after one pass"),
 )}
 
 DEFAULT = "k-means||"
@@ -87,7 +91,7 @@ def chosen_init(init: str, k: int) -> str:
 
 
 def resolve_init(client: "Client", placement: "Placement", init: str, k: int, seed: int,
-                 oversampling_factor: float = 0.5, grid: "Grid | None" = None) -> "np.ndarray":
+                 oversampling_factor: float = KMeansParams.oversampling_factor, grid: "Grid | None" = None) -> "np.ndarray":
     """Initial centroids ``(k, d)`` float64 from the registered init named ``init``
     (:func:`chosen_init`: k-means|| at wide K runs the hierarchical init); ``grid``, the fit's,
     bounds the data (its distance passes then need no reduction of their own per block)."""
@@ -100,7 +104,7 @@ _LAZY = {
     "kmeans_plusplus": "kernels", "seed_batched": "kernels", "weighted_lloyd": "kernels",
     "take_rows": "rows",
     "init_kmeans_parallel": "kmeans_parallel", "init_kmeans_plusplus": "kmeans_plusplus", "init_random": "random_rows",
-    "init_hierarchical": "hierarchical", "split_k": "hierarchical",
+    "init_hierarchical": "hierarchical", "split_k": "hierarchical", "init_afkmc2": "afkmc2",
 }
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..numerics.grid import Grid, float_sums
+from ..numerics.hashing import row_uniforms
 
 
 def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_weight: Any = None) -> Any:
@@ -64,32 +65,41 @@ def local_trials(k: int) -> int:
     return 2 + int(math.log(k)) if k > 1 else 1
 
 
-def _largest(xp: Any, key: Any, m: int) -> Any:
-    """Positions of the ``m`` largest of ``key`` (1-D, distinct values: ties have probability
-    zero), in no particular order. NumPy's partition where it is NumPy; elsewhere a sort, as
-    CuPy's ``argpartition`` checks its ``kth`` on the device (a synchronisation with the host,
-    and a reduction of CUB's to compile on a cold kernel cache)."""
-    if xp is np:
-        return np.argpartition(-key, m - 1)[:m]
-    return xp.argsort(-key)[:m]
-
-
 def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """``m`` rows drawn with probability proportional to ``p`` without replacement
     (Efraimidis-Spirakis keys ``log(u) / p``, the largest win), never one of ``exclude``; rows
-    of probability 0 only when no other row is left. Sorted row indices, on ``p``'s device."""
+    of probability 0 only when no other row is left, those of smallest ``u`` first. Sorted row
+    indices, on ``p``'s device; ``m`` at most the rows not excluded.
+
+    On the host, a partition of the live rows' keys; on a device, :func:`_draw_sorted` (the
+    same rows)."""
     m = int(m)  # a Python int: NumPy's kth, and slicing
+    if xp is not np:
+        return _draw_sorted(xp, p, m, u, exclude)
     live = xp.flatnonzero((p > 0) & ~exclude)
     if live.size >= m:
         key = xp.log(u[live]) / p[live]
-        return xp.sort(live[_largest(xp, key, m)])
+        return xp.sort(live[np.argpartition(-key, m - 1)[:m]])
     rest = xp.flatnonzero((p <= 0) & ~exclude)
     return xp.sort(xp.concatenate([live, rest[xp.argsort(u[rest], kind="stable")[: m - live.size]]]))
 
 
+def _draw_sorted(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
+    """:func:`_draw` without reading how many rows are live, which on a device is a
+    synchronisation with the host in every dependent step of the seeding: every row ordered by
+    its key within its class (live, of probability 0, excluded), then stably by class; two
+    sorts of all the rows, on the device."""
+    live = (p > 0) & ~exclude
+    key = xp.where(live, -xp.log(u) / xp.where(live, p, 1.0), u)  # ascending within each class
+    order = xp.argsort(key, kind="stable")
+    cls = (~live).astype(xp.int8) + exclude.astype(xp.int8)  # 0 live, 1 of probability 0, 2 excluded
+    order = order[xp.argsort(cls[order], kind="stable")]
+    return xp.sort(order[:m])
+
+
 def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
                  precision: str = "fp32", batches: int = 64, trials: int | None = None,
-                 groups: Any = None) -> Any:
+                 groups: Any = None, batch_trials: int | None = None) -> Any:
     """k-means++ seeding with local trials, in batches: k rows of X.
 
     Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
@@ -108,9 +118,11 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     is still two distance passes of X (against every group's draws, then picks). ``d^2`` and
     the credit are to the nearest draw or pick of any group.
 
-    Everything per row (weights, ``d^2``, the draws' keys, the credit) stays on X's device: a
-    step reads back only the sizes of its draws (the host's uniforms go the other way), so a
-    GPU is not left waiting on host work between the dependent steps.
+    Everything per row (weights, ``d^2``, the draws' keys, the credit, the uniforms) stays on
+    X's device and a step reads nothing back: the draws' sizes are known on the host, the draws
+    are sorted rather than counted (:func:`_draw_sorted`), and the draws and picks are taken
+    from X's rows prepared once (the backend's optional ``prepared_rows``), so a GPU's queue
+    runs ahead of the host through the dependent steps.
 
     Parameters
     ----------
@@ -123,6 +135,9 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         dependent steps, where fewer, larger batches end worse; docs/performance.md,
         "k-means‖'s recluster in batches of K/64")
     trials : int, draws per centre (default ``2 + log(k)`` of the group, as scikit-learn)
+    batch_trials : int, optional
+        Draws per centre in batches of more than one centre (default ``trials``); 1 keeps a
+        batch's draws without their distance pass.
     groups : host int array, shape (n,), optional
         Each row's group in ``[0, G)``, non-decreasing (a group's rows are contiguous).
 
@@ -132,7 +147,7 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     """
     be = get_backend(X)
     xp = be.xp
-    rng = np.random.default_rng(seed)
+    key = _seed_key(seed)
     n = X.shape[0]
     if groups is None:
         if not 0 < k <= n:
@@ -142,30 +157,45 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         ks, bounds = _group_bounds(groups, k, n)
     rows = np.diff(bounds)
     tries = np.array([local_trials(int(q)) if trials is None else int(trials) for q in ks])
+    batch_tries = tries if batch_trials is None else np.full(len(ks), int(batch_trials))
     w = xp.ones(n) if sample_weight is None else xp.asarray(sample_weight).astype(xp.float64)
     d2 = None
     chosen = xp.zeros(n, bool)
     picks = []
     bound = Grid.for_block(X)  # X's bound, for every distance pass (no reduction over X in each)
+    # Every row prepared once as a centroid where the backend can (a device's preparation of
+    # each step's draws and picks would read their maxima back to the host: the optional
+    # ``prepared_rows``, backends.protocol); else each subset prepared on its own.
+    ready = be.prepared_rows(X, precision) if hasattr(be, "prepared_rows") else None
+
+    def prepared(idx: Any, m: int) -> Any:
+        return be.prepare(X[idx], X.dtype, precision) if ready is None else ready.take(idx, m)
+
     total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
+    step = 0
     while (total < ks).any():
         live = np.flatnonzero(total < ks)
         b = np.minimum(np.minimum(np.maximum(total[live], 1), cap[live]), ks[live] - total[live])
-        u = xp.asarray(1.0 - rng.random(n))  # in (0, 1]: log(u) is finite
+        # The step's uniforms in (0, 1] (log(u) finite), made on X's device: a copy from the
+        # host's pageable memory would wait for the device's queue (the same bits on either).
+        u = 1.0 - row_uniforms(key, step, 0, n, xp)
+        step += 1
         spans = [slice(int(bounds[g]), int(bounds[g + 1])) for g in live]
         if d2 is None:  # the first centre of each group: a row drawn by weight
             pick = xp.concatenate([_draw(xp, w[s], m, u[s], chosen[s]) + s.start for s, m in zip(spans, b)])
         else:
             p = w * d2
-            draws = [_draw(xp, p[s], min(t * m, r), u[s], chosen[s]) + s.start
-                     for s, m, t, r in zip(spans, b, tries[live], rows[live] - total[live])]
-            sizes = [int(dr.size) for dr in draws]
+            # Each group draws from its rows not chosen yet (at least b of them): exactly
+            # ``sizes`` rows, known here without reading the draws' sizes from the device.
+            t = np.where(b > 1, batch_tries[live], tries[live])
+            sizes = [min(int(q * m), int(r)) for m, q, r in zip(b, t, rows[live] - total[live])]
+            draws = [_draw(xp, p[s], size, u[s], chosen[s]) + s.start for s, size in zip(spans, sizes)]
             if all(size <= m for size, m in zip(sizes, b)):
                 pick = xp.concatenate(draws)
             else:
                 every = xp.concatenate(draws)
-                lab, dn = be.min_sqdist(X, be.prepare(X[every], X.dtype, precision), bound)
-                gain = be.bin_sums(lab, w * xp.maximum(d2 - dn, 0.0), every.size)
+                lab, dn = be.min_sqdist(X, prepared(every, sum(sizes)), bound)
+                gain = be.bin_sums(lab, w * xp.maximum(d2 - dn, 0.0), sum(sizes))
                 ends = np.cumsum(sizes)
                 pick = xp.concatenate([
                     dr if size <= m else xp.sort(dr[xp.argsort(-gain[end - size:end], kind="stable")[:m]])
@@ -175,9 +205,16 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
         picks.append(pick)
         total[live] += b
         if (total < ks).any():
-            dn = be.min_sqdist(X, be.prepare(X[pick], X.dtype, precision), bound)[1]
+            dn = be.min_sqdist(X, prepared(pick, int(b.sum())), bound)[1]
             d2 = dn if d2 is None else xp.minimum(d2, dn)
     return X[xp.concatenate(picks)]
+
+
+def _seed_key(seed: int | np.random.SeedSequence) -> int:
+    """The key of :func:`seed_batched`'s per-step uniforms (``row_uniforms``): 64 bits of the
+    seed's ``SeedSequence``."""
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    return int(ss.generate_state(1, np.uint64)[0])
 
 
 def _group_bounds(groups: Any, k: Any, n: int) -> tuple[np.ndarray, np.ndarray]:

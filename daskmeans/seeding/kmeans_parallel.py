@@ -21,6 +21,7 @@ from ..engine.task import blas_capped
 from ..engine.watch import watch
 from ..numerics.grid import Grid
 from ..numerics.hashing import row_uniforms
+from ..params import KMeansParams
 from ..events import advance
 from ..reduction import tree_reduce
 from . import rows
@@ -32,6 +33,12 @@ from .rows import result
 # The distance passes of the init run in TF32 on GPUs: labels and distances are exact in
 # every precision (backends.cupy_backend), so this is the fastest way to the same bits.
 INIT_PRECISION = "tf32"
+
+# Draws per centre in the recluster's batches of several centres (greedy steps keep
+# scikit-learn's 2 + ln K): fits from it ended within 0.11% of 2 + ln K's on randn and 6-17%
+# lower on blobs of K true centres, for a third to a quarter of the recluster's distance
+# passes at K = 2^14..2^18 (docs/performance.md, "Inits", "The recluster's draws per centre").
+RECLUSTER_BATCH_TRIALS = 3
 
 
 @dataclass
@@ -136,15 +143,17 @@ def _uniforms(shard: Shard, seed: int, rnd: int, xp: Any) -> Iterator[Any]:
         yield buf[off - first:off - first + m]
 
 
-def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, seed: int, rnd: int,
+def _par_sample(shard: Shard, state: _ParState | None, phis: list | None, ell: float, seed: int, rnd: int,
                 first: int | None = None) -> tuple:
     """One round's draws on this shard (:func:`_picks`): ``(global_rows, data)``, the data in
     the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``).
     ``phi`` is every shard's ``phis`` (their futures' floats) added in shard order (what the
-    client added before: the same on any number of workers); a round with ``phi <= 0`` (every row at a candidate already) draws
-    nothing. ``first``: one more global row taken where this shard holds it (the first round's
-    row drawn by the seed)."""
-    phi = float(sum(phis))
+    client added before: the same on any number of workers); None where this shard is the only
+    one (its own ``state.phi``, the same float: no task between its fold and its draws). A
+    round with ``phi <= 0`` (every row at a candidate already) draws nothing. ``first``: one
+    more global row taken where this shard holds it (the first round's row drawn by the
+    seed)."""
+    phi = float(state.phi if phis is None else sum(phis))
     picks = _picks(shard, state, phi, ell, seed, rnd) if phi > 0 else {}
     if first is not None:
         for j, (off, m) in enumerate(zip(shard.offsets, shard.rows)):
@@ -156,6 +165,35 @@ def _par_sample(shard: Shard, state: _ParState | None, phis: list, ell: float, s
     got = rows.chunk_rows(shard, picks)
     idx = np.concatenate([shard.offsets[j] + picks[j] for j in order])
     return idx, np.concatenate([got[j] for j in order])
+
+
+@dataclass
+class _Round:
+    """A round of the only shard: its state after the fold, and the rows it then drew
+    (:func:`_par_sample`'s ``(global_rows, data)``)."""
+
+    state: _ParState
+    part: tuple
+
+
+def _par_round(shard: Shard, prev: _Round | None, parts: list | None, grid: Grid | None, ell: float, seed: int,
+               rnd: int) -> _Round:
+    """The only shard's round in one task: the fold (:func:`_par_update`) of the previous
+    round's draws (``prev``'s; without it, ``parts``: the first round's), then this round's
+    draws (:func:`_par_sample`, with the shard's own ``phi``). The same state and rows as the
+    two tasks of a round on several shards, one dependent task instead of two."""
+    state = _par_update(shard, None if prev is None else prev.state, parts if prev is None else [prev.part], grid)
+    return _Round(state, _par_sample(shard, state, None, ell, seed, rnd))
+
+
+def _round_part(shard: Shard, rnd: _Round) -> tuple:
+    """A round's draws, for the recluster (off the chain of rounds)."""
+    return rnd.part
+
+
+def _round_last(shard: Shard, rnd: _Round, grid: Grid | None) -> np.ndarray:
+    """:func:`_par_last` after the only shard's last round."""
+    return _par_last(shard, rnd.state, [rnd.part], grid)
 
 
 def _concat_by_row(parts: list) -> np.ndarray:
@@ -187,7 +225,8 @@ def _sum_arrays(items: list) -> np.ndarray:
 def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int, n_iter: int,
                backend: str) -> np.ndarray | None:
     """k centres of the weighted candidates on this worker's device (float64 ``(k, d)``):
-    k-means++ with local trials in batches (:func:`seed_batched`), then ``n_iter`` weighted
+    k-means++ with local trials in batches (:func:`seed_batched`; :data:`RECLUSTER_BATCH_TRIALS`
+    draws per centre in batches of several), then ``n_iter`` weighted
     Lloyd iterations (``daskmeans.init.recluster-iter``, 0 by default). None where fewer than
     ``k`` candidates have a positive weight (tiny or highly duplicated data: the caller falls
     back to k-means++), said in the same task rather than in a round trip of its own."""
@@ -198,7 +237,7 @@ def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int,
     cands = _candidates(rounds, dtype)
     x = be.asarray(cands[keep])
     w = be.asarray(weights[keep])
-    c = seed_batched(x, k, seed, w, precision=INIT_PRECISION)
+    c = seed_batched(x, k, seed, w, precision=INIT_PRECISION, batch_trials=RECLUSTER_BATCH_TRIALS)
     c = weighted_lloyd(x, c, w, n_iter, precision=INIT_PRECISION)
     return be.to_numpy(c)
 
@@ -210,7 +249,7 @@ def init_kmeans_parallel(
     seed: int,
     *,
     rounds: int | None = None,
-    oversampling_factor: float = 0.5,
+    oversampling_factor: float = KMeansParams.oversampling_factor,
     grid: Grid | None = None,
     **options: Any,
 ) -> np.ndarray:
@@ -263,14 +302,26 @@ def init_kmeans_parallel(
     new = sample(states, [float(n)], 0, row0)
     rounds_drawn = [new]
     try:
-        for r in range(1, rounds):
-            states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
-            # Only each shard's float moves (the states keep their arrays where they are),
-            # added in shard order by every shard's draws: the same phi on any number of workers.
-            phis = per_shard(_phi, states, name="daskmeans-kpar-phi")
-            new = sample(states, phis, r)
-            rounds_drawn.append(new)
-        parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+        if nshard == 1 and rounds > 1:
+            # The only shard folds and draws in one task a round, with its own phi: at wide K on
+            # one GPU the rounds waited between their dependent tasks about as long as they
+            # computed. Its draws reach the recluster through a task off that chain.
+            last: list = [None]
+            for r in range(1, rounds):
+                last = per_shard(_par_round, last, [new if r == 1 else None], [grid], [ell], [seed], [r],
+                                 name="daskmeans-kpar-update")
+                new = per_shard(_round_part, last, name="daskmeans-kpar-sample")
+                rounds_drawn.append(new)
+            parts = per_shard(_round_last, last, [grid], name="daskmeans-kpar-update")
+        else:
+            for r in range(1, rounds):
+                states = per_shard(_par_update, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
+                # Only each shard's float moves (the states keep their arrays where they are),
+                # added in shard order by every shard's draws: the same phi on any number of workers.
+                phis = per_shard(_phi, states, name="daskmeans-kpar-phi")
+                new = sample(states, phis, r)
+                rounds_drawn.append(new)
+            parts = per_shard(_par_last, states, [new] * nshard, [grid] * nshard, name="daskmeans-kpar-update")
         weights = tree_reduce(client, parts, _sum_arrays, name="daskmeans-kpar-wsum")
         fut = client.submit(
             blas_capped(_recluster), rounds_drawn, placement.dtype, weights, k, seed,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from daskmeans import KMeans
+from daskmeans import KMeans, config
 from daskmeans.cli import main
 from daskmeans.cli.main import parser as command_parser
 from daskmeans.datasets import make_blobs
@@ -186,7 +186,7 @@ def test_a_registered_init_is_accepted_by_the_command(data, tmp_path, capsys, mo
     a, b = (zarr.open_group(str(tmp_path / f"{i}.zarr"), mode="r") for i in ("random-again", "random"))
     np.testing.assert_array_equal(a["cluster_centers"][:], b["cluster_centers"][:])
     rc, _, err = run(capsys, "fit", x, "--k", "5", "--init", "nope", "-o", tmp_path / "n.zarr")
-    assert err == ("daskmeans: error: --init 'nope' should be k-means||, k-means++, random, hierarchical, random-again or an "
+    assert err == ("daskmeans: error: --init 'nope' should be k-means||, k-means++, random, hierarchical, afk-mc2, random-again or an "
                    "existing .npy file\n")
 
 
@@ -201,7 +201,8 @@ def test_every_long_step_shows_progress_on_a_terminal(data, tmp_path):
     out = on_a_terminal(py + ["fit", x, "--k", "5", "--seed", "0", "--workers", "2", "--labels", tmp_path / "l.zarr",
                               "-o", tmp_path / "m.zarr"])
     assert re.search(r"place: 100%\|[^|]+\| 2/2 ", out), out  # one chunk as read, cut in two for 2 workers
-    assert re.search(r"init k-means\|\|: 100%\|[^|]+\| 6/6 ", out), out
+    steps = int(config.get("init.rounds")) + 1  # the rounds, then the recluster
+    assert re.search(rf"init k-means\|\|: 100%\|[^|]+\| {steps}/{steps} ", out), out
     assert re.search(r"write labels: 100%\|[^|]+\| 2/2 ", out), out
     out = on_a_terminal(py + ["predict", tmp_path / "m.zarr", x, "--workers", "2", "-o", tmp_path / "p.zarr"])
     assert re.search(r"write labels: 100%\|[^|]+\| (\d+)/\1 ", out), out
@@ -218,7 +219,8 @@ def test_steps_are_plain_lines_off_a_terminal_and_nothing_with_quiet(data, tmp_p
     rc, _, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "-o", tmp_path / "m.zarr")
     assert rc == 0
     assert re.search(r"^daskmeans: place: 2/2 chunks in [\d.]+ s$", err, re.M), err
-    assert re.search(r"^daskmeans: init k-means\|\|: 6/6 steps in [\d.]+ s$", err, re.M), err
+    steps = int(config.get("init.rounds")) + 1
+    assert re.search(rf"^daskmeans: init k-means\|\|: {steps}/{steps} steps in [\d.]+ s$", err, re.M), err
     rc, _, err = run(capsys, "predict", tmp_path / "m.zarr", x, "-q", "--workers", "2", "-o", tmp_path / "p.zarr")
     assert rc == 0 and err == ""  # -q: a command that succeeds prints nothing
 

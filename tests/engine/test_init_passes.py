@@ -129,7 +129,7 @@ def test_storage_init_reads_a_pass_per_round_and_the_drawn_rows(threads, tiny, c
 
 def test_storage_init_reads_rounds_passes_at_the_default(threads, tiny, counted):
     """Rows of an array derived from the reader's (whose rows a reader cannot read alone): the
-    default 5 rounds at K = 4 read at most 5 passes' worth (every chunk once a round; a
+    default rounds at K = 4 read at most a pass's worth a round (every chunk once a round; a
     round that drew no row has nothing to fold and reads nothing) plus one read of each chunk
     per round that drew a row in it, at most (rounds + 1) passes' worth in all here; the host
     tier's centroids."""
@@ -141,9 +141,10 @@ def test_storage_init_reads_rounds_passes_at_the_default(threads, tiny, counted)
     assert not file_chunks  # the derived array's rows are read with their whole chunks
     drawn = [c for call in chosen for c in call]
     passes = (len(reads) - len(drawn)) // 3
-    assert 1 <= passes <= 5
+    rounds = int(dask.config.get("daskmeans.init.rounds"))
+    assert 1 <= passes <= rounds
     assert _chunks_read(threads, p, reads) == sorted([0, 1, 2] * passes + drawn)
-    assert len(reads) <= (5 + 1) * 3 + len(drawn)
+    assert len(reads) <= (rounds + 1) * 3 + len(drawn)
     np.testing.assert_array_equal(got, resolve_init(threads, _placed(threads, path, "host", derived=True),
                                                     "k-means||", 4, 11))
 
@@ -170,7 +171,8 @@ def test_resident_init_draws_without_a_pass(threads, tiny, monkeypatch):
     monkeypatch.setattr(kmeans_parallel, "_picks", counted_picks)  # looked up by the task, in this process
     p = _placed(threads, path, "host")
     passes.clear()
-    resolve_init(threads, p, "k-means||", 4, 11)
+    with dask.config.set({"daskmeans.init.rounds": 5}):  # five rounds of 0.5 K, as counted here
+        resolve_init(threads, p, "k-means||", 4, 11, 0.5)
     assert drawn == {0: 0, 1: 0, 2: 3, 3: 1, 4: 0}  # and the first round's row drawn by the seed
     assert sorted(passes) == sorted(p.chunk_ids * 3)
 

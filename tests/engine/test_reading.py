@@ -23,6 +23,7 @@ def files(tmp_path_factory):
     np.save(d / "x.npy", x)
     zarr.create_array(str(d / "x.zarr"), data=x, chunks=(300, 7))
     zarr.create_array(str(d / "cols.zarr"), data=x, chunks=(256, 3))
+    np.savetxt(d / "x.csv", x, delimiter=",", fmt="%.9g")  # float32 exactly; pieces of whole lines
     return d, x
 
 
@@ -34,13 +35,14 @@ def _chunks(x, rows):
     return y, [src.chunk(int(a), int(b)) for a, b in zip(offs[:-1], offs[1:])]
 
 
-@pytest.mark.parametrize("name", ["x.npy", "x.zarr", "cols.zarr"])
+@pytest.mark.parametrize("name", ["x.npy", "x.zarr", "cols.zarr", "x.csv"])
 @pytest.mark.parametrize("rows, threads", [(5000, 1), (900, 2), (1200, 3), (600, 8)])
 @pytest.mark.parametrize("on_host", [True, False])
 def test_read_blocks_is_the_arrays_compute(files, name, rows, threads, on_host, monkeypatch):
     d, x = files
     # Small pieces: several per chunk, so that the threads share each chunk.
     monkeypatch.setattr("daskmeans.io.fill.PIECE_BYTES", 4096)
+    monkeypatch.setattr("daskmeans.io.csv_reader._PIECE_BYTES", 20_000)  # a CSV's own pieces, of whole lines
     y, sources = _chunks(readers.read(str(d / name)), rows)
     be = get_backend("numpy")
     blocks = reading.read_blocks(be, on_host, sources, 7, np.float32, threads)
@@ -200,8 +202,10 @@ def test_host_blocks_are_page_locked_once_filled_and_unlocked_when_freed(files):
     _, sources = _chunks(readers.read(str(d / "x.zarr")), 1500)
     be = _Locks()
     blocks = reading.read_blocks(be, True, sources, 7, np.float32, 3)
-    assert [p for p, _ in be.locked] == [b.ctypes.data for b in blocks]
-    np.testing.assert_array_equal(np.concatenate([c for _, c in be.locked]), x)  # filled before locked
+    # Each block locked once, by the thread that filled its last piece (in any order).
+    assert sorted(p for p, _ in be.locked) == sorted(b.ctypes.data for b in blocks)
+    at = {p: c for p, c in be.locked}
+    np.testing.assert_array_equal(np.concatenate([at[b.ctypes.data] for b in blocks]), x)  # filled before locked
     assert be.unlocked == []
     view = blocks[0][:10]
     ptrs = [b.ctypes.data for b in blocks]

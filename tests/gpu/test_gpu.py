@@ -895,6 +895,57 @@ def test_a_files_chunks_read_into_page_locked_blocks_or_onto_the_device(tmp_path
     np.testing.assert_array_equal(got, x)
 
 
+@pytest.mark.parametrize("on_host", [True, False])
+def test_a_csv_files_rows_parsed_into_page_locked_blocks_or_onto_the_device(tmp_path, on_host, monkeypatch):
+    """A CSV file in the reading pipeline on a GPU: its pieces of whole lines parsed by the
+    threads into page-locked host blocks, or into each thread's staging buffer and on to the
+    device; bitwise the file's rows (float32 written with 9 digits), chunk boundaries inside
+    pieces included."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.engine import reading
+    from daskmeans.io import readers
+    from daskmeans.io.blocks import rows_of, split_rows
+
+    x = np.random.default_rng(5).standard_normal((20000, 33)).astype(np.float32)
+    np.savetxt(tmp_path / "x.csv", x, delimiter=",", fmt="%.9g")
+    monkeypatch.setattr("daskmeans.io.csv_reader._PIECE_BYTES", 200_000)  # about 600 lines a piece
+    y = split_rows(readers.read(str(tmp_path / "x.csv")), 7001)
+    offs = np.concatenate([[0], np.cumsum(y.chunks[0])]).astype(int)
+    sources = [rows_of(y).chunk(int(a), int(b)) for a, b in zip(offs[:-1], offs[1:])]
+    blocks = reading.read_blocks(cb, on_host, sources, 33, np.float32, 4)
+    got = np.concatenate(blocks if on_host else [cupy.asnumpy(b) for b in blocks])
+    np.testing.assert_array_equal(got.view(np.uint32), x.view(np.uint32))
+
+
+@pytest.mark.parametrize("tier", ["device", "host", "storage"])
+def test_csv_fit_through_the_reading_pipeline_is_the_persisted_fit_on_a_gpu(tmp_path, tier):
+    """A CSV fitted on a GPU worker, its rows parsed on the worker into the placement's blocks
+    (no block persisted), gives the centroids, labels and iterations of the same rows placed
+    by persisting the Dask array's parsed blocks, in every tier."""
+    import cupy
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+    from daskmeans.io import readers
+    from daskmeans.io.blocks import rows_of
+
+    x, C, _ = _data(30_000, 20, 12, np.float32, seed=3)
+    np.savetxt(tmp_path / "x.csv", x, delimiter=",", fmt="%.9g")
+    table = readers.read_table(str(tmp_path / "x.csv"), chunk_bytes=1 << 20)
+    assert table.rows is not None and rows_of(table.array) is not None
+    derived = table.array.map_blocks(lambda b: b, dtype=table.array.dtype)  # no RowSource: persisted
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0", dashboard_address=":0") as lc, Client(lc) as client:
+        fits = [daskmeans.KMeans(12, init=C, max_iter=30, tol=0, tier=tier, client=client).fit(X)
+                for X in (table, derived)]
+        labels = [cupy.asnumpy(f.labels_.compute()) for f in fits]
+    assert fits[0].n_iter_ == fits[1].n_iter_
+    assert fits[0].cluster_centers_.tobytes() == fits[1].cluster_centers_.tobytes()
+    np.testing.assert_array_equal(labels[0], labels[1])
+
+
 def test_copy_in_from_several_threads():
     """cupy_backend.copy_in: copies queued from several threads (each on its own stream) into
     rows of one device array, each done once its mark is waited for."""

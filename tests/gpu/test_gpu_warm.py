@@ -60,8 +60,8 @@ def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, 
 
 
 def test_a_second_warm_up_on_the_same_cache_compiles_nothing(tmp_path):
-    """The processes of a second warm-up on the same cache find the markers of the first and
-    compile nothing; each exits 0."""
+    """A second warm-up on the same cache finds the markers of the first and starts no
+    process (each would import CuPy and open the driver beside the fit)."""
     code = ("from daskmeans.backends import cupy_backend as c; ps = c.warm_cupy_ops('float32'); "
             "print(len(ps), [p.wait() for p in ps])")
     cache = tmp_path / "kernels"
@@ -73,5 +73,5 @@ def test_a_second_warm_up_on_the_same_cache_compiles_nothing(tmp_path):
     files = sorted(os.listdir(cache))
     assert sum(f.endswith(".cubin") for f in files) > 20 and any(f.startswith("daskmeans-warm-") for f in files)
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0 and re.fullmatch(r"\d+ \[(0, )*0\]\n?", second.stdout), second.stdout
+    assert second.returncode == 0 and second.stdout.strip() == "0 []", second.stdout
     assert sorted(os.listdir(cache)) == files

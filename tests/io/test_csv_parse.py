@@ -175,3 +175,33 @@ def test_compiled_row_count_is_numpys(monkeypatch):
     compiled = [csv_reader._count_rows(*c) for c in cases]
     monkeypatch.setattr(csv_parse, "ready", lambda: False)
     assert [csv_reader._count_rows(*c) for c in cases] == compiled
+
+
+@pytest.mark.parametrize("sample, header, delim, plain", [
+    (b'"f0","f1","f2"\n1,2.5,3\n4,5,6e1\n', True, ",", True),
+    (b"id,x,y\n1,0.5,2\n2,,3\r\n3,1.5,4\n", True, ",", True),  # an empty cell: float64
+    (b"1,2,3\n4,5,6\n", False, ",", True),
+    (b"a,b\n+1,-0\n007,1E3\n", True, ",", True),
+    (b"a,b\n1,2\n\n\n3,4", True, ",", True),
+    (b" a, b\n1,2\n", True, ",", True),  # spaces in names kept, as pandas keeps them
+    (b"a;b\n1;2.0\n", True, ";", True),
+    (b"a,a\n1,2\n", True, ",", False),  # pandas renames a repeated name ("a.1")
+    (b",b\n1,2\n", True, ",", False),  # ... and an empty one ("Unnamed: 0")
+    (b"a,b\n1,NA\n", True, ",", False),  # a cell the compiled parser refuses
+    (b"a,b\n1,2\n3\n", True, ",", False),
+    (b"a,b\n99999999999999999999,1\n", True, ",", False),  # beyond int64: pandas' own type
+    (b"\xef\xbb\xbfa,b\n1,2\n", True, ",", False),  # a byte-order mark, which pandas drops
+])
+def test_plain_sample_columns_are_pandas(sample, header, delim, plain):
+    """The columns of a sample of plain numbers, read without pandas, are named and typed as
+    pandas reads them; samples pandas reads otherwise are left to it."""
+    import io
+
+    import pandas as pd
+
+    df = pd.read_csv(io.BytesIO(sample), sep=delim, header=0 if header else None)
+    for dtype in ("float32", "float64"):  # the sample is parsed to the file's dtype
+        got = csv_reader._plain_columns(sample, header, delim, dtype)
+        assert (got is not None) == plain
+        if plain:
+            assert got == ([str(c) for c in df.columns], [str(t) for t in df.dtypes])

@@ -24,7 +24,7 @@ def test_snapshot_flattens_the_namespace_and_sees_dask_config():
     from daskmeans import config
 
     snap = config.snapshot()
-    assert snap["tile-bytes"] == "1MiB" and snap["init.rounds"] == 5
+    assert snap["tile-bytes"] == "1MiB" and snap["init.rounds"] == 3
     with dask.config.set({"daskmeans.tile-bytes": "64KiB", "daskmeans.init.rounds": 2}):
         snap = config.snapshot()
     assert (snap["tile-bytes"], snap["init.rounds"]) == ("64KiB", 2)

@@ -88,6 +88,45 @@ def test_seed_batched_spreads_like_kmeans_plusplus(seeder):
         assert covered(seeder(X, 40, seed, batches=16)) >= 36, seed
 
 
+def test_device_draws_by_sorting_are_the_host_draws():
+    """The device's draws (two sorts, no count of the live rows read back) are the rows the
+    host's partition draws: by key among the rows of positive probability, then the rows of
+    probability 0 by their uniform, never an excluded row; run here with NumPy."""
+    from daskmeans.seeding.kernels import _draw, _draw_sorted
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        p = rng.uniform(0, 1, n) * (rng.uniform(size=n) < 0.6)
+        exclude = rng.uniform(size=n) < 0.3
+        u = 1.0 - rng.random(n)
+        left = int((~exclude).sum())
+        for m in {min(1, left), left // 2, left} - {0}:
+            got = _draw_sorted(np, p, m, u, exclude)
+            np.testing.assert_array_equal(got, _draw(np, p, m, u, exclude))
+            assert len(got) == m and not exclude[got].any()
+
+
+@pytest.mark.gpu
+def test_rows_prepared_once_give_each_subsets_labels_and_distances():
+    """``cupy_backend.prepared_rows``: a subset taken from every row prepared once (the error
+    bound of all the rows) gives the labels and distances of the subset's own preparation, in
+    the fused regime (few rows) and both GEMM modes of tf32 (up to 2048 rows and beyond)."""
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+
+    rng = np.random.default_rng(6)
+    X = cupy.asarray(rng.standard_normal((20_000, 24)).astype(np.float32))
+    ready = cb.prepared_rows(X, "tf32")
+    for k in (5, 300, 3000):
+        rows = cupy.asarray(np.sort(rng.choice(20_000, k, replace=False)))
+        lab, d2 = cb.min_sqdist(X, ready.take(rows, k))
+        want_lab, want_d2 = cb.min_sqdist(X, cb.prepare(X[rows], X.dtype, "tf32"))
+        np.testing.assert_array_equal(cupy.asnumpy(lab), cupy.asnumpy(want_lab))
+        np.testing.assert_array_equal(cupy.asnumpy(d2), cupy.asnumpy(want_d2))
+
+
 def test_seed_batched_rejects_k_out_of_range():
     with pytest.raises(ValueError, match=r"k=5 should be > 0 and <= n_samples=4"):
         seed_batched(np.zeros((4, 2)), 5, 0)
@@ -206,7 +245,7 @@ def test_unknown_init_names_the_registered_ones():
     from daskmeans.seeding import get_init
 
     with pytest.raises(ValueError, match=r"^init='k-medoids' should be one of 'k-means\|\|', 'k-means\+\+', 'random', "
-                                         r"'hierarchical'$"):
+                                         r"'hierarchical', 'afk-mc2'$"):
         get_init("k-medoids")
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
+import numpy as np
 from dask.utils import format_bytes
 
+from ..reading import locked
 from .base import Need, Tier
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,7 +24,12 @@ class HostTier(Tier):
         return "numpy"
 
     def hold(self, be: Any, block: Any) -> Any:
-        return be.pinned(block)
+        if be.on_host:
+            return be.pinned(block)  # the host's backend reads the block where it is
+        # A copy in ordinary memory, page-locked in place: allocating page-locked memory runs
+        # at a fraction of the copy's rate, locking memory already written at many times it
+        # (docs/performance.md, "The reading pipeline"), as the blocks read from a file are.
+        return locked(be, np.array(block, order="C", copy=True))
 
     def stream(self, shard: "Shard") -> Iterator[Any]:
         # On a GPU the copy of the next chunk overlaps the current chunk's kernels.

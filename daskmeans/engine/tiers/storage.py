@@ -17,6 +17,7 @@ from ... import config
 from ...backends import get_backend
 from ...errors import DataError
 from ...io.blocks import rows_of
+from ...io.ranges import on_cores
 from ..reading import stream_chunks
 from .base import Need, Tier
 
@@ -108,16 +109,21 @@ class StorageTier(Tier):
         # Rows read alone where the source can (only the file's chunks that hold them); else
         # only the chosen chunks are read, one at a time (each checked against its pin, as a
         # pass's are), and only their chosen rows kept.
-        got = {}
-        for j, rows in picks.items():
-            part = shard.readers[j].read_rows(rows)
-            if part is not None:
-                got[j] = part
+        # The chunks at once where several hold picks (a round's few draws at small K each
+        # decode a file chunk of their own); a single chunk splits its file chunks over the
+        # cores itself (:meth:`RowRange.read_rows`).
         host = get_backend("numpy")
-        for j in sorted(j for j in picks if j not in got):
+
+        def alone(j: int) -> tuple[int, Any]:
+            return j, shard.readers[j].read_rows(picks[j])
+
+        def whole(j: int) -> tuple[int, Any]:
             block = shard.readers[j].read()
             shard.check_pin(j, host, block)
-            got[j] = np.asarray(block)[np.asarray(picks[j])]
+            return j, np.asarray(block)[np.asarray(picks[j])]
+
+        got = {j: part for j, part in on_cores(alone, list(picks)) if part is not None}
+        got.update(on_cores(whole, sorted(j for j in picks if j not in got)))
         return got
 
     def refusal(self, need: Need) -> str | None:

@@ -1,0 +1,191 @@
+"""AFK-MC² (``init="afk-mc2"``): the chains by hand on a toy, the quantised CDF sampler against
+a float64 reference, the same centroids bit for bit on any chunking and worker count (with and
+without weights), and the fit's quality against k-means++'s."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from daskmeans import KMeans, make_blobs
+from daskmeans.engine.placement import place
+from daskmeans.io.readers import read
+from daskmeans.seeding import REGISTRY, resolve_init
+from daskmeans.seeding.afkmc2 import (CLIENT_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp,
+                                      run_chains)
+
+
+def _placed(client, X, chunks, w=None):
+    rows = -(-len(X) // chunks)
+    Xd = read(da.from_array(X, chunks=(rows, -1)))
+    assert Xd.numblocks[0] == chunks
+    wd = None if w is None else da.from_array(w, chunks=rows)
+    placed = place(client, Xd, "numpy", sample_weight=wd, balance=False)  # the chunks as cut here
+    assert len(placed.row_chunks) == chunks
+    return placed
+
+
+def test_registered_with_its_setting():
+    assert REGISTRY["afk-mc2"].load() is init_afkmc2
+    assert dask.config.get("daskmeans.init.afkmc2-chain") == 200
+
+
+# ---------------------------------------------------------------- the chains by hand
+
+
+def test_four_separated_points_are_the_four_centres(client):
+    """K = 4 on 4 distinct points (repeated): once a point is a centre it has d^2 = 0, and a
+    chain leaves such a state for any other point it is offered; 200 proposals always offer
+    one of the points left (q gives each at least 1/8 · 1/4)."""
+    pts = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0], [100.0, 100.0]])
+    X = np.repeat(pts, [3, 5, 2, 6], axis=0)
+    p = _placed(client, X, 2)
+    for seed in range(4):
+        c = init_afkmc2(client, p, 4, seed)
+        assert c.shape == (4, 2) and c.dtype == np.float64
+        assert sorted(map(tuple, c)) == sorted(map(tuple, pts)), seed
+
+
+def test_chain_of_one_is_the_proposals(client):
+    """m = 1: no move, each centre is its chain's one proposal, the seed's draw from q."""
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    p = _placed(client, X, 3)
+    c = init_afkmc2(client, p, 6, 5, chain_length=1)
+    seed = int(np.random.SeedSequence(5).generate_state(1)[0])
+    c1 = X[np.random.default_rng([seed, 0]).integers(0, 300, size=1)[0]]
+    np.testing.assert_array_equal(c[0], c1)
+    # q by hand (float64): half d^2 to c1, half uniform; the seed's halves and targets
+    d2 = ((X - c1) ** 2).sum(axis=1)
+    exp = quantum_exp(d2.max(), 300)
+    ints = np.rint(d2 * 2.0 ** -exp).astype(np.int64)
+    ends = np.cumsum(ints)
+    rng = np.random.default_rng([seed, 1])
+    half = rng.random(5) < 0.5
+    ta, tw = rng.integers(0, ends[-1], size=5), rng.integers(0, 300, size=5)
+    want = np.where(half, np.searchsorted(ends, ta, side="right"), tw)
+    np.testing.assert_array_equal(c[1:], X[want])
+
+
+def test_run_chains_by_hand():
+    """Two chains on the line, proposals 0, 1, 2: chain 1 from state 0 (d^2 = 1 to c1 = 0) moves
+    to proposal 2 (d^2 = 9) when u * 1 * q2 < 9 * q0; chain 2 must then see centre 3 too."""
+    X = np.array([[1.0], [2.0], [3.0]])
+    q = np.array([0.5, 0.25, 0.25])
+    chains = np.array([[0, 2], [1, 2]])
+    got = run_chains(X, np.zeros(1), chains, q, np.array([[0.9], [0.5]]))
+    # chain 1: 0.9 * 1 * 0.25 < 9 * 0.5: moves to row 2 (x = 3). chain 2: state row 1 (x = 2,
+    # d^2 = min(4, 1) = 1), proposal row 2, now a centre (d^2 = 0): 0.5 * 1 * 0.25 < 0: stays.
+    np.testing.assert_array_equal(got, [2, 1])
+    got = run_chains(X, np.zeros(1), chains, q, np.array([[0.9], [0.5]]) * 0 + 1.0)
+    # u = 1 accepts where d^2(y) q(x) > d^2(x) q(y): 9 * 0.5 > 1 * 0.25 moves; 0 < 0.25 stays.
+    np.testing.assert_array_equal(got, [2, 1])
+
+
+# ---------------------------------------------------------------- the quantised CDF sampler
+
+
+def test_quantum_bound():
+    """Every rounded mass fits int64 sums of n rows, and the step is within 2^-61 of the
+    largest mass times n (the sampler's error bound: half a step per row)."""
+    for top, n in ((1.0, 1), (3.7e5, 10**6), (1e-200, 7), (2.0**40, 2**20)):
+        e = quantum_exp(top, n)
+        assert n * top < 2.0 ** (e + 62) <= 2 * n * top
+        assert n * (top * 2.0 ** -e + 0.5) < 2.0**63
+    assert quantum_exp(0.0, 10) == quantum_exp(0.0, 1)  # no mass: the finest step, every row 0
+
+
+def test_sampler_matches_a_float64_reference(client):
+    """Targets by u in [0, 1): the integer CDF over 3 chunks picks the row that float64's CDF
+    picks for the same u, for every u not within a quantum of a boundary (checked here)."""
+    # small integers: every d^2 (to c1 = 0, the pass's) exact in any order of the kernel's sums
+    X = np.random.default_rng(3).integers(0, 16, (500, 2)).astype(np.float64)
+    mass = (X ** 2).sum(axis=1)
+    u = np.random.default_rng(9).random(2000)
+    ref = np.searchsorted(np.cumsum(mass) / mass.sum(), u, side="right")
+    exp = quantum_exp(mass.max(), len(X))
+    ints = np.rint(mass * 2.0 ** -exp).astype(np.int64)
+    total = int(ints.sum())
+    targets = np.floor(u * total).astype(np.int64)
+    # the float and integer boundaries of each row differ by at most n half-steps, a relative
+    # n * 2^-62 of the total or so: no u lands that close to one
+    bounds = np.cumsum(mass) / mass.sum()
+    gap = np.abs(u[:, None] - bounds[None, :]).min(axis=1)
+    assert gap.min() > len(X) * 2.0 ** -50
+    p = _placed(client, X, 3)
+    from daskmeans.seeding.afkmc2 import _cdf, _d2_state
+    from daskmeans.seeding import rows
+
+    states = rows.submit_per_shard(client, p, _d2_state, [np.zeros((1, 2))] * len(p.shards), [None] * len(p.shards),
+                                   name="test-afkmc2-d2")
+    cdf = _cdf(client, p, states, "d2", mass.max())
+    assert isinstance(cdf, Cdf) and cdf.total == total and cdf.exp == exp
+    np.testing.assert_array_equal(_draw(client, p, states, cdf, targets), ref)
+
+
+# ---------------------------------------------------------------- properties
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    X, _ = make_blobs(3000, 5, 12, random_state=2, dtype="float64")
+    return X.compute()
+
+
+def test_same_centroids_on_any_chunking_and_worker_count(client, client1, client3, blobs):
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(blobs))
+    runs = {}
+    for chunks in (1, 3):
+        for c in (client, client1, client3):
+            for weighted in (False, True):
+                p = _placed(c, blobs, chunks, w if weighted else None)
+                runs[chunks, len(c.nthreads()), weighted] = init_afkmc2(c, p, 12, 7, chain_length=50)
+    ref = runs[1, 2, False]
+    assert ref.shape == (12, 5) and len(np.unique(ref, axis=0)) == 12
+    assert {tuple(r) for r in ref} <= {tuple(r) for r in blobs}  # seeds are rows
+    for key, c0 in runs.items():
+        np.testing.assert_array_equal(c0, runs[1, 2, key[2]], err_msg=str(key))
+    assert not np.array_equal(runs[1, 2, True], ref)
+
+
+def test_seed_decides_the_centroids(client, blobs):
+    p = _placed(client, blobs, 2)
+    a, b = init_afkmc2(client, p, 8, 1), init_afkmc2(client, p, 8, 1)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, init_afkmc2(client, p, 8, 2))
+    with dask.config.set({"daskmeans.init.afkmc2-chain": 20}):
+        np.testing.assert_array_equal(resolve_init(client, p, "afk-mc2", 8, 1),
+                                      init_afkmc2(client, p, 8, 1, chain_length=20))
+
+
+def test_rows_of_weight_zero_are_never_centres(client, blobs):
+    w = np.ones(len(blobs))
+    w[::2] = 0.0  # half the rows, in every blob
+    p = _placed(client, blobs, 3, w)
+    allowed = {tuple(r) for r in blobs[w > 0]}
+    for seed in range(3):
+        c = init_afkmc2(client, p, 12, seed, chain_length=30)
+        assert {tuple(r) for r in c} <= allowed
+
+
+def test_a_shorter_chain_where_the_proposals_would_not_fit():
+    assert fit_chain(5000, 408, 200) == 200  # P3: 3.3 GB
+    m = fit_chain(40_000, 480, 200)
+    assert m == CLIENT_BYTES // (39_999 * 480 * 8) == 27
+    assert fit_chain(10**9, 10**4, 200) == 1
+
+
+@pytest.mark.parametrize("centers, tolerance", [(100, 1.05), (20, 1.01)])
+def test_fit_inertia_within_a_few_percent_of_kmeans_plusplus(client, centers, tolerance):
+    """K = 40 on more blobs than K and on fewer: the fit from AFK-MC²'s centres ends within a
+    few % of the fit from k-means++'s (median of 3 seeds, 20 iterations). (With exactly as many
+    separated blobs as K, D^2 draws without k-means++'s local trials miss blobs: design.md, "The
+    AFK-MC² init".)"""
+    X, _ = make_blobs(20_000, 8, centers, random_state=5)
+    X = X.compute()
+    out = {}
+    for init in ("afk-mc2", "k-means++"):
+        out[init] = np.median([KMeans(40, init=init, n_init=1, max_iter=20, random_state=s, client=client)
+                               .fit(X).inertia_ for s in range(3)])
+    assert out["afk-mc2"] <= tolerance * out["k-means++"], out
