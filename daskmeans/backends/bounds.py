@@ -170,10 +170,11 @@ def assign_bounds(be: Any, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: 
 
 
 def add_label_sums(xp: Any, X: Any, labels: Any, sample_weight: Any, sign: int, grid: Any, sums: Any, weights: Any,
-                   counts: Any) -> None:
+                   counts: Any, qsums: Any = None, xnorm: Any = None) -> None:
     """``numpy_backend.add_label_sums``'s contract on any array module: each value rounded
     once to the grid as the kernels round it, the integers added per label by sorted
-    segments (an int64 running sum, exact: every partial sum is within the grid's bound)."""
+    segments (an int64 running sum, exact: every partial sum is within the grid's bound);
+    with ``qsums`` (K,) and ``xnorm`` (n,), each row's ``rint(w ||x||^2 * qscale)`` too."""
     n, d = X.shape
     if n == 0:
         return
@@ -202,6 +203,11 @@ def add_label_sums(xp: Any, X: Any, labels: Any, sample_weight: Any, sign: int, 
         iw = xp.rint(w * grid.wscale).astype(xp.int64)
         csw = xp.concatenate([xp.zeros(1, xp.int64), xp.cumsum(iw)])
         weights[segs] += sign * (csw[ends] - csw[starts])
+    if qsums is not None:
+        xn = xnorm.astype(xp.float64)[order]
+        iq = xp.rint((xn if w is None else w * xn) * grid.qscale).astype(xp.int64)
+        csq = xp.concatenate([xp.zeros(1, xp.int64), xp.cumsum(iq)])
+        qsums[segs] += sign * (csq[ends] - csq[starts])
 
 
 def owner_inertia(xp: Any, X: Any, cen: Any, labels: Any, sample_weight: Any = None) -> Any:

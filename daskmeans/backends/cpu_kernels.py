@@ -8,14 +8,18 @@ cache does all of it (``docs/performance.md``, "CPU path").
 Conventions shared with the NumPy backend:
 
 - distances are ``g[i, j] = ||c_j||^2 - 2 x_i.c_j`` in the data dtype; the label is the argmin
-  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance
-  a row reports (the inertia's) is ``||x_i - c_label||^2`` in float64 in a fixed order
-  (:func:`owner_sqdist`);
+  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance is
+  ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped at 0;
 - each weighted value ``w x`` is rounded once to the sums' fixed-point grid (``w x * scale``
   to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added exactly (in
   the float64 windows the grid bounds, then as int64), so
   the sums are the GPU's integers for any tiling or chunking (:mod:`.grid`); the inertia
-  accumulates in float64, row by row in row order.
+  accumulates in float64, row by row in row order;
+- with the sums, each row's ``w ||x||^2`` is rounded once to the grid's own step for it
+  (``Grid.qexp``) and added to its cluster's int64 ``qsums``: the step's inertia follows from
+  these exact sums, the centroids and the value sums (``Grid.inertia``), the same bits for any
+  tiling, chunking or algorithm that gives the same labels (Yinyang's step updates them by the
+  rows that moved, :func:`label_sums`).
 
 ``fastmath`` allows only re-association and contraction (vectorised float64 reductions and
 FMA): no assumption about NaN or infinity, which the engine rejects before a fit anyway.
@@ -55,11 +59,9 @@ def owner_sqdist(x, c):  # pragma: no cover - compiled
     """``||x - c||^2`` of one row and one centroid (both ``(D,)``, the data dtype) in float64,
     in a fixed order (four running sums over ``t mod 4``, then ``(s0 + s1) + (s2 + s3)``).
 
-    Every kernel that reports a row's distance to its centroid (the inertia of :func:`tile_stats`,
-    :func:`tile_sqdist`, :func:`owner_inertia`, the bounds of :func:`tile_bounds`) calls this one
-    function, compiled without fast-math flags, so the inertia is the same bits whichever kernel
-    computed it (the Yinyang step computes it for rows it never puts through the GEMM), and it is
-    the distance itself, not ``||c||^2 - 2 x.c + ||x||^2``, whose float32 rounding cancels."""
+    Yinyang's bounds (:func:`yy_filter`, :func:`tile_bounds`) tighten a row's upper bound to
+    this distance; compiled without fast-math flags, it is the same bits wherever inlined, and
+    it is the distance itself, not ``||c||^2 - 2 x.c + ||x||^2``, whose float32 rounding cancels."""
     d = x.shape[0]
     s0 = 0.0
     s1 = 0.0
@@ -83,29 +85,20 @@ def owner_sqdist(x, c):  # pragma: no cover - compiled
     return (s0 + s1) + (s2 + s3)
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: no fused multiply-add here
-def _add_inertia(inertia, wi, d2):  # pragma: no cover - compiled
-    """``inertia + wi * d2``, rounded twice as written, in every kernel that sums the inertia."""
-    return inertia + wi * d2
 
 
 @numba.njit(**_JIT)
-def _own_argmin(gi, sqnorm):  # pragma: no cover - compiled
-    """The argmin of ``gi + sqnorm`` (added in ``gi``'s dtype, as NumPy's ``g += sqnorm``), the
-    lowest index on ties and the first NaN if any (NumPy's ``argmin``), and its value."""
-    k = gi.shape[0]
-    best = gi[0] + sqnorm[0]
-    b = 0
-    if not np.isnan(best):
-        for j in range(1, k):
-            v = gi[j] + sqnorm[j]
-            if v < best:
-                best = v
-                b = j
-            elif np.isnan(v):
-                b = j
-                break
-    return b
+def _clamped(gib, sq):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
+    clamped at 0 (rounding can take a point on its centroid below 0)."""
+    d2 = np.float64(gib) + sq
+    return d2 if d2 > 0.0 else 0.0
+
+
+@numba.njit(**_JIT)
+def _sqdist(gib, x):  # pragma: no cover - compiled
+    """``gib + ||x||^2`` in float64, clamped at 0 (:func:`_clamped`)."""
+    return _clamped(gib, row_sqnorm(x))
 
 
 def window_weight(wexp: int) -> float:
@@ -146,8 +139,8 @@ def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
-               acc, wwin, window, xnorm, xnorm_known):  # pragma: no cover - compiled
+def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
+               acc, wwin, window, xnorm, xnorm_known, qscale, qsums):  # pragma: no cover - compiled
     """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -159,8 +152,6 @@ def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum
         argmin of ``g[i] + sqnorm`` (added in ``g``'s dtype, as NumPy's ``g += sqnorm``), the
         lowest index on ties and the first NaN if any, as NumPy's ``argmin``, is taken here
     xt : (n, D) the tile's rows
-    cen : (K, D) the centroids in the data dtype (each row's squared distance to its own, in
-        float64: :func:`owner_sqdist`)
     w : (n,) float64 sample weights, or None (all 1)
     prev : (n,) int32 previous labels, or None (every row counts as reassigned)
     out : (n,) int32, receives the labels (may be ``prev``: each row is compared first)
@@ -175,9 +166,11 @@ def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum
     window : float, a window's largest weight (:func:`window_weight`); below a row's weight,
         each rounded value goes straight to ``sums`` as int64
     xnorm : (n,) float64, each row's ``||x||^2`` (:func:`row_sqnorm`), or an empty array
-    xnorm_known : bool, whether ``xnorm`` holds them already; if not and ``xnorm`` is not
-        empty, they are written there for the next pass over the same rows (the Yinyang
-        step's error bounds read them)
+    xnorm_known : bool, whether ``xnorm`` holds them already (read, not computed); if not and
+        ``xnorm`` is not empty, they are written there for the next pass over the same rows
+    qscale : float, ``2**-qexp`` of the grid's squared norms (``Grid.qscale``)
+    qsums : (K,) int64 -- with ``want_sums``, each row's ``rint(w ||x||^2 * qscale)`` added to
+        its cluster's (the exact sums the step's inertia is computed from: ``Grid.inertia``)
 
     Returns
     -------
@@ -190,22 +183,39 @@ def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum
     not (x86 before AVX-512).
     """
     n, d = xt.shape
+    k = g.shape[1]
     reassigned = 0
     own_argmin = sqnorm.shape[0] > 0
     keep_norms = xnorm.shape[0] > 0
     for i in range(n):
         if own_argmin:
-            b = _own_argmin(g[i], sqnorm)
+            gi = g[i]
+            best = gi[0] + sqnorm[0]
+            b = 0
+            if not np.isnan(best):
+                for j in range(1, k):
+                    v = gi[j] + sqnorm[j]
+                    if v < best:
+                        best = v
+                        b = j
+                    elif np.isnan(v):
+                        b = j
+                        break
         else:
             b = lab[i]
+            best = g[i, b]
         x = xt[i]
-        if keep_norms and not xnorm_known:
-            xnorm[i] = row_sqnorm(x)
-        d2 = owner_sqdist(x, cen[b])
+        if xnorm_known:
+            sq = xnorm[i]
+        else:
+            sq = row_sqnorm(x)
+            if keep_norms:
+                xnorm[i] = sq
+        d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])
-        inertia = _add_inertia(inertia, wi, d2)
+        inertia += wi * d2
         if prev is None:
             reassigned += 1
         elif prev[i] != b:
@@ -225,16 +235,16 @@ def tile_stats(g, sqnorm, lab, xt, cen, w, prev, out, scales, wscale, sums, wsum
             if w is not None:
                 wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1
+            qsums[b] += np.int64(np.rint(wi * sq * qscale))
     return inertia, reassigned
 
 
 @numba.njit(**_JIT)
-def tile_sqdist(g, lab, xt, cen, out_lab, out_d2):  # pragma: no cover - compiled
-    """Labels (int32) and float64 squared distances (:func:`owner_sqdist`) of one tile (no
-    statistics)."""
+def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
+    """Labels (int32) and clamped float64 squared distances of one tile (no statistics)."""
     for i in range(xt.shape[0]):
         b = lab[i]
-        out_d2[i] = owner_sqdist(xt[i], cen[b])
+        out_d2[i] = _sqdist(g[i, b], xt[i])
         out_lab[i] = b
 
 
@@ -356,13 +366,16 @@ def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax,
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
-def label_sums(xt, lab, w, sign, scales, wscale, sums, wsum, counts):  # pragma: no cover - compiled
+def label_sums(xt, lab, w, sign, scales, wscale, sums, wsum, counts, xnorm, qscale, qsums):  # pragma: no cover
     """``sign`` (+1 or -1) times each row's values on the grid added to its label's sums, as
     :func:`tile_stats` rounds them (``rint(w x * scale)``, one rounding per value): the same
     integers, so a cluster's sums updated by the rows that left and joined it equal its sums
     over all its rows. ``w`` (n,) float64 or None; ``sums`` (K, D), ``wsum`` (K,) (untouched
-    without ``w``), ``counts`` (K,) int64, in place."""
+    without ``w``), ``counts`` (K,) int64, in place. ``xnorm`` (n,) float64, the rows'
+    ``||x||^2`` (:func:`row_sqnorm`'s bits), adds ``sign * rint(w ||x||^2 * qscale)`` to
+    ``qsums`` (K,) int64 as :func:`tile_stats` does; an empty ``xnorm`` leaves ``qsums``."""
     n, d = xt.shape
+    with_q = xnorm.shape[0] > 0
     for i in range(n):
         b = lab[i]
         wi = 1.0
@@ -375,19 +388,8 @@ def label_sums(xt, lab, w, sign, scales, wscale, sums, wsum, counts):  # pragma:
         if w is not None:
             wsum[b] += sign * np.int64(np.rint(wi * wscale))
         counts[b] += sign
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy")
-def owner_inertia(xt, cen, lab, w):  # pragma: no cover - compiled
-    """A block's inertia: ``w_i * ||x_i - c_label||^2`` added in row order, the bits of
-    :func:`tile_stats`' sum over the same block."""
-    inertia = 0.0
-    for i in range(xt.shape[0]):
-        wi = 1.0
-        if w is not None:
-            wi = np.float64(w[i])
-        inertia = _add_inertia(inertia, wi, owner_sqdist(xt[i], cen[lab[i]]))
-    return inertia
+        if with_q:
+            qsums[b] += sign * np.int64(np.rint(wi * xnorm[i] * qscale))
 
 
 @numba.njit(**_JIT)

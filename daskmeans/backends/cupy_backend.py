@@ -37,7 +37,7 @@ from .protocol import DeviceBudget, Tunables, tunables_in_force
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
+           "on_host", "tile_setting", "working_bytes", "collectives", "inertia_from_sums", "available", "device_count", "device_budget",
            "step_rate", "copy_in", "empty_host"]
 
 
@@ -54,6 +54,10 @@ on_host = False
 tile_setting = "gpu-tile-bytes"
 # NCCL's all-reduce on the device buffers, one rank per GPU; Dask's comms through host memory.
 collectives = ("nccl", "dask")
+# The step's inertia per chunk as the kernels sum it (float64 distances of the sums pass,
+# Yinyang's by ``owner_inertia``), not from exact per-cluster sums of ``w ||x||^2``: the GPU
+# kernels do not carry them yet (docs/performance.md, "inertia from exact sums").
+inertia_from_sums = False
 # The GEMM rate the preflight's estimate assumes: nominal (measuring would start cuBLAS during
 # planning); the estimate only needs the order of magnitude.
 NOMINAL_FLOPS = 50e12
@@ -602,11 +606,11 @@ def assign_bounds(X: Any, p: Prepared, group_of: Any, n_groups: int, xnorm: Any,
 
 
 def add_label_sums(X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any, weights: Any,
-                   counts: Any) -> None:
+                   counts: Any, qsums: Any = None, xnorm: Any = None) -> None:
     """The rows' values on the grid added (``sign``) to their labels' sums (:func:`.bounds.add_label_sums`)."""
     import cupy
 
-    bounds.add_label_sums(cupy, X, labels, sample_weight, sign, grid, sums, weights, counts)
+    bounds.add_label_sums(cupy, X, labels, sample_weight, sign, grid, sums, weights, counts, qsums, xnorm)
 
 
 def owner_inertia(X: Any, p: Prepared, labels: Any, sample_weight: Any = None) -> Any:

@@ -32,6 +32,9 @@ xp = numpy
 on_host = True
 tile_setting = "tile-bytes"
 collectives = ("dask",)  # host buffers: the Dask collective adds them in place
+# The step's inertia from exact per-cluster sums (``assign``'s ``qsums``, ``Grid.inertia``):
+# the same bits whichever rows a step re-assigned (Yinyang's), at no per-row distance cost.
+inertia_from_sums = True
 
 
 def available() -> bool:
@@ -283,7 +286,7 @@ def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple
     labels = numpy.empty(X.shape[0], numpy.int32)
     d2 = numpy.empty(X.shape[0], numpy.float64)
     for s, e, g, lab in _tiles(X, p):
-        cpu_kernels.tile_sqdist(g, lab, X[s:e], p.centroids, labels[s:e], d2[s:e])
+        cpu_kernels.tile_sqdist(g, lab, X[s:e], labels[s:e], d2[s:e])
     return labels, d2
 
 
@@ -343,6 +346,8 @@ def assign(
     sums = numpy.zeros((kk, d), numpy.int64)
     weights = numpy.zeros(kk, numpy.int64)
     counts = numpy.zeros(kk, numpy.int64)
+    qsums = numpy.zeros(kk, numpy.int64)
+    qscale = grid.qscale if want_sums else 0.0
     scales = grid.scales(numpy) if want_sums else numpy.zeros(d)
     wscale = grid.wscale if want_sums else 0.0
     window = cpu_kernels.window_weight(grid.wexp) if want_sums else 0.0
@@ -362,8 +367,9 @@ def assign(
                 interrupt()
             prev = ws.no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
             inertia, r_t = cpu_kernels.tile_stats(
-                g, sqnorm, lab, X[s:e], p.centroids, None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
+                g, sqnorm, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
                 weights, counts, want_sums, inertia, acc, wwin, window, norms[s:e] if norms.size else norms, known,
+                qscale, qsums,
             )
             reassigned += r_t
         if want_sums:
@@ -378,7 +384,7 @@ def assign(
     if want_sums:
         if w is None:
             weights = grid.unit_weights(counts)
-        out.update(sums=sums, weights=weights, counts=counts, grid=grid)
+        out.update(sums=sums, weights=weights, counts=counts, qsums=qsums, grid=grid)
     return out
 
 
@@ -536,25 +542,34 @@ def assign_bounds(X: numpy.ndarray, p: Prepared, group_of: numpy.ndarray, n_grou
 
 
 def add_label_sums(X: numpy.ndarray, labels: numpy.ndarray, sample_weight: numpy.ndarray | None, sign: int,
-                   grid: Grid, sums: numpy.ndarray, weights: numpy.ndarray, counts: numpy.ndarray) -> None:
+                   grid: Grid, sums: numpy.ndarray, weights: numpy.ndarray, counts: numpy.ndarray,
+                   qsums: numpy.ndarray | None = None, xnorm: numpy.ndarray | None = None) -> None:
     """``sign`` (+1 or -1) times the rows' values on ``grid`` added to their labels' sums
     ``(K, d)``, weights ``(K,)`` (weighted rows only: unit weights follow the counts) and
-    counts ``(K,)``, all int64, in place: the integers :func:`assign` adds."""
+    counts ``(K,)``, all int64, in place: the integers :func:`assign` adds. With ``qsums``
+    ``(K,)`` int64 and the rows' ``xnorm`` ``(n,)`` float64 (:func:`row_sqnorms`), also
+    their ``w ||x||^2`` on the grid (``assign``'s ``qsums``, the inertia's exact sums)."""
     from . import cpu_kernels
 
     X = asarray(X)
     w = None if sample_weight is None else asarray(sample_weight, numpy.float64)
-    cpu_kernels.label_sums(X, labels, w, int(sign), grid.scales(numpy), grid.wscale, sums, weights, counts)
+    if qsums is None:
+        qsums, xnorm = _NO_Q, _NO_NORMS
+    cpu_kernels.label_sums(X, labels, w, int(sign), grid.scales(numpy), grid.wscale, sums, weights, counts,
+                           xnorm, grid.qscale, qsums)
+
+
+_NO_Q = numpy.zeros(0, numpy.int64)
 
 
 def owner_inertia(X: numpy.ndarray, p: Prepared, labels: numpy.ndarray,
                   sample_weight: numpy.ndarray | None = None) -> float:
-    """The block's inertia under ``labels``: :func:`assign`'s bits for the same labels."""
-    from . import cpu_kernels
+    """The rows' inertia under ``labels`` (``sum w ||x - c||^2`` in float64, NumPy's order).
+    The steps do not call it here: this backend's step inertia is :meth:`.grid.Grid.inertia`
+    of the exact sums (``inertia_from_sums``)."""
+    from . import bounds
 
-    X = asarray(X)
-    w = None if sample_weight is None else asarray(sample_weight, numpy.float64)
-    return float(cpu_kernels.owner_inertia(X, p.centroids, labels, w))
+    return float(bounds.owner_inertia(numpy, asarray(X), p.centroids, labels, sample_weight))
 
 
 def sqdistances(X: numpy.ndarray, p: Prepared) -> numpy.ndarray:

@@ -9,10 +9,13 @@
     the re-seeding hook (engine.reseed): empty clusters, size balancing -> update again
 
 The int64 buffer of one step (:class:`Layout`) carries everything the ranks combine: the
-fixed-point sums and weights, the counts, each chunk's inertia (as float64 bits in the chunk's
-own slot, so the total is added in chunk order on every rank), the reassigned and re-checked
-row counts, and rank 0's "this is the segment's last iteration" flag. Nothing in the result
-depends on how many workers there are or which chunks each holds.
+fixed-point sums and weights, the counts, the per-cluster sums of ``w ||x||^2`` on the grid
+(the inertia follows from these exact sums: ``Grid.inertia``, on a backend that is
+``inertia_from_sums``) or else each chunk's inertia (as float64 bits in the chunk's own slot,
+so the total is added in chunk order on every rank), the reassigned and re-checked row
+counts, and rank 0's "this is the segment's last iteration" flag. Nothing in the result
+depends on how many workers there are or which chunks each holds; with the inertia from
+sums, nothing depends on which rows a step re-assigned either (Yinyang's step).
 
 A rank queues the step's work without waiting in between: the kernels, the collective (NCCL's;
 the Dask collective adds on the host), the copy of the statistics to the host and the centroid
@@ -125,8 +128,9 @@ class IterationStats:
 
 class Layout:
     """Offsets of the fields in one step's int64 buffer (K clusters, D features, the fit's
-    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, then the scalars that travel to
-    the host: one inertia slot per chunk, reassigned, re-checked, the segment's flag."""
+    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, the sums of ``w ||x||^2``
+    ``(K)``, then the scalars that travel to the host: one inertia slot per chunk (where the
+    backend's inertia is not from the sums), reassigned, re-checked, the segment's flag."""
 
     def __init__(self, k: int, d: int, n_chunks: int):
         self.k, self.d = k, d
@@ -136,7 +140,9 @@ class Layout:
         self.weights = slice(o, o + k)
         o = self.weights.stop
         self.counts = slice(o, o + k)
-        self.small = o = self.counts.stop  # from here on the scalars travel to the host
+        o = self.counts.stop
+        self.qsums = slice(o, o + k)
+        self.small = o = self.qsums.stop  # from here on the scalars travel to the host
         self.inertia = o  # n_chunks float64 slots
         self.reassigned = o + n_chunks
         self.rechecked = self.reassigned + 1
@@ -243,7 +249,10 @@ def lloyd_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, b
         buf[lay.weights] += out["weights"]
         buf[lay.counts] += out["counts"]
         check_chunk(cid, fit)
-        fv[lay.inertia + cid] = out["inertia"]
+        if be.inertia_from_sums:
+            buf[lay.qsums] += out["qsums"]
+        else:
+            fv[lay.inertia + cid] = out["inertia"]
         # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
         buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
         buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
@@ -292,7 +301,13 @@ def run_step(local_pass: Callable[..., None], shard: Shard, centroids: Any, iter
     comm.wait()  # watches for a lost peer or an abort while it waits
     be.wait(m_copied)
     small = host[lay.small - lay.weights.start :]
-    smallf = small.view(np.float64)
+    if be.inertia_from_sums:
+        # The labels' inertia from the exact sums, under the centroids they were assigned
+        # against (in the data dtype, as the distances): a function of labels and centroids.
+        q = host[lay.qsums.start - lay.weights.start : lay.qsums.stop - lay.weights.start]
+        inertia = fit.grid.inertia(be.to_numpy(isums), host[:k], q, be.to_numpy(prep.centroids))
+    else:
+        inertia = float(np.sum(small.view(np.float64)[: fit.n_chunks]))
     reduced = Reduced(shard, comm, it, old, isums, iweights, host[:k], host[k : 2 * k], fit.grid, fit.n_samples)
     n_empty = int(np.count_nonzero(reduced.weights <= 0))  # empty means no weight (as scikit-learn)
     n_moved = 0
@@ -308,7 +323,7 @@ def run_step(local_pass: Callable[..., None], shard: Shard, centroids: Any, iter
     seconds = time.perf_counter() - t_start
     stats = IterationStats(
         iteration=it + 1,
-        inertia=float(np.sum(smallf[: fit.n_chunks])) * inertia_scale(fit.metric),
+        inertia=inertia * inertia_scale(fit.metric),
         shift=shift,
         reassigned=int(small[lay.reassigned - lay.small]),
         n_empty=n_empty,

@@ -21,8 +21,11 @@ stays below every group's lower bound by the backend's rounding margin
 go through the backend's own assignment (the same GEMM and selection as Lloyd's) and get new
 bounds. The sums change by the rows that moved, subtracted from their old cluster and added
 to their new one as the exact integers the kernels add: the same int64 totals as summing
-every row again, so the centroids are Lloyd's bits. Each chunk's inertia is its rows'
-distances to their centroids added in row order (on the CPU the bits of Lloyd's kernels).
+every row again, so the centroids are Lloyd's bits. So do the per-cluster sums of
+``w ||x||^2`` from which the step's inertia follows (``Grid.inertia``, on a backend that is
+``inertia_from_sums``: the CPU's), so the inertia is Lloyd's bits too, with no distance
+computed for a certified row. On a backend whose inertia is per chunk (the GPU's), each
+chunk's is its rows' distances to their centroids (``owner_inertia``).
 
 The bounds are set by a full assignment (every row's distances) where they are not known
 to hold for the step's centroids: once the rank's last step moved at most
@@ -72,6 +75,7 @@ class YinyangState:
     sums: Any = None  # (K, D) int64, this rank's under the last step's labels
     weights: Any = None  # (K,) int64 (weighted rows)
     counts: Any = None  # (K,) int64
+    qsums: Any = None  # (K,) int64, the rows' w ||x||^2 on the grid (inertia_from_sums backends)
     weighted: bool = False
     bounded: bool = False  # the bounds and sums below hold (else the last step was Lloyd's pass)
     moved: float = 1.0  # the share of the rank's rows the last step moved
@@ -120,6 +124,7 @@ def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int) ->
     st.group_host = be.to_numpy(st.group_of)
     st.t = t
     st.sums, st.weights, st.counts = xp.zeros((k, d), xp.int64), xp.zeros(k, xp.int64), xp.zeros(k, xp.int64)
+    st.qsums = xp.zeros(k, xp.int64) if be.inertia_from_sums else None
     st.upper, st.lower, st.xnorm = [], [], []
     st.bounded = True
 
@@ -128,7 +133,7 @@ def _drop(st: YinyangState) -> None:
     """The bounds and sums freed: the next steps are Lloyd's passes."""
     st.bounded = False
     st.upper, st.lower, st.xnorm = [], [], []
-    st.sums = st.weights = st.counts = None
+    st.sums = st.weights = st.counts = st.qsums = None
 
 
 def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
@@ -190,7 +195,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
             st.lower.append(lower)
             st.xnorm.append(xnorm)
             st.weighted = w is not None
-            be.add_label_sums(block, lab, w, 1, fit.grid, st.sums, st.weights, st.counts)
+            be.add_label_sums(block, lab, w, 1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xnorm)
             moved_rows = n if prev is None else xp.count_nonzero(lab != prev[j])
         else:
             old = prev[j]
@@ -213,17 +218,21 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
                     # the exact integers the kernels add: the sums over every row again.
                     xm = xu[moved]
                     wm = None if w is None else w[cand[moved]]
-                    be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts)
-                    be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts)
+                    xn = None if st.qsums is None else st.xnorm[j][cand[moved]]
+                    be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
+                    be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
                     lab[cand[moved]] = new_u[moved]
                 moved_host += moved_rows
         labels_out.append(lab)
-        fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
+        if not be.inertia_from_sums:
+            fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
         buf[lay.reassigned] += xp.asarray(moved_rows).astype(xp.int64)
     shard.labels[it % 2] = labels_out
     buf[lay.sums] += st.sums.reshape(-1)
     buf[lay.weights] += st.weights if st.weighted else fit.grid.unit_weights(st.counts)
     buf[lay.counts] += st.counts
+    if st.qsums is not None:
+        buf[lay.qsums] += st.qsums
     st.next_iteration = it + 1
     st.cref = prep.centroids
     if holds and uncertain > ABANDON * rows:

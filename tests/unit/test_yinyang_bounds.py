@@ -81,36 +81,64 @@ def test_moved_rows_update_the_sums_to_the_full_sums(weighted):
     g = Grid(np.abs(x).max(axis=0), len(x) if w is None else w.sum())
     p_old, p_new = nb.prepare(x[:6].astype(np.float64), x.dtype), nb.prepare(x[6:12].astype(np.float64), x.dtype)
     old, new = nb.assign(x, p_old, w, grid=g), nb.assign(x, p_new, w, grid=g)
+    xnorm = nb.row_sqnorms(x)
     for impl in ("compiled", "array-module"):
         sums, weights, counts = old["sums"].copy(), old["weights"].copy(), old["counts"].copy()
+        qsums = old["qsums"].copy()
         if w is None:
             weights[:] = 0
         moved = np.flatnonzero(old["labels"] != new["labels"])
         assert moved.size
-        xm, wm = x[moved], None if w is None else w[moved]
+        xm, wm, xn = x[moved], None if w is None else w[moved], xnorm[moved]
         for lab, sign in ((old["labels"][moved], -1), (new["labels"][moved], 1)):
             if impl == "compiled":
-                nb.add_label_sums(xm, lab, wm, sign, g, sums, weights, counts)
+                nb.add_label_sums(xm, lab, wm, sign, g, sums, weights, counts, qsums, xn)
             else:
-                bounds.add_label_sums(np, xm, lab, wm, sign, g, sums, weights, counts)
+                bounds.add_label_sums(np, xm, lab, wm, sign, g, sums, weights, counts, qsums, xn)
         np.testing.assert_array_equal(sums, new["sums"])
         np.testing.assert_array_equal(counts, new["counts"])
+        np.testing.assert_array_equal(qsums, new["qsums"])
         if w is not None:
             np.testing.assert_array_equal(weights, new["weights"])
 
 
+@pytest.mark.parametrize("d", [1, 3, 7, 16, 33, 100])  # the norms' loop vectorised or not, with tails
+def test_label_sums_of_every_row_are_assigns_integers(d):
+    """The rows' w ||x||^2 added by label from ``row_sqnorms`` (Yinyang's) are the integers
+    ``assign`` adds from its own norms (Lloyd's), kept between passes or not."""
+    rng = np.random.default_rng(d)
+    x = (rng.normal(size=(2000, d)) + 3.0).astype(np.float32)
+    w = rng.uniform(0.2, 3.0, len(x))
+    p = nb.prepare(x[:9].astype(np.float64), x.dtype)
+    for sw in (None, w):
+        g = Grid(np.abs(x).max(axis=0), len(x) if sw is None else sw.sum())
+        norms = nb.row_norms(len(x))
+        for out in (nb.assign(x, p, sw, grid=g), nb.assign(x, p, sw, grid=g, row_norms=norms),
+                    nb.assign(x, p, sw, grid=g, row_norms=norms)):
+            k = p.centroids.shape[0]
+            sums, weights, counts, qsums = np.zeros((k, d), np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64), \
+                np.zeros(k, np.int64)
+            nb.add_label_sums(x, out["labels"], sw, 1, g, sums, weights, counts, qsums, nb.row_sqnorms(x))
+            np.testing.assert_array_equal(qsums, out["qsums"])
+            np.testing.assert_array_equal(sums, out["sums"])
+
+
 @pytest.mark.parametrize("k", [5, 40])  # both sides of the compiled pass's own argmin
-def test_inertia_by_label_is_assigns_bits(k):
+def test_inertia_from_the_sums_is_the_rows_inertia(k):
+    """``Grid.inertia`` of ``assign``'s exact sums is the rows' inertia under their labels (float64
+    distances), and the per-row inertia ``assign`` adds, to the margin of its float32 distances."""
     rng = np.random.default_rng(2)
     x = rng.normal(size=(3000, 7)).astype(np.float32)
     w = rng.uniform(0.5, 2, len(x))
     p = nb.prepare(rng.normal(size=(k, 7)), x.dtype)
     for sw in (None, w):
-        out = nb.assign(x, p, sw, grid=Grid(np.abs(x).max(axis=0), len(x) if sw is None else sw.sum()))
-        assert nb.owner_inertia(x, p, out["labels"], sw) == out["inertia"]
+        g = Grid(np.abs(x).max(axis=0), len(x) if sw is None else sw.sum())
+        out = nb.assign(x, p, sw, grid=g)
+        by_sums = g.inertia(out["sums"], out["weights"], out["qsums"], p.centroids)
         lab, d2 = nb.min_sqdist(x, p)
         np.testing.assert_array_equal(lab, out["labels"])
-        np.testing.assert_allclose(bounds.owner_inertia(np, x, p.centroids, lab, sw), out["inertia"], rtol=1e-12)
+        np.testing.assert_allclose(by_sums, bounds.owner_inertia(np, x, p.centroids, lab, sw), rtol=1e-12)
+        np.testing.assert_allclose(by_sums, out["inertia"], rtol=1e-6)
 
 
 @pytest.mark.parametrize("k", [5, 40])
