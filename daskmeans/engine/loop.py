@@ -148,7 +148,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     while not st.done and st.iteration < fit.max_iter:
         interrupt()
         k, d = st.centroids.shape
-        n_host = Layout(k, d, fit.n_chunks).host_words
+        n_host = Layout(k, d, fit.n_chunks, be.inertia_from_sums).host_words
         if st.stats_host is None or st.stats_host.shape[0] != n_host:
             st.stats_host = be.pinned(np.empty(n_host, np.int64))  # before the collective is queued
         # This iteration (as long as the last one) ends the segment's time: decided by rank 0

@@ -128,11 +128,12 @@ class IterationStats:
 
 class Layout:
     """Offsets of the fields in one step's int64 buffer (K clusters, D features, the fit's
-    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, the sums of ``w ||x||^2``
-    ``(K)``, then the scalars that travel to the host: one inertia slot per chunk (where the
-    backend's inertia is not from the sums), reassigned, re-checked, the segment's flag."""
+    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, then the fields that travel to
+    the host as they are: one inertia slot per chunk, or with ``qsums`` (a backend that is
+    ``inertia_from_sums``) the per-cluster sums of ``w ||x||^2`` ``(K)`` in their place
+    (``inertia`` then None), reassigned, re-checked, the segment's flag."""
 
-    def __init__(self, k: int, d: int, n_chunks: int):
+    def __init__(self, k: int, d: int, n_chunks: int, qsums: bool = False):
         self.k, self.d = k, d
         o = 0
         self.sums = slice(o, o + k * d)
@@ -140,11 +141,16 @@ class Layout:
         self.weights = slice(o, o + k)
         o = self.weights.stop
         self.counts = slice(o, o + k)
-        o = self.counts.stop
-        self.qsums = slice(o, o + k)
-        self.small = o = self.qsums.stop  # from here on the scalars travel to the host
-        self.inertia = o  # n_chunks float64 slots
-        self.reassigned = o + n_chunks
+        self.small = o = self.counts.stop  # from here on the scalars travel to the host
+        if qsums:
+            self.qsums: slice | None = slice(o, o + k)
+            self.inertia: int | None = None
+            o += k
+        else:
+            self.qsums = None
+            self.inertia = o  # n_chunks float64 slots
+            o += n_chunks
+        self.reassigned = o
         self.rechecked = self.reassigned + 1
         self.flag = self.rechecked + 1
         self.n = self.flag + 1
@@ -202,7 +208,7 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         Steps done before this one.
     fit : FitSpec
     comm : Collective
-    host : ndarray, shape (Layout(K, D, fit.n_chunks).host_words,) int64
+    host : ndarray, shape (Layout(K, D, fit.n_chunks, be.inertia_from_sums).host_words,) int64
         The rank's host buffer of the statistics (page-locked on a GPU, allocated before the
         collective is queued), reused step after step.
     reseed : Reseed
@@ -277,7 +283,7 @@ def run_step(local_pass: Callable[..., None], shard: Shard, centroids: Any, iter
     t_start = time.perf_counter()
     m_start = be.mark()
     k, d = centroids.shape
-    lay = Layout(k, d, fit.n_chunks)
+    lay = Layout(k, d, fit.n_chunks, be.inertia_from_sums)
     buf = xp.zeros(lay.n, xp.int64)
     if end_segment:
         buf[lay.flag] = 1

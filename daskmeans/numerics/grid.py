@@ -21,9 +21,10 @@ the centroids ``c_k`` the labels were assigned against,
 and centroids alone, the same bits for any chunking, worker count or algorithm that gives
 the same labels. The three terms are each about ``W_k ||mu_k||^2`` (``mu_k`` the cluster's
 mean), so the result carries a relative error of about ``eps * ||mu_k||^2 / sigma_k^2``
-(``eps = 2**-53``, ``sigma_k^2`` the cluster's mean squared distance): the cancellation that
-``||x||^2 - 2 x.c + ||c||^2`` per row has too, in float64 here instead of the data dtype
-(docs/performance.md, "inertia from exact sums").
+(``sigma_k^2`` the cluster's mean squared distance; ``eps`` the float64 rounding of each row's
+``||x||^2``, the combination itself taken in ``longdouble``): the cancellation that
+``||x||^2 - 2 x.c + ||c||^2`` per row has too, there in the data dtype (docs/performance.md,
+"inertia from exact sums").
 
 Functions work on NumPy and CuPy arrays alike (identical IEEE operations, so identical bits).
 """
@@ -128,34 +129,40 @@ class Grid:
         ``rint(w ||x||^2 * qscale)``)."""
         return math.ldexp(1.0, -self.qexp)
 
-    def inertia(self, isums: Any, iweights: Any, iq: Any, centroids: Any) -> float:
+    def inertia(self, isums: np.ndarray, iweights: np.ndarray, iq: np.ndarray, centroids: np.ndarray) -> float:
         """The inertia of labelled rows from their exact per-cluster sums:
         ``sum_k (Q_k - 2 c_k . S_k + W_k ||c_k||^2)``, each cluster's term clamped at 0 (it is
         a sum of squares; rounding can take a cluster whose rows sit on its centroid below 0).
 
+        Evaluated in NumPy's ``longdouble`` (x86's 64-bit significand: the int64 sums convert
+        exactly, and the terms' cancellation costs 2**11 times less than in float64; where
+        ``longdouble`` is float64 the result is float64's). Host arrays: the step reads the
+        reduced sums on the host.
+
         Parameters
         ----------
-        isums : int64 array, shape (K, d)
+        isums : int64 ndarray, shape (K, d)
             ``S_k``: the rows' ``w x`` on the grid (:meth:`sums`' integers).
-        iweights : int64 array, shape (K,)
+        iweights : int64 ndarray, shape (K,)
             ``W_k`` on the weights' grid.
-        iq : int64 array, shape (K,)
+        iq : int64 ndarray, shape (K,)
             ``Q_k``: the rows' ``w ||x||^2``, multiples of ``2**qexp``.
-        centroids : array, shape (K, d)
-            The centroids the labels were assigned against (any float dtype; taken in float64).
+        centroids : ndarray, shape (K, d)
+            The centroids the labels were assigned against (any float dtype).
 
         Returns
         -------
         float
-            The same bits for the same integers and centroids (NumPy's fixed reduction order),
+            The same bits for the same integers and centroids (a fixed reduction order),
             whatever chunking or algorithm produced the integers.
         """
-        xp = _xp(isums)
-        c = centroids.astype(xp.float64)
-        q = xp.ldexp(iq.astype(xp.float64), self.qexp)
-        cross = (c * self.sums(isums)).sum(axis=1)
-        per = q - 2.0 * cross + self.weights(iweights) * (c * c).sum(axis=1)
-        return float(xp.maximum(per, 0.0).sum())
+        ld = np.longdouble
+        c = np.asarray(centroids).astype(ld)
+        s = np.ldexp(np.asarray(isums).astype(ld), self.exps.astype(np.int32))
+        q = np.ldexp(np.asarray(iq).astype(ld), self.qexp)
+        w = np.ldexp(np.asarray(iweights).astype(ld), self.wexp)
+        per = q - 2 * (c * s).sum(axis=1) + w * (c * c).sum(axis=1)
+        return float(np.maximum(per, 0).sum())
 
     def unit_weights(self, counts: Any) -> Any:
         """Per-cluster weights on the grid when every sample weight is 1: ``counts * 2**-wexp``
