@@ -21,8 +21,7 @@ the centroids ``c_k`` the labels were assigned against,
 and centroids alone, the same bits for any chunking, worker count or algorithm that gives
 the same labels. The three terms are each about ``W_k ||mu_k||^2`` (``mu_k`` the cluster's
 mean), so the result carries a relative error of about ``eps * ||mu_k||^2 / sigma_k^2``
-(``sigma_k^2`` the cluster's mean squared distance; ``eps`` the float64 rounding of each row's
-``||x||^2``, the combination itself taken in ``longdouble``): the cancellation that
+(``sigma_k^2`` the cluster's mean squared distance, ``eps = 2**-53``): the cancellation that
 ``||x||^2 - 2 x.c + ||c||^2`` per row has too, there in the data dtype (docs/performance.md,
 "inertia from exact sums").
 
@@ -131,13 +130,13 @@ class Grid:
 
     def inertia(self, isums: np.ndarray, iweights: np.ndarray, iq: np.ndarray, centroids: np.ndarray) -> float:
         """The inertia of labelled rows from their exact per-cluster sums:
-        ``sum_k (Q_k - 2 c_k . S_k + W_k ||c_k||^2)``, each cluster's term clamped at 0 (it is
-        a sum of squares; rounding can take a cluster whose rows sit on its centroid below 0).
+        ``sum_k (Q_k - 2 c_k . S_k + W_k ||c_k||^2)`` in float64, each cluster's term clamped
+        at 0 (it is a sum of squares; rounding can take a cluster whose rows sit on its
+        centroid below 0).
 
-        Evaluated in NumPy's ``longdouble`` (x86's 64-bit significand: the int64 sums convert
-        exactly, and the terms' cancellation costs 2**11 times less than in float64; where
-        ``longdouble`` is float64 the result is float64's). Host arrays: the step reads the
-        reduced sums on the host.
+        Host arrays (the step reads the reduced sums on the host). Float64 rather than long
+        double: several times cheaper per step at wide K, and the same on every platform
+        (docs/performance.md, "inertia from exact sums", has both measured).
 
         Parameters
         ----------
@@ -153,16 +152,16 @@ class Grid:
         Returns
         -------
         float
-            The same bits for the same integers and centroids (a fixed reduction order),
+            The same bits for the same integers and centroids (NumPy's fixed reduction order),
             whatever chunking or algorithm produced the integers.
         """
-        ld = np.longdouble
-        c = np.asarray(centroids).astype(ld)
-        s = np.ldexp(np.asarray(isums).astype(ld), self.exps.astype(np.int32))
-        q = np.ldexp(np.asarray(iq).astype(ld), self.qexp)
-        w = np.ldexp(np.asarray(iweights).astype(ld), self.wexp)
-        per = q - 2 * (c * s).sum(axis=1) + w * (c * c).sum(axis=1)
-        return float(np.maximum(per, 0).sum())
+        c = np.asarray(centroids).astype(np.float64)
+        # c_kj * 2**e_j is exact (a power of two), so the cross term needs no ldexp of the sums.
+        cross = (c * np.ldexp(1.0, self.exps) * np.asarray(isums).astype(np.float64)).sum(axis=1)
+        q = np.asarray(iq).astype(np.float64) * math.ldexp(1.0, self.qexp)
+        w = np.asarray(iweights).astype(np.float64) * math.ldexp(1.0, self.wexp)
+        per = q - 2.0 * cross + w * (c * c).sum(axis=1)
+        return float(np.maximum(per, 0.0).sum())
 
     def unit_weights(self, counts: Any) -> Any:
         """Per-cluster weights on the grid when every sample weight is 1: ``counts * 2**-wexp``
