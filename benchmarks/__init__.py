@@ -4,9 +4,10 @@
 
 Subcommands, what each measures, and against which floor (measured in the same run):
 
-- ``kernels``: one GPU kernel step (labels, sums, inertia) on P2-P4, S1, S2, data resident;
-  floors the cuBLAS fp32 and TF32 GEMMs of the same shape, one HBM read of X and a naive
-  PyTorch step.
+- ``kernels``: one GPU kernel step (labels, sums, inertia) on P2-P4, S1, S2, W10-W18, V12-V18,
+  data resident; floors the cuBLAS fp32, TF32 and float16 GEMMs of the same shape, one HBM read
+  of X and a tiled PyTorch step; peer flash-kmeans' iteration in float16 and float32 where it is
+  installed (``--skip-flash``).
 - ``command``: whole ``daskmeans fit`` commands (a subprocess, warm and empty kernel cache),
   split into phases; against scikit-learn's script doing the same; the default init at wide K
   in iteration-times (``--problems w14,w16,w18 --warm-only``).

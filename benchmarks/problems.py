@@ -164,6 +164,8 @@ PROBLEMS: dict[str, Problem] = {
         Problem("P4", 4_000_000, 480, 40_000, "randn, 7.7 GB of data, K beyond the block-local sort", _randn),
         Problem("S1", 1_000_000, 100, 4, "randn, the fused small-K kernel: bandwidth and registers", _randn),
         Problem("S2", 10_000_000, 2, 8, "randn, the fused small-K kernel: instructions per row", _randn),
+        Problem("W10", 2_000_000, 128, 1 << 10, "randn, IVF-training shape: K = 2^10 at short D (the tf32 mode "
+                "against fp32 from K = 2^10 on)", _randn),
         Problem("W12", 2_000_000, 128, 1 << 12, "randn, IVF-training shape: K = 2^12 at short D", _randn),
         Problem("W14", 2_000_000, 128, 1 << 14, "randn, IVF-training shape: wide K = 2^14 at short D", _randn),
         Problem("W16", 2_000_000, 128, 1 << 16, "randn, IVF-training shape: wide K = 2^16 at short D", _randn),

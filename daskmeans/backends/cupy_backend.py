@@ -23,6 +23,7 @@ lazily so that importing daskmeans never needs a GPU.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import numpy
@@ -315,14 +316,15 @@ def _distance_pass_compiles(k: int, d: int, dtype: Any, rows: int, tunables: Tun
     so every such K up to ``k`` is one call; past them one configuration serves every K, then
     the GEMM regime's modules."""
     calls, seen = [], set()
+    top = max(k, round_draws_bound(k))
     kk = 1
-    while kk <= k:
+    while kk <= top:
         cfg = gpu_plan.small_config(kk, d, shared)
         if cfg is None:
-            while kk <= k:  # the GEMM's mode (and so the selection's module) depends on K
+            while kk <= top:  # the GEMM's mode (and so the selection's module) depends on K
                 calls += gpu_gemm.compiles(kk, d, dtype, "tf32", rows, tunables)
                 kk *= 2
-            calls += gpu_gemm.compiles(k, d, dtype, "tf32", rows, tunables)
+            calls += gpu_gemm.compiles(top, d, dtype, "tf32", rows, tunables)
             break
         if cfg not in seen:
             seen.add(cfg)
@@ -331,19 +333,58 @@ def _distance_pass_compiles(k: int, d: int, dtype: Any, rows: int, tunables: Tun
     return calls
 
 
+def round_draws_bound(k: int) -> int:
+    """The most candidates one k-means|| round draws in practice at the default
+    ``oversampling_factor`` (``l = oversampling_factor * k`` expected, a sum of independent
+    draws): ``l + 6 sqrt(l) + 6``, beyond which a round's count lies with a probability below
+    1e-9. A round's distance pass runs against its own draws, which may outnumber K: their
+    kernels are compiled ahead up to this count."""
+    from ..params import KMeansParams
+
+    ell = KMeansParams.oversampling_factor * k
+    return int(math.ceil(ell + 6 * math.sqrt(ell) + 6))
+
+
 _OPS_STARTED: set = set()
 
 
-def warm_ahead(dtype: Any = "float32") -> list:
+def warm_ahead(dtype: Any = "float32", k: int | None = None) -> list:
     """:func:`warm_cupy_ops` for a command about to start GPU workers on this host, where it
     has CuPy and an NVIDIA device (neither is imported or opened here): the compiles then
-    overlap the command's own imports and the workers' start."""
+    overlap the command's own imports and the workers' start. Where the worker will be a
+    thread of this process (one GPU, :func:`daskmeans.config.gpu_in_process`), this package's
+    modules that depend on the data's dtype alone (and on K's regime: the GEMM's preparation,
+    sums and float16 selection only past the fused kernels' K) start compiling here too, in a
+    thread: the worker's :func:`warm` finds them built, or waits for the compile in flight
+    (:func:`.cuda_src._once`), rather than starting them a second later after the cluster and
+    the plan. Returns the processes started."""
     import importlib.util
     import os
+    import threading
 
     if not os.path.exists("/dev/nvidiactl") or importlib.util.find_spec("cupy") is None:
         return []
-    return warm_cupy_ops(dtype)
+    procs = warm_cupy_ops(dtype)
+    threading.Thread(target=_modules_ahead, args=(dtype, k), name="daskmeans-compile-ahead", daemon=True).start()
+    return procs
+
+
+def _modules_ahead(dtype: Any, k: int | None) -> None:
+    """:func:`warm_ahead`'s thread: the dtype's modules compiled where the worker will be in
+    this process (the device it opens is that worker's); nothing where there is no device or
+    the workers will be processes of their own (a context here would hold device memory that
+    the worker on the same device then lacks)."""
+    from .. import config
+
+    try:
+        if not config.gpu_in_process(device_count()):
+            return
+        calls = [cuda_src.fit_kernels]
+        if k is None or k > _REG_K:
+            calls.append(lambda: cuda_src.select_rows_kernel(dtype, numpy.float16))
+        cuda_src.compile_concurrently(*calls)
+    except Exception:  # raised again where the kernel is needed
+        pass
 
 
 def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:

@@ -174,34 +174,17 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
     def sized(f):
-        return [lambda n=n: f(n) for n in (SMALL, LARGE)]
+        # Both sizes in one op, so in one process: they share every elementwise kernel, which
+        # two processes would each compile.
+        return lambda: (f(SMALL), f(LARGE))
 
     # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
-    # recluster, the iterations; then the other inits'), the modules first: the slices take
-    # every ``count``-th op, so each process starts with what the fit needs soonest.
-    return [*_modules(cp, np, dt), moments, *sized(grid), *sized(par_draws), take_rows, prepare, par_update,
-            *sized(draw), *sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus]
-
-
-def _modules(cp, np, dt) -> list:
-    """This package's CUDA modules that depend on the data's dtype alone (the moments and
-    update module, the GEMM's preparation, the sums by label, the row selections after a
-    float16 and a float32 GEMM tile), compiled as :mod:`.cuda_src` builds them: the same source
-    and options, so that the fit finds each in the disk cache. The first kernels a fit needs
-    (the moments pass, the init's first distance pass), and the longest compiles."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "daskmeans_cuda_src", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_src.py"))
-    src = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(src)
-
-    def compile_(code):
-        return lambda: cp.RawModule(code=code, options=src.OPTIONS).compile()
-
-    gemm = (np.float64,) if np.dtype(dt) == np.float64 else (np.float16, np.float32)
-    return [compile_(src.FIT_SRC), compile_(src.prep_source(dt)), compile_(src.sums_source(dt)),
-            *[compile_(src.select_rows_source(dt, g)) for g in gemm]]
+    # recluster, the iterations; then the other inits'): the slices take every ``count``-th
+    # op, so each process starts with what the fit needs soonest. This package's own modules
+    # are not here: the worker's :func:`.cupy_backend.warm` compiles those it needs, in threads,
+    # and a process compiling them too would repeat seconds of NVRTC work beside it.
+    return [moments, sized(grid), sized(par_draws), take_rows, prepare, par_update, sized(draw),
+            sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus]
 
 
 def _tag() -> str:

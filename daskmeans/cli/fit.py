@@ -135,7 +135,7 @@ def run_fit(args: argparse.Namespace) -> int:
                 # this one imports and starts its GPU workers (a first fit compiles dozens).
                 from ..backends.cupy_backend import warm_ahead
 
-                warm_ahead()
+                warm_ahead(k=args.k)
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError
         from ..estimator import KMeans

@@ -165,3 +165,129 @@ def test_merge_stamps_entries_of_an_older_file_with_its_commit(bench):
     doc = bench.meta.merged(copy.deepcopy(old), new, command.LAYOUT)
     assert list(doc["problems"]) == [*old["problems"], "p4"]
     assert doc["problems"]["p3"]["commit"] == old["commit"] and doc["problems"]["p4"]["commit"] == "c"
+
+
+# The kernel benchmark's flash-kmeans peer: what runs without a GPU (its timing needs one).
+
+
+def _kernel_row(flash):
+    """A ``kernels`` row as the run builds it before :func:`add_ratios` (figures in seconds)."""
+    return {"problem": "W14", "n": 2_000_000, "d": 128, "k": 1 << 14,
+            "gemm_fp32_s": 0.20, "gemm_fp32_ev_s": 0.19, "gemm_tf32_s": 0.05, "gemm_tf32_ev_s": 0.05,
+            "gemm_fp16_s": 0.025, "gemm_fp16_ev_s": 0.02, "hbm_read_s": 0.001, "hbm_read_ev_s": 0.001,
+            "daskmeans_fp32_s": 0.12, "daskmeans_fp32_ev_s": 0.114, "daskmeans_tf32_s": 0.03,
+            "daskmeans_tf32_ev_s": 0.025, "torch_tf32_s": 0.06, "torch_tf32_ev_s": 0.05, "rechecked_tf32": 0.12,
+            "flash_kmeans": flash}
+
+
+def test_kernels_add_ratios_over_flash_kmeans_iteration(bench):
+    from benchmarks import kernels
+
+    r = _kernel_row({"fp16": {"iteration_s": 0.024, "iteration_ev_s": 0.0228, "call_s": 0.03, "call_ev_s": 0.029},
+                     "fp32": {"iteration_s": 0.04, "iteration_ev_s": 0.039}})
+    kernels.add_ratios(r)
+    assert r["ratio_tf32_vs_flash_fp16"] == pytest.approx(0.03 / 0.024)
+    assert r["ratio_tf32_vs_flash_fp16_ev"] == pytest.approx(0.025 / 0.0228)
+    assert r["ratio_fp32_vs_flash_fp32"] == pytest.approx(0.12 / 0.04)
+    assert r["ratio_fp32_vs_flash_fp32_ev"] == pytest.approx(0.114 / 0.039)
+    # the floors' ratios as before
+    assert r["ratio_tf32_vs_gemm_fp16"] == pytest.approx(0.03 / 0.025)
+    assert r["ratio_fp32_vs_gemm_fp32_ev"] == pytest.approx(0.114 / 0.19)
+    assert r["speedup_tf32_vs_torch"] == pytest.approx(2.0)
+    assert not any("flash_fp32" in key and "tf32" in key for key in r)  # tf32 meets fp16 input only
+
+    # A refused precision has no ratio; nor has a row without flash-kmeans (absent or --skip-flash).
+    refused = _kernel_row({"fp16": {"error": "OutOfResources: out of resource: shared memory"},
+                           "fp32": {"iteration_s": 0.04, "iteration_ev_s": 0.039}})
+    kernels.add_ratios(refused)
+    assert not any(key.startswith("ratio_tf32_vs_flash") for key in refused)
+    assert refused["ratio_fp32_vs_flash_fp32"] == pytest.approx(3.0)
+    for flash in (None, "missing"):
+        r = _kernel_row(flash)
+        if flash == "missing":
+            del r["flash_kmeans"]  # a row of an older file
+        kernels.add_ratios(r)
+        assert not any("flash" in key for key in r if key != "flash_kmeans")
+        assert r["ratio_tf32_vs_gemm_tf32"] == pytest.approx(0.6)
+
+
+def test_kernels_table_shows_a_null_flash_row_as_dashes(bench):
+    from benchmarks import kernels
+
+    rows = [_kernel_row(None),
+            _kernel_row({"fp16": {"iteration_s": 0.024, "iteration_ev_s": 0.0228},
+                         "fp32": {"error": "OutOfResources: out of resource: shared memory, Required: 262144"}})]
+    rows[1]["problem"] = "P3"
+    for r in rows:
+        kernels.add_ratios(r)
+    old = _kernel_row(None)  # an older file's row: no flash key, no fp16 GEMM
+    del old["flash_kmeans"], old["gemm_fp16_s"], old["gemm_fp16_ev_s"]
+    old["problem"] = "P4"
+    old.update(ratio_fp32_vs_gemm_fp32=0.6, ratio_tf32_vs_gemm_tf32=0.6)
+    rows.append(old)
+    lines = kernels.table(rows).splitlines()
+    header = lines[0].split()
+    assert "flash16" in header and "flash32" in header and lines[0].count("x fl16") == 1
+    assert [line.split()[0] for line in lines[1:7]] == ["W14", "W14_ev", "P3", "P3_ev", "P4", "P4_ev"]
+    width = len(lines[0])
+    assert all(len(line) == width for line in lines[1:7])  # columns line up, "-" included
+
+    def cell(line, name):
+        """The text under header column ``name`` (right-aligned columns end where its title ends)."""
+        end = lines[0].index(name) + len(name)
+        return line[:end].split()[-1]
+
+    for line in lines[1:3] + lines[5:7]:  # null and missing flash: dashes in the flash columns only
+        assert cell(line, "flash16") == cell(line, "flash32") == "-"
+        assert cell(line, "x fl16") == cell(line, "x fl32") == "-"
+        assert cell(line, "fp32") != "-"
+    assert cell(lines[1], "x gm16") == "1.20" and cell(lines[5], "x gm16") == "-"
+    assert cell(lines[3], "flash16") == "24.000" and cell(lines[4], "flash16") == "22.800"
+    assert cell(lines[3], "x fl16") == "1.25" and cell(lines[3], "flash32") == "-"
+    assert lines[7:] == ["P3: flash-kmeans fp32: OutOfResources: out of resource: shared memory, Required: 262144"]
+
+
+def test_kernels_arguments(bench):
+    from benchmarks import kernels
+
+    from daskmeans.options import PRECISIONS
+
+    assert kernels.MODES == PRECISIONS
+    args = kernels.parse_args(["--problems", "W10,W12,W14,W16,W18", "--modes", "fp32,tf32", "--skip-flash"])
+    assert [p.shape for p in args.problems] == [(2_000_000, 128, 1 << k) for k in (10, 12, 14, 16, 18)]
+    assert args.modes == ["fp32", "tf32"] and args.skip_flash and not args.skip_torch
+    assert args.out is None and not args.merge
+    args = kernels.parse_args([])
+    assert [p.name for p in args.problems] == ["P2", "P3", "P4", "S1", "S2"]
+    assert args.modes == ["fp32", "tf32", "bf16"] and not args.skip_flash
+    for argv, message in ((["--modes", "fp32,fp16"], "unknown mode 'fp16'"),
+                          (["--problems", "W11"], "unknown problem 'W11'"),
+                          (["--merge"], "--merge needs --out")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks", "kernels", *argv], cwd=ROOT, capture_output=True,
+                             text=True)
+        assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
+
+
+def test_kernels_load_flash_absent_or_without_its_triton_kernels(bench, monkeypatch):
+    import types
+
+    from benchmarks import kernels
+
+    monkeypatch.setitem(sys.modules, "flash_kmeans", None)  # not installed: import raises ImportError
+    assert kernels.load_flash() == (None, None, None)
+    # Installed, but its Triton modules failed to import: the package binds its PyTorch fallback.
+    fake = types.ModuleType("flash_kmeans")
+    fake.__version__ = "0.3.1"
+
+    def batch_kmeans_Euclid_torch_native(*args, **kwargs):
+        raise AssertionError("never run")
+
+    batch_kmeans_Euclid_torch_native.__module__ = "flash_kmeans.torch_fallback"
+    fake.batch_kmeans_Euclid = batch_kmeans_Euclid_torch_native
+    monkeypatch.setitem(sys.modules, "flash_kmeans", fake)
+    module, version, error = kernels.load_flash()
+    assert module is fake and version == "0.3.1"
+    assert error.startswith("ModuleNotFoundError: No module named 'flash_kmeans.kmeans_triton_impl'")
+    assert kernels.first_line(RuntimeError("out of resource: shared memory\nReducing block sizes")) == (
+        "RuntimeError: out of resource: shared memory")
+    assert kernels.first_line(RuntimeError()) == "RuntimeError"
