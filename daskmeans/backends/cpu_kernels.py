@@ -85,8 +85,6 @@ def owner_sqdist(x, c):  # pragma: no cover - compiled
     return (s0 + s1) + (s2 + s3)
 
 
-
-
 @numba.njit(**_JIT)
 def _clamped(gib, sq):  # pragma: no cover - compiled
     """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
