@@ -174,6 +174,8 @@ PROBLEMS: dict[str, Problem] = {
         Problem("V14", 2_000_000, 64, 1 << 14, "randn, IVF-training shape: K = 2^14 at D = 64", _randn),
         Problem("V16", 2_000_000, 64, 1 << 16, "randn, IVF-training shape: K = 2^16 at D = 64", _randn),
         Problem("V18", 2_000_000, 64, 1 << 18, "randn, IVF-training shape: K = 2^18 at D = 64", _randn),
+        Problem("C10", 200_000, 32, 1024, "randn, K = 1024 at D = 32: Yinyang against Lloyd on a CPU's cores",
+                _randn),
         Problem("blobs", 100_000, 2, 5, "make_blobs 2-D, K = 5, k-means++ init, up to 300 iterations", _blobs),
         Problem("randn1k", 1_000_000, 100, 1000, "randn, K = 1000, init the first K rows, 10 iterations", _randn),
         Problem("cpu", 1_000_000, 100, 256, "randn with a fresh seed per run, K = 4 and 256: the CPU pipeline"),

@@ -71,11 +71,13 @@ class KMeans(BaseKMeans):
         scikit-learn's: whether ``X`` may be centred in place during the fit. daskmeans never
         writes to ``X`` (its exact fixed-point sums need no centring), so ``X`` is left as it
         was with either value.
-    algorithm : {"lloyd", "elkan"}, default "lloyd"
-        scikit-learn's names. Both run the engine's Lloyd loop: Elkan's bounds only skip
-        distance computations and give Lloyd's result, which the engine computes exactly with
-        one GEMM pass per iteration (see :data:`daskmeans.params.ALGORITHMS`). ``"elkan"`` with one cluster
-        warns as scikit-learn does.
+    algorithm : {"lloyd", "elkan", "yinyang"}, default "lloyd"
+        scikit-learn's names run the engine's Lloyd loop: Elkan's bounds only skip distance
+        computations and give Lloyd's result, which the engine computes exactly with one GEMM
+        pass per iteration (see :data:`daskmeans.params.ALGORITHMS`). ``"elkan"`` with one cluster
+        warns as scikit-learn does. ``"yinyang"`` runs Yinyang's bounded step: Lloyd's result
+        bit for bit, the distances skipped for rows whose bounds certify their label (8 bytes
+        per row and group of centroids kept on the workers).
     oversampling_factor : float, default 0.83
         k-means|| draws ``oversampling_factor * n_clusters`` points per round (3 rounds:
         about 2.5 candidates per cluster by default; the init's cost grows with it).

@@ -27,11 +27,13 @@ from .options import METRICS, PRECISIONS, TIERS
 from .validation import (AnyOf, Boolean, ByteSize, InitLike, Interval, NInit, NoneOr, Options, PathLike,
                          RandomStateLike, Verbose)
 
-# ``algorithm``: the loop each name runs. Elkan's triangle-inequality bounds skip distance
-# computations but give Lloyd's result (scikit-learn's own tests check that they agree); the
-# engine's exact Lloyd loop, whose per-iteration cost is one GEMM pass, computes that result,
-# so "elkan" runs it. A bounded loop (Yinyang) would be one more entry here.
-ALGORITHMS = {"lloyd": "lloyd", "elkan": "lloyd"}
+# ``algorithm``: the step each name runs (``engine.loop.STEPS``). Elkan's triangle-inequality
+# bounds skip distance computations but give Lloyd's result (scikit-learn's own tests check
+# that they agree); the engine's exact Lloyd loop, whose per-iteration cost is one GEMM pass,
+# computes that result, so "elkan" runs it. "yinyang" runs Yinyang's bounded step
+# (engine/yinyang.py): Lloyd's bits, the distances skipped for rows whose bounds certify their
+# label (faster where few rows move, at wide K; docs/performance.md, "Yinyang").
+ALGORITHMS = {"lloyd": "lloyd", "elkan": "lloyd", "yinyang": "yinyang"}
 # ``backend``: "auto", scikit-learn-style device names, or the backend modules' names.
 BACKENDS = ("auto", "cpu", "gpu", "numpy", "cupy")
 
@@ -100,8 +102,9 @@ class KMeansParams:
     random_state: Any = _param(None, NoneOr(RandomStateLike()), "seed of every random draw",
                                fingerprint="always")
     copy_x: bool = _param(True, Boolean(), "scikit-learn's (X is never written to)")
-    algorithm: str = _param("lloyd", Options(tuple(ALGORITHMS)), "scikit-learn's names; both run the exact "
-                            "Lloyd loop", choices=tuple(ALGORITHMS))
+    algorithm: str = _param("lloyd", Options(tuple(ALGORITHMS)), "scikit-learn's names run the exact Lloyd "
+                            "loop; yinyang gives its result, skipping rows whose bounds certify their label",
+                            choices=tuple(ALGORITHMS))
     oversampling_factor: float = _param(0.83, Interval(0, None, closed="neither"),
                                         "k-means|| candidates per cluster and round")
     max_samples_per_cluster: int | None = _param(None, NoneOr(Interval(1, None, integer=True)),

@@ -14,7 +14,12 @@ Conventions shared with the NumPy backend:
   to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added exactly (in
   the float64 windows the grid bounds, then as int64), so
   the sums are the GPU's integers for any tiling or chunking (:mod:`.grid`); the inertia
-  accumulates in float64, row by row in row order.
+  accumulates in float64, row by row in row order;
+- with the sums, each row's ``w ||x||^2`` is rounded once to the grid's own step for it
+  (``Grid.qexp``) and added to its cluster's int64 ``qsums``: the step's inertia follows from
+  these exact sums, the centroids and the value sums (``Grid.inertia``), the same bits for any
+  tiling, chunking or algorithm that gives the same labels (Yinyang's step updates them by the
+  rows that moved, :func:`label_sums`).
 
 ``fastmath`` allows only re-association and contraction (vectorised float64 reductions and
 FMA): no assumption about NaN or infinity, which the engine rejects before a fit anyway.
@@ -47,6 +52,37 @@ def row_sqnorm(x):  # pragma: no cover - compiled
         v = np.float64(x[t])
         sq += v * v
     return sq
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the same bits wherever inlined
+def owner_sqdist(x, c):  # pragma: no cover - compiled
+    """``||x - c||^2`` of one row and one centroid (both ``(D,)``, the data dtype) in float64,
+    in a fixed order (four running sums over ``t mod 4``, then ``(s0 + s1) + (s2 + s3)``).
+
+    Yinyang's bounds (:func:`yy_filter`, :func:`tile_bounds`) tighten a row's upper bound to
+    this distance; compiled without fast-math flags, it is the same bits wherever inlined, and
+    it is the distance itself, not ``||c||^2 - 2 x.c + ||x||^2``, whose float32 rounding cancels."""
+    d = x.shape[0]
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    t = 0
+    while t + 4 <= d:
+        a0 = np.float64(x[t]) - np.float64(c[t])
+        a1 = np.float64(x[t + 1]) - np.float64(c[t + 1])
+        a2 = np.float64(x[t + 2]) - np.float64(c[t + 2])
+        a3 = np.float64(x[t + 3]) - np.float64(c[t + 3])
+        s0 += a0 * a0
+        s1 += a1 * a1
+        s2 += a2 * a2
+        s3 += a3 * a3
+        t += 4
+    while t < d:
+        a0 = np.float64(x[t]) - np.float64(c[t])
+        s0 += a0 * a0
+        t += 1
+    return (s0 + s1) + (s2 + s3)
 
 
 @numba.njit(**_JIT)
@@ -102,7 +138,7 @@ def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
-               acc, wwin, window, xnorm, xnorm_known):  # pragma: no cover - compiled
+               acc, wwin, window, xnorm, xnorm_known, qscale, qsums):  # pragma: no cover - compiled
     """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -130,6 +166,9 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     xnorm : (n,) float64, each row's ``||x||^2`` (:func:`row_sqnorm`), or an empty array
     xnorm_known : bool, whether ``xnorm`` holds them already (read, not computed); if not and
         ``xnorm`` is not empty, they are written there for the next pass over the same rows
+    qscale : float, ``2**-qexp`` of the grid's squared norms (``Grid.qscale``)
+    qsums : (K,) int64 -- with ``want_sums``, each row's ``rint(w ||x||^2 * qscale)`` added to
+        its cluster's (the exact sums the step's inertia is computed from: ``Grid.inertia``)
 
     Returns
     -------
@@ -165,12 +204,12 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
             best = g[i, b]
         x = xt[i]
         if xnorm_known:
-            d2 = _clamped(best, xnorm[i])
+            sq = xnorm[i]
         else:
             sq = row_sqnorm(x)
             if keep_norms:
                 xnorm[i] = sq
-            d2 = _clamped(best, sq)
+        d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
             wi = np.float64(w[i])
@@ -194,6 +233,7 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
             if w is not None:
                 wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1
+            qsums[b] += np.int64(np.rint(wi * sq * qscale))
     return inertia, reassigned
 
 
@@ -204,6 +244,150 @@ def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
         b = lab[i]
         out_d2[i] = _sqdist(g[i, b], xt[i])
         out_lab[i] = b
+
+
+@numba.njit(**_JIT)
+def row_sqnorms(x, out):  # pragma: no cover - compiled
+    """``out[i] = ||x_i||^2`` (float64, :func:`row_sqnorm`) of every row of ``x`` (n, D)."""
+    for i in range(x.shape[0]):
+        out[i] = row_sqnorm(x[i])
+
+
+# ---------------------------------------------------------------- Yinyang's bounds
+#
+# Bounds are on Euclidean distances (not squared) to the centroids in the data dtype, in
+# float64. ``eps`` is the relative error bound of the GEMM path's ``g`` (numpy_backend's
+# ``bound_margins``): two computed ``g`` values of one row can swap order only where their
+# exact squared distances differ by at most ``eps * (2 ||x|| C + C^2)`` (C the largest
+# centroid norm), so a row whose squared bounds are further apart than that keeps its label
+# in the GEMM's argmin too. ``delta`` covers the float64 rounding of the bounds themselves.
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _certain(u, l, e, delta):  # pragma: no cover - compiled
+    """Whether a lower bound ``l`` on every other centroid's distance beats the owner's upper
+    bound ``u`` by more than the squared margin ``e``."""
+    return l > u and (l - u) * (l + u) * (1.0 - delta) > e
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def yy_filter(xt, cen, lab, upper, lower, xnorm, drift, gdrift, cmax, eps, delta, cand):  # pragma: no cover
+    """Yinyang's global filter over one block, its bounds moved by the centroids' drift.
+
+    Parameters
+    ----------
+    xt : (n, D) rows; cen : (K, D) the new centroids in the data dtype
+    lab : (n,) int32 the labels of the previous step
+    upper : (n,) float64, an upper bound on each row's distance to its centroid under the
+        previous step's centroids (updated in place: under the new ones)
+    lower : (n, t) float64, a lower bound per group on the distances to the other centroids
+        of the group (updated in place)
+    xnorm : (n,) float64 ``||x||^2``
+    drift : (K,) float64, each centroid's move (rounded up); gdrift : (t,) the largest per group
+    cmax : float, the largest new centroid norm (rounded up); eps, delta : the margins
+    cand : (n,) int64 receives the rows the bounds do not certify, in order
+
+    Returns
+    -------
+    int : the number of rows in ``cand``. A row is certified when its upper bound, moved by
+    its centroid's drift (and if need be tightened to its distance, :func:`owner_sqdist`),
+    stays below every group's lower bound by the margin.
+    """
+    n = xt.shape[0]
+    t = lower.shape[1]
+    m = 0
+    up = 1.0 + delta
+    down = 1.0 - delta
+    for i in range(n):
+        a = lab[i]
+        u = (upper[i] + drift[a]) * up
+        lo = lower[i]
+        lmin = np.inf
+        for q in range(t):
+            v = lo[q] - gdrift[q]
+            v = v * down if v > 0.0 else 0.0
+            lo[q] = v
+            if v < lmin:
+                lmin = v
+        xn = np.sqrt(xnorm[i]) * up
+        e = eps * (2.0 * xn * cmax + cmax * cmax)
+        if not _certain(u, lmin, e, delta):
+            u = np.sqrt(owner_sqdist(xt[i], cen[a])) * up
+            if not _certain(u, lmin, e, delta):
+                cand[m] = i
+                m += 1
+        upper[i] = u
+    return m
+
+
+@numba.njit(**_JIT)
+def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax, eps, delta, out, upper,
+                lower):  # pragma: no cover - compiled
+    """Yinyang's bounds of one tile, from its distances and their minima per group.
+
+    ``g`` (n, K) ``||c||^2 - 2 x.c`` in the data dtype and ``lab`` (n,) its argmin (the labels,
+    copied to ``out`` as int32); ``gp`` (n, K): ``g``'s columns by group (``g[:, order]``, group
+    ``q`` in columns ``starts[q]:ends[q]``: each group's minimum a contiguous run). ``upper``
+    (n,) float64 each row's distance to its centroid, rounded up; ``lower`` (n, t) float64 per
+    group a lower bound on the distances to its centroids other than the row's own (``inf``
+    where there is none): the group's smallest ``g`` (the row's own group's without its
+    centroid, recomputed over that group's few members) plus ``||x||^2`` less the GEMM's error
+    bound, rounded down.
+    """
+    n = g.shape[0]
+    t = lower.shape[1]
+    for i in range(n):
+        gpi = gp[i]
+        b = lab[i]
+        out[i] = b
+        lo = lower[i]
+        own = group_of[b]
+        for q in range(t):
+            v = np.inf
+            if q == own:
+                for m in range(starts[q], ends[q]):
+                    if order[m] != b and np.float64(gpi[m]) < v:
+                        v = np.float64(gpi[m])
+            else:
+                for m in range(starts[q], ends[q]):
+                    w = np.float64(gpi[m])
+                    v = w if w < v else v
+            lo[q] = v
+        xn2 = xnorm[i]
+        xn = np.sqrt(xn2) * (1.0 + delta)
+        e = eps * (2.0 * xn * cmax + cmax * cmax) + eps * xn2
+        for q in range(t):
+            if lo[q] < np.inf:
+                v = lo[q] + xn2 - e
+                lo[q] = np.sqrt(v) * (1.0 - delta) if v > 0.0 else 0.0
+        upper[i] = np.sqrt(owner_sqdist(xt[i], cen[b])) * (1.0 + delta)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
+def label_sums(xt, lab, w, sign, scales, wscale, sums, wsum, counts, xnorm, qscale, qsums):  # pragma: no cover
+    """``sign`` (+1 or -1) times each row's values on the grid added to its label's sums, as
+    :func:`tile_stats` rounds them (``rint(w x * scale)``, one rounding per value): the same
+    integers, so a cluster's sums updated by the rows that left and joined it equal its sums
+    over all its rows. ``w`` (n,) float64 or None; ``sums`` (K, D), ``wsum`` (K,) (untouched
+    without ``w``), ``counts`` (K,) int64, in place. ``xnorm`` (n,) float64, the rows'
+    ``||x||^2`` (:func:`row_sqnorm`'s bits), adds ``sign * rint(w ||x||^2 * qscale)`` to
+    ``qsums`` (K,) int64 as :func:`tile_stats` does; an empty ``xnorm`` leaves ``qsums``."""
+    n, d = xt.shape
+    with_q = xnorm.shape[0] > 0
+    for i in range(n):
+        b = lab[i]
+        wi = 1.0
+        if w is not None:
+            wi = np.float64(w[i])
+        x = xt[i]
+        row = sums[b]
+        for t in range(d):
+            row[t] += sign * np.int64(np.rint(wi * np.float64(x[t]) * scales[t]))
+        if w is not None:
+            wsum[b] += sign * np.int64(np.rint(wi * wscale))
+        counts[b] += sign
+        if with_q:
+            qsums[b] += sign * np.int64(np.rint(wi * xnorm[i] * qscale))
 
 
 @numba.njit(**_JIT)

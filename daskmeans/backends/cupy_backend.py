@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy
 
-from . import cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_staging
+from . import bounds, cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_staging
 from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
@@ -38,7 +38,7 @@ from .protocol import DeviceBudget, Tunables, tunables_in_force
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "tile_setting", "working_bytes", "collectives", "available", "device_count", "device_budget",
+           "on_host", "tile_setting", "working_bytes", "collectives", "inertia_from_sums", "available", "device_count", "device_budget",
            "step_rate", "copy_in", "empty_host"]
 
 
@@ -55,6 +55,10 @@ on_host = False
 tile_setting = "gpu-tile-bytes"
 # NCCL's all-reduce on the device buffers, one rank per GPU; Dask's comms through host memory.
 collectives = ("nccl", "dask")
+# The step's inertia per chunk as the kernels sum it (float64 distances of the sums pass,
+# Yinyang's by ``owner_inertia``), not from exact per-cluster sums of ``w ||x||^2``: the GPU
+# kernels do not carry them yet (docs/performance.md, "inertia from exact sums").
+inertia_from_sums = False
 # The GEMM rate the preflight's estimate assumes: nominal (measuring would start cuBLAS during
 # planning); the estimate only needs the order of magnitude.
 NOMINAL_FLOPS = 50e12
@@ -602,3 +606,56 @@ def sqdistances(X: Any, p: Prepared) -> Any:
     g += (p.c64 * p.c64).sum(axis=1)
     g += (x64 * x64).sum(axis=1)[:, None]
     return cupy.maximum(g, 0.0)
+
+
+# ---------------------------------------------------------------- Yinyang's bounds
+# Array-module versions (backends/bounds.py) on CuPy arrays: correct and exact in their labels
+# and sums; CUDA kernels of their own (a fused filter, the group minima in the selection's
+# epilogue) are what would make them fast.
+
+
+def row_sqnorms(X: Any) -> Any:
+    """``||x||^2`` of every row, float64 ``(n,)``."""
+    import cupy
+
+    return bounds.row_sqnorms(cupy, X)
+
+
+def centroid_drift(old: Any, new: Any) -> tuple[Any, float]:
+    """Each centroid's move (rounded up) and the largest norm of ``new`` (:func:`.bounds.centroid_drift`)."""
+    import cupy
+
+    return bounds.centroid_drift(cupy, old, new)
+
+
+def yinyang_filter(X: Any, p: Prepared, labels: Any, upper: Any, lower: Any, xnorm: Any, drift: Any, gdrift: Any,
+                   cmax: float) -> Any:
+    """Yinyang's global filter (:func:`.bounds.yinyang_filter`)."""
+    import cupy
+
+    return bounds.yinyang_filter(cupy, X, p.centroids, labels, upper, lower, xnorm, drift, gdrift, cmax)
+
+
+def assign_bounds(X: Any, p: Prepared, group_of: Any, n_groups: int, xnorm: Any, cmax: float,
+                  interrupt: Callable[[], None] | None = None) -> tuple:
+    """:func:`assign`'s labels and Yinyang's bounds (:func:`.bounds.assign_bounds`)."""
+    import sys
+
+    if interrupt is not None:
+        interrupt()
+    return bounds.assign_bounds(sys.modules[__name__], X, p, group_of, n_groups, xnorm, cmax)
+
+
+def add_label_sums(X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any, weights: Any,
+                   counts: Any, qsums: Any = None, xnorm: Any = None) -> None:
+    """The rows' values on the grid added (``sign``) to their labels' sums (:func:`.bounds.add_label_sums`)."""
+    import cupy
+
+    bounds.add_label_sums(cupy, X, labels, sample_weight, sign, grid, sums, weights, counts, qsums, xnorm)
+
+
+def owner_inertia(X: Any, p: Prepared, labels: Any, sample_weight: Any = None) -> Any:
+    """The rows' inertia under ``labels`` (0-d float64; its sum order CuPy's)."""
+    import cupy
+
+    return bounds.owner_inertia(cupy, X, p.centroids, labels, sample_weight)

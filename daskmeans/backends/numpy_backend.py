@@ -32,6 +32,9 @@ xp = numpy
 on_host = True
 tile_setting = "tile-bytes"
 collectives = ("dask",)  # host buffers: the Dask collective adds them in place
+# The step's inertia from exact per-cluster sums (``assign``'s ``qsums``, ``Grid.inertia``):
+# the same bits whichever rows a step re-assigned (Yinyang's), at no per-row distance cost.
+inertia_from_sums = True
 
 
 def available() -> bool:
@@ -343,6 +346,8 @@ def assign(
     sums = numpy.zeros((kk, d), numpy.int64)
     weights = numpy.zeros(kk, numpy.int64)
     counts = numpy.zeros(kk, numpy.int64)
+    qsums = numpy.zeros(kk, numpy.int64)
+    qscale = grid.qscale if want_sums else 0.0
     scales = grid.scales(numpy) if want_sums else numpy.zeros(d)
     wscale = grid.wscale if want_sums else 0.0
     window = cpu_kernels.window_weight(grid.wexp) if want_sums else 0.0
@@ -364,6 +369,7 @@ def assign(
             inertia, r_t = cpu_kernels.tile_stats(
                 g, sqnorm, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
                 weights, counts, want_sums, inertia, acc, wwin, window, norms[s:e] if norms.size else norms, known,
+                qscale, qsums,
             )
             reassigned += r_t
         if want_sums:
@@ -378,7 +384,7 @@ def assign(
     if want_sums:
         if w is None:
             weights = grid.unit_weights(counts)
-        out.update(sums=sums, weights=weights, counts=counts, grid=grid)
+        out.update(sums=sums, weights=weights, counts=counts, qsums=qsums, grid=grid)
     return out
 
 
@@ -424,6 +430,146 @@ def moments(X: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarr
     if bad.size:
         return mean, m2, max_abs, int(bad[0])
     raise DataError("X has values too large to average in float64 (a column sum overflows); rescale the data")
+
+
+# ---------------------------------------------------------------- Yinyang's bounds (engine/yinyang.py)
+
+
+def bound_margins(d: int, dtype: Any) -> tuple[float, float]:
+    """``(eps, delta)`` of the Yinyang kernels for ``d`` features of ``dtype``
+    (:func:`.bounds.margins`: the GEMM's ``g`` in the data dtype, as this backend computes it)."""
+    from .bounds import margins
+
+    return margins(d, dtype)
+
+
+def row_sqnorms(X: numpy.ndarray) -> numpy.ndarray:
+    """``||x||^2`` of every row, float64 ``(n,)``."""
+    from . import cpu_kernels
+
+    X = asarray(X)
+    out = numpy.empty(X.shape[0], numpy.float64)
+    cpu_kernels.row_sqnorms(X, out)
+    return out
+
+
+def centroid_drift(old: numpy.ndarray, new: numpy.ndarray) -> tuple[numpy.ndarray, float]:
+    """Each centroid's move ``||new - old||`` (float64 ``(K,)``, rounded up) between two
+    steps' centroids in the data dtype ``(K, D)``, and the largest norm of ``new`` (rounded up)."""
+    from . import bounds
+
+    return bounds.centroid_drift(numpy, old, new)
+
+
+def yinyang_filter(X: numpy.ndarray, p: Prepared, labels: numpy.ndarray, upper: numpy.ndarray,
+                   lower: numpy.ndarray, xnorm: numpy.ndarray, drift: numpy.ndarray, gdrift: numpy.ndarray,
+                   cmax: float) -> numpy.ndarray:
+    """Yinyang's global filter on one block: the bounds moved by the drift (in place) and the
+    rows they leave uncertain.
+
+    Parameters
+    ----------
+    X : ndarray, shape (n, d)
+    p : Prepared, the step's centroids
+    labels : int32 ndarray, shape (n,), the previous step's
+    upper : float64 ndarray, shape (n,); lower : float64 ndarray, shape (n, t)
+        The bounds under the previous step's centroids, updated in place.
+    xnorm : float64 ndarray, shape (n,), ``||x||^2``
+    drift : float64 ndarray, shape (K,); gdrift : shape (t,), the largest of each group
+    cmax : float, the largest centroid norm
+
+    Returns
+    -------
+    int64 ndarray, shape (m,): the rows (ascending) whose label the bounds do not certify.
+    """
+    from . import cpu_kernels
+
+    X = asarray(X)
+    eps, delta = bound_margins(X.shape[1], X.dtype)
+    cand = numpy.empty(X.shape[0], numpy.int64)
+    m = cpu_kernels.yy_filter(X, p.centroids, labels, upper, lower, xnorm, drift, gdrift, float(cmax), eps, delta,
+                              cand)
+    return cand[:m]
+
+
+def assign_bounds(X: numpy.ndarray, p: Prepared, group_of: numpy.ndarray, n_groups: int, xnorm: numpy.ndarray,
+                  cmax: float, interrupt: Callable[[], None] | None = None) -> tuple:
+    """Labels of :func:`assign` and Yinyang's bounds of a block's rows.
+
+    Parameters
+    ----------
+    X : ndarray, shape (n, d)
+    p : Prepared
+    group_of : int32 ndarray, shape (K,), each centroid's group in ``[0, n_groups)``
+    xnorm : float64 ndarray, shape (n,); cmax : float, the largest centroid norm
+    interrupt : callable, optional
+
+    Returns
+    -------
+    labels : int32 (n,)
+        :func:`assign`'s labels of these rows (the same GEMM and argmin).
+    upper : float64 (n,)
+        Each row's distance to its centroid, rounded up.
+    lower : float64 (n, n_groups)
+        Per group, a lower bound on the distances to its centroids other than the row's own.
+    """
+    from . import cpu_kernels
+
+    X = asarray(X)
+    n, d = X.shape
+    eps, delta = bound_margins(d, X.dtype)
+    labels = numpy.empty(n, numpy.int32)
+    upper = numpy.empty(n, numpy.float64)
+    lower = numpy.empty((n, n_groups), numpy.float64)
+    # The columns by group, each group a contiguous range of ``order``: a tile's columns taken
+    # in that order (``numpy.take``, several times faster than fancy indexing) make each
+    # group's minimum a contiguous run for the compiled pass.
+    group_of = numpy.asarray(group_of, numpy.int32)
+    order = numpy.argsort(group_of, kind="stable").astype(numpy.int64)
+    sizes = numpy.bincount(group_of, minlength=n_groups)
+    ends = numpy.cumsum(sizes)
+    starts = ends - sizes
+    gp = None
+    for s, e, g, lab in _tiles(X, p):  # ||c||^2 added, NumPy's argmin: assign's labels
+        if interrupt is not None:
+            interrupt()
+        if gp is None or gp.shape[0] < g.shape[0]:
+            gp = numpy.empty_like(g)
+        numpy.take(g, order, axis=1, out=gp[: g.shape[0]])
+        cpu_kernels.tile_bounds(g, lab, gp[: g.shape[0]], X[s:e], p.centroids, group_of, order, starts, ends,
+                                xnorm[s:e], float(cmax), eps, delta, labels[s:e], upper[s:e], lower[s:e])
+    return labels, upper, lower
+
+
+def add_label_sums(X: numpy.ndarray, labels: numpy.ndarray, sample_weight: numpy.ndarray | None, sign: int,
+                   grid: Grid, sums: numpy.ndarray, weights: numpy.ndarray, counts: numpy.ndarray,
+                   qsums: numpy.ndarray | None = None, xnorm: numpy.ndarray | None = None) -> None:
+    """``sign`` (+1 or -1) times the rows' values on ``grid`` added to their labels' sums
+    ``(K, d)``, weights ``(K,)`` (weighted rows only: unit weights follow the counts) and
+    counts ``(K,)``, all int64, in place: the integers :func:`assign` adds. With ``qsums``
+    ``(K,)`` int64 and the rows' ``xnorm`` ``(n,)`` float64 (:func:`row_sqnorms`), also
+    their ``w ||x||^2`` on the grid (``assign``'s ``qsums``, the inertia's exact sums)."""
+    from . import cpu_kernels
+
+    X = asarray(X)
+    w = None if sample_weight is None else asarray(sample_weight, numpy.float64)
+    if qsums is None:
+        qsums, xnorm = _NO_Q, _NO_NORMS
+    cpu_kernels.label_sums(X, labels, w, int(sign), grid.scales(numpy), grid.wscale, sums, weights, counts,
+                           xnorm, grid.qscale, qsums)
+
+
+_NO_Q = numpy.zeros(0, numpy.int64)
+
+
+def owner_inertia(X: numpy.ndarray, p: Prepared, labels: numpy.ndarray,
+                  sample_weight: numpy.ndarray | None = None) -> float:
+    """The rows' inertia under ``labels`` (``sum w ||x - c||^2`` in float64, NumPy's order).
+    The steps do not call it here: this backend's step inertia is :meth:`.grid.Grid.inertia`
+    of the exact sums (``inertia_from_sums``)."""
+    from . import bounds
+
+    return float(bounds.owner_inertia(numpy, asarray(X), p.centroids, labels, sample_weight))
 
 
 def sqdistances(X: numpy.ndarray, p: Prepared) -> numpy.ndarray:

@@ -133,6 +133,10 @@ class Backend(Protocol):
     # The collectives (names in engine.collective.REGISTRY) that can sum its buffers: "dask"
     # takes any backend's (through host memory where they are not); "nccl" CuPy's alone.
     collectives: tuple[str, ...]
+    # Whether the step's inertia comes from exact per-cluster sums (``assign``'s ``qsums``, the
+    # rows' ``w ||x||^2`` on ``Grid.qexp``'s step; ``Grid.inertia``): the same bits whichever rows
+    # a step re-assigned. Else each chunk's own inertia (``assign``'s, ``owner_inertia``).
+    inertia_from_sums: bool
 
     def available(self) -> bool:
         """Whether the backend can run in this process: its library imports and, for a device
@@ -230,8 +234,9 @@ class Backend(Protocol):
         """Labels ``(n,)`` int32 of the nearest centroids (exact distances, lowest index on
         ties), ``inertia``, ``reassigned`` (rows whose label differs from ``prev_labels``),
         ``rechecked``; with ``want_sums`` the per-cluster ``sums`` ``(K, d)`` and ``weights``
-        ``(K,)`` as int64 multiples of ``grid``'s steps, ``counts`` ``(K,)`` int64 and the
-        ``grid``. ``interrupt`` is called between the kernel's pieces of work (it raises to
+        ``(K,)`` as int64 multiples of ``grid``'s steps, ``counts`` ``(K,)`` int64, the
+        ``grid`` and, where ``inertia_from_sums``, ``qsums`` ``(K,)`` int64 (the rows'
+        ``w ||x||^2`` on the grid's ``qexp`` step). ``interrupt`` is called between the kernel's pieces of work (it raises to
         stop a long call early: a fit interrupted or aborted). ``row_norms``: an object of
         the backend's optional ``row_norms(rows)``, passed only to a backend that has it (the
         module docstring)."""
@@ -265,6 +270,38 @@ class Backend(Protocol):
     def sqdistances(self, X: Any, p: Any) -> Any:
         """Squared distances ``(n, K)`` float64 from every row to every centroid."""
 
+    # Yinyang's kernels (engine/yinyang.py; the contract of each is numpy_backend's, any array
+    # module's versions in backends/bounds.py). Bounds are on Euclidean distances to the
+    # prepared centroids in the data dtype, float64, rounded outwards.
+
+    def row_sqnorms(self, X: Any) -> Any:
+        """``||x||^2`` of every row, float64 ``(n,)``."""
+
+    def centroid_drift(self, old: Any, new: Any) -> tuple[Any, float]:
+        """Each centroid's move ``(K,)`` float64 (rounded up) between two steps' centroids in
+        the data dtype, and the largest norm of ``new`` (rounded up)."""
+
+    def yinyang_filter(self, X: Any, p: Any, labels: Any, upper: Any, lower: Any, xnorm: Any, drift: Any,
+                       gdrift: Any, cmax: float) -> Any:
+        """The bounds moved by the drift (in place) and the rows ``(m,)`` int64 whose label
+        they leave uncertain: every other row's label is the one :meth:`assign` gives."""
+
+    def assign_bounds(self, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: Any, cmax: float,
+                      interrupt: Any = None) -> tuple[Any, Any, Any]:
+        """:meth:`assign`'s labels ``(n,)`` int32 of the rows, each row's upper bound ``(n,)``
+        and its per-group lower bounds ``(n, n_groups)``."""
+
+    def add_label_sums(self, X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any,
+                       weights: Any, counts: Any, qsums: Any = None, xnorm: Any = None) -> None:
+        """``sign`` times the rows' values on ``grid`` added to their labels' int64 sums
+        ``(K, d)``, weights ``(K,)`` (weighted rows only) and counts ``(K,)`` in place: the
+        integers :meth:`assign` adds; with ``qsums`` ``(K,)`` and the rows' ``xnorm`` ``(n,)``
+        (:meth:`row_sqnorms`), their ``w ||x||^2`` on the grid too (``assign``'s ``qsums``)."""
+
+    def owner_inertia(self, X: Any, p: Any, labels: Any, sample_weight: Any = None) -> Any:
+        """The rows' inertia under ``labels`` (float64): a chunk's step inertia where the
+        backend's is not ``inertia_from_sums``."""
+
 
 def members() -> Iterable[str]:
     """The names a backend module must define (:func:`capabilities` and ``name`` last)."""
@@ -273,4 +310,4 @@ def members() -> Iterable[str]:
 
 def capabilities() -> dict[str, type]:
     """The capability attributes a backend module must define, with their types."""
-    return {"on_host": bool, "tile_setting": str, "collectives": tuple}
+    return {"on_host": bool, "tile_setting": str, "collectives": tuple, "inertia_from_sums": bool}

@@ -60,6 +60,9 @@ def add_parser(sub: Any) -> None:
                      shown_default="daskmeans.max-samples-per-cluster: every row",
                      text="train on N x K rows drawn from --seed where the data has more (FAISS's "
                           "max_points_per_centroid), then label every row")
+    common.add_field(f, common.field(KMeansParams, "algorithm"),
+                     text="the loop, one of %(choices)s: yinyang gives lloyd's result, skipping the rows whose "
+                          "bounds certify their label")
     common.add_field(f, common.field(KMeansParams, "max_imbalance"), metavar="R", shown_default="off",
                      text="balance the cluster sizes (as an IVF index wants): while the largest cluster holds more "
                           "than R x the mean size, each iteration moves the smallest clusters' centroids into the "
@@ -151,7 +154,8 @@ def run_fit(args: argparse.Namespace) -> int:
                         random_state=args.seed, backend=args.backend, metric=args.metric, precision=args.precision,
                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, tier=args.tier,
                         memory_limit=args.memory_limit, device_memory_limit=args.device_memory_limit,
-                        max_samples_per_cluster=args.max_samples_per_cluster, max_imbalance=args.max_imbalance)
+                        max_samples_per_cluster=args.max_samples_per_cluster, max_imbalance=args.max_imbalance,
+                        algorithm=args.algorithm)
             km.check_params()  # fail fast: before reading data or starting a cluster
             common.check_cluster_args(args)
             # The inputs first: a missing input is the error to report, whatever the outputs.

@@ -28,7 +28,7 @@ from ..numerics.grid import Grid, check_resolution
 from ..errors import InputChanged
 from ..io.checkpoint import check_fingerprint, fingerprint, write_checkpoint
 from ..metric import get_metric
-from ..params import KMeansParams, RunParams
+from ..params import ALGORITHMS, KMeansParams, RunParams
 from ..events import step
 from ..seeding import resolve_init
 from ..timing import Phases
@@ -139,7 +139,8 @@ def fit_distributed(
     k = params.n_clusters
     job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files,
                       precision=params.precision, max_iter=params.max_iter, metric=params.metric,
-                      train_rows=train_rows, seed=seed, in_memory=in_memory, phase=phase)
+                      train_rows=train_rows, seed=seed, in_memory=in_memory, phase=phase,
+                      algorithm=ALGORITHMS[params.algorithm])
     n, d = (int(s) for s in job.X.shape)
     # One run per explicit start (a callable init's), else n_init from a named init or one array.
     starts = params.init if isinstance(params.init, list) else None

@@ -165,6 +165,7 @@ class FitJob:
         seed: int | None = None,
         in_memory: bool = False,
         phase: Phases | None = None,
+        algorithm: str = "lloyd",
     ) -> "FitJob":
         """Plan a fit of ``n_clusters`` centroids to ``X`` on ``client``'s workers.
 
@@ -201,6 +202,8 @@ class FitJob:
             scikit-learn gives them; else lazy Dask arrays (data that may not fit the client).
         phase : Phases, optional
             Where the seconds of sample, plan, place and moments go.
+        algorithm : str
+            The loop's step (``params.ALGORITHMS``' values), whose memory the plan counts.
         """
         phase = phase if phase is not None else Phases()
         if files is None:
@@ -227,7 +230,8 @@ class FitJob:
             budgets = kept.budgets if kept is not None else worker_budgets(client, *limits, backend)
             # Data daskmeans read from a file is in chunks of its own choosing, which the plan
             # may grow for GPU workers; a caller's chunks are only ever cut.
-            tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets, own_chunks=path is not None)
+            tiers = plan(client, X, backend, k, tier, *limits, budgets=budgets, own_chunks=path is not None,
+                         algorithm=algorithm)
             if max_iter is not None:
                 slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))
                 if slow:

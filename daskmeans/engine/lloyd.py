@@ -32,7 +32,7 @@ from ..numerics.grid import Grid
 from ..dask_cluster import check_scheduler
 from ..errors import DaskmeansError
 from ..liveness import LOOK_SECONDS, run_bounded
-from ..params import KMeansParams, RunParams
+from ..params import ALGORITHMS, KMeansParams, RunParams
 from .placement import Placement
 from .task import blas_capped, submit_per_shard
 from .watch import WorkerLost, forget_traceback, watch
@@ -155,6 +155,7 @@ def run_lloyd(
         int(params.max_iter), tol_abs, params.metric, precision, grid,
         len(placement.row_chunks), placement.n_samples, float(config.get_seconds("segment-seconds")),
         None if params.max_imbalance is None else float(params.max_imbalance), int(seed),
+        ALGORITHMS[params.algorithm],
     )
     history: list[dict] = list(start.history or []) if start is not None else []
     start = start if start is not None else Start(0, np.asarray(centroids, np.float64))

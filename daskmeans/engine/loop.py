@@ -4,7 +4,8 @@ Per segment (a few iterations, about ``daskmeans.segment-seconds`` long; the cli
 :mod:`.lloyd`)::
 
     rank r:   for each iteration of the segment:
-                  lloyd_step: assign, allreduce, update, re-seed      (engine.step)
+                  the step (STEPS[fit.algorithm]: engine.step's lloyd_step, engine.yinyang's
+                  yinyang_step): assign, allreduce, update, re-seed
                   stop rule, identically on every rank
               return the segment's per-iteration statistics (rank 0)
 
@@ -35,6 +36,11 @@ from .placement import Shard
 from . import collective as coll
 from .reseed import for_fit
 from .step import FitSpec, Layout, kept_norms, lloyd_step, norms_argument
+from .yinyang import yinyang_step
+
+# The step each ``FitSpec.algorithm`` runs: the same signature and result (Lloyd's bits), the
+# variants beside Lloyd's step rather than branches inside it.
+STEPS = {"lloyd": lloyd_step, "yinyang": yinyang_step}
 
 
 @dataclass
@@ -137,18 +143,19 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
     st.running = True
     seg_t0 = time.perf_counter()
     reseed = for_fit(fit.max_imbalance, fit.seed)
+    step = STEPS[fit.algorithm]
     history = []
     while not st.done and st.iteration < fit.max_iter:
         interrupt()
         k, d = st.centroids.shape
-        n_host = Layout(k, d, fit.n_chunks).host_words
+        n_host = Layout(k, d, fit.n_chunks, be.inertia_from_sums).host_words
         if st.stats_host is None or st.stats_host.shape[0] != n_host:
             st.stats_host = be.pinned(np.empty(n_host, np.int64))  # before the collective is queued
         # This iteration (as long as the last one) ends the segment's time: decided by rank 0
         # before the kernels, every rank learns it from the sum.
         end = comm.rank == 0 and time.perf_counter() - seg_t0 + st.last_seconds >= fit.segment_seconds
-        new, stats = lloyd_step(shard, st.centroids, st.iteration, fit, comm, st.stats_host, reseed,
-                                end_segment=end, interrupt=interrupt)
+        new, stats = step(shard, st.centroids, st.iteration, fit, comm, st.stats_host, reseed,
+                          end_segment=end, interrupt=interrupt)
         st.prev, st.centroids, st.iteration = st.centroids, new, stats.iteration
         st.last_seconds = stats.seconds
         history.append(stats.as_dict())
@@ -161,6 +168,7 @@ def run_segment(shard: Shard, rank: int, spec: coll.CollectiveSpec, fit: FitSpec
         "done": st.done or st.iteration >= fit.max_iter,
     }
     if result["done"]:
+        shard.yinyang = None  # the bounds are the run's (memory of the rows' size): not kept past it
         labels, inertia = _labels_under(shard, st.centroids, fit.precision, be, interrupt)
         shard.final = FinalLabels(labels)
         # Per-chunk inertia (float64 bits, summed on the client in chunk order) and the

@@ -35,6 +35,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import backend_here, get_backend
+from ..backends.bounds import bound_bytes
 from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
 from ..io.readers import split_rows
@@ -114,29 +115,33 @@ def kernel_tunables() -> Tunables:
 
 
 def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0, tunables: Tunables | None = None) -> dict[str, int]:
+                  sm_count: int = 0, tunables: Tunables | None = None, algorithm: str = "lloyd") -> dict[str, int]:
     """What one worker's loop needs besides its data, part by part (bytes): ``model``, K x D
     float64 centroids (current, previous, new), the iteration buffer (one int64 per sum, sent
     and received), a chunk's sums and the update's temporaries; ``tiles``, the kernels' own
     buffers (the backend's ``working_bytes`` for a chunk's rows on a device of ``sm_count``
     SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
-    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32).
-    ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
+    computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32);
+    with ``algorithm`` "yinyang", ``bounds``: its per-row bounds and the rank's kept partial
+    sums (:func:`daskmeans.backends.bounds.bound_bytes`). ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
     tunables = tunables if tunables is not None else kernel_tunables()
-    return {
+    parts = {
         "model": k * d * 8 * (3 + 2 + 2) + n_chunks * 8,
         "tiles": int(get_backend(backend).working_bytes(k, d, chunk_rows, sm_count, tunables)),
         "chunks": 2 * chunk_bytes,
         "labels": rows_per_worker * 4 * 3,
     }
+    if algorithm == "yinyang":
+        parts["bounds"] = bound_bytes(rows_per_worker, k) + (k * d + 2 * k) * 8
+    return parts
 
 
 def working_bytes(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_worker: int, backend: str,
-                  sm_count: int = 0, tunables: Tunables | None = None) -> int:
+                  sm_count: int = 0, tunables: Tunables | None = None, algorithm: str = "lloyd") -> int:
     """The sum of :func:`working_parts`."""
     return int(sum(working_parts(k, d, n_chunks, chunk_bytes, rows_per_worker, backend, sm_count,
-                                 tunables).values()))
+                                 tunables, algorithm).values()))
 
 
 def _too_small(k: int, d: int, parts: dict[str, int], limit: int, memory: str, flag: str, chunk_rows: int,
@@ -150,6 +155,9 @@ def _too_small(k: int, d: int, parts: dict[str, int], limit: int, memory: str, f
         (parts["tiles"], f"kernel tiles {format_bytes(parts['tiles'])} (daskmeans.{tile_setting})"),
         (parts["model"], f"centroids and partial sums {format_bytes(parts['model'])} (fewer clusters or features)"),
     ]
+    if "bounds" in parts:
+        named.append((parts["bounds"], f"Yinyang's bounds {format_bytes(parts['bounds'])} (algorithm='lloyd' "
+                                       f"needs none; more workers)"))
     named.sort(key=lambda p: -p[0])  # stable: ties keep the order above
     return (f"K x D = {k} x {d}: the loop needs {format_bytes(sum(parts.values()))} per worker besides its data, "
             f"more than its {memory} memory budget {format_bytes(limit)} ({flag}): "
@@ -167,6 +175,7 @@ def plan(
     *,
     budgets: dict | None = None,
     own_chunks: bool = False,
+    algorithm: str = "lloyd",
 ) -> TierPlan:
     """Choose the tier of ``X`` on the workers of ``client``, the fit's chunk size, and check
     the budgets.
@@ -197,6 +206,8 @@ def plan(
     own_chunks : bool
         Whether ``X``'s row chunks are daskmeans' choice (a file it read, at
         ``daskmeans.chunk-bytes`` or the command's ``--chunk-bytes``) rather than the caller's.
+    algorithm : str
+        The loop's step (``params.ALGORITHMS``' values): "yinyang" keeps bounds per row.
 
     Raises
     ------
@@ -235,7 +246,8 @@ def plan(
     rows = -(-n // n_workers) + chunk_rows  # the balance keeps whole chunks: at most one more
     share = min(n, rows) * d * item
     sms = max(int(b.get("sm_count") or 0) for b in budgets.values()) if budgets else 0
-    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms, tunables)
+    parts = working_parts(k, d, X.numblocks[0], chunk_rows * d * item, min(n, rows), backend, sms, tunables,
+                          algorithm)
     working = sum(parts.values())
     if working > limit:
         raise DaskmeansError(_too_small(k, d, parts, limit, "device" if gpu else "host", flag, chunk_rows,

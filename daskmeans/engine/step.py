@@ -9,10 +9,13 @@
     the re-seeding hook (engine.reseed): empty clusters, size balancing -> update again
 
 The int64 buffer of one step (:class:`Layout`) carries everything the ranks combine: the
-fixed-point sums and weights, the counts, each chunk's inertia (as float64 bits in the chunk's
-own slot, so the total is added in chunk order on every rank), the reassigned and re-checked
-row counts, and rank 0's "this is the segment's last iteration" flag. Nothing in the result
-depends on how many workers there are or which chunks each holds.
+fixed-point sums and weights, the counts, the per-cluster sums of ``w ||x||^2`` on the grid
+(the inertia follows from these exact sums: ``Grid.inertia``, on a backend that is
+``inertia_from_sums``) or else each chunk's inertia (as float64 bits in the chunk's own slot,
+so the total is added in chunk order on every rank), the reassigned and re-checked row
+counts, and rank 0's "this is the segment's last iteration" flag. Nothing in the result
+depends on how many workers there are or which chunks each holds; with the inertia from
+sums, nothing depends on which rows a step re-assigned either (Yinyang's step).
 
 A rank queues the step's work without waiting in between: the kernels, the collective (NCCL's;
 the Dask collective adds on the host), the copy of the statistics to the host and the centroid
@@ -55,6 +58,10 @@ class FitSpec:
     # (:class:`.reseed.SizeBalance`); ``seed`` chooses the rows they move to.
     max_imbalance: float | None = None
     seed: int = 0
+    # The step each iteration runs (``params.ALGORITHMS``' values): "lloyd" (:func:`lloyd_step`)
+    # or "yinyang" (:func:`.yinyang.yinyang_step`: the same result, rows whose bounds certify
+    # their label skip the distances).
+    algorithm: str = "lloyd"
 
 
 @dataclass(frozen=True)
@@ -121,10 +128,12 @@ class IterationStats:
 
 class Layout:
     """Offsets of the fields in one step's int64 buffer (K clusters, D features, the fit's
-    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, then the scalars that travel to
-    the host: one inertia slot per chunk, reassigned, re-checked, the segment's flag."""
+    chunks): sums ``(K*D)``, weights ``(K)``, counts ``(K)``, then the fields that travel to
+    the host as they are: one inertia slot per chunk, or with ``qsums`` (a backend that is
+    ``inertia_from_sums``) the per-cluster sums of ``w ||x||^2`` ``(K)`` in their place
+    (``inertia`` then None), reassigned, re-checked, the segment's flag."""
 
-    def __init__(self, k: int, d: int, n_chunks: int):
+    def __init__(self, k: int, d: int, n_chunks: int, qsums: bool = False):
         self.k, self.d = k, d
         o = 0
         self.sums = slice(o, o + k * d)
@@ -133,8 +142,15 @@ class Layout:
         o = self.weights.stop
         self.counts = slice(o, o + k)
         self.small = o = self.counts.stop  # from here on the scalars travel to the host
-        self.inertia = o  # n_chunks float64 slots
-        self.reassigned = o + n_chunks
+        if qsums:
+            self.qsums: slice | None = slice(o, o + k)
+            self.inertia: int | None = None
+            o += k
+        else:
+            self.qsums = None
+            self.inertia = o  # n_chunks float64 slots
+            o += n_chunks
+        self.reassigned = o
         self.rechecked = self.reassigned + 1
         self.flag = self.rechecked + 1
         self.n = self.flag + 1
@@ -145,7 +161,7 @@ class Layout:
         return self.n - self.weights.start
 
 
-def _slot(shard: Shard, iteration: int) -> list | None:
+def label_slot(shard: Shard, iteration: int) -> list | None:
     """Step ``iteration``'s label arrays in the shard's workspace, if present and whole."""
     labels = shard.labels.get(iteration % 2)
     return labels if labels is not None and len(labels) == len(shard.chunk_ids) else None
@@ -192,7 +208,7 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         Steps done before this one.
     fit : FitSpec
     comm : Collective
-    host : ndarray, shape (Layout(K, D, fit.n_chunks).host_words,) int64
+    host : ndarray, shape (Layout(K, D, fit.n_chunks, be.inertia_from_sums).host_words,) int64
         The rank's host buffer of the statistics (page-locked on a GPU, allocated before the
         collective is queued), reused step after step.
     reseed : Reseed
@@ -210,20 +226,21 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         The new centroids ``(K, D)`` float64 (backend array, the same bits on every rank) and
         the step's statistics.
     """
+    return run_step(lloyd_pass, shard, centroids, iteration, fit, comm, host, reseed, end_segment=end_segment,
+                    interrupt=interrupt)
+
+
+def lloyd_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
+               interrupt: Callable[[], None] | None) -> None:
+    """Lloyd's local work of step ``it``: every local chunk assigned under the prepared
+    centroids ``prep``, its sums, weights, counts, inertia (the chunk's slot), reassigned and
+    re-checked rows added to ``buf`` (``lay``'s int64 fields), its labels kept in the shard's
+    workspace (``shard.labels[it % 2]``)."""
     be = shard.be
     xp = be.xp
-    t_start = time.perf_counter()
-    m_start = be.mark()
-    k, d = centroids.shape
-    lay = Layout(k, d, fit.n_chunks)
-    buf = xp.zeros(lay.n, xp.int64)
     fv = buf.view(xp.float64)
-    if end_segment:
-        buf[lay.flag] = 1
-    prep = be.prepare(centroids, shard.dtype, fit.precision)
-    it = iteration
-    prev = _slot(shard, it - 1) if it > 0 else None
-    out_slot = _slot(shard, it)
+    prev = label_slot(shard, it - 1) if it > 0 else None
+    out_slot = label_slot(shard, it)
     labels = []
     norms = kept_norms(shard, be)
     for j, (cid, _, block, w) in enumerate(shard.items()):
@@ -237,13 +254,42 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
         buf[lay.sums] += out["sums"].reshape(-1)
         buf[lay.weights] += out["weights"]
         buf[lay.counts] += out["counts"]
-        if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
-            raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks (ids 0 to {fit.n_chunks - 1})")
-        fv[lay.inertia + cid] = out["inertia"]
+        check_chunk(cid, fit)
+        if be.inertia_from_sums:
+            buf[lay.qsums] += out["qsums"]
+        else:
+            fv[lay.inertia + cid] = out["inertia"]
         # Device scalars (0-d, some float64 on the GPU): added on the device, no synchronisation.
         buf[lay.reassigned] += xp.asarray(out["reassigned"]).astype(xp.int64)
         buf[lay.rechecked] += xp.asarray(out["rechecked"]).astype(xp.int64)
     shard.labels[it % 2] = labels
+
+
+def check_chunk(cid: int, fit: FitSpec) -> None:
+    """A chunk's id must name one of the fit's inertia slots."""
+    if not 0 <= cid < fit.n_chunks:  # a slot of another field: the sums would be wrong
+        raise DaskmeansError(f"chunk {cid} is outside the fit's {fit.n_chunks} chunks (ids 0 to {fit.n_chunks - 1})")
+
+
+def run_step(local_pass: Callable[..., None], shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any,
+             host: np.ndarray, reseed: Reseed, *, end_segment: bool = False,
+             interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
+    """One step on this rank around its ``local_pass`` (:func:`lloyd_pass`'s signature: what
+    differs between the algorithms): the buffer, the collective, the update, the re-seeding
+    and the statistics, the same for every algorithm (parameters and result as
+    :func:`lloyd_step`)."""
+    be = shard.be
+    xp = be.xp
+    t_start = time.perf_counter()
+    m_start = be.mark()
+    k, d = centroids.shape
+    lay = Layout(k, d, fit.n_chunks, be.inertia_from_sums)
+    buf = xp.zeros(lay.n, xp.int64)
+    if end_segment:
+        buf[lay.flag] = 1
+    prep = be.prepare(centroids, shard.dtype, fit.precision)
+    it = iteration
+    local_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
     m_kernels = be.mark()
     total = comm.allreduce(buf, wait=False)  # NCCL: queued; the host waits below, once the rest is queued too
     m_reduced = be.mark()
@@ -261,7 +307,13 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
     comm.wait()  # watches for a lost peer or an abort while it waits
     be.wait(m_copied)
     small = host[lay.small - lay.weights.start :]
-    smallf = small.view(np.float64)
+    if be.inertia_from_sums:
+        # The labels' inertia from the exact sums, under the centroids they were assigned
+        # against (in the data dtype, as the distances): a function of labels and centroids.
+        q = host[lay.qsums.start - lay.weights.start : lay.qsums.stop - lay.weights.start]
+        inertia = fit.grid.inertia(be.to_numpy(isums), host[:k], q, be.to_numpy(prep.centroids))
+    else:
+        inertia = float(np.sum(small.view(np.float64)[: fit.n_chunks]))
     reduced = Reduced(shard, comm, it, old, isums, iweights, host[:k], host[k : 2 * k], fit.grid, fit.n_samples)
     n_empty = int(np.count_nonzero(reduced.weights <= 0))  # empty means no weight (as scikit-learn)
     n_moved = 0
@@ -277,7 +329,7 @@ def lloyd_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm:
     seconds = time.perf_counter() - t_start
     stats = IterationStats(
         iteration=it + 1,
-        inertia=float(np.sum(smallf[: fit.n_chunks])) * inertia_scale(fit.metric),
+        inertia=inertia * inertia_scale(fit.metric),
         shift=shift,
         reassigned=int(small[lay.reassigned - lay.small]),
         n_empty=n_empty,

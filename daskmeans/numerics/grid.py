@@ -13,6 +13,18 @@ The price is the rounding of each value to the grid, at most half a step: ``2**e
 ``max|x_j| * W * 2**-62`` (``W`` the total weight), a relative ``2**-40`` of the feature's
 largest value for 10**6 rows and ``2**-29`` for 10**10, finer than float32 data carry.
 
+The step's inertia comes from exact sums too (:meth:`Grid.inertia`): each row's ``w ||x||^2``
+rounded once to a step of its own (``2**qexp``, about ``W * sum_j max|x_j|^2 * 2**-62``) and
+added per cluster as int64 (``Q_k``), then, with the value sums ``S_k``, the weights ``W_k`` and
+the centroids ``c_k`` the labels were assigned against,
+``inertia = sum_k (Q_k - 2 c_k . S_k + W_k ||c_k||^2)`` in float64: a function of the labels
+and centroids alone, the same bits for any chunking, worker count or algorithm that gives
+the same labels. The three terms are each about ``W_k ||mu_k||^2`` (``mu_k`` the cluster's
+mean), so the result carries a relative error of about ``eps * ||mu_k||^2 / sigma_k^2``
+(``sigma_k^2`` the cluster's mean squared distance, ``eps = 2**-53``): the cancellation that
+``||x||^2 - 2 x.c + ||c||^2`` per row has too, there in the data dtype (docs/performance.md,
+"inertia from exact sums").
+
 Functions work on NumPy and CuPy arrays alike (identical IEEE operations, so identical bits).
 """
 
@@ -49,6 +61,9 @@ class Grid:
         A feature's sums are int64 multiples of ``2**exps[j]``.
     wexp : int
         The per-cluster weights are int64 multiples of ``2**wexp``.
+    qexp : int
+        The per-cluster sums of ``w ||x||^2`` are int64 multiples of ``2**qexp``
+        (:meth:`inertia`).
     x_max : float
         The largest absolute value of any feature (a bound on every value the kernels read).
     """
@@ -57,6 +72,13 @@ class Grid:
         w = max(float(total_weight), 1.0)
         self.exps = _exps(np.asarray(max_abs, np.float64) * w)
         self.wexp = int(_exps(np.array([w]))[0])
+        # sum_i w_i ||x_i||^2 <= W * sum_j max|x_j|^2, bounded in exponents (the product may
+        # not be a finite float64 where the data is near the dtype's range).
+        sq = float(np.sum(np.square(np.asarray(max_abs, np.float64)))) if np.size(max_abs) else 0.0
+        if sq > 0 and math.isfinite(sq):
+            self.qexp = max(math.frexp(sq)[1] + math.frexp(w)[1] - GRID_BITS, _MIN_EXP)
+        else:
+            self.qexp = _MIN_EXP if sq == 0 else 1024 - GRID_BITS
         self.x_max = float(np.max(max_abs)) if np.size(max_abs) else 0.0
         self._scales: dict = {}
 
@@ -69,10 +91,11 @@ class Grid:
         return cls(max_abs, total)
 
     def __getstate__(self) -> dict:
-        return {"exps": self.exps, "wexp": self.wexp, "x_max": self.x_max}
+        return {"exps": self.exps, "wexp": self.wexp, "qexp": self.qexp, "x_max": self.x_max}
 
     def __setstate__(self, state: dict) -> None:
         self.exps, self.wexp, self.x_max, self._scales = state["exps"], state["wexp"], state["x_max"], {}
+        self.qexp = state["qexp"]
 
     def scales(self, xp: Any) -> Any:
         """``2**-exps`` as float64 on ``xp``'s device (kept: a fit asks once per chunk)."""
@@ -98,6 +121,47 @@ class Grid:
     def wscale(self) -> float:
         """``2**-wexp``: a sample weight in units of the weights' grid step."""
         return math.ldexp(1.0, -self.wexp)
+
+    @property
+    def qscale(self) -> float:
+        """``2**-qexp``: a row's ``w ||x||^2`` in units of its grid step (the kernels add
+        ``rint(w ||x||^2 * qscale)``)."""
+        return math.ldexp(1.0, -self.qexp)
+
+    def inertia(self, isums: np.ndarray, iweights: np.ndarray, iq: np.ndarray, centroids: np.ndarray) -> float:
+        """The inertia of labelled rows from their exact per-cluster sums:
+        ``sum_k (Q_k - 2 c_k . S_k + W_k ||c_k||^2)`` in float64, each cluster's term clamped
+        at 0 (it is a sum of squares; rounding can take a cluster whose rows sit on its
+        centroid below 0).
+
+        Host arrays (the step reads the reduced sums on the host). Float64 rather than long
+        double: several times cheaper per step at wide K, and the same on every platform
+        (docs/performance.md, "inertia from exact sums", has both measured).
+
+        Parameters
+        ----------
+        isums : int64 ndarray, shape (K, d)
+            ``S_k``: the rows' ``w x`` on the grid (:meth:`sums`' integers).
+        iweights : int64 ndarray, shape (K,)
+            ``W_k`` on the weights' grid.
+        iq : int64 ndarray, shape (K,)
+            ``Q_k``: the rows' ``w ||x||^2``, multiples of ``2**qexp``.
+        centroids : ndarray, shape (K, d)
+            The centroids the labels were assigned against (any float dtype).
+
+        Returns
+        -------
+        float
+            The same bits for the same integers and centroids (NumPy's fixed reduction order),
+            whatever chunking or algorithm produced the integers.
+        """
+        c = np.asarray(centroids).astype(np.float64)
+        # c_kj * 2**e_j is exact (a power of two), so the cross term needs no ldexp of the sums.
+        cross = (c * np.ldexp(1.0, self.exps) * np.asarray(isums).astype(np.float64)).sum(axis=1)
+        q = np.asarray(iq).astype(np.float64) * math.ldexp(1.0, self.qexp)
+        w = np.asarray(iweights).astype(np.float64) * math.ldexp(1.0, self.wexp)
+        per = q - 2.0 * cross + w * (c * c).sum(axis=1)
+        return float(np.maximum(per, 0.0).sum())
 
     def unit_weights(self, counts: Any) -> Any:
         """Per-cluster weights on the grid when every sample weight is 1: ``counts * 2**-wexp``

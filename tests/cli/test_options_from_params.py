@@ -36,6 +36,7 @@ OPTIONS = [
     ("fit", "precision", KMeansParams, "precision", FIELD),
     ("fit", "max_samples_per_cluster", KMeansParams, "max_samples_per_cluster", FIELD),
     ("fit", "max_imbalance", KMeansParams, "max_imbalance", FIELD),
+    ("fit", "algorithm", KMeansParams, "algorithm", FIELD),
     ("fit", "tier", RunParams, "tier", FIELD),
     ("fit", "memory_limit", RunParams, "memory_limit", FIELD),
     ("fit", "device_memory_limit", RunParams, "device_memory_limit", FIELD),

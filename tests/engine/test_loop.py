@@ -96,11 +96,13 @@ def data():
     return x.astype(np.float32)
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "yinyang"])
 @pytest.mark.parametrize("init", ["array", "k-means||"])
-def test_bitwise_identical_on_one_two_and_three_workers(client1, client, client3, data, init):
+def test_bitwise_identical_on_one_two_and_three_workers(client1, client, client3, data, init, algorithm):
     spec = data[:10].astype(np.float64) if init == "array" else init
     X = da.from_array(data, chunks=(700, -1))
-    fits = [KMeans(10, init=spec, random_state=7, tol=0, client=c).fit(X) for c in (client1, client, client3)]
+    fits = [KMeans(10, init=spec, random_state=7, tol=0, algorithm=algorithm, client=c).fit(X)
+            for c in (client1, client, client3)]
     one = fits[0]
     assert one.n_iter_ > 5
     for other, c in zip(fits[1:], (client, client3)):
@@ -112,14 +114,16 @@ def test_bitwise_identical_on_one_two_and_three_workers(client1, client, client3
         np.testing.assert_array_equal(c.compute(other.labels_).result(), client1.compute(one.labels_).result())
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "yinyang"])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_bitwise_identical_for_any_chunking(client, data, weighted):
+def test_bitwise_identical_for_any_chunking(client, data, weighted, algorithm):
     w = np.random.default_rng(1).uniform(0.5, 2.0, len(data)) if weighted else None
     fits = []
     for chunks in [(700,), (12_000,), ((5000, 333, 6667),)]:
         X = da.from_array(data, chunks=chunks + (-1,))
         sw = None if w is None else da.from_array(w, chunks=X.chunks[0])
-        km = KMeans(10, init=data[:10].astype(np.float64), tol=0, client=client).fit(X, sample_weight=sw)
+        km = KMeans(10, init=data[:10].astype(np.float64), tol=0, algorithm=algorithm,
+                    client=client).fit(X, sample_weight=sw)
         fits.append((km, client.compute(km.labels_).result()))
     (one, labels), rest = fits[0], fits[1:]
     assert one.n_iter_ > 5
@@ -280,9 +284,10 @@ def _kill_one(client, victims):
     return addr
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "yinyang"])
 @pytest.mark.parametrize("rows", [1334, 4000])  # 9 and 3 chunks: 2 workers left cannot share them evenly
 @pytest.mark.parametrize("when", ["between-segments", "mid-segment"])
-def test_killed_worker_is_recovered_bitwise(data, when, rows):
+def test_killed_worker_is_recovered_bitwise(data, when, rows, algorithm):
     """A worker killed mid-fit: the chunks are placed again on the workers left, in the same
     chunks, and the fit goes on from the segment's start. Chunkings the survivors cannot
     share evenly used to be re-split, and the loop mixed the two chunkings' statistics."""
@@ -312,8 +317,8 @@ def test_killed_worker_is_recovered_bitwise(data, when, rows):
         with dask.config.set({"daskmeans.segment-seconds": 0.05 if when == "between-segments" else 60}):
             if when == "mid-segment":
                 watcher.start()
-            km = _finishes_within(RECOVERY_DEADLINE, KMeans(10, init=init, tol=0, client=c).fit, X,
-                                  callback=at_iteration)
+            km = _finishes_within(RECOVERY_DEADLINE, KMeans(10, init=init, tol=0, algorithm=algorithm,
+                                                            client=c).fit, X, callback=at_iteration)
         assert killed, "no worker was killed during the fit"
         np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
         assert km.inertia_ == ref.inertia_ and km.n_iter_ == ref.n_iter_

@@ -43,6 +43,14 @@ def test_the_layout_sends_the_weights_onwards_to_the_host():
     assert lay.host_words == 13
 
 
+def test_the_layout_carries_the_inertias_sums_in_place_of_the_chunks_slots():
+    lay = Layout(3, 2, 4, qsums=True)  # sums 6, weights 3, counts 3, qsums 3, reassigned, rechecked, flag
+    assert (lay.sums, lay.weights, lay.counts, lay.qsums) == (slice(0, 6), slice(6, 9), slice(9, 12), slice(12, 15))
+    assert lay.inertia is None
+    assert (lay.reassigned, lay.rechecked, lay.flag, lay.n) == (15, 16, 17, 18)
+    assert lay.host_words == 12
+
+
 def reduced(weights, counts, n_samples) -> Reduced:
     k = len(counts)
     return Reduced(shard=None, comm=None, iteration=0, centroids=None, isums=np.zeros((k, 2), np.int64),

@@ -1,0 +1,255 @@
+"""Yinyang k-means's step (Ding et al. 2015, "Yinyang K-means"): Lloyd's result, with the
+distance work skipped for the rows whose bounds certify their label.
+
+Beside :func:`.step.lloyd_step`, with its signature (the segment runner picks the step by
+``FitSpec.algorithm``); only the local pass differs (:func:`yinyang_pass`), the collective,
+the update and the re-seeding are :func:`.step.run_step`'s. Per rank, in the shard's
+workspace (``shard.yinyang``, :class:`YinyangState`):
+
+- the centroids' groups (``t`` groups by a few Lloyd steps on the centroids of the step that
+  set the bounds: :func:`centroid_groups`; :func:`.bounds.n_groups` says how many);
+- per local chunk, each row's upper bound on the distance to its centroid, its lower bounds
+  per group on the distances to the group's other centroids (float64, ``(n,)`` and
+  ``(n, t)``) and its ``||x||^2``;
+- the rank's partial sums, weights and counts (int64 on the fit's grid) under the labels of
+  the last step.
+
+A step moves the bounds by each centroid's drift (its group's largest for the lower bounds)
+and keeps a row's label where the upper bound, tightened to the row's distance if need be,
+stays below every group's lower bound by the backend's rounding margin
+(:mod:`daskmeans.backends.bounds`): the label the full assignment would give. The other rows
+go through the backend's own assignment (the same GEMM and selection as Lloyd's) and get new
+bounds. The sums change by the rows that moved, subtracted from their old cluster and added
+to their new one as the exact integers the kernels add: the same int64 totals as summing
+every row again, so the centroids are Lloyd's bits. So do the per-cluster sums of
+``w ||x||^2`` from which the step's inertia follows (``Grid.inertia``, on a backend that is
+``inertia_from_sums``: the CPU's), so the inertia is Lloyd's bits too, with no distance
+computed for a certified row. On a backend whose inertia is per chunk (the GPU's), each
+chunk's is its rows' distances to their centroids (``owner_inertia``).
+
+The bounds are set by a full assignment (every row's distances) where they are not known
+to hold for the step's centroids: once the rank's last step moved at most
+:data:`BOUND_START` of its rows, after the fit's first steps, a restart or a re-placement,
+or a step given centroids other than those the last step returned (the state keeps that
+array). Until then the step is Lloyd's pass itself: while the centroids still move far next
+to no row stays certified, and the bounds cost more than the distances they would save.
+Bounds that leave more than :data:`ABANDON` of the rows uncertain are dropped the same way,
+and set again once the steps move a quarter as many rows (docs/performance.md, "Yinyang"). A re-seeding (empty clusters, size balance) needs no reset: the
+bounds are moved by the drift of whatever the update did, which the triangle inequality
+covers for any move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..backends.bounds import n_groups
+from .placement import Shard
+from .reseed import Reseed
+from .step import FitSpec, IterationStats, Layout, label_slot, check_chunk, lloyd_pass, run_step
+
+GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the filter's strength)
+# The bounds are set (every row's distances, ~3x a Lloyd pass on the CPU) only once the rank's
+# last step moved at most this share of its rows: before that the centroids still drift so far
+# that next to no row stays certified, and Lloyd's own pass is the cheaper step.
+BOUND_START = 0.1
+# Bounds that leave more than this share of the rows uncertain cost more than Lloyd's pass
+# (each uncertain row ~3x its Lloyd cost on the CPU): they are dropped, and set again only once
+# the steps move a quarter as many rows as when they were last set.
+ABANDON = 0.3
+
+
+@dataclass
+class YinyangState:
+    """A rank's Yinyang bounds and partial sums between steps (see the module docstring)."""
+
+    next_iteration: int  # the step the state is for
+    expect: Any  # the centroids that step must be given (the last step's result, by identity)
+    cref: Any = None  # (K, D) the last step's centroids in the data dtype (the drift's origin)
+    group_of: Any = None  # (K,) int32, backend array
+    group_host: np.ndarray | None = None  # the same on the host (the groups' drifts)
+    t: int = 1
+    sums: Any = None  # (K, D) int64, this rank's under the last step's labels
+    weights: Any = None  # (K,) int64 (weighted rows)
+    counts: Any = None  # (K,) int64
+    qsums: Any = None  # (K,) int64, the rows' w ||x||^2 on the grid (inertia_from_sums backends)
+    weighted: bool = False
+    bounded: bool = False  # the bounds and sums below hold (else the last step was Lloyd's pass)
+    moved: float = 1.0  # the share of the rank's rows the last step moved
+    threshold: float | None = None  # the bounds are set once ``moved`` is at most this (None: BOUND_START)
+    upper: list = field(default_factory=list)  # per chunk (n,) float64
+    lower: list = field(default_factory=list)  # per chunk (n, t) float64
+    xnorm: list = field(default_factory=list)  # per chunk (n,) float64
+
+
+def centroid_groups(xp: Any, centroids: Any, t: int) -> Any:
+    """Each centroid's group, ``(K,)`` int32: :data:`GROUPING_STEPS` Lloyd steps on the
+    centroids (float64) from ``t`` of them evenly spaced by index (a group left empty keeps its
+    centre). A function of the centroids alone, the same on every rank; it steers only how
+    many rows the filter certifies, never a label."""
+    c = centroids.astype(xp.float64)
+    k = c.shape[0]
+    if t <= 1 or k <= 1:
+        return xp.zeros(k, xp.int32)
+    centres = c[xp.asarray(np.linspace(0, k - 1, t).round().astype(np.int64))]
+    csq = (c * c).sum(axis=1)
+    group = xp.zeros(k, xp.int64)
+    step = max(1, (1 << 24) // max(1, t))  # rows of the K x t distances at a time
+    for _ in range(GROUPING_STEPS):
+        zsq = (centres * centres).sum(axis=1)
+        for s in range(0, k, step):
+            dist = csq[s : s + step, None] - 2.0 * (c[s : s + step] @ centres.T) + zsq[None, :]
+            group[s : s + step] = dist.argmin(axis=1)
+        # The groups' means by sorted segments (float64 running sums; only the grouping depends on them).
+        order = xp.argsort(group, kind="stable")
+        g_sorted = group[order]
+        cs = xp.concatenate([xp.zeros((1, c.shape[1]), xp.float64), xp.cumsum(c[order], axis=0)])
+        counts = xp.bincount(g_sorted, minlength=t)
+        ends = xp.cumsum(counts)
+        starts = ends - counts
+        filled = counts > 0
+        means = (cs[ends] - cs[starts]) / xp.maximum(counts, 1)[:, None]
+        centres = xp.where(filled[:, None], means, centres)
+    return group.astype(xp.int32)
+
+
+def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int) -> None:
+    """``st``'s groups, zero sums and empty bounds, to be set by a pass over every row."""
+    be = shard.be
+    xp = be.xp
+    st.group_of = centroid_groups(xp, prep.centroids, t)
+    st.group_host = be.to_numpy(st.group_of)
+    st.t = t
+    st.sums, st.weights, st.counts = xp.zeros((k, d), xp.int64), xp.zeros(k, xp.int64), xp.zeros(k, xp.int64)
+    st.qsums = xp.zeros(k, xp.int64) if be.inertia_from_sums else None
+    st.upper, st.lower, st.xnorm = [], [], []
+    st.bounded = True
+
+
+def _drop(st: YinyangState) -> None:
+    """The bounds and sums freed: the next steps are Lloyd's passes."""
+    st.bounded = False
+    st.upper, st.lower, st.xnorm = [], [], []
+    st.sums = st.weights = st.counts = st.qsums = None
+
+
+def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec, buf: Any, lay: Layout,
+                 interrupt: Callable[[], None] | None) -> None:
+    """Yinyang's local work of step ``it`` (:func:`.step.lloyd_pass`'s contract: the same
+    values in ``buf`` and the same labels in ``shard.labels[it % 2]``)."""
+    be = shard.be
+    xp = be.xp
+    fv = buf.view(xp.float64)
+    k, d = centroids.shape
+    prev = label_slot(shard, it - 1) if it > 0 else None
+    out_slot = label_slot(shard, it)
+    st: YinyangState | None = getattr(shard, "yinyang", None)
+    if st is None or st.next_iteration != it or st.expect is not centroids or prev is None:
+        st = shard.yinyang = YinyangState(next_iteration=it, expect=None)  # this run's state starts here
+    holds = st.bounded and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids)
+    rows = 0
+    threshold = BOUND_START if st.threshold is None else st.threshold
+    if not holds and st.moved > threshold:
+        # No bounds, and the centroids still move far: Lloyd's own pass (its bits, its cost).
+        _drop(st)
+        lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
+        rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
+        st.moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]) / max(1, rows)
+        st.next_iteration = it + 1
+        return
+    if not holds:
+        _reset(st, shard, prep, k, d, n_groups(k))
+        _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
+        drift = gdrift = None
+    else:
+        drift, cmax = be.centroid_drift(st.cref, prep.centroids)
+        gd = np.zeros(st.t, np.float64)
+        np.maximum.at(gd, st.group_host, be.to_numpy(drift))
+        gdrift = be.asarray(gd)
+    labels_out = []
+    uncertain = moved_host = 0
+    for j, (cid, _, block, w) in enumerate(shard.items()):
+        if interrupt is not None:
+            interrupt()
+        check_chunk(cid, fit)
+        n = block.shape[0]
+        rows += n
+        if n == 0:
+            lab = xp.empty(0, xp.int32)
+            moved_rows = 0
+            if not holds:
+                st.upper.append(xp.empty(0, xp.float64))
+                st.lower.append(xp.empty((0, st.t), xp.float64))
+                st.xnorm.append(xp.empty(0, xp.float64))
+        elif not holds:
+            # Every row's distances: the labels of the backend's assignment, and the bounds.
+            xnorm = be.row_sqnorms(block)
+            new_lab, upper, lower = be.assign_bounds(block, prep, st.group_of, st.t, xnorm, cmax, interrupt=interrupt)
+            lab = new_lab if out_slot is None or out_slot[j].shape[0] != n else out_slot[j]
+            if lab is not new_lab:
+                lab[...] = new_lab
+            st.upper.append(upper)
+            st.lower.append(lower)
+            st.xnorm.append(xnorm)
+            st.weighted = w is not None
+            be.add_label_sums(block, lab, w, 1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xnorm)
+            moved_rows = n if prev is None else xp.count_nonzero(lab != prev[j])
+        else:
+            old = prev[j]
+            lab = out_slot[j] if out_slot is not None and out_slot[j].shape[0] == n else xp.empty(n, xp.int32)
+            lab[...] = old
+            cand = be.yinyang_filter(block, prep, old, st.upper[j], st.lower[j], st.xnorm[j], drift, gdrift, cmax)
+            uncertain += int(cand.shape[0])
+            moved_rows = 0
+            if cand.shape[0]:
+                xu = block[cand]
+                new_u, up_u, lo_u = be.assign_bounds(xu, prep, st.group_of, st.t, st.xnorm[j][cand], cmax,
+                                                     interrupt=interrupt)
+                st.upper[j][cand] = up_u
+                st.lower[j][cand] = lo_u
+                old_u = old[cand]
+                moved = xp.flatnonzero(new_u != old_u)
+                moved_rows = moved.shape[0]
+                if moved_rows:
+                    # The rows that changed cluster leave their old one and join the new one, as
+                    # the exact integers the kernels add: the sums over every row again.
+                    xm = xu[moved]
+                    wm = None if w is None else w[cand[moved]]
+                    xn = None if st.qsums is None else st.xnorm[j][cand[moved]]
+                    be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
+                    be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
+                    lab[cand[moved]] = new_u[moved]
+                moved_host += moved_rows
+        labels_out.append(lab)
+        if not be.inertia_from_sums:
+            fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
+        buf[lay.reassigned] += xp.asarray(moved_rows).astype(xp.int64)
+    shard.labels[it % 2] = labels_out
+    buf[lay.sums] += st.sums.reshape(-1)
+    buf[lay.weights] += st.weights if st.weighted else fit.grid.unit_weights(st.counts)
+    buf[lay.counts] += st.counts
+    if st.qsums is not None:
+        buf[lay.qsums] += st.qsums
+    st.next_iteration = it + 1
+    st.cref = prep.centroids
+    if holds and uncertain > ABANDON * rows:
+        # The bounds certify too few rows to pay: Lloyd's passes until the steps move a quarter
+        # as many rows as now (this step's sums are in ``buf`` already, whole).
+        st.moved = moved_host / max(1, rows)
+        st.threshold = min(threshold, st.moved) / 4
+        _drop(st)
+
+
+def yinyang_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, comm: Any, host: np.ndarray,
+                 reseed: Reseed, *, end_segment: bool = False,
+                 interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
+    """One Yinyang step on this rank: :func:`.step.lloyd_step`'s parameters and result, the
+    same centroids, labels and statistics but the timings and ``rechecked`` (0: the GPU's
+    exact re-checks of Lloyd's rows are not counted here)."""
+    new, stats = run_step(yinyang_pass, shard, centroids, iteration, fit, comm, host, reseed,
+                          end_segment=end_segment, interrupt=interrupt)
+    shard.yinyang.expect = new  # the next step's bounds hold for these centroids alone
+    return new, stats

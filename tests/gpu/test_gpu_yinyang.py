@@ -1,0 +1,113 @@
+"""Yinyang on the GPU (run with ``pytest -m gpu`` on a CUDA host): its kernels (the array-module
+versions of backends/bounds.py on CuPy) against the CPU's and the float64 truth, and whole fits
+bitwise equal to Lloyd's in fp32 and tf32 for K = 64, 4096 and 2^14 and several chunkings."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+STATS = ("iteration", "inertia", "shift", "reassigned", "n_empty", "imbalance", "n_moved")
+
+
+@pytest.mark.parametrize("k", [64, 4096])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_cupy_bounds_hold_and_labels_are_assigns(k, precision):
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.backends.bounds import n_groups
+    from daskmeans.engine.yinyang import centroid_groups
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 40)).astype(np.float32)
+    c = rng.normal(size=(k, 40))
+    X = cupy.asarray(x)
+    p = cb.prepare(cupy.asarray(c), X.dtype, precision)
+    t = n_groups(k)
+    groups = centroid_groups(cupy, p.centroids, t)
+    xn = cb.row_sqnorms(X)
+    _, cmax = cb.centroid_drift(p.centroids, p.centroids)
+    lab, upper, lower = cb.assign_bounds(X, p, groups, t, xn, cmax)
+    np.testing.assert_array_equal(cupy.asnumpy(lab), cupy.asnumpy(cb.assign(X, p, want_sums=False)["labels"]))
+    cd = p.centroids.astype(cupy.float64)
+    d = cupy.asnumpy(cupy.sqrt(((X.astype(cupy.float64)[:, None, :] - cd[None]) ** 2).sum(-1)))
+    labh, gh = cupy.asnumpy(lab), cupy.asnumpy(groups)
+    own = d[np.arange(len(x)), labh]
+    assert (cupy.asnumpy(upper) >= own).all()
+    d[np.arange(len(x)), labh] = np.inf
+    lo = cupy.asnumpy(lower)
+    for q in range(t):
+        if (gh == q).any():
+            assert (lo[:, q] <= d[:, gh == q].min(axis=1)).all()
+    # No drift: every row certified.
+    cand = cb.yinyang_filter(X, p, lab, upper, lower, xn, cupy.zeros(k), cupy.zeros(t), cmax)
+    assert int(cand.shape[0]) <= 3  # only rows within the rounding margin of a tie
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cupy_label_sums_are_assigns_integers(weighted):
+    import cupy
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.numerics.grid import Grid
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5000, 17)).astype(np.float32)
+    w = rng.uniform(0.5, 2, len(x)) if weighted else None
+    X, W = cupy.asarray(x), None if w is None else cupy.asarray(w)
+    g = Grid(np.abs(x).max(axis=0), len(x) if w is None else w.sum())
+    p = cb.prepare(cupy.asarray(rng.normal(size=(300, 17))), X.dtype)
+    out = cb.assign(X, p, W, grid=g)
+    sums, weights, counts = cupy.zeros((300, 17), cupy.int64), cupy.zeros(300, cupy.int64), cupy.zeros(300, cupy.int64)
+    cb.add_label_sums(X, out["labels"], W, 1, g, sums, weights, counts)
+    np.testing.assert_array_equal(cupy.asnumpy(sums), cupy.asnumpy(out["sums"]))
+    np.testing.assert_array_equal(cupy.asnumpy(counts), cupy.asnumpy(out["counts"]))
+    if weighted:
+        np.testing.assert_array_equal(cupy.asnumpy(weights), cupy.asnumpy(out["weights"]))
+
+
+def _set_rule(values):
+    from daskmeans.engine import yinyang as module
+
+    old = (module.BOUND_START, module.ABANDON)
+    module.BOUND_START, module.ABANDON = values
+    return old
+
+
+@pytest.mark.parametrize("rule", ["default", "always"])
+@pytest.mark.parametrize("k", [64, 4096, 1 << 14])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_yinyang_fit_is_lloyds_bits_on_the_gpu(k, precision, rule):
+    """Centroids, labels, iteration count and the history's statistics bitwise Lloyd's, in two
+    chunkings; the inertia to float atomics' reproducibility (Lloyd's own on the GPU). "always":
+    the bounds from the second step on and never dropped (every step after the first through
+    the bounded path)."""
+    import cupy
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+
+    rng = np.random.default_rng(5)
+    n, d = 120_000, 64
+    x = rng.standard_normal((n, d), dtype=np.float32)
+    init = x[:k].astype(np.float64)
+    with LocalCUDACluster(dashboard_address=":0") as lc, Client(lc) as client:
+        if rule == "always":
+            client.run(_set_rule, (1.0, 2.0))
+        for chunks in (n, 17_000):
+            X = da.from_array(cupy.asarray(x), chunks=(chunks, d), asarray=False)
+            fits = [daskmeans.KMeans(k, init=init, n_init=1, max_iter=12, tol=0, precision=precision,
+                                     algorithm=alg, client=client).fit(X) for alg in ("lloyd", "yinyang")]
+            a, b = fits
+            assert a.backend_ == "cupy"
+            np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+            np.testing.assert_array_equal(cupy.asnumpy(a.labels_.compute()), cupy.asnumpy(b.labels_.compute()))
+            assert a.n_iter_ == b.n_iter_
+            assert [[h[s] for s in STATS if s != "inertia"] for h in a.history_] == \
+                [[h[s] for s in STATS if s != "inertia"] for h in b.history_]
+            for ha, hb in zip(a.history_, b.history_):
+                assert hb["inertia"] == pytest.approx(ha["inertia"], rel=1e-9)
+            assert b.inertia_ == pytest.approx(a.inertia_, rel=1e-9)
