@@ -34,7 +34,7 @@ import dask.array as da
 import numpy as np
 from distributed import Client
 
-from ..backends import backend_name, get_backend
+from ..backends import backend_name, get_backend, on_gpu
 from ..dask_cluster import check_paths_on_workers, resolve_backend
 from ..errors import DaskmeansError, DaskmeansWarning
 from ..io.readers import files_of, split_rows
@@ -236,6 +236,11 @@ class FitJob:
                 slow = iteration_warning(n, k, d, max_iter, tiers, len(client.nthreads()))
                 if slow:
                     warnings.warn(slow, DaskmeansWarning, stacklevel=4)
+            if algorithm == "yinyang" and on_gpu(backend):
+                # Lloyd's bits either way, and the measured cost on a GPU is the bounds' array code.
+                warnings.warn(f"algorithm='yinyang' on the {backend} backend: its bounds run as array code there, "
+                              f"many times slower than Lloyd's step (docs/performance.md, \"Yinyang\"); "
+                              f"algorithm='lloyd' gives the same centroids and labels", DaskmeansWarning, stacklevel=4)
             if tiers.chunk_rows:
                 X = split_rows(X, tiers.chunk_rows)
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
