@@ -27,7 +27,7 @@ distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m 
 against every centre before it, costs ``sum_s b m s d = m K^2 d / 2`` = 1.0e12 FMA; the suffix
 one above, each block's picks against the rows later chains read, at most ``U K d`` and about
 ``0.77 U K d`` = 4.7e11 FMA at P3 (a row drawn ~3.3 times has its last use late: about 77% of
-the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 1e10 at b = 24. The
+the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 2.9e9 at b = 7. The
 suffix scheme has fewer flops wherever ``U < m K / 2``
 (the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
 a function of the proposals alone.
@@ -80,7 +80,7 @@ def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
     in-block work's, ``b m d / 2`` FMA on one SM (the two overlap: a block costs the larger, least
     where they are equal; their sum is least there too): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
-    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24).
+    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 7).
 
     Parameters
     ----------

@@ -278,3 +278,18 @@ def test_fit_inertia_within_a_few_percent_of_kmeans_plusplus(client, centers, to
         out[init] = np.median([KMeans(40, init=init, n_init=1, max_iter=20, random_state=s, client=client)
                                .fit(X).inertia_ for s in range(3)])
     assert out["afk-mc2"] <= tolerance * out["k-means++"], out
+
+
+def test_the_block_size_the_docs_state_at_p3_is_the_one_chosen():
+    """``chain_block``'s docstring, the module's and design.md state the GPU's block size at
+    P3 (U = 3e5, d = 408, m = 200): that figure is the one the cost model gives."""
+    import re
+    from pathlib import Path
+
+    from daskmeans.seeding import afkmc2_chains
+
+    b = chain_block(True, 300_000, 408, 200)
+    assert re.findall(r"\bb = (\d+)\)", afkmc2_chains.chain_block.__doc__) == [str(b)]
+    assert re.findall(r"= [\d.e]+ at b = (\d+)\b", afkmc2_chains.__doc__) == [str(b)]
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    assert re.findall(r"from the cost model on a GPU,\s+(\d+) at P3", design) == [str(b)]
