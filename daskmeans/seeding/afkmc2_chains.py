@@ -73,6 +73,11 @@ CPU_BLOCK = 32
 # The block size's range: at least a few chains (launches), at most where one CTA's in-block
 # work would dominate any GEMM.
 MIN_BLOCK, MAX_BLOCK = 4, 256
+# The most bytes of a fold's GEMM output ``-2 X C^T`` (rows x b float64) at a time: the rows go
+# through it in slabs. Unsliced it is b / d times the rows it folds, beyond the proposals' cap
+# (``afkmc2.WORKER_BYTES``) wherever b > d; a constant, so the slabs (the GEMMs' shapes) are a
+# function of the proposals alone.
+FOLD_BYTES = 64 << 20
 
 
 def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
@@ -257,9 +262,13 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     run, fold = _kernels(xp, m, d)
 
     def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
-        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``."""
+        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``, by slabs of rows
+        whose GEMM output fits :data:`FOLD_BYTES`."""
         C = X[picks[s:e]]
-        fold(rows @ (-2.0 * C.T), xsq_rows, xp.einsum("kd,kd->k", C, C), into)
+        ct, csq = -2.0 * C.T, xp.einsum("kd,kd->k", C, C)
+        slab = max(1, FOLD_BYTES // (8 * (e - s)))
+        for a in range(0, rows.shape[0], slab):
+            fold(rows[a:a + slab] @ ct, xsq_rows[a:a + slab], csq, into[a:a + slab])
 
     queues = _Queues(xp)
     for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
