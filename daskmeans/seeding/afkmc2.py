@@ -14,8 +14,9 @@ by ``searchsorted``, and a task on the shard holding that chunk locates its row.
 proposal rows then go to one worker, the first shard's (its own rows stay on its device; the
 others' come through Dask as host rows), which runs the ``K - 1`` chains on its device in
 blocks (:mod:`.afkmc2_chains`: CuPy on a GPU worker, NumPy and Numba on a CPU one; float64,
-one kernel launch and one GEMM per block, nothing read back until the end). Every draw is the
-seed's, on the client, and every number a chain reads is either an exact integer or computed
+one kernel launch per block beside the GEMMs of its prior and its fold, nothing read back until
+the end). Every draw is the seed's (the proposals' on the client, the acceptance uniforms' on
+that worker from the seed), and every number a chain reads is either an exact integer or computed
 on that one device from the rows' values, in an order and with shapes that depend on the
 proposals alone: the same seed gives the same centroids bit for bit on any chunking and worker
 (GPU) count of one kind of device. (The one pass's distances are the backend's exact ones,

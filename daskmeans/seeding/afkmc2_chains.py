@@ -27,7 +27,7 @@ distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m 
 against every centre before it, costs ``sum_s b m s d = m K^2 d / 2`` = 1.0e12 FMA; the suffix
 one above, each block's picks against the rows later chains read, at most ``U K d`` and about
 ``0.77 U K d`` = 4.7e11 FMA at P3 (a row drawn ~3.3 times has its last use late: about 77% of
-the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 1e10 at b = 24. The
+the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 2.9e9 at b = 7. The
 suffix scheme has fewer flops wherever ``U < m K / 2``
 (the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
 a function of the proposals alone.
@@ -73,6 +73,11 @@ CPU_BLOCK = 32
 # The block size's range: at least a few chains (launches), at most where one CTA's in-block
 # work would dominate any GEMM.
 MIN_BLOCK, MAX_BLOCK = 4, 256
+# The most bytes of a fold's GEMM output ``-2 X C^T`` (rows x b float64) at a time: the rows go
+# through it in slabs. Unsliced it is b / d times the rows it folds, beyond the proposals' cap
+# (``afkmc2.WORKER_BYTES``) wherever b > d; a constant, so the slabs (the GEMMs' shapes) are a
+# function of the proposals alone.
+FOLD_BYTES = 64 << 20
 
 
 def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
@@ -80,7 +85,7 @@ def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
     in-block work's, ``b m d / 2`` FMA on one SM (the two overlap: a block costs the larger, least
     where they are equal; their sum is least there too): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
-    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 24).
+    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 7).
 
     Parameters
     ----------
@@ -257,9 +262,13 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     run, fold = _kernels(xp, m, d)
 
     def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
-        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``."""
+        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``, by slabs of rows
+        whose GEMM output fits :data:`FOLD_BYTES`."""
         C = X[picks[s:e]]
-        fold(rows @ (-2.0 * C.T), xsq_rows, xp.einsum("kd,kd->k", C, C), into)
+        ct, csq = -2.0 * C.T, xp.einsum("kd,kd->k", C, C)
+        slab = max(1, FOLD_BYTES // (8 * (e - s)))
+        for a in range(0, rows.shape[0], slab):
+            fold(rows[a:a + slab] @ ct, xsq_rows[a:a + slab], csq, into[a:a + slab])
 
     queues = _Queues(xp)
     for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):

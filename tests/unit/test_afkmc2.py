@@ -278,3 +278,49 @@ def test_fit_inertia_within_a_few_percent_of_kmeans_plusplus(client, centers, to
         out[init] = np.median([KMeans(40, init=init, n_init=1, max_iter=20, random_state=s, client=client)
                                .fit(X).inertia_ for s in range(3)])
     assert out["afk-mc2"] <= tolerance * out["k-means++"], out
+
+
+def test_the_block_size_the_docs_state_at_p3_is_the_one_chosen():
+    """``chain_block``'s docstring, the module's and design.md state the GPU's block size at
+    P3 (U = 3e5, d = 408, m = 200): that figure is the one the cost model gives."""
+    import re
+    from pathlib import Path
+
+    from daskmeans.seeding import afkmc2_chains
+
+    b = chain_block(True, 300_000, 408, 200)
+    assert re.findall(r"\bb = (\d+)\)", afkmc2_chains.chain_block.__doc__) == [str(b)]
+    assert re.findall(r"= [\d.e]+ at b = (\d+)\b", afkmc2_chains.__doc__) == [str(b)]
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    assert re.findall(r"from the cost model on a GPU,\s+(\d+) at P3", design) == [str(b)]
+
+
+@pytest.mark.parametrize("block", [1, 5, CPU_BLOCK])
+def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
+    """A block's fold reads its GEMM ``-2 X C^T`` (rows x b float64) in slabs of at most
+    ``FOLD_BYTES``: at small d it would otherwise be b / d times the rows themselves, beyond
+    the cap the proposals are shortened to (``afkmc2.WORKER_BYTES``). The picks are the
+    reference's for every slab size."""
+    from daskmeans.seeding import afkmc2_chains
+
+    rng = np.random.default_rng(4)
+    X = rng.integers(-20, 20, (2000, 2)).astype(np.float64)  # d = 2 < b: the GEMM's output the larger
+    Xu, c1, chains, qu, u = random_chains(X, 60, 25, 8)
+    ref = run_chains_reference(Xu, c1, chains, qu, u)
+    real = afkmc2_chains._kernels
+    for bound in (8 * block * 37, 8 * block, 1):  # slabs of 37 rows, of one row, and below one row
+        seen = []
+
+        def kernels(xp, m, d):
+            run, fold = real(xp, m, d)
+
+            def fold_seen(g, xsq, csq, dmin):
+                seen.append(g.nbytes)
+                fold(g, xsq, csq, dmin)
+
+            return run, fold_seen
+
+        monkeypatch.setattr(afkmc2_chains, "FOLD_BYTES", bound)
+        monkeypatch.setattr(afkmc2_chains, "_kernels", kernels)
+        np.testing.assert_array_equal(run_chains(Xu, c1, chains, qu, u, block=block), ref, err_msg=str(bound))
+        assert seen and max(seen) <= max(bound, 8 * block), (bound, max(seen))
