@@ -18,9 +18,11 @@ the last block:
   in a fixed order), their minimum with the prior, then the Metropolis-Hastings chain; its
   pick goes to a device array the next steps index;
 - one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
-  ``t`` read. It waits only for block ``t``'s prior, so on a GPU it runs on a second stream
-  beside block ``t``'s chains (the whole device's GEMM beside one SM's chains); no operand
-  depends on that order, so the CPU's one queue computes the same values.
+  ``t`` read. It waits only for block ``t``'s prior, and could run beside block ``t``'s
+  chains on a second stream; it runs on the chains' stream: cuBLAS gives the same bits run to
+  run only where one stream is active on its handle (its "Results reproducibility"), and the
+  same centres for a seed come first. No operand depends on the order, so the CPU's one queue
+  computes the same values.
 
 Which scheme for the centres before a block (flops at P3: K = 5000, m = 200, d = 408, U = 3e5
 distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m proposals
@@ -44,8 +46,8 @@ in the GPU's sums).
 
 The block size ``b`` (:func:`chain_block`) balances the two costs per block: the suffix GEMM
 reads the suffix once per block (``K / b`` reads of ~0.77 U d 8 bytes) while the in-block work,
-``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; on a GPU a
-block costs the larger of the two (they overlap), on a CPU their sum. See docs/performance.md,
+``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; a block
+costs their sum (one queue), least where they are equal. See docs/performance.md,
 "AFK-MC²'s chains on one worker's device".
 """
 
@@ -83,8 +85,8 @@ FOLD_BYTES = 64 << 20
 def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` where the cost per
     chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
-    in-block work's, ``b m d / 2`` FMA on one SM (the two overlap: a block costs the larger, least
-    where they are equal; their sum is least there too): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
+    in-block work's, ``b m d / 2`` FMA on one SM (a block costs their sum, one queue: least where
+    they are equal): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
     launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 7).
 
     Parameters
@@ -153,9 +155,11 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
 
 class _Queues:
     """The two queues of work: the chains' (each block's prior, then its chains) and the
-    suffix's folds, with the events that order them. On a GPU two CuPy streams, so that a
-    block's suffix fold (the whole device's GEMM) runs while the next block's chains run on one
-    SM; on the CPU one order, the same operations on the same values (no-ops here)."""
+    suffix's folds, with the events that order them. On a GPU one CuPy stream serves both:
+    the folds' GEMMs beside the priors' on a second stream would overlap the whole device's
+    GEMM with one SM's chains, but cuBLAS promises the same bits run to run only with one
+    stream active on a handle, and the result must be the seed's alone. On the CPU one order,
+    the same operations on the same values (no-ops here)."""
 
     def __init__(self, xp: Any):
         self.gpu = xp is not np
@@ -167,9 +171,8 @@ class _Queues:
             start = cupy.cuda.Event(disable_timing=True)
             start.record()  # the sorted rows and first distances, on the caller's stream
             self.chains_stream = cupy.cuda.Stream(non_blocking=True)
-            self.folds_stream = cupy.cuda.Stream(non_blocking=True)
-            for st in (self.chains_stream, self.folds_stream):
-                st.wait_event(start)
+            self.folds_stream = self.chains_stream
+            self.chains_stream.wait_event(start)
 
     def on(self, which: str) -> Any:
         """The context that puts work on queue ``which`` ("chains" or "folds")."""
@@ -191,10 +194,9 @@ class _Queues:
             self._cupy.cuda.get_current_stream().wait_event(ev)
 
     def finish(self) -> None:
-        """Wait for both queues (the arrays they read are freed after this)."""
+        """Wait for the queues (the arrays they read are freed after this)."""
         if self.gpu:
             self.chains_stream.synchronize()
-            self.folds_stream.synchronize()
 
 
 def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any, *,
