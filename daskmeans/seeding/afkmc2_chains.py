@@ -168,11 +168,9 @@ class _Queues:
             import cupy
 
             self._cupy = cupy
-            start = cupy.cuda.Event(disable_timing=True)
-            start.record()  # the sorted rows and first distances, on the caller's stream
-            self.chains_stream = cupy.cuda.Stream(non_blocking=True)
-            self.folds_stream = self.chains_stream
-            self.chains_stream.wait_event(start)
+            # The caller's stream, after the sorted rows and first distances it queued (a
+            # stream made per call would keep the memory freed on it in CuPy's pool).
+            self.chains_stream = self.folds_stream = cupy.cuda.get_current_stream()
 
     def on(self, which: str) -> Any:
         """The context that puts work on queue ``which`` ("chains" or "folds")."""
