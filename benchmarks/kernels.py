@@ -158,7 +158,10 @@ def load_flash() -> tuple[object | None, str | None, str | None]:
     if version is None:
         from importlib import metadata
 
-        version = metadata.version("flash-kmeans")
+        try:
+            version = metadata.version("flash-kmeans")
+        except metadata.PackageNotFoundError:  # importable, but installed under another name
+            version = "unknown"
     # The package's __init__ swallows a failed import of its Triton modules and binds its
     # PyTorch fallback under the same name: import the module itself for the reason.
     if getattr(flash_kmeans.batch_kmeans_Euclid, "__module__", "") != "flash_kmeans.kmeans_triton_impl":
