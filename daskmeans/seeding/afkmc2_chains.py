@@ -59,6 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DaskmeansError
+
 # The GPU cost model's rates (docs/performance.md, "AFK-MC²'s chains on one worker's device";
 # the block size is a function of the shapes alone, so these are constants, not the device's
 # measurement: a measured rate would make the result depend on the worker that ran it). The
@@ -211,7 +213,7 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
     them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
     ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
-    ``dmin``, so on a GPU it runs beside block ``t``'s chains. Every value is fixed by the
+    ``dmin`` (one queue on a GPU too: see :class:`_Queues`). Every value is fixed by the
     proposals (the order of the queues changes no operand): the same on the CPU's one queue.
 
     Parameters
@@ -328,6 +330,29 @@ def own_rows(shard: Any, want: np.ndarray) -> tuple[np.ndarray, Any]:
     return idx, data.astype(xp.float64)
 
 
+def chains_bytes(n_rows: int, d: int, n_chains: int, m: int) -> int:
+    """What the chains hold on their worker's device at most (bytes): the ``n_rows`` distinct
+    proposal rows of ``d`` float64 twice (as gathered, then sorted by last use), three float64
+    values a row (norms, distances so far, ``q``), each chain's ``m`` proposals and ``m - 1``
+    uniforms, and one fold's GEMM output (:data:`FOLD_BYTES`)."""
+    return 8 * (2 * n_rows * d + 3 * n_rows + n_chains * (2 * m - 1)) + FOLD_BYTES
+
+
+def check_device_memory(budget: Any, n_rows: int, d: int, n_chains: int, m: int) -> None:
+    """Refuse, before allocating, chains that the worker's device cannot hold (``budget``: the
+    backend's :class:`~daskmeans.backends.protocol.DeviceBudget`, None on a CPU worker: host
+    memory is the proposals' cap's, ``afkmc2.WORKER_BYTES``)."""
+    if budget is None:
+        return
+    need = chains_bytes(n_rows, d, n_chains, m)
+    if need > budget.free:
+        raise DaskmeansError(
+            f"afk-mc2's chains need {need / 2**30:.2f} GiB on the device of the worker that runs them "
+            f"({n_rows} distinct proposal rows x {d} float64, held twice, and {n_chains} chains of {m}), "
+            f"and {budget.free / 2**30:.2f} GiB are free: a shorter chain (daskmeans.init.afkmc2-chain, now {m}) "
+            f"or init='k-means||' needs less")
+
+
 def chains_on_shard(shard: Any, parts: list, uniq: np.ndarray, c1: np.ndarray, chains: np.ndarray,
                     q: np.ndarray, u_seed: list, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The task on the chosen shard's worker: the proposal rows put together on its device,
@@ -360,6 +385,7 @@ def chains_on_shard(shard: Any, parts: list, uniq: np.ndarray, c1: np.ndarray, c
     """
     xp = shard.be.xp
     nchain, m = chains.shape
+    check_device_memory(shard.be.device_budget(), len(uniq), c1.shape[1], nchain, m)
     X = xp.empty((len(uniq), c1.shape[1]), xp.float64)
     for idx, data in [own_rows(shard, uniq), *parts]:
         if len(idx):  # every row of uniq is in exactly one shard's part

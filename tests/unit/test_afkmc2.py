@@ -324,3 +324,22 @@ def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
         monkeypatch.setattr(afkmc2_chains, "_kernels", kernels)
         np.testing.assert_array_equal(run_chains(Xu, c1, chains, qu, u, block=block), ref, err_msg=str(bound))
         assert seen and max(seen) <= max(bound, 8 * block), (bound, max(seen))
+
+
+def test_chains_that_the_device_cannot_hold_are_refused_before_allocating():
+    """The chains' device bytes by hand (10 rows x 4 float64 twice, 3 values a row, 2 chains of
+    3 proposals and 2 uniforms, one fold's output), and a device with less free is refused with
+    the need, the free memory and what needs less; a CPU worker (no device budget) is not."""
+    from daskmeans.backends.protocol import DeviceBudget
+    from daskmeans.errors import DaskmeansError
+    from daskmeans.seeding.afkmc2_chains import FOLD_BYTES, chains_bytes, check_device_memory
+
+    need = 8 * (2 * 10 * 4 + 3 * 10 + 2 * 5) + FOLD_BYTES
+    assert chains_bytes(10, 4, 2, 3) == need
+    check_device_memory(None, 10, 4, 2, 3)
+    check_device_memory(DeviceBudget(free=need, total=2 * need), 10, 4, 2, 3)
+    with pytest.raises(DaskmeansError, match=r"afk-mc2's chains need 0\.06 GiB on the device of the worker that runs "
+                                             r"them \(10 distinct proposal rows x 4 float64, held twice, and 2 chains "
+                                             r"of 3\), and 0\.06 GiB are free: a shorter chain "
+                                             r"\(daskmeans.init.afkmc2-chain, now 3\) or init='k-means\|\|' needs less"):
+        check_device_memory(DeviceBudget(free=need - 1, total=2 * need), 10, 4, 2, 3)
