@@ -147,7 +147,8 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         layout = [((start, stop, breaks, rows),)]
     else:
         bounds = _block_bounds(path, start, stop, chunk_bytes if chunk_bytes is not None else config.get_bytes("chunk-bytes"))
-        (layout,) = dask.compute([delayed(_count_block, pure=True)(spec, b, e) for b, e in bounds])
+        count = delayed(functools.partial(_count_block, spec), pure=True)
+        (layout,) = dask.compute([count(b, e) for b, e in bounds])
         layout = [list(block) for block in layout]
         if layout:  # the last line, with no line break, is a row too
             layout[-1][-1] = (*layout[-1][-1][:3], layout[-1][-1][3] + unended)
@@ -160,7 +161,8 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
             line += breaks
         if len(pieces) > first:
             blocks.append(tuple(pieces[first:]))
-    arrays = [da.from_delayed(delayed(_csv_block, pure=True)(spec, ps), shape=(sum(p[3] for p in ps), len(keep)),
+    parse = delayed(functools.partial(_csv_block, spec), pure=True)
+    arrays = [da.from_delayed(parse(ps), shape=(sum(p[3] for p in ps), len(keep)),
                               dtype=dtype) for ps in blocks]
     # A header and no rows: refused by name in read().
     x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
