@@ -19,7 +19,7 @@ the last block:
   pick goes to a device array the next steps index;
 - one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
   ``t`` read. It waits only for block ``t``'s prior, and could run beside block ``t``'s
-  chains on a second stream; it runs on the chains' stream: cuBLAS gives the same bits run to
+  chains on a second stream; it runs on the chains' own stream: cuBLAS gives the same bits run to
   run only where one stream is active on its handle (its "Results reproducibility"), and the
   same centres for a seed come first. No operand depends on the order, so the CPU's one queue
   computes the same values.
@@ -53,7 +53,6 @@ costs their sum (one queue), least where they are equal. See docs/performance.md
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -155,50 +154,6 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     return run, fold
 
 
-class _Queues:
-    """The two queues of work: the chains' (each block's prior, then its chains) and the
-    suffix's folds, with the events that order them. On a GPU one CuPy stream serves both:
-    the folds' GEMMs beside the priors' on a second stream would overlap the whole device's
-    GEMM with one SM's chains, but cuBLAS promises the same bits run to run only with one
-    stream active on a handle, and the result must be the seed's alone. On the CPU one order,
-    the same operations on the same values (no-ops here)."""
-
-    def __init__(self, xp: Any):
-        self.gpu = xp is not np
-        self.events: dict = {}
-        if self.gpu:
-            import cupy
-
-            self._cupy = cupy
-            # The caller's stream, after the sorted rows and first distances it queued (a
-            # stream made per call would keep the memory freed on it in CuPy's pool).
-            self.chains_stream = self.folds_stream = cupy.cuda.get_current_stream()
-
-    def on(self, which: str) -> Any:
-        """The context that puts work on queue ``which`` ("chains" or "folds")."""
-        if not self.gpu:
-            return contextlib.nullcontext()
-        return self.chains_stream if which == "chains" else self.folds_stream
-
-    def record(self, name: str, t: int) -> None:
-        """Mark the work queued so far on the current queue as event ``(name, t)``."""
-        if self.gpu:
-            ev = self._cupy.cuda.Event(disable_timing=True)
-            ev.record()
-            self.events[name, t] = ev
-
-    def wait(self, name: str, t: int) -> None:
-        """The current queue's next work waits for event ``(name, t)`` (none: nothing to wait for)."""
-        ev = self.events.pop((name, t), None) if self.gpu else None
-        if ev is not None:
-            self._cupy.cuda.get_current_stream().wait_event(ev)
-
-    def finish(self) -> None:
-        """Wait for the queues (the arrays they read are freed after this)."""
-        if self.gpu:
-            self.chains_stream.synchronize()
-
-
 def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any, *,
                block: int | None = None) -> np.ndarray:
     """The K - 1 Metropolis-Hastings chains of AFK-MC², in blocks on ``X``'s device.
@@ -213,8 +168,9 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
     them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
     ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
-    ``dmin`` (one queue on a GPU too: see :class:`_Queues`). Every value is fixed by the
-    proposals (the order of the queues changes no operand): the same on the CPU's one queue.
+    ``dmin``. Everything is queued in that order on the caller's stream: cuBLAS gives the same
+    bits run to run only with one stream active on its handle (a second stream for the folds
+    would overlap them with the chains), and the CPU computes the same values in the same order.
 
     Parameters
     ----------
@@ -272,24 +228,16 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
         for a in range(0, rows.shape[0], slab):
             fold(rows[a:a + slab] @ ct, xsq_rows[a:a + slab], csq, into[a:a + slab])
 
-    queues = _Queues(xp)
     for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        with queues.on("chains"):
-            queues.wait("fold", t - 2)  # dmin holds c1 and the blocks before t - 1
-            idx = chains_d[s:e]
-            prior = dmin[idx]  # (e - s, m), a new array
-            if t > 0:  # block t - 1's picks: distances of this block's proposals alone
-                flat = idx.ravel()
-                fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
-            queues.record("prior", t)
-            run(X, prior, q_d, idx, u_d[s:e], picks, s)
+        idx = chains_d[s:e]
+        prior = dmin[idx]  # (e - s, m), a new array: dmin holds c1 and the blocks before t - 1
+        if t > 0:  # block t - 1's picks: distances of this block's proposals alone
+            flat = idx.ravel()
+            fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
+        run(X, prior, q_d, idx, u_d[s:e], picks, s)
         lo = int(suffix[t])
         if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
-            with queues.on("folds"):
-                queues.wait("prior", t)  # block t's prior has read dmin (and block t - 1 has picked)
-                fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
-                queues.record("fold", t - 1)
-    queues.finish()
+            fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
     picked = picks if xp is np else picks.get()  # the one read back
     return order[picked]
 
@@ -308,14 +256,10 @@ def own_rows(shard: Any, want: np.ndarray) -> tuple[np.ndarray, Any]:
         The global rows found, in the shard's row order.
     rows : array (r, d) float64, the shard's backend
     """
-    from .rows import chunk_rows
+    from .rows import chunk_rows, rows_by_chunk
 
     xp = shard.be.xp
-    picks = {}
-    for j, (off, n) in enumerate(zip(shard.offsets, shard.rows)):
-        sel = want[(want >= off) & (want < off + n)]
-        if len(sel):
-            picks[j] = sel - off
+    picks = rows_by_chunk(shard, want)
     if not picks:
         return np.empty(0, np.int64), xp.empty((0, shard.n_features), xp.float64)
     idx = np.concatenate([shard.offsets[j] + picks[j] for j in sorted(picks)])

@@ -42,14 +42,21 @@ def chunk_rows(shard: Shard, picks: dict) -> dict:
     return shard.tier.take(shard, picks)
 
 
-def shard_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Host copies of the global ``rows`` (sorted) that fall in this shard; only the chunks
-    that hold some of them are read."""
+def rows_by_chunk(shard: Shard, rows: np.ndarray) -> dict:
+    """The global ``rows`` (sorted) that fall in this shard, as ``{chunk index: local rows}``
+    for the chunks that hold some of them."""
     picks = {}
     for j, (off, n) in enumerate(zip(shard.offsets, shard.rows)):
         sel = rows[(rows >= off) & (rows < off + n)]
         if len(sel):
             picks[j] = sel - off
+    return picks
+
+
+def shard_rows(shard: Shard, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host copies of the global ``rows`` (sorted) that fall in this shard; only the chunks
+    that hold some of them are read."""
+    picks = rows_by_chunk(shard, rows)
     if not picks:
         return np.empty(0, np.int64), np.empty((0, shard.n_features))
     got = chunk_rows(shard, picks)
