@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import threading
 from typing import Any, Iterator
 
@@ -556,18 +557,44 @@ def _core_share() -> int:
 
 def _first_of_its_pool() -> bool:
     """Whether this joblib worker process is the first of its parent's to ask (a marker file
-    per parent process in a per-user temporary directory): the pool's note is said once."""
+    per parent process in a per-user temporary directory): the pool's note is said once.
+
+    A marker is named by the parent's process id *and* start time: process ids are reused, and a
+    marker left by an earlier parent of the same id silenced the note of a later pool. Markers
+    of parents no longer running are removed on the way."""
     import tempfile
+
+    import psutil
 
     folder = os.path.join(tempfile.gettempdir(), f"daskmeans-{os.getuid()}")
     try:
+        parent = _process_key(os.getppid())
+        if parent is None:  # the parent already gone: nobody to tell
+            return False
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        os.close(os.open(os.path.join(folder, f"joblib-{os.getppid()}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        for name in os.listdir(folder):
+            found = re.fullmatch(r"joblib-(\d+)(?:-\d+)?", name)
+            if found is not None and _process_key(int(found[1])) != name:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, name))
+        os.close(os.open(os.path.join(folder, parent), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
-    except OSError:  # no temporary directory to write: said by each process
+    except (OSError, psutil.Error):  # no temporary directory to write: said by each process
         return True
     return True
+
+
+def _process_key(pid: int) -> str | None:
+    """``joblib-PID-START`` for a running process (START: its start time in milliseconds), or
+    None when no process of that id runs."""
+    import psutil
+
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    return f"joblib-{pid}-{round(started * 1000)}"
 
 
 def _in_joblib_process() -> bool:

@@ -19,6 +19,7 @@ import warnings
 import dask
 import dask.array as da
 import numpy as np
+import psutil
 import pytest
 from distributed import wait
 
@@ -245,3 +246,24 @@ def test_each_joblib_process_takes_its_share_of_the_cores():
                           "cpus": os.cpu_count()}))
     """)
     assert {n for _, n in out["workers"]} == {max(1, out["cpus"] // 2)}, out
+
+
+def test_pool_note_not_silenced_by_a_reused_process_id(tmp_path):
+    """The note is said once per pool: the first worker process of a parent leaves a marker. A
+    marker left by an earlier parent of the same process id (ids are reused: a long test run
+    met one) must not silence a later pool; it is removed, as is one of the older naming."""
+    folder = tmp_path / f"daskmeans-{os.getuid()}"
+    folder.mkdir()
+    stale = [folder / f"joblib-{os.getpid()}-1", folder / f"joblib-{os.getpid()}"]
+    for path in stale:
+        path.touch()
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
+    said = []
+    for _ in range(2):  # two worker processes of this (test) process
+        proc = subprocess.run([sys.executable, "-c", "from daskmeans.dask_cluster import _first_of_its_pool; "
+                               "print(_first_of_its_pool())"], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        said.append(proc.stdout.strip())
+    assert said == ["True", "False"]
+    assert not any(path.exists() for path in stale)
+    assert [p.name for p in folder.iterdir()] == [f"joblib-{os.getpid()}-{round(psutil.Process().create_time() * 1000)}"]
