@@ -16,7 +16,9 @@ Committed results: ``results/gpu_kernels_<device>.json``, rows keyed by problem,
 commit and date (P4 may run as a second call with ``--merge``).
 
 Per problem it also records, for each low-precision mode, the fraction of rows the kernel had
-to re-rank exactly and whether its labels equal the fp32 mode's.
+to re-rank exactly and whether its labels equal the fp32 mode's; where tf32 runs
+``fused_select`` (the float16 GEMM and the selection in one kernel), also the float16 tile
+path it replaces (``daskmeans_tf32_tile_s``, ``rechecked_tf32_tile``).
 
 flash-kmeans (a peer, optional: imported by this benchmark only where it is installed, never a
 daskmeans dependency) runs one Lloyd iteration (Triton assignment and sorted centroid update)
@@ -317,6 +319,7 @@ def main(argv=None):
     args = parse_args(argv)
     chosen = args.problems
     import cupy
+    import dask
     import torch
 
     from daskmeans.backends import get_backend
@@ -366,7 +369,14 @@ def main(argv=None):
             labels[mode] = out["labels"].copy()
             r[f"rechecked_{mode}"] = float(out["rechecked"]) / n
             r[f"gemm_inputs_{mode}"] = ["as given", "tf32", "3xtf32", "bf16", "fp16 (scaled)"][prep.mode]
-            r[f"regime_{mode}"] = "fused-small" if prep.small is not None else "gemm-cublas"
+            r[f"regime_{mode}"] = ("fused-small" if prep.small is not None
+                                   else "fused-fp16" if prep.fused is not None else "gemm-cublas")
+            if prep.fused is not None:  # beside it, the float16 tile path it replaces
+                with dask.config.set({"daskmeans.gpu-tf32-gemm": "fp16"}):
+                    tile = be.prepare(Cc, np.float32, mode)
+                both(r, f"daskmeans_{mode}_tile_s", lambda: be.assign(Xc, tile, grid=grid), "cupy", reps=5, warm=2)
+                r[f"rechecked_{mode}_tile"] = float(be.assign(Xc, tile, grid=grid)["rechecked"]) / n
+                tile = None
             out = prep = None
         for mode in labels:
             if mode != "fp32" and "fp32" in labels:

@@ -35,6 +35,12 @@ The kernels (see that module for when each runs):
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
     rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
     enough for three blocks per SM (``gpu_plan.select_layout``).
+``fused_select`` / ``fused_rescan``
+    The tf32 precision's float16 GEMM and the selection in one kernel (mma.sync on the tensor
+    cores; the rows in shared memory, the centroids streamed through it): per row the top-2
+    and third value of ``G + ||c||^2`` over every centroid tile, never written out, then
+    ``exact_winner`` on the rows the bound leaves uncertain; ``fused_rescan`` finishes the few
+    rows with three or more candidates (``gpu_plan.uses_fused`` says where it runs).
 ``update_centroids`` / ``sum_parts``
     The Lloyd update from the combined integer sums and its squared shift, summed in a fixed
     order.
@@ -81,7 +87,8 @@ SELECT_COLS_SRC = _COMMON + _source("certify.cuh") + _source("select_cols.cu")
 SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
 AFKMC2_SRC = _COMMON + _source("afkmc2.cu")
-SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC)
+FUSED_SRC = _COMMON + _source("certify.cuh") + _source("fused_select.cu")
+SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC, FUSED_SRC)
 
 
 OPTIONS = ("--std=c++17",)  # NVRTC's options for every module (part of CuPy's cache key)
@@ -264,6 +271,23 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     key = ("select_cols", _ctype(dtype), rows_per_thread)
     src = select_cols_source(dtype, rows_per_thread)
     return _first(key, lambda: _functions(key, src, ("select_cols",)), *_gemm_pass(dtype))["select_cols"]
+
+
+FUSED_KERNELS = ("fused_select", "fused_rescan")
+
+
+def fused_source(dtype: Any, dp: int, stages: int) -> str:
+    """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
+    ``dp`` columns and ``stages`` pipeline stages."""
+    return f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n" + FUSED_SRC
+
+
+def fused_kernels(dtype: Any, dp: int, stages: int) -> dict[str, Any]:
+    """The fused float16 regime's kernels by name (:data:`FUSED_KERNELS`), compiled with the
+    modules a GEMM-regime pass needs besides (the sums, the fit module)."""
+    key = ("fused", _ctype(dtype), int(dp), int(stages))
+    src = fused_source(dtype, dp, stages)
+    return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
 
 
 FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce",

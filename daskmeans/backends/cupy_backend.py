@@ -241,7 +241,9 @@ class PreparedRows:
         if mode not in self.full:
             full = gpu_gemm.prepare(self.X, self.X.astype(cupy.float64), self.precision, "auto", self.tunables,
                                     mode_k=k)
-            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None)
+            # fused_select's copy is made per subset (gpu_gemm.take): the rows' own is dropped
+            fused = None if full.fused is None else (None, full.fused[1])
+            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None, fused=fused)
         return gpu_gemm.take(self.full[mode], rows, c)
 
 

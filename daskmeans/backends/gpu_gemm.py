@@ -54,8 +54,22 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
     sq = (c64 * c64).sum(axis=1)
     csq = _padded_norms(sq, cupy.float64 if gemm64 else cupy.float32)
     cmax = float(cupy.sqrt(sq.max()))
+    fused = None
+    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):
+        fused = (_fused_centroids(a, k, d), gpu_plan.error_bound(cmax, smax, d, mode, gemm64, rounded_output=False))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
-                    cexp, tunables)
+                    cexp, tunables, fused)
+
+
+def _fused_centroids(a: Any, k: int, d: int) -> Any:
+    """``fused_select``'s centroids: the first ``k`` rows of the float16 GEMM copy ``a``, in
+    whole tiles of :data:`.gpu_plan.FUSED_BN` rows of ``fused_dp(d)`` values (zeros past K
+    and D: they add nothing, and the centroids past K have +inf squared norms)."""
+    import cupy
+
+    out = cupy.zeros((-(-k // gpu_plan.FUSED_BN) * gpu_plan.FUSED_BN, gpu_plan.fused_dp(d)), cupy.uint16)
+    out[:k, :d] = a[:k, :d]
+    return out
 
 
 def take(full: Prepared, rows: Any, c: Any) -> Prepared:
@@ -74,8 +88,9 @@ def take(full: Prepared, rows: Any, c: Any) -> Prepared:
     a = cupy.zeros((kpad, full.a.shape[1]), full.a.dtype)
     a[:k] = full.a[rows] if full.mode else c
     csq = _padded_norms(full.csq[rows], full.csq.dtype)
+    fused = None if full.fused is None else (_fused_centroids(a, k, c.shape[1]), full.fused[1])
     return Prepared(c, c.astype(cupy.float64), full.precision, None, a, csq, full.err, full.mode, full.layout,
-                    full.cexp, full.tunables)
+                    full.cexp, full.tunables, fused)
 
 
 def _kpad(k: int, mode: int) -> int:
@@ -220,6 +235,9 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
     mode = mode_of(precision, gemm64, k, tunables)
+    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):
+        return [lambda: cuda_src.fused_kernels(dtype, gpu_plan.fused_dp(d), gpu_plan.FUSED_STAGES),
+                lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
@@ -230,9 +248,12 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
 
 
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:
-    """As :func:`.gpu_small.run`, through GEMM tiles and the selection kernels."""
+    """As :func:`.gpu_small.run`, through GEMM tiles and the selection kernels (or
+    :func:`_run_fused`, where the centroids were prepared for it)."""
     import cupy
 
+    if p.fused is not None:
+        return _run_fused(X, p, w, prev, labels, d2, want_sums, grid)
     n, d = X.shape
     k = p.k
     kpad = p.a.shape[0]
@@ -300,4 +321,41 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
     if want_sums:
         out.update(label_sums(X, labels, w, k, grid, None if exact else p.centroids, None if exact else stat))
+    return out
+
+
+def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any) -> dict:
+    """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole
+    block, no distance tile; then ``fused_rescan`` on the rows it listed (three or more
+    candidates within the bound), which reads their count on the device."""
+    import cupy
+
+    n, d = X.shape
+    ch, err = p.fused
+    dp = ch.shape[1]
+    dev = gpu_device.device_id()
+    kernels = cuda_src.fused_kernels(X.dtype, dp, gpu_plan.FUSED_STAGES)
+    main, rescan = kernels["fused_select"], kernels["fused_rescan"]
+    shared = gpu_plan.fused_shared_bytes(dp)
+    if main.max_dynamic_shared_size_bytes < shared:
+        main.max_dynamic_shared_size_bytes = shared
+    # The bound without the tile's float16 rounding (there is no tile), the row scale of
+    # gemm_prep MODE 4 and G's factor: -2 x.c = fs x (the float16 products' sum).
+    _, alpha, xscale, gsc = row_scales(p, X, None if grid is None else grid.x_max)
+    fs = alpha * gsc
+    stat = cupy.zeros(3, cupy.float64)
+    cands = cupy.empty(3 * max(n, 1), cupy.int64)  # per listed row: index, two candidates, threshold
+    ncand = cupy.zeros(1, cupy.uint64)
+    exact = numpy.int32(d2 is not None or not want_sums)
+    tail = (p.centroids, exact, ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
+    main((-(-n // gpu_plan.FUSED_BM),), (gpu_plan.THREADS,),
+         (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
+          p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
+    warps = gpu_device.sm_count(dev) * 2 * (gpu_plan.THREADS // 32)
+    rescan((max(1, min(-(-n // (gpu_plan.THREADS // 32)), warps // (gpu_plan.THREADS // 32))),), (gpu_plan.THREADS,),
+           (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(ch.shape[0]), p.csq, numpy.float32(fs))
+           + tail + (cands, ncand))
+    out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
+    if want_sums:
+        out.update(label_sums(X, labels, w, p.k, grid, None if exact else p.centroids, None if exact else stat))
     return out

@@ -19,12 +19,12 @@ REG_ACC = 32  # float64 register values per lane in the fused kernel (K x values
 SHARED_BYTES = 48 * 1024  # dynamic shared memory a block gets without opting in
 CSQ_PAD = 128  # the centroids' squared norms are padded to a multiple of this
 HIST_MAX_K = SHARED_BYTES // 4  # block-local label counters (uint32) in shared memory
-TINY = 2.0**-100  # gemm_prep flushes smaller inputs to zero (cuda/select.cu)
+TINY = 2.0**-100  # gemm_prep and fused_select flush smaller inputs to zero (cuda/common.cuh)
 
 SMALL_CENTROIDS = ("auto", "registers", "shared")
 SELECT_LAYOUTS = ("auto", "rows", "cols1", "cols2", "cols4")
 FP32_GEMMS = ("auto", "sgemm", "3xtf32")
-TF32_GEMMS = ("auto", "tf32", "fp16")
+TF32_GEMMS = ("auto", "tf32", "fp16", "fused")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Prepared:
     layout: str = "auto"
     cexp: int = 0  # mode 4: the centroids were multiplied by 2^cexp (max |c| 2^cexp <= 2^14)
     tunables: Any = None  # the protocol's Tunables the kernels on these centroids run with (tiles)
+    fused: Any = None  # mode 4 through fused_select: (float16 centroids, FUSED_BN x D', their bound)
 
     @property
     def k(self) -> int:
@@ -155,7 +156,7 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
         return 0
     if precision == "tf32":
         Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-        return 4 if tf32_gemm == "fp16" or (tf32_gemm == "auto" and k > FP16_TILE_MIN_K) else 1
+        return 4 if tf32_gemm in ("fp16", "fused") or (tf32_gemm == "auto" and k > FP16_TILE_MIN_K) else 1
     if precision == "bf16":
         return 3
     Options(FP32_GEMMS).check("gpu-fp32-gemm", fp32_gemm)
@@ -164,7 +165,8 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
     return 2 if fp32_gemm == "3xtf32" else 0
 
 
-def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tuple[float, float, float]:
+def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool,
+                rounded_output: bool = True) -> tuple[float, float, float]:
     """``(A, R, B)`` with ``|G + csq - (||c||^2 - 2 x.c)| <= A ||x|| + R ||x - xb|| + B`` for
     every centroid: ``cmax`` the largest ``||c||``, ``smax`` the largest ``||c - cb||`` (``cb``
     the centroid as the GEMM reads it), ``mode`` as in :func:`gemm_mode`.
@@ -181,7 +183,8 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
     products underflowing float32. A 10% margin covers the second-order terms. Mode 4 also
     rounds ``G`` (at most ``2 ||xb|| M``) to the nearest float16 (cuBLAS's epilogue; a GPU test
     checks it on every element of a tile), within ``2^-11 |G|`` plus an absolute term that
-    depends on the tile's scale (:func:`half_output_floor`)."""
+    depends on the tile's scale (:func:`half_output_floor`); not with ``rounded_output`` False
+    (``fused_select`` keeps the float32 accumulations)."""
     u = 2.0**-53 if gemm64 else 2.0**-24
     m = 3 if mode == 2 else 1
     g = 2 * m * d * u
@@ -195,7 +198,7 @@ def error_bound(cmax: float, smax: float, d: int, mode: int, gemm64: bool) -> tu
     else:
         a = S + g * M
         r = M + g * M
-        if mode == 4:  # |G| <= 2 ||xb|| M (1 + g), rounded to nearest float16: half an ulp
+        if mode == 4 and rounded_output:  # |G| <= 2 ||xb|| M (1 + g), rounded to nearest float16: half an ulp
             a += 2.0**-11 * M * (1 + g)
             r += 2.0**-11 * M * (1 + g)
     A = 1.1 * (2 * a + 2.2 * u * cmax)
@@ -293,3 +296,34 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
         if -(-rows // (32 * rpt)) >= 3 * sm_count:
             return rpt
     return 0
+
+
+# ------------------------------------------------------------------ the fused float16 regime
+
+FUSED_BN = 128  # centroids per tile of fused_select (cuda/fused_select.cu's BN)
+FUSED_BM = 128  # rows per block (BM)
+FUSED_BK = 32  # columns per pipeline stage (BK); D is padded to a multiple of it
+FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
+FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
+
+
+def fused_dp(d: int) -> int:
+    """``D'``: ``d`` padded to whole :data:`FUSED_BK` columns (zeros, which add nothing)."""
+    return -(-int(d) // FUSED_BK) * FUSED_BK
+
+
+def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
+    """Whether a mode-4 GEMM of ``d`` features runs ``fused_select`` (the GEMM and the selection
+    in one kernel, no distance tile): ``tf32_gemm`` "fused" or "auto", wherever the block's rows
+    fit the shared memory of two blocks per SM (``D' <=`` :data:`FUSED_MAX_DP`). Wider rows
+    take the tile path ("fp16"), whose GEMM is compute-bound there and the tile cheap beside
+    it."""
+    Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
+    return mode == 4 and tf32_gemm in ("auto", "fused") and fused_dp(d) <= FUSED_MAX_DP
+
+
+def fused_shared_bytes(dp: int, stages: int = FUSED_STAGES) -> int:
+    """Dynamic shared memory of one ``fused_select`` block: its rows (float16, row stride
+    ``dp + 8``), the centroids' stages (``FUSED_BN`` x ``FUSED_BK + 8`` each) and the rows'
+    float64 error bounds."""
+    return 2 * FUSED_BM * (dp + 8) + 2 * stages * FUSED_BN * (FUSED_BK + 8) + 8 * FUSED_BM

@@ -345,8 +345,102 @@ def test_float16_gemm_rounds_its_output_to_nearest():
     assert float((cupy.abs(got - ref) / (2.0**-11 * cupy.abs(ref) + 2.0**-25 + acc)).max()) > 0.5
 
 
+# fused_select's shapes: GEMM_SHAPES (D' from 32 to 160, K within and across 128-centroid
+# tiles) and the widest rows it takes (D' = 320), K just past a tile.
+FUSED_SHAPES = GEMM_SHAPES + [(1200, 320, 300), (700, 256, 129)]
+
+
+@pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_fused_select_matches_float64_reference(n, d, k, offset, poisoned_pool):
+    """The tf32 precision's fused float16 GEMM and selection: the exact labels, sums and
+    distances, on a block that starts one row into its buffer and with weights; every row
+    counted as moved (``prev`` holds no label)."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+
+    X, C, rng = _data(n + offset, d, k, np.float32, seed=5)
+    w = rng.random(n) + 0.5
+    Xg = cupy.asarray(X)[offset:]
+    X = X[offset:]
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
+        p = be.prepare(C, np.float32, "tf32")
+        assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
+        prev = cupy.full(n, -7, cupy.int32)
+        out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
+        lab_only, d2 = be.min_sqdist(Xg, p)
+    lab, sums, counts, inertia, d2_ref = _ref(X, C.astype(np.float32), w)
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
+    np.testing.assert_array_equal(cupy.asnumpy(lab_only), lab)
+    assert int(out["reassigned"]) == n
+    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
+    _check_sums(out, X, w, lab, sums)
+    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+
+
+def test_fused_select_ties_go_to_the_first_of_equal_centroids():
+    """Every row three ways tied (each centroid thrice, 64 apart: the copies in two
+    128-centroid tiles): no row is certain, each has three candidates, so fused_rescan
+    finishes them all; the winner is the first copy, as NumPy's argmin, at its exact distance."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+
+    rng = np.random.default_rng(2)
+    base = rng.normal(0, 3, (64, 40))
+    C = np.concatenate([base, base, base])
+    X = (base[rng.integers(0, 64, 3000)] + rng.normal(0, 1, (3000, 40))).astype(np.float32)
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
+        p = be.prepare(C, np.float32, "tf32")
+        out = be.assign(cupy.asarray(X), p, None)
+        lab, d2 = be.min_sqdist(cupy.asarray(X), p)
+    ref, _, _, _, d2_ref = _ref(X, C.astype(np.float32))
+    assert ref.max() < 64
+    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), ref)
+    np.testing.assert_array_equal(cupy.asnumpy(lab), ref)
+    assert int(out["rechecked"]) == len(X)
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+
+
+@pytest.mark.parametrize("k", [300, 5000])
+def test_fused_select_fit_is_the_tile_paths_bitwise(k):
+    """A whole tf32 fit through fused_select and through the float16 tile: the same centroids,
+    labels, iterations and statistics to the bit (both labels are exact), fewer rows re-ranked
+    exactly (no float16 rounding of the distances in the bound)."""
+    import cupy
+    import dask
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import daskmeans
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60000, 64)).astype(np.float32)
+    res = {}
+    with LocalCUDACluster(dashboard_address=":0", n_workers=1) as lc, Client(lc) as client:
+        Xg = da.from_array(cupy.asarray(X), chunks=(7000, 64), asarray=False)
+        for gemm in ("fused", "fp16"):
+            with dask.config.set({"daskmeans.gpu-tf32-gemm": gemm}):
+                km = daskmeans.KMeans(k, init=X[:k].astype(np.float64), n_init=1, max_iter=6, tol=0, precision="tf32",
+                                      client=client).fit(Xg)
+            res[gemm] = km, cupy.asnumpy(km.labels_.compute())
+    (a, la), (b, lb) = res["fused"], res["fp16"]
+    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    np.testing.assert_array_equal(la, lb)
+    assert a.n_iter_ == b.n_iter_ == 6 and a.inertia_ == b.inertia_
+    for ha, hb in zip(a.history_, b.history_):
+        assert {key: v for key, v in ha.items() if key != "rechecked"} == \
+            {key: v for key, v in hb.items() if key != "rechecked"}
+    assert sum(h["rechecked"] for h in a.history_) < sum(h["rechecked"] for h in b.history_)
+
+
 @pytest.mark.parametrize("scale", [1e-15, 1.0, 1e15])
-@pytest.mark.parametrize("tf32_gemm", ["fp16", "tf32"])
+@pytest.mark.parametrize("tf32_gemm", ["fp16", "tf32", "fused"])
 def test_tf32_labels_exact_at_any_scale(scale, tf32_gemm):
     """tf32 precision through scaled float16 inputs and tile (mode 4) or TF32 (mode 1): exact
     labels and distances on data far from float16's range (1e-15, 1e15), rows of mixed norms
@@ -362,7 +456,7 @@ def test_tf32_labels_exact_at_any_scale(scale, tf32_gemm):
     X, C = (X * scale).astype(np.float32), C * scale
     with dask.config.set({"daskmeans.gpu-tf32-gemm": tf32_gemm}):
         p = be.prepare(C, np.float32, "tf32")
-        assert p.mode == (4 if tf32_gemm == "fp16" else 1)
+        assert p.mode == (1 if tf32_gemm == "tf32" else 4) and (p.fused is not None) == (tf32_gemm == "fused")
         lab, d2 = be.min_sqdist(cupy.asarray(X), p)
     ref, _, _, _, d2_ref = _ref(X, C.astype(np.float32))
     np.testing.assert_array_equal(cupy.asnumpy(lab), ref)

@@ -82,8 +82,24 @@ def test_gemm_mode_by_precision_and_gpu():
     assert plan.gemm_mode("fp32", False, "sgemm", "90") == 0
     with pytest.raises(ValueError, match="gpu-fp32-gemm='fast' should be one of 'auto', 'sgemm', '3xtf32'"):
         plan.gemm_mode("fp32", False, "fast")
-    with pytest.raises(ValueError, match="gpu-tf32-gemm='bf16' should be one of 'auto', 'tf32', 'fp16'"):
+    assert plan.gemm_mode("tf32", False, tf32_gemm="fused", k=10) == 4
+    with pytest.raises(ValueError, match="gpu-tf32-gemm='bf16' should be one of 'auto', 'tf32', 'fp16', 'fused'"):
         plan.gemm_mode("tf32", False, tf32_gemm="bf16")
+
+
+def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
+    assert plan.fused_dp(5) == 32 and plan.fused_dp(128) == 128 and plan.fused_dp(130) == 160
+    assert plan.uses_fused("auto", 4, 320) and plan.uses_fused("fused", 4, 3)
+    assert not plan.uses_fused("auto", 4, 321)  # D' = 352: the tile path
+    assert not plan.uses_fused("fp16", 4, 128)  # the tile path asked for
+    assert not plan.uses_fused("auto", 1, 128) and not plan.uses_fused("fused", 2, 128)
+    # two blocks of the widest rows in an SM's 228 KiB (1 KiB reserved per block)
+    need = plan.fused_shared_bytes(plan.FUSED_MAX_DP)
+    assert need == 2 * 128 * 328 + 2 * 3 * 128 * 40 + 8 * 128
+    assert plan.occupancy(127, 0, plan.THREADS, need) == 2
+    assert plan.occupancy(127, 0, plan.THREADS, plan.fused_shared_bytes(plan.FUSED_MAX_DP + 32)) == 1
+    with pytest.raises(ValueError, match="gpu-tf32-gemm='fast' should be one of"):
+        plan.uses_fused("fast", 4, 128)
 
 
 def test_half_scales_keep_float16_inputs_and_tile_in_range():
@@ -135,6 +151,11 @@ def test_error_bound_grows_with_the_rounding_of_the_inputs():
     assert exact[1] == 0.0  # fp32 as given: no residual term
     assert 0 < split[0] < tf32[0] and 0 < split[1] < tf32[1]
     assert plan.error_bound(10.0, 0.0, 100, 0, True)[0] < exact[0]  # float64
+    # float16 inputs: the tile's float16 rounding is most of the bound; fused_select has none
+    tile = plan.error_bound(10.0, 10.0 * 2**-11, 100, 4, False)
+    fused = plan.error_bound(10.0, 10.0 * 2**-11, 100, 4, False, rounded_output=False)
+    assert fused[1:] == tf32[1:] and fused[0] == tf32[0]  # the same inputs' rounding as TF32's
+    assert tile[0] > 1.9 * fused[0] and tile[1] > fused[1]  # about 2^-11 M ||x|| of each
 
 
 def test_shared_accumulator_regime_has_no_register_placement():
@@ -193,8 +214,8 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
     assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
     files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
     # one kernel family per file, after the shared device code
-    assert files == ["afkmc2.cu", "certify.cuh", "common.cuh", "fit.cu", "prep.cu", "select_cols.cu", "select_rows.cu",
-                     "small.cu", "sums.cu"]
+    assert files == ["afkmc2.cu", "certify.cuh", "common.cuh", "fit.cu", "fused_select.cu", "prep.cu", "select_cols.cu",
+                     "select_rows.cu", "small.cu", "sums.cu"]
     # Each module is the common device code and its kernels, behind the #define header.
     src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
     assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
@@ -205,7 +226,7 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
             "label_scatter", "scatter_by_label", "update_centroids", "sum_parts", "label_counts", "col_reduce",
             "gemm_prep"} <= kernels, kernels
     # the names the host looks kernels up by are the sources' kernels (gemm_prep's through PREP(M))
-    assert set(cuda_src.SUMS_KERNELS) <= kernels
+    assert set(cuda_src.SUMS_KERNELS) <= kernels and set(cuda_src.FUSED_KERNELS) <= kernels
     assert cuda_src.PREP_KERNELS == tuple(f"gemm_prep{m}" for m in re.findall(r"^PREP\((\d)\)$", cuda_src.PREP_SRC, re.M))
 
 

@@ -84,6 +84,8 @@ __device__ __forceinline__ void stat_out(double* stat, double inert, double move
     atomicAdd(stat + 1, moved);
     atomicAdd(stat + 2, checked);
 }
+// gemm_prep (and fused_select, which rounds as it does) flushes inputs below this to zero.
+#define TINY 7.888609052210118e-31f  // 2^-100
 // float16 conversions (PTX: no header needed under NVRTC), round to nearest even.
 __device__ __forceinline__ unsigned short f2h(float f) {
     unsigned short h;

@@ -10,7 +10,6 @@
 // Values below TINY in magnitude flush to zero (so no input or residual is subnormal for the
 // tensor cores); the bound's absolute terms cover them. Per row: ||x||^2 and ||x - xb||^2
 // (float64, optional) and eb = eA ||x|| + eR ||x - xb|| + eB (optional).
-#define TINY 7.888609052210118e-31f  // 2^-100
 __device__ __forceinline__ float round_mant(float v, int keep) {  // keep mantissa bits, RN-even
     if (fabsf(v) < TINY) return 0.0f;
     unsigned u = __float_as_uint(v);

@@ -1,0 +1,286 @@
+// fused_select: the tf32 precision's float16 GEMM fused with select_rows' selection: the
+// distance tile never leaves the SM. Compile-time: T (data type: float), DP (D padded to a
+// multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline).
+//
+// A block takes BM rows: it rounds them as gemm_prep MODE 4 does (x PS to float16, each row's
+// error bound from ||x|| and ||x - xb||) into shared memory, where they stay, then streams the
+// centroids (float16, CH: rows of DP values, zero past K and D) through NST shared-memory
+// stages with cp.async, BN centroids and BK columns a stage. Eight warps, 4 (rows) x 2
+// (centroids), each multiply 32 rows by 64 centroids with mma.sync m16n8k16 (float16 in,
+// float32 accumulated) and, at the end of each BN-centroid tile, fold their G + ||c||^2 into
+// per-row top-3 states (only where the tile's minimum beats the state's third value). The
+// float32 values are never rounded to float16 (the unfused path's output rounding): the bound
+// (gpu_plan.error_bound, rounded_output=False) is tighter and fewer rows are re-ranked.
+//
+// After the last tile, the states merge (the quad's lanes, then the two centroid halves) and
+// each warp certifies and re-ranks 16 rows with certify.cuh's exact_winner where at most two
+// candidates remain; a row with three or more (its third value within the threshold) is
+// listed for fused_rescan, which recomputes its float32 values against every centroid (any
+// values within the bound serve: the threshold excludes exactly the centroids farther than
+// the winner) and re-ranks the candidates. Either way the winner is the first exact float64
+// minimum, as on every path.
+#define BM 128
+#define BN 128
+#define BK 32
+#define NTH 256
+#define AST (DP + 8)  // row strides in halves: 16 bytes of padding, ldmatrix without conflicts
+#define BST (BK + 8)
+
+struct Cand {  // a row fused_rescan finishes
+    long long r;
+    int j1, j2;
+    double thr;
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One value of a row as gemm_prep MODE 4 rounds it: float16 bits of x PS (zero below TINY).
+__device__ __forceinline__ unsigned short half_of(float f, float ps) { return f2h(fabsf(f) < TINY ? 0.0f : f * ps); }
+
+extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
+        const T* __restrict__ X, int D, long long rows, float ps,  // ps: gemm_prep MODE 4's row scale
+        const unsigned short* __restrict__ CH, int ntile,         // ntile BN x DP float16 centroids
+        const float* __restrict__ csq,                             // ntile BN squared norms, +inf past K
+        float fs,                                                  // G = fs x the accumulated products
+        double eA, double eR, double eB,                           // eb = eA ||x|| + eR ||x - xb|| + eB
+        const T* __restrict__ C,                                   // K x D centroids (data dtype)
+        int exact, const double* __restrict__ w, const int* prev, int* labels,
+        double* __restrict__ d2, double* __restrict__ stat, Cand* __restrict__ cands,
+        unsigned long long* __restrict__ ncand) {
+    extern __shared__ uint4 smem_raw[];
+    unsigned short* As = (unsigned short*)smem_raw;           // BM x AST
+    unsigned short* Bs = As + BM * AST;                       // NST x BN x BST
+    double* ebs = (double*)(Bs + NST * BN * BST);             // BM error bounds
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    const int wm = wp >> 1, wn = wp & 1, g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.x * BM;
+    const int nk = DP / BK, nsteps = ntile * nk;
+    const unsigned a_base = smem_addr(As), b_base = smem_addr(Bs);
+
+    auto load_b = [&](int step) {
+        if (step < nsteps) {
+            const int nt = step / nk, kk = step - nt * nk, st = step % NST;
+            #pragma unroll
+            for (int i = tid; i < BN * (BK / 8); i += NTH) {
+                const int n = i / (BK / 8), c = i % (BK / 8);
+                cp16(b_base + ((st * BN + n) * BST + c * 8) * 2,
+                     CH + (long long)(nt * BN + n) * DP + kk * BK + c * 8);
+            }
+        }
+        cp_commit();  // an empty group past the end keeps the wait counts uniform
+    };
+    #pragma unroll
+    for (int s = 0; s < NST - 1; ++s) load_b(s);
+
+    // The block's rows as the GEMM reads them, and their error bounds (prep_rows' MODE 4).
+    for (int i = 0; i < BM / 8; ++i) {
+        const int lr = wp * (BM / 8) + i;
+        const long long r = r0 + lr;
+        double s = 0.0, q = 0.0;
+        for (int j = lane; j < DP; j += 32) {
+            const T v = (r < rows && j < D) ? X[r * D + j] : (T)0;
+            const float f = (float)v;
+            const unsigned short hb = half_of(f, ps);
+            const float e = fabsf(f) < TINY ? 0.0f : f - h2f(hb) / ps;
+            s = fma((double)v, (double)v, s);
+            q = fma((double)e, (double)e, q);
+            As[lr * AST + j] = hb;
+        }
+        s = warp_sum(s);
+        q = warp_sum(q);
+        if (lane == 0) ebs[lr] = eA * sqrt(s) + eR * sqrt(q) + eB;
+    }
+
+    const float inf = __int_as_float(0x7f800000);
+    float acc[2][8][4];
+    float b1[4], b2[4], b3[4];
+    int i1[4], i2[4];
+    #pragma unroll
+    for (int s = 0; s < 4; ++s) { b1[s] = b2[s] = b3[s] = inf; i1[s] = i2[s] = 0x7fffffff; }
+    #pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+
+    for (int step = 0; step < nsteps; ++step) {
+        cp_wait<NST - 2>();
+        __syncthreads();      // stage step % NST landed for every thread; stage (step - 1) % NST is free
+        load_b(step + NST - 1);
+        const int st = step % NST, nt = step / nk, kk = step - nt * nk;
+        #pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16) {
+            unsigned a[2][4];
+            #pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+                ldsm4(a[mt], a_base + ((wm * 32 + mt * 16 + (lane & 15)) * AST + kk * BK + k16 * 16 + (lane >> 4) * 8) * 2);
+            #pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                unsigned b[4];
+                ldsm4(b, b_base + ((st * BN + wn * 64 + p * 16 + (lane & 7) + ((lane >> 4) << 3)) * BST + k16 * 16 +
+                                   ((lane >> 3) & 1) * 8) * 2);
+                #pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma16816(acc[mt][2 * p], a[mt], b[0], b[1]);
+                    mma16816(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        if (kk == nk - 1) {
+            // Thread (g, t) holds rows g and g + 8 of each 16-row tile, centroids 8 j + 2 t and
+            // 8 j + 2 t + 1 of its warp's 64: met in increasing order, as ins3_sel needs.
+            const int cb = nt * BN + wn * 64 + 2 * t;
+            float2 cq[8];
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) cq[j] = *(const float2*)(csq + cb + 8 * j);
+            #pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int sl = 2 * mt + h;
+                    float m = inf;
+                    #pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        m = fminf(m, fminf(fmaf(acc[mt][j][2 * h], fs, cq[j].x), fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y)));
+                    if (m < b3[sl]) {
+                        #pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            ins3_sel(fmaf(acc[mt][j][2 * h], fs, cq[j].x), cb + 8 * j, b1[sl], i1[sl], b2[sl], i2[sl], b3[sl]);
+                            ins3_sel(fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y), cb + 8 * j + 1, b1[sl], i1[sl], b2[sl],
+                                     i2[sl], b3[sl]);
+                        }
+                    }
+                }
+            }
+            #pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        }
+    }
+
+    // Merge: the quad's four lanes share their rows; then the two warps of a row band.
+    #pragma unroll
+    for (int sl = 0; sl < 4; ++sl) {
+        shfl_merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], 1);
+        shfl_merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], 2);
+    }
+    cp_wait<0>();
+    __syncthreads();  // the stages are free: the merged states go there
+    float* mb1 = (float*)Bs;
+    float* mb2 = mb1 + BM;
+    float* mb3 = mb2 + BM;
+    int* mi1 = (int*)(mb3 + BM);
+    int* mi2 = mi1 + BM;
+    if (wn == 1 && t == 0) {
+        #pragma unroll
+        for (int sl = 0; sl < 4; ++sl) {
+            const int lr = wm * 32 + (sl >> 1) * 16 + g + (sl & 1) * 8;
+            mb1[lr] = b1[sl]; mb2[lr] = b2[sl]; mb3[lr] = b3[sl]; mi1[lr] = i1[sl]; mi2[lr] = i2[sl];
+        }
+    }
+    __syncthreads();
+    if (wn == 0 && t == 0) {
+        #pragma unroll
+        for (int sl = 0; sl < 4; ++sl) {
+            const int lr = wm * 32 + (sl >> 1) * 16 + g + (sl & 1) * 8;
+            merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], mb1[lr], mi1[lr], mb2[lr], mi2[lr], mb3[lr]);
+            mb1[lr] = b1[sl]; mb2[lr] = b2[sl]; mb3[lr] = b3[sl]; mi1[lr] = i1[sl]; mi2[lr] = i2[sl];
+        }
+    }
+    __syncthreads();
+
+    // Certify and re-rank: a warp per row, 16 rows a warp.
+    double inert = 0.0, moved = 0.0, checked = 0.0;
+    for (int i = 0; i < BM / 8; ++i) {
+        const int lr = wp * (BM / 8) + i;
+        const long long r = r0 + lr;
+        if (r >= rows) break;
+        const double thr = rerank_threshold((double)mb1[lr], ebs[lr]);
+        const bool sure = certain((double)mb2[lr], thr);
+        const double v3 = (double)mb3[lr];
+        if (!sure) checked += 1.0;
+        if (!sure && !(v3 > thr)) {  // three or more candidates: fused_rescan scans every centroid
+            if (lane == 0) {
+                const unsigned long long at = atomicAdd(ncand, 1ull);
+                cands[at] = Cand{r, mi1[lr], mi2[lr], thr};
+            }
+            continue;
+        }
+        int best = mi1[lr];
+        double bd = 0.0;
+        if (exact || !sure)
+            best = exact_winner<1>(X + r * D, C, D, lane, thr, sure, v3, mi1[lr], mi2[lr], 0,
+                                   [](int, double (&v)[1]) { v[0] = 0.0; }, bd);
+        if (lane == 0) row_out(r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
+    }
+    if (lane == 0) stat_out(stat, inert, moved, checked);
+}
+
+// The rows fused_select listed: a warp per row, each lane the float32 value of one centroid at
+// a time (the row's float16 values times the centroid's, as the tensor cores multiply them:
+// exact products, a float32 sum within the same bound), then exact_winner's scan.
+extern "C" __global__ void __launch_bounds__(NTH) fused_rescan(
+        const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int kt,
+        const float* __restrict__ csq, float fs, const T* __restrict__ C, int exact,
+        const double* __restrict__ w, const int* prev, int* labels, double* __restrict__ d2,
+        double* __restrict__ stat, const Cand* __restrict__ cands, const unsigned long long* __restrict__ ncand) {
+    __shared__ float xs[NTH / 32][DP];
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const unsigned long long n = *ncand;
+    const unsigned long long nwarp = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+    const float inf = __int_as_float(0x7f800000);
+    double inert = 0.0, moved = 0.0;
+    for (unsigned long long c = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < n; c += nwarp) {
+        const Cand q = cands[c];
+        for (int j = lane; j < DP; j += 32) xs[wp][j] = j < D ? h2f(half_of((float)X[q.r * D + j], ps)) : 0.0f;
+        __syncwarp();
+        double bd = 0.0;
+        const float* xr = xs[wp];
+        const int best = exact_winner<1>(X + q.r * D, C, D, lane, q.thr, false, -(double)inf, q.j1, q.j2, kt,
+                                         [=](int k, double (&v)[1]) {
+                                             if (k >= kt) { v[0] = (double)inf; return; }
+                                             const uint4* cr = (const uint4*)(CH + (long long)k * DP);
+                                             float a = 0.0f;
+                                             #pragma unroll 4
+                                             for (int j8 = 0; j8 < DP / 8; ++j8) {
+                                                 const uint4 u = cr[j8];
+                                                 const float* x8 = xr + 8 * j8;
+                                                 a = fmaf(x8[0], h2f((unsigned short)(u.x & 0xffffu)), a);
+                                                 a = fmaf(x8[1], h2f((unsigned short)(u.x >> 16)), a);
+                                                 a = fmaf(x8[2], h2f((unsigned short)(u.y & 0xffffu)), a);
+                                                 a = fmaf(x8[3], h2f((unsigned short)(u.y >> 16)), a);
+                                                 a = fmaf(x8[4], h2f((unsigned short)(u.z & 0xffffu)), a);
+                                                 a = fmaf(x8[5], h2f((unsigned short)(u.z >> 16)), a);
+                                                 a = fmaf(x8[6], h2f((unsigned short)(u.w & 0xffffu)), a);
+                                                 a = fmaf(x8[7], h2f((unsigned short)(u.w >> 16)), a);
+                                             }
+                                             v[0] = (double)fmaf(a, fs, csq[k]);
+                                         }, bd);
+        if (lane == 0) row_out(q.r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
+        __syncwarp();
+    }
+    if (lane == 0) stat_out(stat, inert, moved, 0.0);
+}
