@@ -240,10 +240,8 @@ class PreparedRows:
         mode = gpu_gemm.mode_of(self.precision, c.dtype == cupy.float64, k, self.tunables)
         if mode not in self.full:
             full = gpu_gemm.prepare(self.X, self.X.astype(cupy.float64), self.precision, "auto", self.tunables,
-                                    mode_k=k)
-            # fused_select's copy is made per subset (gpu_gemm.take): the rows' own is dropped
-            fused = None if full.fused is None else (None, full.fused[1])
-            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None, fused=fused)
+                                    mode_k=k, fused_copy=False)  # fused_select's copy: per subset (take)
+            self.full[mode] = dataclasses.replace(full, centroids=None, c64=None)
         return gpu_gemm.take(self.full[mode], rows, c)
 
 

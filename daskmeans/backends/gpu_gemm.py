@@ -27,11 +27,13 @@ _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14  # cudaDataTyp
 
 
 def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tunables | None = None,
-            mode_k: int | None = None) -> Prepared:
+            mode_k: int | None = None, fused_copy: bool = True) -> Prepared:
     """The GEMM regime's centroid side: ``c`` ``(K, D)`` in the data dtype and its float64
     values ``c64``; the centroids as the GEMM reads them (in the GEMM mode ``tunables`` pick
     for ``precision`` and K, or for ``mode_k`` centroids where given: the mode of the subsets
-    :func:`take` draws from ``c``), their squared norms and the error bound's coefficients."""
+    :func:`take` draws from ``c``), their squared norms and the error bound's coefficients;
+    where ``fused_select`` runs, its copy of the centroids (not with ``fused_copy`` False: rows
+    that only :func:`take` subsets of, which makes each subset's) and its bound."""
     import cupy
 
     tunables = tunables or tunables_in_force()
@@ -56,7 +58,8 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
     cmax = float(cupy.sqrt(sq.max()))
     fused = None
     if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):
-        fused = (_fused_centroids(a, k, d), gpu_plan.error_bound(cmax, smax, d, mode, gemm64, rounded_output=False))
+        fused = (_fused_centroids(a, k, d) if fused_copy else None,
+                 gpu_plan.error_bound(cmax, smax, d, mode, gemm64, rounded_output=False))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
                     cexp, tunables, fused)
 
@@ -235,9 +238,9 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
     mode = mode_of(precision, gemm64, k, tunables)
-    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):
+    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):  # gemm_prep: the centroids' float16 copy
         return [lambda: cuda_src.fused_kernels(dtype, gpu_plan.fused_dp(d), gpu_plan.FUSED_STAGES),
-                lambda: cuda_src.sums_kernels(dtype)]
+                lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
@@ -252,9 +255,11 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     :func:`_run_fused`, where the centroids were prepared for it)."""
     import cupy
 
-    if p.fused is not None:
-        return _run_fused(X, p, w, prev, labels, d2, want_sums, grid)
     n, d = X.shape
+    if p.fused is not None and n:
+        scales = row_scales(p, X, None if grid is None else grid.x_max)
+        if fused_factor(scales[1], scales[3]) is not None:
+            return _run_fused(X, p, w, prev, labels, d2, want_sums, grid, scales)
     k = p.k
     kpad = p.a.shape[0]
     gdt = tile_dtype(p)
@@ -324,27 +329,42 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     return out
 
 
-def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any) -> dict:
+def fused_factor(alpha: float, gsc: float) -> float | None:
+    """``fs``, the one factor ``fused_select`` takes ``-2 x.c`` from its float32 sums with
+    (``alpha`` x ``gsc``, as the tile path's GEMM output and its read), or None where it is not
+    a normal float32 (data and centroids both tiny: a product beyond float32's range, or
+    rounded in it, would no longer be within the bound). Those blocks take the tile path,
+    whose two factors keep every value in range."""
+    fs = alpha * gsc
+    return fs if 2.0**-126 <= abs(fs) <= 2.0**127 else None
+
+
+def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any,
+               scales: tuple) -> dict:
     """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole
     block, no distance tile; then ``fused_rescan`` on the rows it listed (three or more
-    candidates within the bound), which reads their count on the device."""
+    candidates within the bound), which reads their count on the device. ``scales``: the
+    block's :func:`row_scales`."""
     import cupy
 
     n, d = X.shape
     ch, err = p.fused
     dp = ch.shape[1]
     dev = gpu_device.device_id()
-    kernels = cuda_src.fused_kernels(X.dtype, dp, gpu_plan.FUSED_STAGES)
+    stages = gpu_plan.FUSED_STAGES
+    kernels = cuda_src.fused_kernels(X.dtype, dp, stages)
     main, rescan = kernels["fused_select"], kernels["fused_rescan"]
-    shared = gpu_plan.fused_shared_bytes(dp)
+    shared = gpu_plan.fused_shared_bytes(dp, stages)
     if main.max_dynamic_shared_size_bytes < shared:
         main.max_dynamic_shared_size_bytes = shared
     # The bound without the tile's float16 rounding (there is no tile), the row scale of
     # gemm_prep MODE 4 and G's factor: -2 x.c = fs x (the float16 products' sum).
-    _, alpha, xscale, gsc = row_scales(p, X, None if grid is None else grid.x_max)
-    fs = alpha * gsc
+    _, alpha, xscale, gsc = scales
+    fs = fused_factor(alpha, gsc)
     stat = cupy.zeros(3, cupy.float64)
-    cands = cupy.empty(3 * max(n, 1), cupy.int64)  # per listed row: index, two candidates, threshold
+    # Per listed row: its index, two candidates and threshold (24 bytes: the block's rows'
+    # bytes at D = 6, within what the memory plan sets aside for the tile path's two tiles).
+    cands = cupy.empty(3 * n, cupy.int64)
     ncand = cupy.zeros(1, cupy.uint64)
     exact = numpy.int32(d2 is not None or not want_sums)
     tail = (p.centroids, exact, ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
@@ -353,7 +373,7 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
           p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
     warps = gpu_device.sm_count(dev) * 2 * (gpu_plan.THREADS // 32)
     rescan((max(1, min(-(-n // (gpu_plan.THREADS // 32)), warps // (gpu_plan.THREADS // 32))),), (gpu_plan.THREADS,),
-           (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(ch.shape[0]), p.csq, numpy.float32(fs))
+           (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
            + tail + (cands, ncand))
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
     if want_sums:

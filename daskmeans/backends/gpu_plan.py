@@ -322,7 +322,7 @@ def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
     return mode == 4 and tf32_gemm in ("auto", "fused") and fused_dp(d) <= FUSED_MAX_DP
 
 
-def fused_shared_bytes(dp: int, stages: int = FUSED_STAGES) -> int:
+def fused_shared_bytes(dp: int, stages: int) -> int:
     """Dynamic shared memory of one ``fused_select`` block: its rows (float16, row stride
     ``dp + 8``), the centroids' stages (``FUSED_BN`` x ``FUSED_BK + 8`` each) and the rows'
     float64 error bounds."""

@@ -347,7 +347,9 @@ def test_float16_gemm_rounds_its_output_to_nearest():
 
 # fused_select's shapes: GEMM_SHAPES (D' from 32 to 160, K within and across 128-centroid
 # tiles) and the widest rows it takes (D' = 320), K just past a tile.
-FUSED_SHAPES = GEMM_SHAPES + [(1200, 320, 300), (700, 256, 129)]
+# K = 128 exactly (no centroid past K in the last tile) with fewer rows than a block, D = 1,
+# and rows just past a block.
+FUSED_SHAPES = GEMM_SHAPES + [(1200, 320, 300), (700, 256, 129), (100, 33, 128), (100, 1, 4096), (129, 64, 128)]
 
 
 @pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
@@ -381,10 +383,12 @@ def test_fused_select_matches_float64_reference(n, d, k, offset, poisoned_pool):
     np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
 
 
-def test_fused_select_ties_go_to_the_first_of_equal_centroids():
-    """Every row three ways tied (each centroid thrice, 64 apart: the copies in two
-    128-centroid tiles): no row is certain, each has three candidates, so fused_rescan
-    finishes them all; the winner is the first copy, as NumPy's argmin, at its exact distance."""
+@pytest.mark.parametrize("tied", ["all", "some"])
+def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied):
+    """Rows three ways tied (centroids thrice, the copies 64 apart: in two 128-centroid tiles
+    where there are 192): no such row is certain and each has three candidates, so fused_rescan
+    finishes it; the winner is the first copy, as NumPy's argmin, at its exact distance. "all":
+    every centroid thrice; "some": 8 of 64, so that blocks mix listed and certified rows."""
     import cupy
     import dask
 
@@ -392,18 +396,110 @@ def test_fused_select_ties_go_to_the_first_of_equal_centroids():
 
     rng = np.random.default_rng(2)
     base = rng.normal(0, 3, (64, 40))
-    C = np.concatenate([base, base, base])
+    copies = base if tied == "all" else base[:8]
+    C = np.concatenate([base, copies, copies])
     X = (base[rng.integers(0, 64, 3000)] + rng.normal(0, 1, (3000, 40))).astype(np.float32)
     with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
         p = be.prepare(C, np.float32, "tf32")
-        out = be.assign(cupy.asarray(X), p, None)
+        assert p.fused is not None
+        prev = cupy.zeros(len(X), cupy.int32)
+        out = be.assign(cupy.asarray(X), p, None, prev_labels=prev)
         lab, d2 = be.min_sqdist(cupy.asarray(X), p)
     ref, _, _, _, d2_ref = _ref(X, C.astype(np.float32))
     assert ref.max() < 64
     np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), ref)
     np.testing.assert_array_equal(cupy.asnumpy(lab), ref)
-    assert int(out["rechecked"]) == len(X)
+    assert int(out["reassigned"]) == int((ref != 0).sum())
+    listed = int((ref < len(copies)).sum())
+    assert listed == len(X) if tied == "all" else 0 < listed < len(X) / 4
+    assert listed <= int(out["rechecked"]) < len(X) if tied == "some" else int(out["rechecked"]) == len(X)
     np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+
+
+def test_fused_select_tiny_data_and_centroids_stay_exact():
+    """Rows just under 2^-70, centroids of magnitude 2^-53: fused_select's one factor for
+    -2 x.c (2^-150) is zero in float32, so the block takes the tile path. With that factor the
+    values would be ||c||^2 alone and certify centroid 0, whose norm is 2^-17 smaller, although
+    centroid 1 is nearer to every row (the rest, random signs, are farther still)."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+
+    rng = np.random.default_rng(8)
+    X = (2.0**-70 * (1 - 0.01 * rng.random((300, 64)))).astype(np.float32)
+    C = 2.0**-53 * rng.choice([-1.0, 1.0], (200, 64))
+    C[0], C[1] = -(1 - 2.0**-17) * 2.0**-53, 2.0**-53
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
+        p = be.prepare(C, np.float32, "tf32")
+        assert p.fused is not None
+        lab, d2 = be.min_sqdist(cupy.asarray(X), p)
+    ref, _, _, _, d2_ref = _ref(X, C.astype(np.float32))
+    assert (ref == 1).all()
+    np.testing.assert_array_equal(cupy.asnumpy(lab), ref)
+    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10)
+
+
+def test_fused_select_empty_block():
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as be
+
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
+        p = be.prepare(np.random.default_rng(0).normal(size=(300, 64)), np.float32, "tf32")
+        out = be.assign(cupy.empty((0, 64), cupy.float32), p, None)
+    assert out["labels"].shape == (0,) and int(out["counts"].sum()) == 0 and float(out["inertia"]) == 0.0
+
+
+def test_tensor_core_sums_are_within_the_bounds_accumulation_term():
+    """The bound's premise for fused_select's float32 sums (gpu_plan.error_bound: any order,
+    2 D u times the sum of the products' magnitudes, twice the classical term since
+    tensor-core adders may truncate): mma.sync m16n8k16 float16 -> float32, chained over D
+    as fused_select chains it, against float64 on every element of tiles built to lose the
+    most (one large product beside many just under half its ulp, and cancellation)."""
+    import cupy
+
+    src = r"""
+    extern "C" __global__ void mma_dots(const unsigned short* A, const unsigned short* B, float* out, int D) {
+        const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+        A += (long long)blockIdx.x * 16 * D;
+        B += (long long)blockIdx.y * 8 * D;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        auto pk = [&](const unsigned short* p) { return (unsigned)p[0] | ((unsigned)p[1] << 16); };
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            const unsigned a0 = pk(A + g * D + k0 + 2 * t), a1 = pk(A + (g + 8) * D + k0 + 2 * t);
+            const unsigned a2 = pk(A + g * D + k0 + 8 + 2 * t), a3 = pk(A + (g + 8) * D + k0 + 8 + 2 * t);
+            const unsigned b0 = pk(B + g * D + k0 + 2 * t), b1 = pk(B + g * D + k0 + 8 + 2 * t);
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};\n" : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+        const long long ld = (long long)gridDim.y * 8, r = (long long)blockIdx.x * 16, col = (long long)blockIdx.y * 8;
+        out[(r + g) * ld + col + 2 * t] = c[0];
+        out[(r + g) * ld + col + 2 * t + 1] = c[1];
+        out[(r + g + 8) * ld + col + 2 * t] = c[2];
+        out[(r + g + 8) * ld + col + 2 * t + 1] = c[3];
+    }"""
+    kern = cupy.RawKernel(src, "mma_dots", options=("--std=c++17",))
+    rng = np.random.default_rng(6)
+    d, m, n = 256, 64, 64
+    a = rng.normal(size=(m, d))
+    b = rng.normal(size=(n, d))
+    # rows 0-15: one product 2^20 first, then 255 just under half its float32 ulp (2^-4)
+    a[:16], b[:16] = 2.0**-3, 2.0**-2 * 0.97
+    a[:16, 0], b[:16, 0] = 2.0**10, 2.0**10
+    # rows 16-31: cancellation, +-2^12 products that cancel around small ones
+    a[16:32] = np.where(np.arange(d) % 2, 64.0, -64.0) + rng.normal(0, 2.0**-6, (16, d))
+    b[16:32] = 64.0 + rng.normal(0, 2.0**-6, (16, d))
+    ah, bh = a.astype(np.float16), b.astype(np.float16)
+    out = cupy.empty((m, n), cupy.float32)
+    kern((m // 16, n // 8), (32,), (cupy.asarray(ah.view(np.uint16)), cupy.asarray(bh.view(np.uint16)), out,
+                                   np.int32(d)))
+    a64, b64 = ah.astype(np.float64), bh.astype(np.float64)
+    exact, mag = a64 @ b64.T, np.abs(a64) @ np.abs(b64).T
+    err = np.abs(cupy.asnumpy(out).astype(np.float64) - exact)
+    assert (err <= 2 * d * 2.0**-24 * mag).all(), float((err / (2 * d * 2.0**-24 * mag)).max())
 
 
 @pytest.mark.parametrize("k", [300, 5000])

@@ -94,12 +94,22 @@ def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
     assert not plan.uses_fused("fp16", 4, 128)  # the tile path asked for
     assert not plan.uses_fused("auto", 1, 128) and not plan.uses_fused("fused", 2, 128)
     # two blocks of the widest rows in an SM's 228 KiB (1 KiB reserved per block)
-    need = plan.fused_shared_bytes(plan.FUSED_MAX_DP)
+    need = plan.fused_shared_bytes(plan.FUSED_MAX_DP, plan.FUSED_STAGES)
     assert need == 2 * 128 * 328 + 2 * 3 * 128 * 40 + 8 * 128
     assert plan.occupancy(127, 0, plan.THREADS, need) == 2
-    assert plan.occupancy(127, 0, plan.THREADS, plan.fused_shared_bytes(plan.FUSED_MAX_DP + 32)) == 1
+    assert plan.occupancy(127, 0, plan.THREADS, plan.fused_shared_bytes(plan.FUSED_MAX_DP + 32, 3)) == 1
     with pytest.raises(ValueError, match="gpu-tf32-gemm='fast' should be one of"):
         plan.uses_fused("fast", 4, 128)
+
+
+def test_fused_select_takes_its_one_factor_only_where_it_is_a_normal_float32():
+    from daskmeans.backends.gpu_gemm import fused_factor
+
+    assert fused_factor(-2.0**-20, 2.0**-30) == -2.0**-50
+    assert fused_factor(-2.0**-20, 2.0**-106) == -2.0**-126  # the smallest normal
+    assert fused_factor(-2.0**-20, 2.0**-107) is None  # subnormal: the block takes the tile path
+    assert fused_factor(-2.0**-20, 2.0**-140) is None  # zero in float32
+    assert fused_factor(-2.0**100, 2.0**27) == -2.0**127 and fused_factor(-2.0**100, 2.0**28) is None
 
 
 def test_half_scales_keep_float16_inputs_and_tile_in_range():

@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const T* __restrict__ X, int D, long long rows, float ps,  // ps: gemm_prep MODE 4's row scale
         const unsigned short* __restrict__ CH, int ntile,         // ntile BN x DP float16 centroids
         const float* __restrict__ csq,                             // ntile BN squared norms, +inf past K
-        float fs,                                                  // G = fs x the accumulated products
+        float fs,                                                  // G = fs x the accumulated products (normal)
         double eA, double eR, double eB,                           // eb = eA ||x|| + eR ||x - xb|| + eB
         const T* __restrict__ C,                                   // K x D centroids (data dtype)
         int exact, const double* __restrict__ w, const int* prev, int* labels,
@@ -222,10 +222,13 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const bool sure = certain((double)mb2[lr], thr);
         const double v3 = (double)mb3[lr];
         if (!sure) checked += 1.0;
-        if (!sure && !(v3 > thr)) {  // three or more candidates: fused_rescan scans every centroid
+        // Three or more candidates: fused_rescan scans every centroid. So does a row without a
+        // finite value (every ||c||^2 beyond float32): each centroid a candidate (thr = +inf).
+        const bool none = !((double)mb1[lr] < (double)inf);
+        if (none || (!sure && !(v3 > thr))) {
             if (lane == 0) {
                 const unsigned long long at = atomicAdd(ncand, 1ull);
-                cands[at] = Cand{r, mi1[lr], mi2[lr], thr};
+                cands[at] = none ? Cand{r, 0, 0, (double)inf} : Cand{r, mi1[lr], mi2[lr], thr};
             }
             continue;
         }
@@ -243,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
 // a time (the row's float16 values times the centroid's, as the tensor cores multiply them:
 // exact products, a float32 sum within the same bound), then exact_winner's scan.
 extern "C" __global__ void __launch_bounds__(NTH) fused_rescan(
-        const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int kt,
+        const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int K,
         const float* __restrict__ csq, float fs, const T* __restrict__ C, int exact,
         const double* __restrict__ w, const int* prev, int* labels, double* __restrict__ d2,
         double* __restrict__ stat, const Cand* __restrict__ cands, const unsigned long long* __restrict__ ncand) {
@@ -251,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(NTH) fused_rescan(
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const unsigned long long n = *ncand;
     const unsigned long long nwarp = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
-    const float inf = __int_as_float(0x7f800000);
+    const float inf = __int_as_float(0x7f800000), nan = __int_as_float(0x7fffffff);
     double inert = 0.0, moved = 0.0;
     for (unsigned long long c = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < n; c += nwarp) {
         const Cand q = cands[c];
@@ -259,9 +262,10 @@ extern "C" __global__ void __launch_bounds__(NTH) fused_rescan(
         __syncwarp();
         double bd = 0.0;
         const float* xr = xs[wp];
-        const int best = exact_winner<1>(X + q.r * D, C, D, lane, q.thr, false, -(double)inf, q.j1, q.j2, kt,
+        // Past K: NaN, never a candidate (not <= thr, also where thr is +inf).
+        const int best = exact_winner<1>(X + q.r * D, C, D, lane, q.thr, false, -(double)inf, q.j1, q.j2, K,
                                          [=](int k, double (&v)[1]) {
-                                             if (k >= kt) { v[0] = (double)inf; return; }
+                                             if (k >= K) { v[0] = (double)nan; return; }
                                              const uint4* cr = (const uint4*)(CH + (long long)k * DP);
                                              float a = 0.0f;
                                              #pragma unroll 4
