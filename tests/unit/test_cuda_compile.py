@@ -1,0 +1,72 @@
+"""Every CUDA module the CuPy backend builds compiles, checked on any host with NVIDIA's
+compiler (no GPU needed; skipped without one): the configurations the host code produces for
+each kernel family, compiled for sm_90 as NVRTC would (``--std=c++17``, the sources as
+:mod:`daskmeans.backends.cuda_src` assembles them). The selections are also held to what
+their sources promise: their registers within the launch bounds without spills."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from daskmeans.backends import cuda_src
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="needs NVIDIA's compiler (nvcc)")
+
+# Kernels whose sources size their work to stay in registers (cuda_src.select_rows_source,
+# select_cols_source): a spill there is a change of design, not of speed alone.
+NO_SPILLS = {"select_rows", "select_cols"}
+
+
+def _modules() -> dict[str, str]:
+    afk = "#define AFK_THREADS {}\n#define AFK_DCH {}\n#define AFK_R {}\n"
+    return {
+        "small, centroids in registers": cuda_src.small_source("float32", 16, 7, 4, True, 256, creg=True),
+        "small, shared memory, float64": cuda_src.small_source("float64", 32, 5, 0, False, 256),
+        "small, labels only": cuda_src.small_source("float32", 4, 8, 3, False, 256, mode=1),
+        "prep, float32": cuda_src.prep_source("float32"),
+        "prep, float64": cuda_src.prep_source("float64"),
+        "select_rows, float16 tile": cuda_src.select_rows_source("float32", "float16"),
+        "select_rows, float32 tile": cuda_src.select_rows_source("float32", "float32"),
+        "select_rows, float64": cuda_src.select_rows_source("float64", "float64"),
+        "select_cols, 1 row": cuda_src.select_cols_source("float32", 1),
+        "select_cols, 4 rows": cuda_src.select_cols_source("float32", 4),
+        "sums, float32": cuda_src.sums_source("float32"),
+        "sums, float64": cuda_src.sums_source("float64"),
+        "fit": cuda_src.FIT_SRC,
+        "afkmc2, registers": afk.format(cuda_src.AFKMC2_THREADS, 4, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
+        "afkmc2, global memory": afk.format(cuda_src.AFKMC2_THREADS, 0, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
+    }
+
+
+def _compile(item, tmp_path):
+    name, src = item
+    path = tmp_path / (re.sub(r"\W+", "_", name) + ".cu")
+    path.write_text(src)
+    proc = subprocess.run([NVCC, "-arch=sm_90", "--std=c++17", "-Xptxas", "-v", "-c", str(path), "-o",
+                           str(path.with_suffix(".o"))], capture_output=True, text=True, timeout=600)
+    return name, proc.returncode, proc.stderr
+
+
+def _properties(ptxas: str) -> dict[str, str]:
+    """ptxas -v's lines per kernel ("N bytes spill stores", "Used R registers"), by name."""
+    return dict(re.findall(r"Function properties for (\w+)\n(.*?)Compile time", ptxas, re.S))
+
+
+def test_every_module_compiles_and_the_selections_do_not_spill(tmp_path):
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(lambda item: _compile(item, tmp_path), _modules().items()))
+    failed = {name: err[-2000:] for name, rc, err in results if rc != 0}
+    assert not failed, failed
+    seen = set()
+    for name, _, err in results:
+        for kernel, props in _properties(err).items():
+            seen.add(kernel)
+            if kernel in NO_SPILLS:
+                assert "0 bytes spill stores" in props, (name, kernel, props)
+    assert NO_SPILLS <= seen and {"fused_small", "gemm_prep0", "sorted_sums", "afkmc2_block"} <= seen, seen
