@@ -276,17 +276,18 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
 FUSED_KERNELS = ("fused_select", "fused_rescan")
 
 
-def fused_source(dtype: Any, dp: int, stages: int) -> str:
+def fused_source(dtype: Any, dp: int, stages: int, columns: int) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
-    ``dp`` columns and ``stages`` pipeline stages."""
-    return f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n" + FUSED_SRC
+    ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each."""
+    return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
+            f"#define BK {int(columns)}\n" + FUSED_SRC)
 
 
-def fused_kernels(dtype: Any, dp: int, stages: int) -> dict[str, Any]:
+def fused_kernels(dtype: Any, dp: int, stages: int, columns: int) -> dict[str, Any]:
     """The fused float16 regime's kernels by name (:data:`FUSED_KERNELS`), compiled with the
     modules a GEMM-regime pass needs besides (the sums, the fit module)."""
-    key = ("fused", _ctype(dtype), int(dp), int(stages))
-    src = fused_source(dtype, dp, stages)
+    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns))
+    src = fused_source(dtype, dp, stages, columns)
     return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
 
 

@@ -239,7 +239,8 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     gemm64 = numpy.dtype(dtype) == numpy.float64
     mode = mode_of(precision, gemm64, k, tunables)
     if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):  # gemm_prep: the centroids' float16 copy
-        return [lambda: cuda_src.fused_kernels(dtype, gpu_plan.fused_dp(d), gpu_plan.FUSED_STAGES),
+        dp = gpu_plan.fused_dp(d)
+        return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp)),
                 lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
@@ -351,10 +352,10 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
     ch, err = p.fused
     dp = ch.shape[1]
     dev = gpu_device.device_id()
-    stages = gpu_plan.FUSED_STAGES
-    kernels = cuda_src.fused_kernels(X.dtype, dp, stages)
+    stages, columns = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp)
+    kernels = cuda_src.fused_kernels(X.dtype, dp, stages, columns)
     main, rescan = kernels["fused_select"], kernels["fused_rescan"]
-    shared = gpu_plan.fused_shared_bytes(dp, stages)
+    shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
     if main.max_dynamic_shared_size_bytes < shared:
         main.max_dynamic_shared_size_bytes = shared
     # The bound without the tile's float16 rounding (there is no tile), the row scale of

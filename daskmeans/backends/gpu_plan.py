@@ -302,14 +302,21 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
 
 FUSED_BN = 128  # centroids per tile of fused_select (cuda/fused_select.cu's BN)
 FUSED_BM = 128  # rows per block (BM)
-FUSED_BK = 32  # columns per pipeline stage (BK); D is padded to a multiple of it
+FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
+FUSED_BK = 32  # columns per pipeline stage (BK) where D' is a multiple of it, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
 
 
 def fused_dp(d: int) -> int:
-    """``D'``: ``d`` padded to whole :data:`FUSED_BK` columns (zeros, which add nothing)."""
-    return -(-int(d) // FUSED_BK) * FUSED_BK
+    """``D'``: ``d`` padded to whole :data:`FUSED_PAD` columns (zeros, which add nothing)."""
+    return -(-int(d) // FUSED_PAD) * FUSED_PAD
+
+
+def fused_columns(dp: int) -> int:
+    """Columns of a pipeline stage (BK) for rows of ``dp`` columns: :data:`FUSED_BK` where it
+    divides ``dp``, else :data:`FUSED_PAD`."""
+    return FUSED_BK if dp % FUSED_BK == 0 else FUSED_PAD
 
 
 def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
@@ -322,8 +329,8 @@ def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
     return mode == 4 and tf32_gemm in ("auto", "fused") and fused_dp(d) <= FUSED_MAX_DP
 
 
-def fused_shared_bytes(dp: int, stages: int) -> int:
+def fused_shared_bytes(dp: int, stages: int, columns: int) -> int:
     """Dynamic shared memory of one ``fused_select`` block: its rows (float16, row stride
-    ``dp + 8``), the centroids' stages (``FUSED_BN`` x ``FUSED_BK + 8`` each) and the rows'
+    ``dp + 8``), the centroids' stages (``FUSED_BN`` x ``columns + 8`` each) and the rows'
     float64 error bounds."""
-    return 2 * FUSED_BM * (dp + 8) + 2 * stages * FUSED_BN * (FUSED_BK + 8) + 8 * FUSED_BM
+    return 2 * FUSED_BM * (dp + 8) + 2 * stages * FUSED_BN * (columns + 8) + 8 * FUSED_BM

@@ -43,8 +43,9 @@ def _modules() -> dict[str, str]:
         "fit": cuda_src.FIT_SRC,
         "afkmc2, registers": afk.format(cuda_src.AFKMC2_THREADS, 4, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
         "afkmc2, global memory": afk.format(cuda_src.AFKMC2_THREADS, 0, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
-        "fused, narrowest": cuda_src.fused_source("float32", plan.fused_dp(1), plan.FUSED_STAGES),
-        "fused, widest": cuda_src.fused_source("float32", plan.FUSED_MAX_DP, plan.FUSED_STAGES),
+        "fused, narrowest": cuda_src.fused_source("float32", plan.fused_dp(1), plan.FUSED_STAGES, 32),
+        "fused, widest": cuda_src.fused_source("float32", plan.FUSED_MAX_DP, plan.FUSED_STAGES, 32),
+        "fused, 64-column stages": cuda_src.fused_source("float32", 128, 2, 64),
     }
 
 

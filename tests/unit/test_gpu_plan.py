@@ -89,15 +89,16 @@ def test_gemm_mode_by_precision_and_gpu():
 
 def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
     assert plan.fused_dp(5) == 32 and plan.fused_dp(128) == 128 and plan.fused_dp(130) == 160
+    assert plan.fused_columns(96) == 32 and plan.fused_columns(128) in (32, 64)
     assert plan.uses_fused("auto", 4, 320) and plan.uses_fused("fused", 4, 3)
     assert not plan.uses_fused("auto", 4, 321)  # D' = 352: the tile path
     assert not plan.uses_fused("fp16", 4, 128)  # the tile path asked for
     assert not plan.uses_fused("auto", 1, 128) and not plan.uses_fused("fused", 2, 128)
     # two blocks of the widest rows in an SM's 228 KiB (1 KiB reserved per block)
-    need = plan.fused_shared_bytes(plan.FUSED_MAX_DP, plan.FUSED_STAGES)
+    need = plan.fused_shared_bytes(plan.FUSED_MAX_DP, plan.FUSED_STAGES, plan.fused_columns(plan.FUSED_MAX_DP))
     assert need == 2 * 128 * 328 + 2 * 3 * 128 * 40 + 8 * 128
     assert plan.occupancy(127, 0, plan.THREADS, need) == 2
-    assert plan.occupancy(127, 0, plan.THREADS, plan.fused_shared_bytes(plan.FUSED_MAX_DP + 32, 3)) == 1
+    assert plan.occupancy(127, 0, plan.THREADS, plan.fused_shared_bytes(plan.FUSED_MAX_DP + 32, 3, 32)) == 1
     with pytest.raises(ValueError, match="gpu-tf32-gemm='fast' should be one of"):
         plan.uses_fused("fast", 4, 128)
 

@@ -1,6 +1,7 @@
 // fused_select: the tf32 precision's float16 GEMM fused with select_rows' selection: the
 // distance tile never leaves the SM. Compile-time: T (data type: float), DP (D padded to a
-// multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline).
+// multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline),
+// BK (columns a stage: 32 or 64).
 //
 // A block takes BM rows: it rounds them as gemm_prep MODE 4 does (x PS to float16, each row's
 // error bound from ||x|| and ||x - xb||) into shared memory, where they stay, then streams the
@@ -21,7 +22,6 @@
 // minimum, as on every path.
 #define BM 128
 #define BN 128
-#define BK 32
 #define NTH 256
 #define AST (DP + 8)  // row strides in halves: 16 bytes of padding, ldmatrix without conflicts
 #define BST (BK + 8)
