@@ -276,18 +276,19 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
 FUSED_KERNELS = ("fused_select", "fused_rescan")
 
 
-def fused_source(dtype: Any, dp: int, stages: int, columns: int) -> str:
+def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
-    ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each."""
+    ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
+    (WM, WN) over a block's rows and centroids."""
     return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
-            f"#define BK {int(columns)}\n" + FUSED_SRC)
+            f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n" + FUSED_SRC)
 
 
-def fused_kernels(dtype: Any, dp: int, stages: int, columns: int) -> dict[str, Any]:
+def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> dict[str, Any]:
     """The fused float16 regime's kernels by name (:data:`FUSED_KERNELS`), compiled with the
     modules a GEMM-regime pass needs besides (the sums, the fit module)."""
-    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns))
-    src = fused_source(dtype, dp, stages, columns)
+    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps))
+    src = fused_source(dtype, dp, stages, columns, warps)
     return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
 
 

@@ -240,7 +240,8 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     mode = mode_of(precision, gemm64, k, tunables)
     if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):  # gemm_prep: the centroids' float16 copy
         dp = gpu_plan.fused_dp(d)
-        return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp)),
+        return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
+                                               gpu_plan.FUSED_WARPS),
                 lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
@@ -352,8 +353,9 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
     ch, err = p.fused
     dp = ch.shape[1]
     dev = gpu_device.device_id()
-    stages, columns = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp)
-    kernels = cuda_src.fused_kernels(X.dtype, dp, stages, columns)
+    stages, columns, warps = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp), gpu_plan.FUSED_WARPS
+    threads = gpu_plan.fused_threads(warps)
+    kernels = cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps)
     main, rescan = kernels["fused_select"], kernels["fused_rescan"]
     shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
     if main.max_dynamic_shared_size_bytes < shared:
@@ -369,11 +371,12 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
     ncand = cupy.zeros(1, cupy.uint64)
     exact = numpy.int32(d2 is not None or not want_sums)
     tail = (p.centroids, exact, ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
-    main((-(-n // gpu_plan.FUSED_BM),), (gpu_plan.THREADS,),
+    main((-(-n // gpu_plan.FUSED_BM),), (threads,),
          (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
           p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
-    warps = gpu_device.sm_count(dev) * 2 * (gpu_plan.THREADS // 32)
-    rescan((max(1, min(-(-n // (gpu_plan.THREADS // 32)), warps // (gpu_plan.THREADS // 32))),), (gpu_plan.THREADS,),
+    # fused_rescan: a warp per listed row, two blocks per SM at most (their count is on the device)
+    per_block = threads // 32
+    rescan((max(1, min(-(-n // per_block), 2 * gpu_device.sm_count(dev))),), (threads,),
            (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
            + tail + (cands, ncand))
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass

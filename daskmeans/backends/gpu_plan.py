@@ -305,12 +305,18 @@ FUSED_BM = 128  # rows per block (BM)
 FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
 FUSED_BK = 32  # columns per pipeline stage (BK) where D' is a multiple of it, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
+FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
 
 
 def fused_dp(d: int) -> int:
     """``D'``: ``d`` padded to whole :data:`FUSED_PAD` columns (zeros, which add nothing)."""
     return -(-int(d) // FUSED_PAD) * FUSED_PAD
+
+
+def fused_threads(warps: tuple[int, int]) -> int:
+    """Threads of a ``fused_select`` block of ``warps`` (WM, WN)."""
+    return 32 * warps[0] * warps[1]
 
 
 def fused_columns(dp: int) -> int:

@@ -1,20 +1,21 @@
 // fused_select: the tf32 precision's float16 GEMM fused with select_rows' selection: the
 // distance tile never leaves the SM. Compile-time: T (data type: float), DP (D padded to a
 // multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline),
-// BK (columns a stage: 32 or 64).
+// BK (columns a stage: 32 or 64), WM x WN (the block's warps over rows x centroids: 4 x 2,
+// each 32 rows by 64 centroids; or 2 x 2, each 64 by 64).
 //
 // A block takes BM rows: it rounds them as gemm_prep MODE 4 does (x PS to float16, each row's
 // error bound from ||x|| and ||x - xb||) into shared memory, where they stay, then streams the
 // centroids (float16, CH: rows of DP values, zero past K and D) through NST shared-memory
-// stages with cp.async, BN centroids and BK columns a stage. Eight warps, 4 (rows) x 2
-// (centroids), each multiply 32 rows by 64 centroids with mma.sync m16n8k16 (float16 in,
-// float32 accumulated) and, at the end of each BN-centroid tile, fold their G + ||c||^2 into
+// stages with cp.async, BN centroids and BK columns a stage. WM x WN warps each multiply
+// BM / WM rows by BN / WN centroids with mma.sync m16n8k16 (float16 in, float32
+// accumulated) and, at the end of each BN-centroid tile, fold their G + ||c||^2 into
 // per-row top-3 states (only where the tile's minimum beats the state's third value). The
 // float32 values are never rounded to float16 (the unfused path's output rounding): the bound
 // (gpu_plan.error_bound, rounded_output=False) is tighter and fewer rows are re-ranked.
 //
-// After the last tile, the states merge (the quad's lanes, then the two centroid halves) and
-// each warp certifies and re-ranks 16 rows with certify.cuh's exact_winner where at most two
+// After the last tile, the states merge (the quad's lanes, then the warps of a row band) and
+// each warp certifies and re-ranks its share of rows with certify.cuh's exact_winner where at most two
 // candidates remain; a row with three or more (its third value within the threshold) is
 // listed for fused_rescan, which recomputes its float32 values against every centroid (any
 // values within the bound serve: the threshold excludes exactly the centroids farther than
@@ -22,7 +23,13 @@
 // minimum, as on every path.
 #define BM 128
 #define BN 128
-#define NTH 256
+#define NTH (32 * WM * WN)
+#define WTM (BM / WM)     // a warp's rows
+#define WTN (BN / WN)     // a warp's centroids
+#define MT (WTM / 16)     // its 16-row mma tiles
+#define NT (WTN / 8)      // its 8-centroid mma tiles (even: ldmatrix.x4 loads two)
+#define SL (2 * MT)       // rows per thread: g and g + 8 of each 16-row tile
+#define RPW (BM / (NTH / 32))  // rows a warp rounds and certifies
 #define AST (DP + 8)  // row strides in halves: 16 bytes of padding, ldmatrix without conflicts
 #define BST (BK + 8)
 
@@ -71,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
     unsigned short* Bs = As + BM * AST;                       // NST x BN x BST
     double* ebs = (double*)(Bs + NST * BN * BST);             // BM error bounds
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
-    const int wm = wp >> 1, wn = wp & 1, g = lane >> 2, t = lane & 3;
+    const int wm = wp / WN, wn = wp % WN, g = lane >> 2, t = lane & 3;
     const long long r0 = (long long)blockIdx.x * BM;
     const int nk = DP / BK, nsteps = ntile * nk;
     const unsigned a_base = smem_addr(As), b_base = smem_addr(Bs);
@@ -92,8 +99,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
     for (int s = 0; s < NST - 1; ++s) load_b(s);
 
     // The block's rows as the GEMM reads them, and their error bounds (prep_rows' MODE 4).
-    for (int i = 0; i < BM / 8; ++i) {
-        const int lr = wp * (BM / 8) + i;
+    for (int i = 0; i < RPW; ++i) {
+        const int lr = wp * RPW + i;
         const long long r = r0 + lr;
         double s = 0.0, q = 0.0;
         for (int j = lane; j < DP; j += 32) {
@@ -111,15 +118,15 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
     }
 
     const float inf = __int_as_float(0x7f800000);
-    float acc[2][8][4];
-    float b1[4], b2[4], b3[4];
-    int i1[4], i2[4];
+    float acc[MT][NT][4];
+    float b1[SL], b2[SL], b3[SL];
+    int i1[SL], i2[SL];
     #pragma unroll
-    for (int s = 0; s < 4; ++s) { b1[s] = b2[s] = b3[s] = inf; i1[s] = i2[s] = 0x7fffffff; }
+    for (int s = 0; s < SL; ++s) { b1[s] = b2[s] = b3[s] = inf; i1[s] = i2[s] = 0x7fffffff; }
     #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
         #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < NT; ++j)
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
@@ -130,17 +137,17 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const int st = step % NST, nt = step / nk, kk = step - nt * nk;
         #pragma unroll
         for (int k16 = 0; k16 < BK / 16; ++k16) {
-            unsigned a[2][4];
+            unsigned a[MT][4];
             #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-                ldsm4(a[mt], a_base + ((wm * 32 + mt * 16 + (lane & 15)) * AST + kk * BK + k16 * 16 + (lane >> 4) * 8) * 2);
+            for (int mt = 0; mt < MT; ++mt)
+                ldsm4(a[mt], a_base + ((wm * WTM + mt * 16 + (lane & 15)) * AST + kk * BK + k16 * 16 + (lane >> 4) * 8) * 2);
             #pragma unroll
-            for (int p = 0; p < 4; ++p) {
+            for (int p = 0; p < NT / 2; ++p) {
                 unsigned b[4];
-                ldsm4(b, b_base + ((st * BN + wn * 64 + p * 16 + (lane & 7) + ((lane >> 4) << 3)) * BST + k16 * 16 +
+                ldsm4(b, b_base + ((st * BN + wn * WTN + p * 16 + (lane & 7) + ((lane >> 4) << 3)) * BST + k16 * 16 +
                                    ((lane >> 3) & 1) * 8) * 2);
                 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
+                for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * p], a[mt], b[0], b[1]);
                     mma16816(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
                 }
@@ -148,23 +155,23 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         }
         if (kk == nk - 1) {
             // Thread (g, t) holds rows g and g + 8 of each 16-row tile, centroids 8 j + 2 t and
-            // 8 j + 2 t + 1 of its warp's 64: met in increasing order, as ins3_sel needs.
-            const int cb = nt * BN + wn * 64 + 2 * t;
-            float2 cq[8];
+            // 8 j + 2 t + 1 of its warp's WTN: met in increasing order, as ins3_sel needs.
+            const int cb = nt * BN + wn * WTN + 2 * t;
+            float2 cq[NT];
             #pragma unroll
-            for (int j = 0; j < 8; ++j) cq[j] = *(const float2*)(csq + cb + 8 * j);
+            for (int j = 0; j < NT; ++j) cq[j] = *(const float2*)(csq + cb + 8 * j);
             #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int sl = 2 * mt + h;
                     float m = inf;
                     #pragma unroll
-                    for (int j = 0; j < 8; ++j)
+                    for (int j = 0; j < NT; ++j)
                         m = fminf(m, fminf(fmaf(acc[mt][j][2 * h], fs, cq[j].x), fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y)));
                     if (m < b3[sl]) {
                         #pragma unroll
-                        for (int j = 0; j < 8; ++j) {
+                        for (int j = 0; j < NT; ++j) {
                             ins3_sel(fmaf(acc[mt][j][2 * h], fs, cq[j].x), cb + 8 * j, b1[sl], i1[sl], b2[sl], i2[sl], b3[sl]);
                             ins3_sel(fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y), cb + 8 * j + 1, b1[sl], i1[sl], b2[sl],
                                      i2[sl], b3[sl]);
@@ -173,17 +180,18 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
                 }
             }
             #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
                 #pragma unroll
-                for (int j = 0; j < 8; ++j)
+                for (int j = 0; j < NT; ++j)
                     #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
         }
     }
 
-    // Merge: the quad's four lanes share their rows; then the two warps of a row band.
+    // Merge: the quad's four lanes share their rows; then the WN warps of a row band, one
+    // after another into the band's first (merge3 is associative and commutative).
     #pragma unroll
-    for (int sl = 0; sl < 4; ++sl) {
+    for (int sl = 0; sl < SL; ++sl) {
         shfl_merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], 1);
         shfl_merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], 2);
     }
@@ -194,28 +202,23 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
     float* mb3 = mb2 + BM;
     int* mi1 = (int*)(mb3 + BM);
     int* mi2 = mi1 + BM;
-    if (wn == 1 && t == 0) {
-        #pragma unroll
-        for (int sl = 0; sl < 4; ++sl) {
-            const int lr = wm * 32 + (sl >> 1) * 16 + g + (sl & 1) * 8;
-            mb1[lr] = b1[sl]; mb2[lr] = b2[sl]; mb3[lr] = b3[sl]; mi1[lr] = i1[sl]; mi2[lr] = i2[sl];
+    #pragma unroll
+    for (int from = 1; from <= WN; ++from) {  // WN: the band's first writes the merged state
+        if ((from < WN ? wn == from : wn == 0) && t == 0) {
+            #pragma unroll
+            for (int sl = 0; sl < SL; ++sl) {
+                const int lr = wm * WTM + (sl >> 1) * 16 + g + (sl & 1) * 8;
+                if (from > 1) merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], mb1[lr], mi1[lr], mb2[lr], mi2[lr], mb3[lr]);
+                mb1[lr] = b1[sl]; mb2[lr] = b2[sl]; mb3[lr] = b3[sl]; mi1[lr] = i1[sl]; mi2[lr] = i2[sl];
+            }
         }
+        __syncthreads();
     }
-    __syncthreads();
-    if (wn == 0 && t == 0) {
-        #pragma unroll
-        for (int sl = 0; sl < 4; ++sl) {
-            const int lr = wm * 32 + (sl >> 1) * 16 + g + (sl & 1) * 8;
-            merge3(b1[sl], i1[sl], b2[sl], i2[sl], b3[sl], mb1[lr], mi1[lr], mb2[lr], mi2[lr], mb3[lr]);
-            mb1[lr] = b1[sl]; mb2[lr] = b2[sl]; mb3[lr] = b3[sl]; mi1[lr] = i1[sl]; mi2[lr] = i2[sl];
-        }
-    }
-    __syncthreads();
 
-    // Certify and re-rank: a warp per row, 16 rows a warp.
+    // Certify and re-rank: a warp per row, RPW rows a warp.
     double inert = 0.0, moved = 0.0, checked = 0.0;
-    for (int i = 0; i < BM / 8; ++i) {
-        const int lr = wp * (BM / 8) + i;
+    for (int i = 0; i < RPW; ++i) {
+        const int lr = wp * RPW + i;
         const long long r = r0 + lr;
         if (r >= rows) break;
         const double thr = rerank_threshold((double)mb1[lr], ebs[lr]);
