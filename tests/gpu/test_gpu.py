@@ -288,16 +288,23 @@ GEMM_PATHS = ["rows", "cols1", "cols2", "cols4", "rows+sgemm", "cols2+sgemm", "r
 def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, poisoned_pool):
     """Every GEMM-regime path (cuBLAS tiles + row- or column-major selection) gives the exact labels, sums and distances, also on a block that
     starts one row into its buffer (not 16-byte aligned when D is odd) and with weights."""
+    config, layout = _path(path)
+    _check_gemm_block(n, d, k, offset, 3, precision, config, layout)
+
+
+def _check_gemm_block(n, d, k, offset, seed, precision, config, layout="auto"):
+    """A GEMM-regime block of ``n`` rows one ``offset`` into its buffer, weighted, under the
+    dask ``config``: the exact labels (also where ``prev`` held none, every row counted as
+    moved), counts, sums, inertia and distances. Returns the prepared centroids."""
     import cupy
     import dask
 
     from daskmeans.backends import cupy_backend as be
 
-    X, C, rng = _data(n + offset, d, k, np.float32, seed=3)
+    X, C, rng = _data(n + offset, d, k, np.float32, seed=seed)
     w = rng.random(n) + 0.5
     Xg = cupy.asarray(X)[offset:]
     X = X[offset:]
-    config, layout = _path(path)
     with dask.config.set(config):
         p = be.prepare(C, np.float32, precision, _layout=layout)
         assert p.small is None  # the GEMM regime
@@ -312,6 +319,7 @@ def test_gemm_paths_match_float64_reference(n, d, k, precision, path, offset, po
     _check_sums(out, X, w, lab, sums)
     assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
     np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+    return p
 
 
 def test_float16_gemm_rounds_its_output_to_nearest():
@@ -358,29 +366,8 @@ def test_fused_select_matches_float64_reference(n, d, k, offset, poisoned_pool):
     """The tf32 precision's fused float16 GEMM and selection: the exact labels, sums and
     distances, on a block that starts one row into its buffer and with weights; every row
     counted as moved (``prev`` holds no label)."""
-    import cupy
-    import dask
-
-    from daskmeans.backends import cupy_backend as be
-
-    X, C, rng = _data(n + offset, d, k, np.float32, seed=5)
-    w = rng.random(n) + 0.5
-    Xg = cupy.asarray(X)[offset:]
-    X = X[offset:]
-    with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
-        p = be.prepare(C, np.float32, "tf32")
-        assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
-        prev = cupy.full(n, -7, cupy.int32)
-        out = be.assign(Xg, p, cupy.asarray(w), prev_labels=prev, out_labels=prev)
-        lab_only, d2 = be.min_sqdist(Xg, p)
-    lab, sums, counts, inertia, d2_ref = _ref(X, C.astype(np.float32), w)
-    np.testing.assert_array_equal(cupy.asnumpy(out["labels"]), lab)
-    np.testing.assert_array_equal(cupy.asnumpy(lab_only), lab)
-    assert int(out["reassigned"]) == n
-    np.testing.assert_array_equal(cupy.asnumpy(out["counts"]), counts)
-    _check_sums(out, X, w, lab, sums)
-    assert abs(float(out["inertia"]) - inertia) <= 1e-10 * inertia
-    np.testing.assert_allclose(cupy.asnumpy(d2), d2_ref, rtol=1e-10, atol=1e-9)
+    p = _check_gemm_block(n, d, k, offset, 5, "tf32", {"daskmeans.gpu-tf32-gemm": "fused"})
+    assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
 
 
 @pytest.mark.parametrize("tied", ["all", "some"])

@@ -123,12 +123,15 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
     int i1[SL], i2[SL];
     #pragma unroll
     for (int s = 0; s < SL; ++s) { b1[s] = b2[s] = b3[s] = inf; i1[s] = i2[s] = 0x7fffffff; }
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    auto zero = [&]() {
         #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int mt = 0; mt < MT; ++mt)
             #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+            for (int j = 0; j < NT; ++j)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+    };
+    zero();
 
     for (int step = 0; step < nsteps; ++step) {
         cp_wait<NST - 2>();
@@ -179,12 +182,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
                     }
                 }
             }
-            #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                #pragma unroll
-                for (int j = 0; j < NT; ++j)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+            zero();
         }
     }
 
