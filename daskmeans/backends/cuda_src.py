@@ -279,7 +279,17 @@ FUSED_KERNELS = ("fused_select", "fused_rescan")
 def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
     ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
-    (WM, WN) over a block's rows and centroids."""
+    (WM, WN) over a block's rows and centroids.
+
+    Raises
+    ------
+    ValueError
+        A combination the kernel cannot run (the source's static assertions, said before NVRTC
+        would): ``dp`` not a multiple of ``columns``, ``columns`` not 32 or 64, fewer than two
+        stages, or warps other than 4 x 2, 2 x 2 and 8 x 1."""
+    if dp % columns or columns not in (32, 64) or stages < 2 or tuple(warps) not in ((4, 2), (2, 2), (8, 1)):
+        raise ValueError(f"fused_select: dp={dp}, columns={columns}, stages={stages}, warps={tuple(warps)} should have "
+                         f"dp a multiple of columns (32 or 64), stages >= 2 and warps (4, 2), (2, 2) or (8, 1)")
     return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
             f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n" + FUSED_SRC)
 

@@ -375,8 +375,8 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
          (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
           p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
     # fused_rescan: a warp per listed row, two blocks per SM at most (their count is on the device)
-    per_block = threads // 32
-    rescan((max(1, min(-(-n // per_block), 2 * gpu_device.sm_count(dev))),), (threads,),
+    rt = gpu_plan.FUSED_RESCAN_THREADS
+    rescan((max(1, min(-(-n // (rt // 32)), 2 * gpu_device.sm_count(dev))),), (rt,),
            (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
            + tail + (cands, ncand))
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass

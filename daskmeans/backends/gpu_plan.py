@@ -306,6 +306,7 @@ FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
 FUSED_BK = 32  # columns per pipeline stage (BK) where D' is a multiple of it, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
+FUSED_RESCAN_THREADS = 256  # fused_rescan's block (cuda/fused_select.cu's RT)
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
 
 
@@ -327,12 +328,15 @@ def fused_columns(dp: int) -> int:
 
 def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
     """Whether a mode-4 GEMM of ``d`` features runs ``fused_select`` (the GEMM and the selection
-    in one kernel, no distance tile): ``tf32_gemm`` "fused" or "auto", wherever the block's rows
-    fit the shared memory of two blocks per SM (``D' <=`` :data:`FUSED_MAX_DP`). Wider rows
-    take the tile path ("fp16"), whose GEMM is compute-bound there and the tile cheap beside
-    it."""
+    in one kernel, no distance tile): ``tf32_gemm`` "fused" or "auto", wherever ``D' <=``
+    :data:`FUSED_MAX_DP` and a block's shared memory (its rows and :data:`FUSED_STAGES` stages
+    of :func:`fused_columns`) lets two blocks share an SM's 228 KiB. Wider rows take the tile
+    path ("fp16"), whose GEMM is compute-bound there and the tile cheap beside it."""
     Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-    return mode == 4 and tf32_gemm in ("auto", "fused") and fused_dp(d) <= FUSED_MAX_DP
+    if mode != 4 or tf32_gemm not in ("auto", "fused") or fused_dp(d) > FUSED_MAX_DP:
+        return False
+    dp = fused_dp(d)
+    return 2 * (fused_shared_bytes(dp, FUSED_STAGES, fused_columns(dp)) + 1024) <= 228 * 1024
 
 
 def fused_shared_bytes(dp: int, stages: int, columns: int) -> int:

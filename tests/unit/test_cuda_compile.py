@@ -47,6 +47,7 @@ def _modules() -> dict[str, str]:
         "fused, widest": cuda_src.fused_source("float32", plan.FUSED_MAX_DP, plan.FUSED_STAGES, 32, plan.FUSED_WARPS),
         "fused, 64-column stages": cuda_src.fused_source("float32", 128, 2, 64, plan.FUSED_WARPS),
         "fused, 2 x 2 warps": cuda_src.fused_source("float32", 128, 3, 32, (2, 2)),
+        "fused, 8 x 1 warps": cuda_src.fused_source("float32", 64, 4, 64, (8, 1)),
     }
 
 

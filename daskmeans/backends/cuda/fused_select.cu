@@ -2,7 +2,7 @@
 // distance tile never leaves the SM. Compile-time: T (data type: float), DP (D padded to a
 // multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline),
 // BK (columns a stage: 32 or 64), WM x WN (the block's warps over rows x centroids: 4 x 2,
-// each 32 rows by 64 centroids; or 2 x 2, each 64 by 64).
+// each 32 rows by 64 centroids; 2 x 2, each 64 by 64; or 8 x 1, each 16 by 128).
 //
 // A block takes BM rows: it rounds them as gemm_prep MODE 4 does (x PS to float16, each row's
 // error bound from ||x|| and ||x - xb||) into shared memory, where they stay, then streams the
@@ -32,6 +32,10 @@
 #define RPW (BM / (NTH / 32))  // rows a warp rounds and certifies
 #define AST (DP + 8)  // row strides in halves: 16 bytes of padding, ldmatrix without conflicts
 #define BST (BK + 8)
+#define RT 256        // fused_rescan's threads, whatever the layout
+static_assert(DP % BK == 0 && BK % 16 == 0 && NST >= 2, "DP a multiple of BK, BK of 16, two stages or more");
+static_assert(BM % (16 * WM) == 0 && BN % (16 * WN) == 0, "whole 16-row tiles and pairs of 8-centroid tiles");
+static_assert((BN * (BK / 8)) % NTH == 0 && BM % (NTH / 32) == 0, "the loader and the rows even over the threads");
 
 struct Cand {  // a row fused_rescan finishes
     long long r;
@@ -246,12 +250,12 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
 // The rows fused_select listed: a warp per row, each lane the float32 value of one centroid at
 // a time (the row's float16 values times the centroid's, as the tensor cores multiply them:
 // exact products, a float32 sum within the same bound), then exact_winner's scan.
-extern "C" __global__ void __launch_bounds__(NTH) fused_rescan(
+extern "C" __global__ void __launch_bounds__(RT) fused_rescan(
         const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int K,
         const float* __restrict__ csq, float fs, const T* __restrict__ C, int exact,
         const double* __restrict__ w, const int* prev, int* labels, double* __restrict__ d2,
         double* __restrict__ stat, const Cand* __restrict__ cands, const unsigned long long* __restrict__ ncand) {
-    __shared__ float xs[NTH / 32][DP];
+    __shared__ float xs[RT / 32][DP];
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const unsigned long long n = *ncand;
     const unsigned long long nwarp = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
