@@ -19,8 +19,9 @@ NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs NVIDIA's compiler (nvcc)")
 
 # Kernels whose sources size their work to stay in registers (cuda_src.select_rows_source,
-# select_cols_source): a spill there is a change of design, not of speed alone.
-NO_SPILLS = {"select_rows", "select_cols"}
+# select_cols_source, afkmc2.cu's launch bounds): a spill there is a change of design, not of
+# speed alone.
+NO_SPILLS = {"select_rows", "select_cols", "afkmc2_block", "afkmc2_fold"}
 
 
 def _modules() -> dict[str, str]:
@@ -39,8 +40,10 @@ def _modules() -> dict[str, str]:
         "sums, float32": cuda_src.sums_source("float32"),
         "sums, float64": cuda_src.sums_source("float64"),
         "fit": cuda_src.FIT_SRC,
-        "afkmc2, registers": afk.format(cuda_src.AFKMC2_THREADS, 4, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
         "afkmc2, global memory": afk.format(cuda_src.AFKMC2_THREADS, 0, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
+        # every width afkmc2_dch gives (its register configurations), at some widths the most spill-prone
+        **{f"afkmc2, {dch} columns a lane": afk.format(cuda_src.AFKMC2_THREADS, dch, cuda_src.AFKMC2_ROWS)
+           + cuda_src.AFKMC2_SRC for dch in range(1, cuda_src.AFKMC2_MAX_DCH + 1)},
     }
 
 
