@@ -80,18 +80,21 @@ def available() -> bool:
 
 
 def device_budget() -> DeviceBudget | None:
-    """The current GPU's free memory (within CuPy's pool limit where one is set:
-    ``CUPY_GPU_MEMORY_LIMIT`` or ``set_limit``, what the pool may still take), its total
-    memory and multiprocessors; None where there is no GPU."""
+    """The current GPU's free memory and what CuPy's pool holds free for reuse (within the
+    pool's limit where one is set: ``CUPY_GPU_MEMORY_LIMIT`` or ``set_limit``, what the pool
+    may still take), its total memory and multiprocessors; None where there is no GPU. The
+    pool's cached blocks count: CuPy allocates from them (and frees them all and tries again
+    before it reports a device out of memory), so a worker that ran a fit before has them."""
     if not available():
         return None
     import cupy
 
     free, total = cupy.cuda.runtime.memGetInfo()
     pool = cupy.get_default_memory_pool()
+    free += pool.free_bytes()
     limit = pool.get_limit()
     if limit:
-        free = min(free + pool.free_bytes(), limit - pool.used_bytes())
+        free = min(free, limit - pool.used_bytes())
     return DeviceBudget(int(free), int(total), int(gpu_device.sm_count(gpu_device.device_id())))
 
 

@@ -4,8 +4,8 @@ before any data moves.
 Each worker has a host budget (``memory_limit``: default half the Dask worker's memory limit,
 or of the memory available) and, for a device backend, a device budget (``device_memory_limit``:
 default what the backend says its device has free, :meth:`Backend.device_budget
-<daskmeans.backends.protocol.Backend.device_budget>`: on a GPU its free memory, within
-CuPy's pool limit if one is set). Nothing here imports an array library. The loop needs a
+<daskmeans.backends.protocol.Backend.device_budget>`: on a GPU its free memory and what
+CuPy's pool holds free for reuse, within the pool's limit if one is set). Nothing here imports an array library. The loop needs a
 working set besides the data (centroids, the iteration buffers, the kernels' tiles); the
 data's share per worker then decides the tier:
 

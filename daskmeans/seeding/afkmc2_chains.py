@@ -19,7 +19,7 @@ the last block:
   pick goes to a device array the next steps index;
 - one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
   ``t`` read. It waits only for block ``t``'s prior, and could run beside block ``t``'s
-  chains on a second stream; it runs on the chains' own stream: cuBLAS gives the same bits run to
+  chains on a second stream; it runs on the caller's stream, as the chains do: cuBLAS gives the same bits run to
   run only where one stream is active on its handle (its "Results reproducibility"), and the
   same centres for a seed come first. No operand depends on the order, so the CPU's one queue
   computes the same values.
@@ -245,50 +245,59 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
 # ---------------------------------------------------------------- on the chosen worker
 
 
-def own_rows(shard: Any, want: np.ndarray) -> tuple[np.ndarray, Any]:
-    """The global rows ``want`` (sorted) that ``shard`` holds, on its device where they live
-    there (the device tier: its blocks indexed in place, no host copy), else read as the tier
-    reads chosen rows (:func:`.rows.chunk_rows`) and copied to the device.
+def put_rows(X: Any, uniq: np.ndarray, idx: np.ndarray, rows_of: Any) -> None:
+    """``X[i] =`` the row of global index ``uniq[i]``, for the global rows ``idx`` (sorted, in
+    ``uniq``), whose values ``rows_of(a, b)`` gives for ``idx[a:b]`` (host or ``X``'s device,
+    any dtype): in slices whose float64 copy stays within :data:`FOLD_BYTES`, so that putting
+    the rows together holds little beside ``X``."""
+    xp = np if isinstance(X, np.ndarray) else _device_xp(X)
+    pos = np.searchsorted(uniq, idx)
+    step = max(1, FOLD_BYTES // (8 * max(1, X.shape[1])))
+    for a in range(0, len(pos), step):
+        X[xp.asarray(pos[a:a + step])] = xp.asarray(rows_of(a, a + step), xp.float64)
 
-    Returns
-    -------
-    idx : ndarray of int64, shape (r,)
-        The global rows found, in the shard's row order.
-    rows : array (r, d) float64, the shard's backend
-    """
+
+def put_own_rows(shard: Any, uniq: np.ndarray, X: Any) -> None:
+    """:func:`put_rows` of the rows of ``uniq`` (sorted) that ``shard`` holds: from its blocks
+    on its device where they live there (the device tier: indexed in place, no host copy),
+    else read as the tier reads chosen rows (:func:`.rows.chunk_rows`) and copied to the
+    device, a chunk at a time."""
     from .rows import chunk_rows, rows_by_chunk
 
     xp = shard.be.xp
-    picks = rows_by_chunk(shard, want)
+    picks = rows_by_chunk(shard, uniq)
     if not picks:
-        return np.empty(0, np.int64), xp.empty((0, shard.n_features), xp.float64)
-    idx = np.concatenate([shard.offsets[j] + picks[j] for j in sorted(picks)])
+        return
     tier = shard.tier
     if tier.resident and tier.resident_backend(shard.backend) == shard.backend:
         if not shard.pinned:  # as a pass would: check the blocks before use
             shard.pin_resident()
-        data = xp.concatenate([shard.blocks[j][xp.asarray(picks[j])] for j in sorted(picks)])
+        for j in sorted(picks):
+            loc, block = picks[j], shard.blocks[j]
+            put_rows(X, uniq, shard.offsets[j] + loc, lambda a, b, loc=loc, block=block: block[xp.asarray(loc[a:b])])
     else:
         got = chunk_rows(shard, picks)
-        data = xp.asarray(np.concatenate([got[j] for j in sorted(picks)]))
-    return idx, data.astype(xp.float64)
+        for j in sorted(picks):
+            put_rows(X, uniq, shard.offsets[j] + picks[j], lambda a, b, rows=got[j]: rows[a:b])
 
 
-def chains_bytes(n_rows: int, d: int, n_chains: int, m: int) -> int:
+def chains_bytes(n_rows: int, d: int, n_chains: int, m: int, block: int) -> int:
     """What the chains hold on their worker's device at most (bytes): the ``n_rows`` distinct
-    proposal rows of ``d`` float64 twice (as gathered, then sorted by last use), three float64
-    values a row (norms, distances so far, ``q``), each chain's ``m`` proposals and ``m - 1``
-    uniforms, and one fold's GEMM output (:data:`FOLD_BYTES`)."""
-    return 8 * (2 * n_rows * d + 3 * n_rows + n_chains * (2 * m - 1)) + FOLD_BYTES
+    proposal rows of ``d`` float64 twice (as put together, then sorted by last use), four
+    8-byte values a row (norms, distances so far, ``q``, the order), each chain's ``m``
+    proposals, ``m - 1`` uniforms and pick, a block's ``block x m`` proposal rows and their
+    distances, and one fold's GEMM output (:data:`FOLD_BYTES`). Putting the rows together
+    holds less: the rows once and slices within :data:`FOLD_BYTES` (:func:`put_rows`)."""
+    return 8 * (2 * n_rows * d + 4 * n_rows + n_chains * 2 * m + block * m * (d + 2)) + FOLD_BYTES
 
 
-def check_device_memory(budget: Any, n_rows: int, d: int, n_chains: int, m: int) -> None:
+def check_device_memory(budget: Any, n_rows: int, d: int, n_chains: int, m: int, block: int) -> None:
     """Refuse, before allocating, chains that the worker's device cannot hold (``budget``: the
     backend's :class:`~daskmeans.backends.protocol.DeviceBudget`, None on a CPU worker: host
     memory is the proposals' cap's, ``afkmc2.WORKER_BYTES``)."""
     if budget is None:
         return
-    need = chains_bytes(n_rows, d, n_chains, m)
+    need = chains_bytes(n_rows, d, n_chains, m, block)
     if need > budget.free:
         raise DaskmeansError(
             f"afk-mc2's chains need {need / 2**30:.2f} GiB on the device of the worker that runs them "
@@ -329,12 +338,14 @@ def chains_on_shard(shard: Any, parts: list, uniq: np.ndarray, c1: np.ndarray, c
     """
     xp = shard.be.xp
     nchain, m = chains.shape
-    check_device_memory(shard.be.device_budget(), len(uniq), c1.shape[1], nchain, m)
-    X = xp.empty((len(uniq), c1.shape[1]), xp.float64)
-    for idx, data in [own_rows(shard, uniq), *parts]:
-        if len(idx):  # every row of uniq is in exactly one shard's part
-            X[xp.asarray(np.searchsorted(uniq, idx))] = xp.asarray(data, xp.float64)
+    d = c1.shape[1]
+    b = int(block) if block is not None else chain_block(xp is not np, len(uniq), d, m)
+    check_device_memory(shard.be.device_budget(), len(uniq), d, nchain, m, b)
+    X = xp.empty((len(uniq), d), xp.float64)
+    put_own_rows(shard, uniq, X)  # every row of uniq is in exactly one shard's part
+    for idx, data in parts:
+        put_rows(X, uniq, idx, lambda a, e, data=data: data[a:e])
     u = np.random.default_rng(u_seed).random((nchain, m - 1))
-    picked = run_chains(X, c1[0], chains, q, u, block=block)
+    picked = run_chains(X, c1[0], chains, q, u, block=b)
     got = X[xp.asarray(picked)]
     return picked, got if xp is np else got.get()

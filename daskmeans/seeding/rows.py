@@ -17,7 +17,7 @@ from distributed import Client
 from ..engine.placement import Placement, Shard
 from ..engine.task import result, submit_per_shard
 
-__all__ = ["gather_rows", "result", "row_parts", "shard_rows", "submit_per_shard", "take_rows"]
+__all__ = ["gather_rows", "result", "row_parts", "rows_by_chunk", "shard_rows", "submit_per_shard", "take_rows"]
 
 
 def chunk_rows(shard: Shard, picks: dict) -> dict:

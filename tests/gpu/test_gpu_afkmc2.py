@@ -29,6 +29,37 @@ def test_toy_chains_by_hand_on_the_gpu():
                                       [4, 1, 3], err_msg=str(block))
 
 
+def test_the_chains_hold_no_more_on_the_device_than_their_estimate(monkeypatch):
+    """The chains' device memory, counted at every allocation from a pool of their own (with a
+    small fold bound, so that the rows and chains are most of it), within ``chains_bytes``,
+    the figure the worker's device is checked against before anything is allocated. Also the
+    same picks run twice on one device (cuBLAS on one stream: the same bits)."""
+    import cupy
+
+    from daskmeans.seeding import afkmc2_chains
+
+    monkeypatch.setattr(afkmc2_chains, "FOLD_BYTES", 1 << 16)
+    X = np.random.default_rng(3).normal(size=(20000, 64))
+    k, m, block = 200, 100, 4
+    Xu, c1, chains, qu, u = random_chains(X, k, m, 0)
+    pool = cupy.cuda.MemoryPool()
+    peak = [0]
+
+    def counted(size):
+        mem = pool.malloc(size)
+        peak[0] = max(peak[0], pool.used_bytes())
+        return mem
+
+    picks = []
+    for _ in range(2):
+        Xd = cupy.asarray(Xu)
+        with cupy.cuda.using_allocator(counted):
+            picks.append(run_chains(Xd, c1, chains, qu, u, block=block))
+    np.testing.assert_array_equal(picks[0], picks[1])
+    need = afkmc2_chains.chains_bytes(len(Xu), X.shape[1], k - 1, m, block)
+    assert Xd.nbytes + peak[0] <= need, (Xd.nbytes, peak[0], need)
+
+
 @pytest.mark.parametrize("m, d", [(1, 40), (2, 40), (32, 40), (33, 40), (50, 40), (200, 40), (33, 32), (50, 1),
                                   (50, 512), (50, 600)])
 def test_gpu_chains_give_the_cpu_picks_on_integer_rows(m, d):

@@ -327,19 +327,46 @@ def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
 
 
 def test_chains_that_the_device_cannot_hold_are_refused_before_allocating():
-    """The chains' device bytes by hand (10 rows x 4 float64 twice, 3 values a row, 2 chains of
-    3 proposals and 2 uniforms, one fold's output), and a device with less free is refused with
-    the need, the free memory and what needs less; a CPU worker (no device budget) is not."""
+    """The chains' device bytes by hand (10 rows x 4 float64 twice, 4 values a row, 2 chains of
+    3 proposals, 2 uniforms and a pick, a block of 2 chains' 3 proposal rows with their norms
+    and distances, one fold's output), and a device with less free is refused with the need,
+    the free memory and what needs less; a CPU worker (no device budget) is not. (That the
+    chains hold no more on a GPU: tests/gpu/test_gpu_afkmc2.py.)"""
     from daskmeans.backends.protocol import DeviceBudget
     from daskmeans.errors import DaskmeansError
     from daskmeans.seeding.afkmc2_chains import FOLD_BYTES, chains_bytes, check_device_memory
 
-    need = 8 * (2 * 10 * 4 + 3 * 10 + 2 * 5) + FOLD_BYTES
-    assert chains_bytes(10, 4, 2, 3) == need
-    check_device_memory(None, 10, 4, 2, 3)
-    check_device_memory(DeviceBudget(free=need, total=2 * need), 10, 4, 2, 3)
+    need = 8 * (2 * 10 * 4 + 4 * 10 + 2 * 6 + 2 * 3 * (4 + 2)) + FOLD_BYTES
+    assert chains_bytes(10, 4, 2, 3, 2) == need
+    check_device_memory(None, 10, 4, 2, 3, 2)
+    check_device_memory(DeviceBudget(free=need, total=2 * need), 10, 4, 2, 3, 2)
     with pytest.raises(DaskmeansError, match=r"afk-mc2's chains need 0\.06 GiB on the device of the worker that runs "
                                              r"them \(10 distinct proposal rows x 4 float64, held twice, and 2 chains "
                                              r"of 3\), and 0\.06 GiB are free: a shorter chain "
                                              r"\(daskmeans.init.afkmc2-chain, now 3\) or init='k-means\|\|' needs less"):
-        check_device_memory(DeviceBudget(free=need - 1, total=2 * need), 10, 4, 2, 3)
+        check_device_memory(DeviceBudget(free=need - 1, total=2 * need), 10, 4, 2, 3, 2)
+
+def test_rows_are_put_together_in_slices_within_the_fold_bound(monkeypatch):
+    """put_rows: each global row lands at its place in ``uniq``, in slices whose float64 copy
+    stays within FOLD_BYTES (whole rows, at least one), whatever dtype the values come in."""
+    from daskmeans.seeding import afkmc2_chains
+
+    monkeypatch.setattr(afkmc2_chains, "FOLD_BYTES", 8 * 5 * 3)  # three rows of 5 float64
+    uniq = np.array([2, 5, 7, 11, 13, 17, 19, 23])
+    idx = np.array([5, 11, 13, 17, 23])
+    values = np.arange(25, dtype=np.float32).reshape(5, 5)
+    seen = []
+
+    def rows_of(a, b):
+        seen.append((a, b))
+        return values[a:b]
+
+    X = np.full((8, 5), -1.0)
+    afkmc2_chains.put_rows(X, uniq, idx, rows_of)
+    assert seen == [(0, 3), (3, 6)]
+    np.testing.assert_array_equal(X[[1, 3, 4, 5, 7]], values.astype(np.float64))
+    assert (X[[0, 2, 6]] == -1).all()
+    monkeypatch.setattr(afkmc2_chains, "FOLD_BYTES", 1)  # less than a row: a row at a time
+    seen.clear()
+    afkmc2_chains.put_rows(X, uniq, idx[:2], rows_of)
+    assert seen == [(0, 1), (1, 2)]

@@ -1,5 +1,5 @@
 // AFK-MC2's chains of one block on one CTA (daskmeans/seeding/afkmc2_chains.py: the host side,
-// which launches this once per block of b chains on the chains' stream, nothing read back until
+// which launches this once per block of b chains on the caller's stream, nothing read back until
 // the last block).
 //
 // X (U, d) float64: the distinct proposal rows; prior (b, m): each proposal's squared distance
@@ -22,7 +22,9 @@
 // state (the ones before it rejected it), and the lanes after it test again against the new one:
 // exactly the sequential chain, in (accepts + m/32) ballots rather than m dependent steps. A state
 // at distance 0 (a centre) is left for any proposal that is not (0 < d2[j] q[x]).
-extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
+// One CTA runs at a time (the blocks are in order): the bounds let it have every register a
+// thread may, where the default bound spilled the proposals' values at some widths.
+extern "C" __global__ void __launch_bounds__(AFK_THREADS, 1) afkmc2_block(
         const double* __restrict__ X, const double* __restrict__ prior, const double* __restrict__ q,
         const long long* __restrict__ chains, const double* __restrict__ u, long long* picks,
         double* work, const int d, const int m, const int b, const long long s) {
@@ -119,8 +121,8 @@ extern "C" __global__ void __launch_bounds__(AFK_THREADS) afkmc2_block(
 // suffix of rows the chains after it read). g (n, b): the GEMM -2 X C^T of those rows against
 // the block's picks; each row's squared distance to a pick is (g + ||x||^2) + ||c||^2 clipped
 // at 0 (the host's expression, in its order: two rounded adds), and dmin takes its minimum. One
-// thread per row.
-extern "C" __global__ void __launch_bounds__(256) afkmc2_fold(
+// thread per row. Four blocks per SM: the registers it needs without spilling.
+extern "C" __global__ void __launch_bounds__(256, 4) afkmc2_fold(
         const double* __restrict__ g, const double* __restrict__ xsq, const double* __restrict__ csq,
         double* __restrict__ dmin, const long long n, const int b) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
