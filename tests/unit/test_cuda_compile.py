@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="needs NVIDIA's compiler (n
 # Kernels whose sources size their work to stay in registers (cuda_src.select_rows_source,
 # select_cols_source, fused_select's and afkmc2.cu's launch bounds): a spill there is a change
 # of design, not of speed alone.
-NO_SPILLS = {"select_rows", "select_cols", "fused_select", "afkmc2_block", "afkmc2_fold"}
+NO_SPILLS = {"select_rows", "select_cols", "fused_select", "fused_rescan", "afkmc2_block", "afkmc2_fold"}
 
 
 def _modules() -> dict[str, str]:
@@ -45,6 +45,7 @@ def _modules() -> dict[str, str]:
         "afkmc2, global memory": afk.format(cuda_src.AFKMC2_THREADS, 0, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
         "fused, narrowest": cuda_src.fused_source("float32", plan.fused_dp(1), plan.FUSED_STAGES, 32, plan.FUSED_WARPS),
         "fused, widest": cuda_src.fused_source("float32", plan.FUSED_MAX_DP, plan.FUSED_STAGES, 32, plan.FUSED_WARPS),
+        "fused, 256 columns": cuda_src.fused_source("float32", 256, plan.FUSED_STAGES, 32, plan.FUSED_WARPS),
         "fused, 64-column stages": cuda_src.fused_source("float32", 128, 2, 64, plan.FUSED_WARPS),
         "fused, 2 x 2 warps": cuda_src.fused_source("float32", 128, 3, 32, (2, 2)),
         "fused, 8 x 1 warps": cuda_src.fused_source("float32", 64, 4, 64, (8, 1)),

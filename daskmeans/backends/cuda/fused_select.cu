@@ -250,7 +250,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
 // The rows fused_select listed: a warp per row, each lane the float32 value of one centroid at
 // a time (the row's float16 values times the centroid's, as the tensor cores multiply them:
 // exact products, a float32 sum within the same bound), then exact_winner's scan.
-extern "C" __global__ void __launch_bounds__(RT) fused_rescan(
+// Two blocks per SM: the bound gives it the registers it needs without spilling.
+extern "C" __global__ void __launch_bounds__(RT, 2) fused_rescan(
         const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int K,
         const float* __restrict__ csq, float fs, const T* __restrict__ C, int exact,
         const double* __restrict__ w, const int* prev, int* labels, double* __restrict__ d2,
