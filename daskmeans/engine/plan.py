@@ -5,9 +5,9 @@ Each worker has a host budget (``memory_limit``: default half the Dask worker's 
 or of the memory available) and, for a device backend, a device budget (``device_memory_limit``:
 default what the backend says its device has free, :meth:`Backend.device_budget
 <daskmeans.backends.protocol.Backend.device_budget>`: on a GPU its free memory and what
-CuPy's pool holds free for reuse, within the pool's limit if one is set). Nothing here imports an array library. The loop needs a
-working set besides the data (centroids, the iteration buffers, the kernels' tiles); the
-data's share per worker then decides the tier:
+CuPy's pool holds free for reuse, within the pool's limit if one is set). Nothing here
+imports an array library. The loop needs a working set besides the data (centroids, the
+iteration buffers, the kernels' tiles); the data's share per worker then decides the tier:
 
 - ``device`` (GPU): the rows are resident on the GPU;
 - ``host``: resident in host memory (pinned, on a GPU worker: copied to the GPU chunk by

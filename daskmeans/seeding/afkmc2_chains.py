@@ -19,9 +19,9 @@ the last block:
   pick goes to a device array the next steps index;
 - one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
   ``t`` read. It waits only for block ``t``'s prior, and could run beside block ``t``'s
-  chains on a second stream; it runs on the caller's stream, as the chains do: cuBLAS gives the same bits run to
-  run only where one stream is active on its handle (its "Results reproducibility"), and the
-  same centres for a seed come first. No operand depends on the order, so the CPU's one queue
+  chains on a second stream; it runs on the caller's stream, as the chains do: cuBLAS gives
+  the same bits run to run only where one stream is active on its handle (its "Results
+  reproducibility"), and the same centres for a seed come first. No operand depends on the order, so the CPU's one queue
   computes the same values.
 
 Which scheme for the centres before a block (flops at P3: K = 5000, m = 200, d = 408, U = 3e5
@@ -110,17 +110,10 @@ def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     return int(min(MAX_BLOCK, max(MIN_BLOCK, round(b))))
 
 
-def _sqdist(xp: Any, X: Any, xsq: Any, C: Any) -> Any:
-    """Squared distances ``(len(X), len(C))`` float64 by one GEMM, clipped at 0 (``xsq``:
-    the rows' squared norms)."""
-    out = X @ (-2.0 * C.T)
-    out += xsq[:, None]
-    out += xp.einsum("kd,kd->k", C, C)[None, :]
-    return xp.maximum(out, 0.0, out=out)
-
-
-def _device_xp(X: Any) -> Any:
-    """The array module of a device array (CuPy's, imported only for one)."""
+def _xp_of(X: Any) -> Any:
+    """The array module of ``X``: NumPy's, or CuPy's for a device array (imported only then)."""
+    if isinstance(X, np.ndarray):
+        return np
     import cupy
 
     return cupy.get_array_module(X)
@@ -192,7 +185,7 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     ndarray of int64, shape (K - 1,)
         Each chain's last state, a row of ``X`` (host).
     """
-    xp = np if isinstance(X, np.ndarray) else _device_xp(X)
+    xp = _xp_of(X)
     nchain, m = chains.shape
     U, d = X.shape
     b = int(block) if block is not None else chain_block(xp is not np, U, d, m)
@@ -215,18 +208,23 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     chains_d = xp.asarray(where[chains])
     u_d = xp.ascontiguousarray(xp.asarray(u, xp.float64).reshape(nchain, max(m - 1, 0)))
     xsq = xp.einsum("nd,nd->n", X, X)
-    dmin = xp.ascontiguousarray(_sqdist(xp, X, xsq, xp.asarray(c1, xp.float64).reshape(1, d))[:, 0])
     picks = xp.zeros(nchain, xp.int64)
     run, fold = _kernels(xp, m, d)
 
-    def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
-        """Chains ``[s, e)``'s picks into ``into``, the distances of ``rows``, by slabs of rows
-        whose GEMM output fits :data:`FOLD_BYTES`."""
-        C = X[picks[s:e]]
+    def fold_rows(C: Any, rows: Any, xsq_rows: Any, into: Any) -> None:
+        """The centres ``C`` into ``into``, the distances of ``rows``, by slabs of rows whose
+        GEMM output fits :data:`FOLD_BYTES`."""
         ct, csq = -2.0 * C.T, xp.einsum("kd,kd->k", C, C)
-        slab = max(1, FOLD_BYTES // (8 * (e - s)))
+        slab = max(1, FOLD_BYTES // (8 * C.shape[0]))
         for a in range(0, rows.shape[0], slab):
             fold(rows[a:a + slab] @ ct, xsq_rows[a:a + slab], csq, into[a:a + slab])
+
+    def fold_picks(s: int, e: int, rows: Any, xsq_rows: Any, into: Any) -> None:
+        """Chains ``[s, e)``'s picks into ``into`` (:func:`fold_rows`)."""
+        fold_rows(X[picks[s:e]], rows, xsq_rows, into)
+
+    dmin = xp.full(U, np.inf)  # the distances to c1, by the same fold as every later centre's
+    fold_rows(xp.asarray(c1, xp.float64).reshape(1, d), X, xsq, dmin)
 
     for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
         idx = chains_d[s:e]
@@ -250,7 +248,7 @@ def put_rows(X: Any, uniq: np.ndarray, idx: np.ndarray, rows_of: Any) -> None:
     ``uniq``), whose values ``rows_of(a, b)`` gives for ``idx[a:b]`` (host or ``X``'s device,
     any dtype): in slices whose float64 copy stays within :data:`FOLD_BYTES`, so that putting
     the rows together holds little beside ``X``."""
-    xp = np if isinstance(X, np.ndarray) else _device_xp(X)
+    xp = _xp_of(X)
     pos = np.searchsorted(uniq, idx)
     step = max(1, FOLD_BYTES // (8 * max(1, X.shape[1])))
     for a in range(0, len(pos), step):
