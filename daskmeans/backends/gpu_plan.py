@@ -303,7 +303,7 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
 FUSED_BN = 128  # centroids per tile of fused_select (cuda/fused_select.cu's BN)
 FUSED_BM = 128  # rows per block (BM)
 FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
-FUSED_BK = 32  # columns per pipeline stage (BK) where D' is a multiple of it, else FUSED_PAD
+FUSED_BK = 64  # columns per pipeline stage (BK) where D' is a multiple of it and two blocks fit, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
 FUSED_RESCAN_THREADS = 256  # fused_rescan's block (cuda/fused_select.cu's RT)
@@ -322,8 +322,16 @@ def fused_threads(warps: tuple[int, int]) -> int:
 
 def fused_columns(dp: int) -> int:
     """Columns of a pipeline stage (BK) for rows of ``dp`` columns: :data:`FUSED_BK` where it
-    divides ``dp``, else :data:`FUSED_PAD`."""
-    return FUSED_BK if dp % FUSED_BK == 0 else FUSED_PAD
+    divides ``dp`` and two blocks with stages that wide share an SM, else :data:`FUSED_PAD`
+    (wide rows keep two blocks per SM with narrower stages rather than one with wider)."""
+    if dp % FUSED_BK == 0 and _two_blocks_fit(dp, FUSED_BK):
+        return FUSED_BK
+    return FUSED_PAD
+
+
+def _two_blocks_fit(dp: int, columns: int) -> bool:
+    """Whether two ``fused_select`` blocks (1 KiB reserved each) share an SM's 228 KiB."""
+    return 2 * (fused_shared_bytes(dp, FUSED_STAGES, columns) + 1024) <= 228 * 1024
 
 
 def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
@@ -336,7 +344,7 @@ def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
     if mode != 4 or tf32_gemm not in ("auto", "fused") or fused_dp(d) > FUSED_MAX_DP:
         return False
     dp = fused_dp(d)
-    return 2 * (fused_shared_bytes(dp, FUSED_STAGES, fused_columns(dp)) + 1024) <= 228 * 1024
+    return _two_blocks_fit(dp, fused_columns(dp))
 
 
 def fused_shared_bytes(dp: int, stages: int, columns: int) -> int:

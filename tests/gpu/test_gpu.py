@@ -67,7 +67,8 @@ def _data(n, d, k, dtype, seed=0):
     rng = np.random.default_rng(n + d + k + seed)
     centers = rng.normal(0, 4, (k, d))
     X = (centers[rng.integers(0, k, n)] + rng.normal(0, 1, (n, d))).astype(dtype)
-    C = X[rng.choice(n, k, replace=False)].astype(np.float64)
+    # k rows of X, or where there are fewer rows than centroids (fused_select's shapes) the centres
+    C = X[rng.choice(n, k, replace=False)].astype(np.float64) if k <= n else centers
     return X, C, rng
 
 

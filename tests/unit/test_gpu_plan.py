@@ -104,14 +104,18 @@ def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
 
 
 def test_fused_select_is_taken_only_where_two_blocks_share_an_sm(monkeypatch):
-    """Four stages of 64 columns hold twice the shared memory: past D' = 160 a block has an SM
-    to itself, and the tile path is taken; the kernel's source refuses what it cannot run."""
+    """Four stages of 64 columns hold twice the shared memory: from D' = 192 two such blocks no
+    longer share an SM, so the stages narrow to 32 columns (two blocks again), and where not even
+    those fit the tile path is taken; the kernel's source refuses what it cannot run."""
     monkeypatch.setattr(plan, "FUSED_STAGES", 4)
     monkeypatch.setattr(plan, "FUSED_BK", 64)
-    assert plan.uses_fused("auto", 4, 160) and plan.fused_columns(160) == 32
+    assert plan.uses_fused("auto", 4, 160) and plan.fused_columns(160) == 32  # 160 % 64 != 0
     assert plan.uses_fused("auto", 4, 128) and plan.fused_columns(128) == 64
-    assert not plan.uses_fused("auto", 4, 192)  # 4 x 128 x 72 halves of stages: one block per SM
-    assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 64)) == 1
+    assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 64)) == 1  # 4 x 128 x 72 halves
+    assert plan.uses_fused("auto", 4, 192) and plan.fused_columns(192) == 32
+    assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 32)) == 2
+    monkeypatch.setattr(plan, "FUSED_STAGES", 9)  # 9 x 128 x 40 halves and the rows: one block
+    assert not plan.uses_fused("auto", 4, 320)
     with pytest.raises(ValueError, match=r"fused_select: dp=96, columns=64, stages=3, warps=\(4, 2\) should have dp "
                                          r"a multiple of columns"):
         cuda_src.fused_source("float32", 96, 3, 64, (4, 2))
