@@ -240,7 +240,7 @@ class PreparedRows:
         small = gpu_plan.small_config(k, c.shape[1], self.shared)
         if small is not None:
             return Prepared(c, c.astype(cupy.float64), self.precision, small, tunables=self.tunables)
-        mode = gpu_gemm.mode_of(self.precision, c.dtype == cupy.float64, k, self.tunables)
+        mode = gpu_gemm.mode_of(self.precision, c.dtype == cupy.float64, k, c.shape[1], self.tunables)
         if mode not in self.full:
             full = gpu_gemm.prepare(self.X, self.X.astype(cupy.float64), self.precision, "auto", self.tunables,
                                     mode_k=k, fused_copy=False)  # fused_select's copy: per subset (take)

@@ -39,7 +39,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
     tunables = tunables or tunables_in_force()
     k, d = c.shape
     gemm64 = c.dtype == cupy.float64
-    mode = mode_of(precision, gemm64, k if mode_k is None else mode_k, tunables)
+    mode = mode_of(precision, gemm64, k if mode_k is None else mode_k, d, tunables)
     kpad = _kpad(k, mode)
     a = cupy.zeros((kpad, d), c.dtype)
     a[:k] = c
@@ -57,7 +57,7 @@ def prepare(c: Any, c64: Any, precision: str, layout: str = "auto", tunables: Tu
     csq = _padded_norms(sq, cupy.float64 if gemm64 else cupy.float32)
     cmax = float(cupy.sqrt(sq.max()))
     fused = None
-    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):
+    if uses_fused(mode, d, tunables):
         fused = (_fused_centroids(a, k, d) if fused_copy else None,
                  gpu_plan.error_bound(cmax, smax, d, mode, gemm64, rounded_output=False))
     return Prepared(c, c64, precision, None, a, csq, gpu_plan.error_bound(cmax, smax, d, mode, gemm64), mode, layout,
@@ -118,10 +118,19 @@ def _max_abs(X: Any) -> float:
     return float(max(X.max(), -X.min())) if X.size else 0.0
 
 
-def mode_of(precision: str, gemm64: bool, k: int, tunables: Tunables) -> int:
-    """The GEMM mode (:func:`.gpu_plan.gemm_mode`) of ``k`` centroids on this device."""
-    return gpu_plan.gemm_mode(precision, gemm64, tunables.gpu_fp32_gemm,
-                              gpu_device.compute_capability(gpu_device.device_id()), tunables.gpu_tf32_gemm, k)
+def mode_of(precision: str, gemm64: bool, k: int, d: int, tunables: Tunables) -> int:
+    """The GEMM mode (:func:`.gpu_plan.gemm_mode`) of ``k`` centroids of ``d`` features on this
+    device."""
+    return gpu_plan.gemm_mode(precision, gemm64, tunables.gpu_fp32_gemm, _cc(), tunables.gpu_tf32_gemm, k, d)
+
+
+def uses_fused(mode: int, d: int, tunables: Tunables) -> bool:
+    """:func:`.gpu_plan.uses_fused` on this device."""
+    return gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d, _cc())
+
+
+def _cc() -> str:
+    return gpu_device.compute_capability(gpu_device.device_id())
 
 
 def prep(X: Any, mode: int, cen: int, out: Any, sq: Any, rsq: Any, eb: Any, err: tuple, scale: float = 1.0) -> None:
@@ -237,8 +246,8 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     sums), for :func:`.cupy_backend.warm`."""
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    mode = mode_of(precision, gemm64, k, tunables)
-    if gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d):  # gemm_prep: the centroids' float16 copy
+    mode = mode_of(precision, gemm64, k, d, tunables)
+    if uses_fused(mode, d, tunables):  # gemm_prep: the centroids' float16 copy
         dp = gpu_plan.fused_dp(d)
         return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
                                                gpu_plan.FUSED_WARPS),

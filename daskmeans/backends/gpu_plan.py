@@ -131,14 +131,16 @@ FP16_TILE_MIN_K = 2048
 
 
 def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_capability: str = "90",
-              tf32_gemm: str = "auto", k: int = FP16_TILE_MIN_K + 1) -> int:
+              tf32_gemm: str = "auto", k: int = FP16_TILE_MIN_K + 1, d: int | None = None) -> int:
     """How the GEMM reads its inputs (``gemm_prep`` MODE): 0 as given (float64 data, or fp32
     through cuBLAS's fp32 GEMM), 1 rounded to TF32, 2 split TF32 (three TF32 products in one
     GEMM of depth 3D, fp32-accurate), 3 rounded to bfloat16, 4 scaled by a power of two and
     rounded to float16 (TF32's 10-bit mantissa), the GEMM writing float16.
 
-    tf32 precision takes mode 4 where ``tf32_gemm`` is "fp16", or "auto" with ``k`` above
-    :data:`FP16_TILE_MIN_K`: the tile it writes and the selection reads is half the bytes,
+    tf32 precision takes mode 4 where ``tf32_gemm`` is "fp16" or "fused", or "auto" where
+    :func:`uses_fused` would run ``fused_select`` for ``d`` features (no tile at all: faster
+    than either tile at every K of the GEMM regime there, docs/performance.md "fused_select"),
+    or with ``k`` above :data:`FP16_TILE_MIN_K`: the tile it writes and the selection reads is half the bytes,
     which is the cost of wide K at short D (the GEMM there is bound by writing its output, not
     by its arithmetic), and the float16 GEMM runs at twice TF32's rate where it is compute-bound
     (large D). The float16 rounding of the output is part of the certified error bound
@@ -156,7 +158,9 @@ def gemm_mode(precision: str, gemm64: bool, fp32_gemm: str = "auto", compute_cap
         return 0
     if precision == "tf32":
         Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-        return 4 if tf32_gemm in ("fp16", "fused") or (tf32_gemm == "auto" and k > FP16_TILE_MIN_K) else 1
+        if tf32_gemm in ("fp16", "fused") or (tf32_gemm == "auto" and k > FP16_TILE_MIN_K):
+            return 4
+        return 4 if d is not None and uses_fused(tf32_gemm, 4, d, compute_capability) else 1
     if precision == "bf16":
         return 3
     Options(FP32_GEMMS).check("gpu-fp32-gemm", fp32_gemm)
@@ -237,8 +241,12 @@ def half_scales(xmax: float, cmax_abs: float, d: int) -> tuple[int, int, int]:
     """Power-of-two exponents ``(a, b, o)`` of a mode-4 GEMM: the rows are multiplied by 2^a and
     the centroids by 2^b before rounding to float16 (:func:`half_exp` of their largest
     magnitudes ``xmax`` and ``cmax_abs``), and the GEMM writes ``-2 x.c`` times 2^-o, which
-    stays within 2^15 since ``|x.c| <= d xmax cmax_abs``."""
-    o = _exp_of(2.0 * d * xmax * cmax_abs) - 15 if xmax > 0 and cmax_abs > 0 else 0
+    stays within 2^15 since ``|x.c| <= d xmax cmax_abs``. ``o`` is at least -126: the selection
+    reads the tile times 2^o in float32, and a subnormal factor may be taken as zero there
+    (every distance read as the centroid's norm alone, and certified). Rows whose products are
+    that small write a tile below 2^15, whose float16 rounding the bound's floor counts
+    (:func:`half_output_floor`)."""
+    o = max(_exp_of(2.0 * d * xmax * cmax_abs) - 15, -126) if xmax > 0 and cmax_abs > 0 else 0
     return half_exp(xmax), half_exp(cmax_abs), o
 
 
@@ -308,6 +316,12 @@ FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
 FUSED_RESCAN_THREADS = 256  # fused_rescan's block (cuda/fused_select.cu's RT)
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
+# "auto" runs fused_select up to this D' (beyond, the tile path is as fast or faster: its GEMM
+# is compute-bound and the tile cheap beside it; docs/performance.md, "fused_select"), and only
+# on the compute capabilities it was measured on; "fused" runs it from 8.0 (mma.sync m16n8k16,
+# cp.async) wherever the rows fit.
+FUSED_AUTO_MAX_DP = 128
+FUSED_AUTO_CC = ("90",)
 
 
 def fused_dp(d: int) -> int:
@@ -334,17 +348,23 @@ def _two_blocks_fit(dp: int, columns: int) -> bool:
     return 2 * (fused_shared_bytes(dp, FUSED_STAGES, columns) + 1024) <= 228 * 1024
 
 
-def uses_fused(tf32_gemm: str, mode: int, d: int) -> bool:
+def uses_fused(tf32_gemm: str, mode: int, d: int, compute_capability: str = "90") -> bool:
     """Whether a mode-4 GEMM of ``d`` features runs ``fused_select`` (the GEMM and the selection
-    in one kernel, no distance tile): ``tf32_gemm`` "fused" or "auto", wherever ``D' <=``
-    :data:`FUSED_MAX_DP` and a block's shared memory (its rows and :data:`FUSED_STAGES` stages
-    of :func:`fused_columns`) lets two blocks share an SM's 228 KiB. Wider rows take the tile
-    path ("fp16"), whose GEMM is compute-bound there and the tile cheap beside it."""
+    in one kernel, no distance tile): ``tf32_gemm`` "fused" (compute capability 8.0 or later,
+    ``D' <=`` :data:`FUSED_MAX_DP`) or "auto" (:data:`FUSED_AUTO_CC`, ``D' <=``
+    :data:`FUSED_AUTO_MAX_DP`), wherever a block's shared memory (its rows and
+    :data:`FUSED_STAGES` stages of :func:`fused_columns`) lets two blocks share an SM's
+    228 KiB. Wider rows take the tile path ("fp16"), whose GEMM is compute-bound there and the
+    tile cheap beside it."""
     Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-    if mode != 4 or tf32_gemm not in ("auto", "fused") or fused_dp(d) > FUSED_MAX_DP:
-        return False
     dp = fused_dp(d)
-    return _two_blocks_fit(dp, fused_columns(dp))
+    if mode != 4 or not compute_capability.isdigit() or int(compute_capability) < 80:
+        return False
+    if tf32_gemm == "fused":
+        wanted = dp <= FUSED_MAX_DP
+    else:
+        wanted = tf32_gemm == "auto" and compute_capability in FUSED_AUTO_CC and dp <= FUSED_AUTO_MAX_DP
+    return wanted and _two_blocks_fit(dp, fused_columns(dp))
 
 
 def fused_shared_bytes(dp: int, stages: int, columns: int) -> int:

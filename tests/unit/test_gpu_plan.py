@@ -72,6 +72,11 @@ def test_gemm_mode_by_precision_and_gpu():
     assert plan.gemm_mode("tf32", False) == 4  # scaled float16 inputs and tile above K = 2048
     assert plan.gemm_mode("tf32", False, k=2049) == 4
     assert plan.gemm_mode("tf32", False, k=2048) == 1  # TF32 inputs, float32 tile at small K
+    # ... unless fused_select runs for these rows (no tile): D' up to 128, on compute capability 9.0
+    assert plan.gemm_mode("tf32", False, k=300, d=128) == 4 and plan.gemm_mode("tf32", False, k=300, d=129) == 1
+    assert plan.gemm_mode("tf32", False, "auto", "80", k=300, d=64) == 1
+    assert plan.gemm_mode("tf32", False, tf32_gemm="fp16", k=300, d=64) == 4
+    assert plan.gemm_mode("tf32", False, tf32_gemm="tf32", k=300, d=64) == 1
     assert plan.gemm_mode("tf32", False, tf32_gemm="fp16", k=10) == 4
     assert plan.gemm_mode("tf32", False, tf32_gemm="tf32", k=1 << 20) == 1
     assert plan.gemm_mode("tf32", True) == 0  # float64 data whatever the precision
@@ -90,8 +95,13 @@ def test_gemm_mode_by_precision_and_gpu():
 def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
     assert plan.fused_dp(5) == 32 and plan.fused_dp(128) == 128 and plan.fused_dp(130) == 160
     assert plan.fused_columns(96) == 32 and plan.fused_columns(128) in (32, 64)
-    assert plan.uses_fused("auto", 4, 320) and plan.uses_fused("fused", 4, 3)
-    assert not plan.uses_fused("auto", 4, 321)  # D' = 352: the tile path
+    assert plan.uses_fused("fused", 4, 320) and plan.uses_fused("fused", 4, 3)
+    assert not plan.uses_fused("fused", 4, 321)  # D' = 352: the tile path
+    # "auto": D' up to 128 where it was measured to win, on compute capability 9.0 only;
+    # "fused": from 8.0 (mma.sync m16n8k16, cp.async), never before
+    assert plan.uses_fused("auto", 4, 128) and not plan.uses_fused("auto", 4, 129)
+    assert not plan.uses_fused("auto", 4, 64, "80") and not plan.uses_fused("auto", 4, 64, "100")
+    assert plan.uses_fused("fused", 4, 64, "80") and not plan.uses_fused("fused", 4, 64, "75")
     assert not plan.uses_fused("fp16", 4, 128)  # the tile path asked for
     assert not plan.uses_fused("auto", 1, 128) and not plan.uses_fused("fused", 2, 128)
     # two blocks of the widest rows in an SM's 228 KiB (1 KiB reserved per block)
@@ -109,13 +119,13 @@ def test_fused_select_is_taken_only_where_two_blocks_share_an_sm(monkeypatch):
     those fit the tile path is taken; the kernel's source refuses what it cannot run."""
     monkeypatch.setattr(plan, "FUSED_STAGES", 4)
     monkeypatch.setattr(plan, "FUSED_BK", 64)
-    assert plan.uses_fused("auto", 4, 160) and plan.fused_columns(160) == 32  # 160 % 64 != 0
-    assert plan.uses_fused("auto", 4, 128) and plan.fused_columns(128) == 64
+    assert plan.uses_fused("fused", 4, 160) and plan.fused_columns(160) == 32  # 160 % 64 != 0
+    assert plan.uses_fused("fused", 4, 128) and plan.fused_columns(128) == 64
     assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 64)) == 1  # 4 x 128 x 72 halves
-    assert plan.uses_fused("auto", 4, 192) and plan.fused_columns(192) == 32
+    assert plan.uses_fused("fused", 4, 192) and plan.fused_columns(192) == 32
     assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 32)) == 2
     monkeypatch.setattr(plan, "FUSED_STAGES", 9)  # 9 x 128 x 40 halves and the rows: one block
-    assert not plan.uses_fused("auto", 4, 320)
+    assert not plan.uses_fused("fused", 4, 320)
     with pytest.raises(ValueError, match=r"fused_select: dp=96, columns=64, stages=3, warps=\(4, 2\) should have dp "
                                          r"a multiple of columns"):
         cuda_src.fused_source("float32", 96, 3, 64, (4, 2))
@@ -141,6 +151,10 @@ def test_half_scales_keep_float16_inputs_and_tile_in_range():
         assert 2**13 < xmax * 2.0**a <= 2**14 and 2**13 < cmax * 2.0**b <= 2**14
         assert 2**14 < 2 * d * xmax * cmax * 2.0**-o <= 2**15
     assert plan.half_scales(0.0, 0.0, 8) == (14, 14, 0)  # all-zero data: any scale is exact
+    # rows near 2^-70 and centroids near 2^-53: -2 x.c near 2^-116 would want a factor 2^-131,
+    # subnormal in float32; the factor stays 2^-126 and the tile below 2^15 (2^10 here)
+    a, b, o = plan.half_scales(2.0**-70, 2.0**-53, 64)
+    assert (a, b, o) == (84, 67, -126) and 2 * 64 * 2.0**-70 * 2.0**-53 * 2.0**-o == 2.0**10
     assert plan.half_output_floor(0) == 1.1 * 2.0**-25 and plan.half_output_floor(30) == 1.1 * 2.0**5
 
 
