@@ -96,10 +96,9 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         p, u = v(f64, n), 1.0 - v(f64, n)
         exclude = cp.zeros(n, bool)
         live = (p > 0) & ~exclude
-        key = cp.where(live, -cp.log(u) / cp.where(live, p, 1.0), u)
-        order = cp.argsort(key, kind="stable")
-        cls = (~live).astype(cp.int8) + exclude.astype(cp.int8)
-        order = order[cp.argsort(cls[order], kind="stable")]
+        key = cp.where(live, -cp.log(u) / cp.where(live, p, 1.0) + 0.0, u)
+        top = cp.where(live, cp.uint64(0), cp.where(exclude, cp.uint64(3 << 62), cp.uint64(1 << 63)))
+        order = cp.argsort(key.view(cp.uint64) + top, kind="stable")
         cp.sort(order[:4])
         bool((v(i64, n) < 3).any())
 

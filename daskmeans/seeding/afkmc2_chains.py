@@ -29,7 +29,7 @@ distinct rows of the (K - 1) m = 1e6 proposals): the lazy one, each block's b m 
 against every centre before it, costs ``sum_s b m s d = m K^2 d / 2`` = 1.0e12 FMA; the suffix
 one above, each block's picks against the rows later chains read, at most ``U K d`` and about
 ``0.77 U K d`` = 4.7e11 FMA at P3 (a row drawn ~3.3 times has its last use late: about 77% of
-the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 2.9e9 at b = 7. The
+the rows are in the mean suffix), plus the priors' GEMMs, ``K m b d`` = 5.7e9 at b = 14. The
 suffix scheme has fewer flops wherever ``U < m K / 2``
 (the proposals repeat rows or not: ``U <= (K - 1) m``), and its GEMM shapes (suffix x d x b) are
 a function of the proposals alone.
@@ -63,12 +63,13 @@ from ..errors import DaskmeansError
 # The GPU cost model's rates (docs/performance.md, "AFK-MC²'s chains on one worker's device";
 # the block size is a function of the shapes alone, so these are constants, not the device's
 # measurement: a measured rate would make the result depend on the worker that ran it). The
-# in-block kernel's float64 FMA rate as measured (its loads, not one SM's float64 lanes, bound
-# it: the datasheet's lane rate put the best block several times too wide), the device's memory bandwidth, and the host's cost of enqueueing one block (its
-# kernel, the gather of the picks, the GEMM and its minimum: five launches of CuPy's).
-GPU_SM_FMA = 6.8e9
+# in-block kernel's float64 FMA rate and a block's fixed cost beside the suffix's read (its
+# kernel, the gather of the picks, the GEMM and its minimum: the launches and what waits on
+# them), both fitted to the chains' times at blocks of 16, 24 and 32 (profile-afk at P3); the
+# device's memory bandwidth.
+GPU_SM_FMA = 1.5e10
 GPU_BYTES_S = 4.8e12
-GPU_BLOCK_LAUNCH_S = 100e-6
+GPU_BLOCK_LAUNCH_S = 400e-6
 # On the CPU the suffix GEMM is bound by flops (not by the suffix's bytes) and its rate falls
 # for narrow blocks, while the in-block distances run on one core: the block size measured
 # best at 1e5 x 64, K = 1000, m = 200 on 2 shared cores (docs/performance.md).
@@ -88,7 +89,7 @@ def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
     in-block work's, ``b m d / 2`` FMA on one SM (a block costs their sum, one queue: least where
     they are equal): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
-    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 7).
+    launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 14).
 
     Parameters
     ----------

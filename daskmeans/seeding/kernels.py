@@ -87,13 +87,16 @@ def _draw(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
 def _draw_sorted(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
     """:func:`_draw` without reading how many rows are live, which on a device is a
     synchronisation with the host in every dependent step of the seeding: every row ordered by
-    its key within its class (live, of probability 0, excluded), then stably by class; two
-    sorts of all the rows, on the device."""
+    one 64-bit key, its class (live, of probability 0, excluded) above its key within the class
+    (a non-negative float64's bits order as the float does: -0.0 made +0.0), ties by row; one
+    sort of all the rows, on the device (two sorts, by key then by class, cost twice as much:
+    a wide-K init runs a few hundred)."""
     live = (p > 0) & ~exclude
-    key = xp.where(live, -xp.log(u) / xp.where(live, p, 1.0), u)  # ascending within each class
-    order = xp.argsort(key, kind="stable")
-    cls = (~live).astype(xp.int8) + exclude.astype(xp.int8)  # 0 live, 1 of probability 0, 2 excluded
-    order = order[xp.argsort(cls[order], kind="stable")]
+    key = xp.where(live, -xp.log(u) / xp.where(live, p, 1.0) + 0.0, u)  # >= 0, ascending within each class
+    # live: [0, 2^63) (up to +inf's bits); of probability 0: 2^63 + u's bits (u <= 1: < 2^62);
+    # excluded: 2^63 + 2^62 + u's bits
+    top = xp.where(live, xp.uint64(0), xp.where(exclude, xp.uint64(3 << 62), xp.uint64(1 << 63)))
+    order = xp.argsort(key.view(xp.uint64) + top, kind="stable")
     return xp.sort(order[:m])
 
 

@@ -151,7 +151,7 @@ def test_chain_of_one_proposal_and_the_block_sizes():
     X = np.arange(12.0).reshape(6, 2)
     chains = np.array([[3], [5], [0]])
     np.testing.assert_array_equal(run_chains(X, X[1], chains, np.full(6, 1 / 6), np.empty((3, 0))), [3, 5, 0])
-    assert chain_block(True, 300_000, 408, 200) == 7
+    assert chain_block(True, 300_000, 408, 200) == 14
     assert chain_block(True, 10, 2, 10**6) == 4 and chain_block(True, 10**9, 1, 1) == 256
     assert chain_block(False, 300_000, 408, 200) == CPU_BLOCK
     from daskmeans.backends.cuda_src import afkmc2_dch

@@ -107,6 +107,26 @@ def test_device_draws_by_sorting_are_the_host_draws():
             assert len(got) == m and not exclude[got].any()
 
 
+def test_device_draws_order_keys_of_every_magnitude_and_ties_by_row():
+    """The one sort's 64-bit keys: a live row of u = 1 has key -0.0, which ties with +0.0 (the
+    first row first), not below every other; keys of +inf (probabilities below 2^-1074 x -log u)
+    and of 1e300 order as floats; rows of probability 0 and excluded rows by their uniform,
+    after every live row; the host's draws throughout."""
+    from daskmeans.seeding.kernels import _draw, _draw_sorted
+
+    p = np.array([0.5, 1.0, 5e-324, 1e-300, 0.0, 2.0, 0.0, 3.0, 1.0])
+    u = np.array([0.25, 1.0, 0.5, 0.5, 0.75, 1.0, 0.25, 0.5, 1.0])
+    exclude = np.zeros(len(p), bool)
+    exclude[7] = True
+    with np.errstate(over="ignore"):  # the host's key of row 2 is -inf
+        for m in range(1, 9):
+            np.testing.assert_array_equal(_draw_sorted(np, p, m, u, exclude), _draw(np, p, m, u, exclude))
+    # rows 1, 5, 8 (key 0: by row), 0 (2.8), 3 (6.9e299), 2 (+inf), then 6 (u = 0.25), 4 (0.75)
+    firsts = [set(_draw_sorted(np, p, m, u, exclude).tolist()) for m in range(1, 9)]
+    added = [sorted(b - a)[0] for a, b in zip([set()] + firsts, firsts)]
+    assert added == [1, 5, 8, 0, 3, 2, 6, 4]
+
+
 @pytest.mark.gpu
 def test_rows_prepared_once_give_each_subsets_labels_and_distances():
     """``cupy_backend.prepared_rows``: a subset taken from every row prepared once (the error
