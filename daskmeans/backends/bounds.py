@@ -165,8 +165,14 @@ def assign_bounds(be: Any, X: Any, p: Any, group_of: Any, n_groups: int, xnorm: 
         err = eps * (2.0 * xn * cmax + cmax * cmax + xn2)
         v = mins - err[:, None]
         lower[s:e_] = xp.where(xp.isinf(v), v, xp.sqrt(xp.maximum(v, 0.0)) * (1.0 - delta))
-    upper = _owner_dist(xp, X, p.centroids, labels) * (1.0 + delta)
-    return labels, upper, lower
+    return labels, upper_bounds(xp, X, p.centroids, labels), lower
+
+
+def upper_bounds(xp: Any, X: Any, cen: Any, labels: Any) -> Any:
+    """Each row's upper bound ``(n,)`` float64 on the distance to its centroid ``cen[label]``:
+    the float64 distance rounded up (:func:`margins`' ``delta`` of float64)."""
+    _, delta = margins(X.shape[1], np.float64)
+    return _owner_dist(xp, X, cen, labels) * (1.0 + delta)
 
 
 def add_label_sums(xp: Any, X: Any, labels: Any, sample_weight: Any, sign: int, grid: Any, sums: Any, weights: Any,

@@ -54,6 +54,12 @@ The kernels (see that module for when each runs):
     Per-cluster float64 sums once the labels are known: the rows ordered by label (a
     block-local counting sort, or global counters for large K), then register accumulation
     along runs of equal labels, one atomic add per run and column instead of one per element.
+``group_min`` (``cuda/group_min.cu``, outside :data:`SOURCES`: only ``algorithm="yinyang"``
+loads it)
+    Yinyang's per-group lower bounds from a row-major GEMM tile whose columns are the
+    centroids sorted by group: per row and group the smallest ``G + ||c||^2`` but the row's own
+    centroid's, less the row's certified error bound, as a distance rounded down
+    (:func:`.gpu_gemm.group_lower` launches it).
 ``afkmc2_block`` / ``afkmc2_fold`` (``cuda/afkmc2.cu``, outside :data:`SOURCES`: only
 ``init="afk-mc2"`` loads them)
     One block of AFK-MC²'s Markov chains on one CTA, in order: each chain's proposals'
@@ -88,6 +94,7 @@ SUMS_SRC = _COMMON + _source("sums.cu")
 FIT_SRC = _COMMON + _source("fit.cu")
 AFKMC2_SRC = _COMMON + _source("afkmc2.cu")
 FUSED_SRC = _COMMON + _source("certify.cuh") + _source("fused_select.cu")
+GROUP_MIN_SRC = _COMMON + _source("group_min.cu")
 SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_SRC, FUSED_SRC)
 
 
@@ -334,6 +341,23 @@ def afkmc2_kernels(d: int) -> dict[str, Any]:
     dch = afkmc2_dch(d)
     src = f"#define AFK_THREADS {AFKMC2_THREADS}\n#define AFK_DCH {dch}\n#define AFK_R {AFKMC2_ROWS}\n" + AFKMC2_SRC
     return _functions(("afkmc2", AFKMC2_THREADS, dch, AFKMC2_ROWS), src, AFKMC2_KERNELS)
+
+
+def group_min_source(gemm_dtype: Any, csq_dtype: Any) -> str:
+    """CUDA source of ``group_min`` for a row-major GEMM tile of ``gemm_dtype`` (float16:
+    gemm_prep's MODE 4 tiles, read as float16 bits and scaled) and squared norms of
+    ``csq_dtype``."""
+    import numpy
+
+    head = ("#define GH 1\n" if numpy.dtype(gemm_dtype) == numpy.float16
+            else f"#define GS {_ctype(gemm_dtype)}\n")
+    return head + f"#define CT {_ctype(csq_dtype)}\n" + GROUP_MIN_SRC
+
+
+def group_min_kernel(gemm_dtype: Any, csq_dtype: Any) -> Any:
+    """``group_min`` for a GEMM tile of ``gemm_dtype`` and squared norms of ``csq_dtype``."""
+    key = ("group_min", _ctype(gemm_dtype), _ctype(csq_dtype))
+    return _functions(key, group_min_source(gemm_dtype, csq_dtype), ("group_min",))["group_min"]
 
 
 def compile_concurrently(*compiles: Any) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any, Callable
 
 import numpy
@@ -612,9 +613,10 @@ def sqdistances(X: Any, p: Prepared) -> Any:
 
 
 # ---------------------------------------------------------------- Yinyang's bounds
-# Array-module versions (backends/bounds.py) on CuPy arrays: correct and exact in their labels
-# and sums; CUDA kernels of their own (a fused filter, the group minima in the selection's
-# epilogue) are what would make them fast.
+# Array-module versions (backends/bounds.py) on CuPy arrays, but for the bounds of rows in the
+# GEMM regime: their group minima come from the GEMM's own tiles (gpu_gemm.group_lower), not
+# from float64 distances to every centroid (a float64 GEMM and a gather per piece of rows:
+# the cost of the array version at wide K).
 
 
 def row_sqnorms(X: Any) -> Any:
@@ -641,12 +643,52 @@ def yinyang_filter(X: Any, p: Prepared, labels: Any, upper: Any, lower: Any, xno
 
 def assign_bounds(X: Any, p: Prepared, group_of: Any, n_groups: int, xnorm: Any, cmax: float,
                   interrupt: Callable[[], None] | None = None) -> tuple:
-    """:func:`assign`'s labels and Yinyang's bounds (:func:`.bounds.assign_bounds`)."""
+    """:func:`assign`'s labels and Yinyang's bounds (``numpy_backend.assign_bounds``'s
+    contract). In the GEMM regime the group bounds come from GEMM tiles of the centroids in
+    group order (:func:`.gpu_gemm.group_lower`): each group's smallest tile value less the
+    row's certified error bound, so they are looser than float64 distances' by that bound
+    (rows within it of a tie stay uncertain, as the selection re-ranks them). Small K:
+    :func:`.bounds.assign_bounds` (float64 distances)."""
     import sys
+
+    import cupy
 
     if interrupt is not None:
         interrupt()
-    return bounds.assign_bounds(sys.modules[__name__], X, p, group_of, n_groups, xnorm, cmax)
+    n, d = X.shape
+    if p.small is not None or n == 0:
+        return bounds.assign_bounds(sys.modules[__name__], X, p, group_of, n_groups, xnorm, cmax)
+    labels = assign(X, p, want_sums=False)["labels"]
+    pg, starts, pos = _grouped(p, group_of, n_groups)
+    lower = cupy.empty((n, n_groups), cupy.float64)
+    rel, delta = bounds.margins(d, numpy.float64)
+    gpu_gemm.group_lower(X, pg, starts, n_groups, pos[labels], xnorm, cmax, lower, rel, delta)
+    return labels, bounds.upper_bounds(cupy, X, p.centroids, labels), lower
+
+
+_GROUPED = threading.local()  # per worker thread: the last step's centroids in group order
+
+
+def _grouped(p: Prepared, group_of: Any, t: int) -> tuple[Prepared, Any, Any]:
+    """``p``'s centroids prepared in the order of their groups ``group_of`` (K,) (stable),
+    the groups' first positions ``(t + 1,)`` int32 and each centroid's position ``(K,)``
+    int32; the same objects for every block of a step (one preparation per step and worker)."""
+    import cupy
+
+    last = getattr(_GROUPED, "last", None)
+    if last is not None and last[0] is p and last[1] is group_of:
+        return last[2]
+    k = p.centroids.shape[0]
+    order = cupy.argsort(group_of, kind="stable")
+    starts = cupy.zeros(t + 1, cupy.int32)
+    starts[1:] = cupy.cumsum(cupy.bincount(group_of, minlength=t)[:t])
+    pos = cupy.empty(k, cupy.int32)
+    pos[order] = cupy.arange(k, dtype=cupy.int32)
+    pg = gpu_gemm.prepare(cupy.ascontiguousarray(p.centroids[order]), cupy.ascontiguousarray(p.c64[order]),
+                          p.precision, p.layout, p.tunables, fused_copy=False)
+    out = (pg, starts, pos)
+    _GROUPED.last = (p, group_of, out)
+    return out
 
 
 def add_label_sums(X: Any, labels: Any, sample_weight: Any, sign: int, grid: Grid, sums: Any, weights: Any,

@@ -350,6 +350,60 @@ def fused_factor(alpha: float, gsc: float) -> float | None:
     return fs if 2.0**-126 <= abs(fs) <= 2.0**127 else None
 
 
+def group_lower(X: Any, p: Prepared, starts: Any, t: int, own: Any, xnorm: Any, cmax: float, lower: Any,
+                rel: float, delta: float) -> None:
+    """Yinyang's per-group lower bounds of the rows of ``X`` from GEMM tiles (``group_min``,
+    cuda/group_min.cu), not from float64 distances: the tiles' values within each row's
+    certified bound, the bound taken off.
+
+    Parameters
+    ----------
+    X : cupy.ndarray, shape (n, D)
+    p : Prepared
+        The centroids in group order, in the GEMM regime (their tiles, never ``fused_select``).
+    starts : cupy.ndarray of int32, shape (t + 1,)
+        Group ``q``'s centroids are ``p``'s rows ``[starts[q], starts[q + 1])``.
+    t : int
+        Groups.
+    own : cupy.ndarray of int32, shape (n,)
+        Each row's own centroid's position in ``p`` (left out of its group's minimum).
+    xnorm : cupy.ndarray of float64, shape (n,)
+        The rows' ``||x||^2``.
+    cmax : float
+        The largest centroid norm, rounded up.
+    lower : cupy.ndarray of float64, shape (n, t), C-contiguous
+        Out: at most the distance from each row to any other centroid of each group (+inf
+        where the group has none).
+    rel, delta : float
+        The float64 arithmetic's relative rounding margin and the bounds' outward rounding
+        (:func:`.bounds.margins` of float64).
+    """
+    import cupy
+
+    n, d = X.shape
+    if n == 0:
+        return
+    kpad = p.a.shape[0]
+    gdt = tile_dtype(p)
+    rows = tile_rows(p, n)
+    kern = cuda_src.group_min_kernel(gdt, p.csq.dtype)
+    err, alpha, xscale, gsc = row_scales(p, X)
+    eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
+    g = cupy.empty((rows, kpad), gdt)
+    xbuf = prep_buffer(rows, d, p.mode)
+    cap = 32 * gpu_device.sm_count(gpu_device.device_id())  # grid-strided: 8 warps (rows) a block
+    for s0 in range(0, n, rows):
+        s1 = min(n, s0 + rows)
+        m = s1 - s0
+        xt = X[s0:s1] if xbuf is None else xbuf[:m]
+        prep(X[s0:s1], p.mode, 0, xt if p.mode else None, None, None, eb[s0:s1], err, xscale)
+        gemm(p, xt, g[:m], None, alpha)
+        kern((max(1, min(cap, -(-m // 8))),), (256,),
+             (g, numpy.int64(kpad), numpy.int64(m), p.csq, starts, numpy.int32(t), own[s0:s1], eb[s0:s1],
+              xnorm[s0:s1], numpy.float64(gsc), numpy.float64(rel), numpy.float64(cmax), numpy.float64(delta),
+              lower[s0:s1]))
+
+
 def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any,
                scales: tuple) -> dict:
     """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole

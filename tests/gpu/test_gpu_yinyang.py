@@ -1,5 +1,6 @@
 """Yinyang on the GPU (run with ``pytest -m gpu`` on a CUDA host): its kernels (the array-module
-versions of backends/bounds.py on CuPy) against the CPU's and the float64 truth, and whole fits
+versions of backends/bounds.py on CuPy, and the group bounds from GEMM tiles, cuda/group_min.cu)
+against the CPU's and the float64 truth, and whole fits
 bitwise equal to Lloyd's in fp32 and tf32 for K = 64, 4096 and 2^14 and several chunkings."""
 
 import numpy as np
@@ -40,9 +41,28 @@ def test_cupy_bounds_hold_and_labels_are_assigns(k, precision):
     for q in range(t):
         if (gh == q).any():
             assert (lo[:, q] <= d[:, gh == q].min(axis=1)).all()
-    # No drift: every row certified.
-    cand = cb.yinyang_filter(X, p, lab, upper, lower, xn, cupy.zeros(k), cupy.zeros(t), cmax)
-    assert int(cand.shape[0]) <= 3  # only rows within the rounding margin of a tie
+    # No drift: every row certified but those near a tie.
+    cand = cupy.asnumpy(cb.yinyang_filter(X, p, lab, upper, lower, xn, cupy.zeros(k), cupy.zeros(t), cmax))
+    if p.small is not None:  # float64 distances' bounds: only rows within their rounding margin of a tie
+        assert len(cand) <= 3
+        return
+    # GEMM tiles' bounds: every row whose two nearest centroids' squared distances differ by
+    # more than twice the row's certified error bound (the selection's, from gemm_prep) and
+    # the filter's rounding margins is certified
+    from daskmeans.backends import gpu_gemm
+    from daskmeans.backends.bounds import margins
+
+    err, _, xscale, _ = gpu_gemm.row_scales(p, X)
+    eb = cupy.empty(len(x), cupy.float64)
+    xt = gpu_gemm.prep_buffer(len(x), x.shape[1], p.mode)
+    gpu_gemm.prep(X, p.mode, 0, xt if p.mode else None, None, None, eb, err, xscale)
+    eb = cupy.asnumpy(eb)
+    xn2 = cupy.asnumpy(xn)
+    span = 2 * np.sqrt(xn2) * cmax + cmax * cmax
+    width = 2 * eb + margins(x.shape[1], np.float32)[0] * span + margins(x.shape[1], np.float64)[0] * (span + xn2)
+    sure = d.min(axis=1) ** 2 - own**2 > 1.01 * width + 1e-9 * d.min(axis=1) ** 2
+    assert sure.mean() > 0.5, sure.mean()  # the check is not empty
+    assert not sure[cand].any(), (len(cand), int(sure[cand].sum()))
 
 
 @pytest.mark.parametrize("weighted", [False, True])

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="needs NVIDIA's compiler (n
 # Kernels whose sources size their work to stay in registers (cuda_src.select_rows_source,
 # select_cols_source, fused_select's and afkmc2.cu's launch bounds): a spill there is a change
 # of design, not of speed alone.
-NO_SPILLS = {"select_rows", "select_cols", "fused_select", "fused_rescan", "afkmc2_block", "afkmc2_fold"}
+NO_SPILLS = {"select_rows", "select_cols", "fused_select", "fused_rescan", "afkmc2_block", "afkmc2_fold", "group_min"}
 
 
 def _modules() -> dict[str, str]:
@@ -42,6 +42,9 @@ def _modules() -> dict[str, str]:
         "sums, float32": cuda_src.sums_source("float32"),
         "sums, float64": cuda_src.sums_source("float64"),
         "fit": cuda_src.FIT_SRC,
+        "group_min, float16 tile": cuda_src.group_min_source("float16", "float32"),
+        "group_min, float32 tile": cuda_src.group_min_source("float32", "float32"),
+        "group_min, float64": cuda_src.group_min_source("float64", "float64"),
         "afkmc2, global memory": afk.format(cuda_src.AFKMC2_THREADS, 0, cuda_src.AFKMC2_ROWS) + cuda_src.AFKMC2_SRC,
         "fused, narrowest": cuda_src.fused_source("float32", plan.fused_dp(1), plan.FUSED_STAGES, 32, plan.FUSED_WARPS),
         "fused, widest": cuda_src.fused_source("float32", plan.FUSED_MAX_DP, plan.FUSED_STAGES, 32, plan.FUSED_WARPS),

@@ -259,8 +259,8 @@ def test_cuda_sources_are_files_of_the_package_not_python_strings():
     assert [p.name for p in pkg.rglob("*.py") if "__global__" in p.read_text()] == []
     files = sorted(p.name for p in (pkg / "backends" / "cuda").iterdir())
     # one kernel family per file, after the shared device code
-    assert files == ["afkmc2.cu", "certify.cuh", "common.cuh", "fit.cu", "fused_select.cu", "prep.cu", "select_cols.cu",
-                     "select_rows.cu", "small.cu", "sums.cu"]
+    assert files == ["afkmc2.cu", "certify.cuh", "common.cuh", "fit.cu", "fused_select.cu", "group_min.cu", "prep.cu",
+                     "select_cols.cu", "select_rows.cu", "small.cu", "sums.cu"]
     # Each module is the common device code and its kernels, behind the #define header.
     src = cuda_src.small_source("float32", 16, 7, 4, True, 256)
     assert src.endswith((pkg / "backends" / "cuda" / "small.cu").read_text())
