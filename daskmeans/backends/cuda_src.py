@@ -349,9 +349,11 @@ def group_min_source(gemm_dtype: Any, csq_dtype: Any) -> str:
     ``csq_dtype``."""
     import numpy
 
-    head = ("#define GH 1\n" if numpy.dtype(gemm_dtype) == numpy.float16
-            else f"#define GS {_ctype(gemm_dtype)}\n")
-    return head + f"#define CT {_ctype(csq_dtype)}\n" + GROUP_MIN_SRC
+    head = "#define GH 1\n" if numpy.dtype(gemm_dtype) == numpy.float16 else ""
+    if numpy.dtype(gemm_dtype) not in (numpy.float16, numpy.dtype(csq_dtype)):
+        raise ValueError(f"group_min: gemm_dtype={numpy.dtype(gemm_dtype)} should be float16 or csq_dtype="
+                         f"{numpy.dtype(csq_dtype)} (the selections' tiles)")
+    return head + f"#define GT {_ctype(csq_dtype)}\n" + GROUP_MIN_SRC
 
 
 def group_min_kernel(gemm_dtype: Any, csq_dtype: Any) -> Any:

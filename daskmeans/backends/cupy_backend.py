@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
+import weakref
 from typing import Any, Callable
 
 import numpy
@@ -666,18 +666,21 @@ def assign_bounds(X: Any, p: Prepared, group_of: Any, n_groups: int, xnorm: Any,
     return labels, bounds.upper_bounds(cupy, X, p.centroids, labels), lower
 
 
-_GROUPED = threading.local()  # per worker thread: the last step's centroids in group order
+# The centroids of a step in group order, by the id of the step's Prepared, while it lives (a
+# weakref.finalize drops the entry with it): one preparation per step and worker for all of
+# the step's blocks, none kept after the step.
+_GROUPED: dict = {}
 
 
 def _grouped(p: Prepared, group_of: Any, t: int) -> tuple[Prepared, Any, Any]:
-    """``p``'s centroids prepared in the order of their groups ``group_of`` (K,) (stable),
-    the groups' first positions ``(t + 1,)`` int32 and each centroid's position ``(K,)``
-    int32; the same objects for every block of a step (one preparation per step and worker)."""
+    """``p``'s centroids prepared in the order of their groups ``group_of`` (K,) (stable;
+    without their float64 copy), the groups' first positions ``(t + 1,)`` int32 and each
+    centroid's position ``(K,)`` int32; the same objects for every block of a step."""
     import cupy
 
-    last = getattr(_GROUPED, "last", None)
-    if last is not None and last[0] is p and last[1] is group_of:
-        return last[2]
+    hit = _GROUPED.get(id(p))
+    if hit is not None and hit[0] is group_of:
+        return hit[1]
     k = p.centroids.shape[0]
     order = cupy.argsort(group_of, kind="stable")
     starts = cupy.zeros(t + 1, cupy.int32)
@@ -686,8 +689,12 @@ def _grouped(p: Prepared, group_of: Any, t: int) -> tuple[Prepared, Any, Any]:
     pos[order] = cupy.arange(k, dtype=cupy.int32)
     pg = gpu_gemm.prepare(cupy.ascontiguousarray(p.centroids[order]), cupy.ascontiguousarray(p.c64[order]),
                           p.precision, p.layout, p.tunables, fused_copy=False)
+    # Only gpu_gemm.group_lower reads it: its GEMM inputs and norms, never a selection's
+    pg = dataclasses.replace(pg, c64=None, fused=None)
     out = (pg, starts, pos)
-    _GROUPED.last = (p, group_of, out)
+    if hit is None:
+        weakref.finalize(p, _GROUPED.pop, id(p), None)
+    _GROUPED[id(p)] = (group_of, out)
     return out
 
 

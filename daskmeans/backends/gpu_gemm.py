@@ -400,7 +400,7 @@ def group_lower(X: Any, p: Prepared, starts: Any, t: int, own: Any, xnorm: Any, 
         gemm(p, xt, g[:m], None, alpha)
         kern((max(1, min(cap, -(-m // 8))),), (256,),
              (g, numpy.int64(kpad), numpy.int64(m), p.csq, starts, numpy.int32(t), own[s0:s1], eb[s0:s1],
-              xnorm[s0:s1], numpy.float64(gsc), numpy.float64(rel), numpy.float64(cmax), numpy.float64(delta),
+              xnorm[s0:s1], p.csq.dtype.type(gsc), numpy.float64(rel), numpy.float64(cmax), numpy.float64(delta),
               lower[s0:s1]))
 
 

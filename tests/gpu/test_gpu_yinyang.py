@@ -65,6 +65,63 @@ def test_cupy_bounds_hold_and_labels_are_assigns(k, precision):
     assert not sure[cand].any(), (len(cand), int(sure[cand].sum()))
 
 
+@pytest.mark.parametrize("dtype,precision,tf32_gemm,mode", [
+    (np.float32, "tf32", "fp16", 4), (np.float32, "tf32", "tf32", 1), (np.float32, "bf16", "auto", 3),
+    (np.float32, "fp32", "auto", 2), (np.float64, "fp32", "auto", 0)])
+def test_group_bounds_from_tiles_hold_in_every_gemm_mode(dtype, precision, tf32_gemm, mode):
+    """``gpu_gemm.group_lower`` (cuda/group_min.cu) on groups made by hand, in tiles of a few
+    dozen to a few hundred rows (the loop's offsets): centroid 0 alone in the first group (+inf
+    for the rows it owns), an empty group, groups of 7 across the tile's columns; each bound at
+    most the exact distance to the group's nearest centroid but the row's own, and within the
+    row's certified error bound (twice, squared) and the rounding margins of it."""
+    import cupy
+    import dask
+
+    from daskmeans.backends import cupy_backend as cb
+    from daskmeans.backends import gpu_gemm
+    from daskmeans.backends.bounds import margins
+
+    rng = np.random.default_rng(3)
+    n, d, k = 2000, 24, 3000
+    c = rng.normal(size=(k, d))
+    x = rng.normal(size=(n, d))
+    x[:50] = c[0] + 0.01 * rng.normal(size=(50, d))  # rows of centroid 0
+    x = x.astype(dtype)
+    X = cupy.asarray(x)
+    with dask.config.set({"daskmeans.gpu-tf32-gemm": tf32_gemm, "daskmeans.gpu-tile-bytes": "1MiB",
+                          "daskmeans.gpu-tile-bytes-max": "1MiB"}):
+        p = cb.prepare(cupy.asarray(c), dtype, precision)
+    assert p.small is None and p.mode == mode
+    assert gpu_gemm.tile_rows(p, n) < n / 4
+    sizes = [1, 0] + [7] * ((k - 1) // 7) + ([(k - 1) % 7] if (k - 1) % 7 else [])
+    t = len(sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    lab = cb.assign(X, p, want_sums=False)["labels"]
+    xn = cb.row_sqnorms(X)
+    _, cmax = cb.centroid_drift(p.centroids, p.centroids)
+    rel, delta = margins(d, np.float64)
+    lower = cupy.empty((n, t), cupy.float64)
+    gpu_gemm.group_lower(X, p, cupy.asarray(starts), t, lab, xn, cmax, lower, rel, delta)
+    lo, labh = cupy.asnumpy(lower), cupy.asnumpy(lab)
+    assert (labh[:50] == 0).all()
+    cd = p.centroids.astype(cupy.float64)
+    dist = cupy.asnumpy(cupy.sqrt(((X.astype(cupy.float64)[:, None, :] - cd[None]) ** 2).sum(-1)))
+    dist[np.arange(n), labh] = np.inf
+    truth = np.stack([dist[:, a:b].min(axis=1) if b > a else np.full(n, np.inf)
+                      for a, b in zip(starts[:-1], starts[1:])], axis=1)
+    assert np.isinf(truth[:50, 0]).all() and np.isfinite(truth[50:, 0]).all() and np.isinf(truth[:, 1]).all()
+    np.testing.assert_array_equal(np.isinf(lo), np.isinf(truth))
+    fin = np.isfinite(truth)
+    assert (lo[fin] <= truth[fin]).all()
+    err, _, xscale, _ = gpu_gemm.row_scales(p, X)
+    eb = cupy.empty(n, cupy.float64)
+    xt = gpu_gemm.prep_buffer(n, d, p.mode)
+    gpu_gemm.prep(X, p.mode, 0, xt if p.mode else None, None, None, eb, err, xscale)
+    xn2 = cupy.asnumpy(xn)[:, None]
+    slack = 1.01 * (2 * cupy.asnumpy(eb)[:, None] + rel * (2 * np.sqrt(xn2) * cmax + cmax * cmax + xn2))
+    assert (lo[fin] ** 2 >= ((truth**2 - slack) * (1 - 4 * delta))[fin] - 1e-12).all()
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_cupy_label_sums_are_assigns_integers(weighted):
     import cupy
