@@ -120,9 +120,9 @@ def _xp_of(X: Any) -> Any:
     return cupy.get_array_module(X)
 
 
-def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
+def _kernels(xp: Any, m: int, d: int, block: int) -> tuple[Any, Any]:
     """``(run, fold)`` on ``xp``'s device: ``run(X, prior, q, chains, u, picks, s)``, one
-    block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
+    block's chains (at most ``block``; the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
     dmin)``, a block's picks from their GEMM ``g`` into the distances ``dmin`` (both kernels of
     ``backends/cpu_kernels.py`` or ``backends/cuda/afkmc2.cu``)."""
     if xp is np:
@@ -132,12 +132,14 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     from ..backends import cuda_src
 
     kern = cuda_src.afkmc2_kernels(d)
+    # The chains' scratch, allocated here on the caller's stream and kept for the whole run:
+    # the chains run on the side stream, where nothing is allocated (run_chains).
+    work = xp.empty((block, m), xp.float64)
 
     def run(X: Any, prior: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
         b = chains.shape[0]
-        work = xp.empty((b, m), xp.float64)  # on the current stream's pool: reused in its order
         kern["afkmc2_block"]((1,), (cuda_src.AFKMC2_THREADS,),
-                             (X, prior, q, chains, u, picks, work, np.int32(X.shape[1]), np.int32(m),
+                             (X, prior, q, chains, u, picks, work[:b], np.int32(X.shape[1]), np.int32(m),
                               np.int32(b), np.int64(s)))
 
     def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
@@ -162,9 +164,12 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
     them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
     ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
-    ``dmin``. Everything is queued in that order on the caller's stream: cuBLAS gives the same
-    bits run to run only with one stream active on its handle (a second stream for the folds
-    would overlap them with the chains), and the CPU computes the same values in the same order.
+    ``dmin``. On a GPU the chains' launch (one CTA: the rest of the device idle) runs on a side
+    stream, beside block ``t - 1``'s fold into ``dmin``, which it does not read; every GEMM,
+    gather and fold stays on the caller's stream, in that order, since cuBLAS gives the same
+    bits run to run only with one stream active on its handle. Nothing is allocated on the side
+    stream, and what its launch reads is kept until the caller's stream has waited for it. The
+    values and their order are those of one queue: the CPU computes the same.
 
     Parameters
     ----------
@@ -210,7 +215,7 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     u_d = xp.ascontiguousarray(xp.asarray(u, xp.float64).reshape(nchain, max(m - 1, 0)))
     xsq = xp.einsum("nd,nd->n", X, X)
     picks = xp.zeros(nchain, xp.int64)
-    run, fold = _kernels(xp, m, d)
+    run, fold = _kernels(xp, m, d, b)
 
     def fold_rows(C: Any, rows: Any, xsq_rows: Any, into: Any) -> None:
         """The centres ``C`` into ``into``, the distances of ``rows``, by slabs of rows whose
@@ -227,18 +232,45 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     dmin = xp.full(U, np.inf)  # the distances to c1, by the same fold as every later centre's
     fold_rows(xp.asarray(c1, xp.float64).reshape(1, d), X, xsq, dmin)
 
+    side = None if xp is np else _side_stream()
+    main = None if xp is np else xp.cuda.get_current_stream()
+    chained = None  # the event of the last block's chains on the side stream
     for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if chained is not None:  # block t - 1's picks are read below, and its operands freed
+            main.wait_event(chained)
         idx = chains_d[s:e]
         prior = dmin[idx]  # (e - s, m), a new array: dmin holds c1 and the blocks before t - 1
         if t > 0:  # block t - 1's picks: distances of this block's proposals alone
             flat = idx.ravel()
             fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
-        run(X, prior, q_d, idx, u_d[s:e], picks, s)
+        if side is None:
+            run(X, prior, q_d, idx, u_d[s:e], picks, s)
+        else:
+            side.wait_event(main.record())
+            with side:
+                run(X, prior, q_d, idx, u_d[s:e], picks, s)
+            chained = side.record()
         lo = int(suffix[t])
         if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
             fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
+    if chained is not None:
+        main.wait_event(chained)
     picked = picks if xp is np else picks.get()  # the one read back
     return order[picked]
+
+
+_SIDE: dict = {}
+
+
+def _side_stream() -> Any:
+    """The current device's stream for the chains' launches (one per device and process:
+    nothing is allocated on it, so CuPy's pool keeps nothing for it)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _SIDE:
+        _SIDE[dev] = cupy.cuda.Stream(non_blocking=True)
+    return _SIDE[dev]
 
 
 # ---------------------------------------------------------------- on the chosen worker

@@ -311,8 +311,8 @@ def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
     for bound in (8 * block * 37, 8 * block, 1):  # slabs of 37 rows, of one row, and below one row
         seen = []
 
-        def kernels(xp, m, d):
-            run, fold = real(xp, m, d)
+        def kernels(xp, m, d, block):
+            run, fold = real(xp, m, d, block)
 
             def fold_seen(g, xsq, csq, dmin):
                 seen.append(g.nbytes)
