@@ -18,10 +18,11 @@ the last block:
   in a fixed order), their minimum with the prior, then the Metropolis-Hastings chain; its
   pick goes to a device array the next steps index;
 - one GEMM folds block ``t - 1``'s picks into ``dmin`` of the suffix the chains after block
-  ``t`` read. It waits only for block ``t``'s prior, and could run beside block ``t``'s
-  chains on a second stream; it runs on the caller's stream, as the chains do: cuBLAS gives
-  the same bits run to run only where one stream is active on its handle (its "Results
-  reproducibility"), and the same centres for a seed come first. No operand depends on the order, so the CPU's one queue
+  ``t`` read. It waits only for block ``t``'s prior, and runs beside block ``t``'s chains:
+  on a GPU the chains' launch (one CTA, no cuBLAS) goes to a side stream, while every GEMM,
+  gather and fold stays on the caller's stream, since cuBLAS gives the same bits run to run
+  only where one stream is active on its handle (its "Results reproducibility"), and the same
+  centres for a seed come first. No operand depends on the order, so the CPU's one queue
   computes the same values.
 
 Which scheme for the centres before a block (flops at P3: K = 5000, m = 200, d = 408, U = 3e5
@@ -47,7 +48,8 @@ in the GPU's sums).
 The block size ``b`` (:func:`chain_block`) balances the two costs per block: the suffix GEMM
 reads the suffix once per block (``K / b`` reads of ~0.77 U d 8 bytes) while the in-block work,
 ``b^2 m d / 2`` FMA per block on one CTA (one SM) or one core, grows with ``b``; a block
-costs their sum (one queue), least where they are equal. See docs/performance.md,
+costs their sum on one queue and their maximum where the two overlap (the GPU's side stream),
+least where they are equal either way. See docs/performance.md,
 "AFK-MC²'s chains on one worker's device".
 """
 
@@ -87,8 +89,8 @@ FOLD_BYTES = 64 << 20
 def chain_block(gpu: bool, n_rows: int, d: int, m: int) -> int:
     """Chains per block: :data:`CPU_BLOCK` on the CPU; on the GPU the ``b`` where the cost per
     chain of the suffix GEMM's read and launches, ``(0.77 U d 8 / BW + launch) / b``, equals the
-    in-block work's, ``b m d / 2`` FMA on one SM (a block costs their sum, one queue: least where
-    they are equal): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
+    in-block work's, ``b m d / 2`` FMA on one SM (a block costs their sum, or their maximum
+    where they overlap: least where they are equal): ``b = sqrt(2 R_sm (0.77 U d 8 / BW +
     launch) / (m d))`` (P3, U = 3e5, d = 408, m = 200: b = 14).
 
     Parameters
@@ -120,9 +122,9 @@ def _xp_of(X: Any) -> Any:
     return cupy.get_array_module(X)
 
 
-def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
+def _kernels(xp: Any, m: int, d: int, block: int) -> tuple[Any, Any]:
     """``(run, fold)`` on ``xp``'s device: ``run(X, prior, q, chains, u, picks, s)``, one
-    block's chains (the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
+    block's chains (at most ``block``; the CPU's Numba kernel, or one CTA of the GPU's), and ``fold(g, xsq, csq,
     dmin)``, a block's picks from their GEMM ``g`` into the distances ``dmin`` (both kernels of
     ``backends/cpu_kernels.py`` or ``backends/cuda/afkmc2.cu``)."""
     if xp is np:
@@ -132,12 +134,14 @@ def _kernels(xp: Any, m: int, d: int) -> tuple[Any, Any]:
     from ..backends import cuda_src
 
     kern = cuda_src.afkmc2_kernels(d)
+    # The chains' scratch, allocated here on the caller's stream and kept for the whole run:
+    # the chains run on the side stream, where nothing is allocated (run_chains).
+    work = xp.empty((block, m), xp.float64)
 
     def run(X: Any, prior: Any, q: Any, chains: Any, u: Any, picks: Any, s: int) -> None:
         b = chains.shape[0]
-        work = xp.empty((b, m), xp.float64)  # on the current stream's pool: reused in its order
         kern["afkmc2_block"]((1,), (cuda_src.AFKMC2_THREADS,),
-                             (X, prior, q, chains, u, picks, work, np.int32(X.shape[1]), np.int32(m),
+                             (X, prior, q, chains, u, picks, work[:b], np.int32(X.shape[1]), np.int32(m),
                               np.int32(b), np.int64(s)))
 
     def fold(g: Any, xsq: Any, csq: Any, dmin: Any) -> None:
@@ -162,9 +166,12 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     distances to block ``t - 1``'s picks (one GEMM of the block's ``b m`` proposals against
     them: the prior), then its own chains' picks in its launch. Block ``t - 1``'s fold into
     ``dmin`` (for the chains after block ``t``) waits only for block ``t``'s prior to have read
-    ``dmin``. Everything is queued in that order on the caller's stream: cuBLAS gives the same
-    bits run to run only with one stream active on its handle (a second stream for the folds
-    would overlap them with the chains), and the CPU computes the same values in the same order.
+    ``dmin``. On a GPU the chains' launch (one CTA: the rest of the device idle) runs on a side
+    stream, beside block ``t - 1``'s fold into ``dmin``, which it does not read; every GEMM,
+    gather and fold stays on the caller's stream, in that order, since cuBLAS gives the same
+    bits run to run only with one stream active on its handle. Nothing is allocated on the side
+    stream, and what its launch reads is kept until the caller's stream has waited for it. The
+    values and their order are those of one queue: the CPU computes the same.
 
     Parameters
     ----------
@@ -210,7 +217,7 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     u_d = xp.ascontiguousarray(xp.asarray(u, xp.float64).reshape(nchain, max(m - 1, 0)))
     xsq = xp.einsum("nd,nd->n", X, X)
     picks = xp.zeros(nchain, xp.int64)
-    run, fold = _kernels(xp, m, d)
+    run, fold = _kernels(xp, m, d, min(b, nchain))
 
     def fold_rows(C: Any, rows: Any, xsq_rows: Any, into: Any) -> None:
         """The centres ``C`` into ``into``, the distances of ``rows``, by slabs of rows whose
@@ -227,18 +234,49 @@ def run_chains(X: Any, c1: np.ndarray, chains: np.ndarray, q: np.ndarray, u: Any
     dmin = xp.full(U, np.inf)  # the distances to c1, by the same fold as every later centre's
     fold_rows(xp.asarray(c1, xp.float64).reshape(1, d), X, xsq, dmin)
 
-    for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        idx = chains_d[s:e]
-        prior = dmin[idx]  # (e - s, m), a new array: dmin holds c1 and the blocks before t - 1
-        if t > 0:  # block t - 1's picks: distances of this block's proposals alone
-            flat = idx.ravel()
-            fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
-        run(X, prior, q_d, idx, u_d[s:e], picks, s)
-        lo = int(suffix[t])
-        if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
-            fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
+    side = None if xp is np else _side_stream()
+    main = None if xp is np else xp.cuda.get_current_stream()
+    chained = None  # the event of the last block's chains on the side stream
+    try:
+        for t, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+            if chained is not None:  # block t - 1's picks are read below, and its operands freed
+                main.wait_event(chained)
+            idx = chains_d[s:e]
+            prior = dmin[idx]  # (e - s, m), a new array: dmin holds c1 and the blocks before t - 1
+            if t > 0:  # block t - 1's picks: distances of this block's proposals alone
+                flat = idx.ravel()
+                fold_picks(int(starts[t - 1]), s, X[flat], xsq[flat], prior.reshape(-1))
+            if side is None:
+                run(X, prior, q_d, idx, u_d[s:e], picks, s)
+            else:
+                side.wait_event(main.record())
+                with side:
+                    run(X, prior, q_d, idx, u_d[s:e], picks, s)
+                chained = side.record()
+            lo = int(suffix[t])
+            if t > 0 and lo < U:  # block t - 1's picks into the rows the chains after block t read
+                fold_picks(int(starts[t - 1]), s, X[lo:], xsq[lo:], dmin[lo:])
+    finally:
+        # also on an error: the chains' operands go back to the caller's stream's pool only
+        # once their launch is done with them
+        if chained is not None:
+            main.wait_event(chained)
     picked = picks if xp is np else picks.get()  # the one read back
     return order[picked]
+
+
+_SIDE: dict = {}
+
+
+def _side_stream() -> Any:
+    """The current device's stream for the chains' launches (one per device and process:
+    nothing is allocated on it, so CuPy's pool keeps nothing for it)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _SIDE:
+        _SIDE[dev] = cupy.cuda.Stream(non_blocking=True)
+    return _SIDE[dev]
 
 
 # ---------------------------------------------------------------- on the chosen worker
@@ -284,10 +322,11 @@ def chains_bytes(n_rows: int, d: int, n_chains: int, m: int, block: int) -> int:
     """What the chains hold on their worker's device at most (bytes): the ``n_rows`` distinct
     proposal rows of ``d`` float64 twice (as put together, then sorted by last use), four
     8-byte values a row (norms, distances so far, ``q``, the order), each chain's ``m``
-    proposals, ``m - 1`` uniforms and pick, a block's ``block x m`` proposal rows and their
-    distances, and one fold's GEMM output (:data:`FOLD_BYTES`). Putting the rows together
-    holds less: the rows once and slices within :data:`FOLD_BYTES` (:func:`put_rows`)."""
-    return 8 * (2 * n_rows * d + 4 * n_rows + n_chains * 2 * m + block * m * (d + 2)) + FOLD_BYTES
+    proposals, ``m - 1`` uniforms and pick, a block's ``block x m`` proposal rows, their
+    distances and the chains' scratch, and one fold's GEMM output (:data:`FOLD_BYTES`).
+    Putting the rows together holds less: the rows once and slices within :data:`FOLD_BYTES`
+    (:func:`put_rows`)."""
+    return 8 * (2 * n_rows * d + 4 * n_rows + n_chains * 2 * m + block * m * (d + 3)) + FOLD_BYTES
 
 
 def check_device_memory(budget: Any, n_rows: int, d: int, n_chains: int, m: int, block: int) -> None:

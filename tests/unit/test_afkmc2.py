@@ -311,8 +311,8 @@ def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
     for bound in (8 * block * 37, 8 * block, 1):  # slabs of 37 rows, of one row, and below one row
         seen = []
 
-        def kernels(xp, m, d):
-            run, fold = real(xp, m, d)
+        def kernels(xp, m, d, block):
+            run, fold = real(xp, m, d, block)
 
             def fold_seen(g, xsq, csq, dmin):
                 seen.append(g.nbytes)
@@ -328,15 +328,15 @@ def test_the_folds_gemm_output_is_bounded(monkeypatch, block):
 
 def test_chains_that_the_device_cannot_hold_are_refused_before_allocating():
     """The chains' device bytes by hand (10 rows x 4 float64 twice, 4 values a row, 2 chains of
-    3 proposals, 2 uniforms and a pick, a block of 2 chains' 3 proposal rows with their norms
-    and distances, one fold's output), and a device with less free is refused with the need,
+    3 proposals, 2 uniforms and a pick, a block of 2 chains' 3 proposal rows with their norms,
+    distances and the chains' scratch, one fold's output), and a device with less free is refused with the need,
     the free memory and what needs less; a CPU worker (no device budget) is not. (That the
     chains hold no more on a GPU: tests/gpu/test_gpu_afkmc2.py.)"""
     from daskmeans.backends.protocol import DeviceBudget
     from daskmeans.errors import DaskmeansError
     from daskmeans.seeding.afkmc2_chains import FOLD_BYTES, chains_bytes, check_device_memory
 
-    need = 8 * (2 * 10 * 4 + 4 * 10 + 2 * 6 + 2 * 3 * (4 + 2)) + FOLD_BYTES
+    need = 8 * (2 * 10 * 4 + 4 * 10 + 2 * 6 + 2 * 3 * (4 + 3)) + FOLD_BYTES
     assert chains_bytes(10, 4, 2, 3, 2) == need
     check_device_memory(None, 10, 4, 2, 3, 2)
     check_device_memory(DeviceBudget(free=need, total=2 * need), 10, 4, 2, 3, 2)

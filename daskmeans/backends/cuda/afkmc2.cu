@@ -1,6 +1,6 @@
 // AFK-MC2's chains of one block on one CTA (daskmeans/seeding/afkmc2_chains.py: the host side,
-// which launches this once per block of b chains on the caller's stream, nothing read back until
-// the last block).
+// which launches this once per block of b chains on a side stream, beside the previous block's
+// fold on the caller's stream, nothing read back until the last block).
 //
 // X (U, d) float64: the distinct proposal rows; prior (b, m): each proposal's squared distance
 // to every centre chosen before the block (the host side's GEMMs, enqueued before this launch);
