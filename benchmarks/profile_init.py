@@ -4,9 +4,12 @@ its wall time with the init's draws per centre in batches (``RECLUSTER_BATCH_TRI
 with scikit-learn's ``2 + ln K`` (the recluster before), each in iteration-times (one tf32
 assignment of the problem's rows against K centroids, with its sums: a Lloyd step's kernels),
 the host functions that take the time (cProfile, sorted by their own time), and the fp32 GEMM
-floor of its distance passes. For planning init work; prints, writes no file. The whole
-init in iteration-times, as users run it: ``python -m benchmarks command --problems
-w14,w16,w18 --warm-only``.
+floor of its distance passes; then the whole default init as a fit runs it on one GPU worker
+(a local cluster of one, the rows made on the device), its wall time in iteration-times and
+its Dask tasks' run times by name (the rounds' folds and draws, the candidates' weights, the
+recluster), the rest being the waits between them. For planning init work; prints, writes no
+file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
+--problems w14,w16,w18 --warm-only``.
 
     python -m benchmarks profile-init [P4] [W14] [W16] [W18]
 """
@@ -71,8 +74,8 @@ def profile(problem: problems.Problem) -> None:
     rs = cupy.random.default_rng(0)
     x = rs.standard_normal((n_cand, d), dtype=cupy.float32)
     w = rs.integers(1, 100, n_cand).astype(cupy.float64)
-    for trials in (RECLUSTER_BATCH_TRIALS, None):  # kernels loaded
-        _recluster_s(x[: 4 * 256], w[: 4 * 256], 256, trials)
+    for trials in (RECLUSTER_BATCH_TRIALS, None):  # every kernel the run takes loaded (or compiled)
+        _recluster_s(x, w, k, trials)
     prof = cProfile.Profile()
     now = _recluster_s(x, w, k, RECLUSTER_BATCH_TRIALS, prof)
     before = _recluster_s(x, w, k, None)
@@ -88,6 +91,57 @@ def profile(problem: problems.Problem) -> None:
           f"(GEMM floor, fp32: {floor[RECLUSTER_BATCH_TRIALS]:.3f} s), {before:.3f} s = {before / it:.2f} "
           f"iterations with {local_trials(k)} (floor {floor[local_trials(k)]:.3f} s)", flush=True)
     print(s.getvalue(), flush=True)
+    x = w = c = None  # the candidates' memory back to the pool, for the fit's
+    cupy.get_default_memory_pool().free_all_blocks()
+    _whole_init(problem, it)
+
+
+def _rows(n: int, d: int, seed: int, block_id=None):
+    """A block of standard normal float32 rows made on the worker's device."""
+    import cupy
+
+    return cupy.random.default_rng([seed, block_id[0]]).standard_normal((n, d), dtype=cupy.float32)
+
+
+def _whole_init(problem: problems.Problem, it: float) -> None:
+    """Print the default init of a one-iteration fit on one GPU worker (the second of two, the
+    first loading the kernels) in iteration-times of ``it`` seconds, and its tasks' run times
+    by name."""
+    import collections
+
+    import cupy
+    import dask.array as da
+    import numpy as np
+    from dask.utils import key_split
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client, get_task_stream
+
+    import daskmeans
+
+    n, d, k = problem.n, problem.d, problem.k
+    blocks = 4
+    with LocalCUDACluster(n_workers=1, dashboard_address=":0") as lc, Client(lc) as client:
+        X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
+                          meta=cupy.empty((0, d), cupy.float32))
+
+        def fit():
+            return daskmeans.KMeans(k, n_init=1, max_iter=1, tol=0, precision="tf32", random_state=0,
+                                    client=client).fit(X)
+
+        fit()
+        with get_task_stream(client) as ts:
+            km = fit()
+        by: dict = collections.defaultdict(float)
+        for rec in ts.data:
+            for ss in rec.get("startstops", ()):
+                if ss.get("action") == "compute":
+                    by[key_split(rec["key"])] += ss["stop"] - ss["start"]
+    init = km.timings_.get("init", float("nan"))
+    tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
+             if name.startswith("daskmeans-kpar") or sec > 0.05 * it}
+    print(f"{problem.label}: the whole init on one GPU worker {init:.3f} s = {init / it:.2f} iterations; its "
+          f"tasks' run times in iterations: {tasks}; the fit's phases (s): "
+          f"{ {p: round(v, 3) for p, v in km.timings_.items()} }", flush=True)
 
 
 def main(argv=None):

@@ -255,12 +255,17 @@ def prepared_rows(X: Any, precision: str = "fp32", tunables: Tunables | None = N
 
 
 def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunables | None = None) -> int:
-    """Two GEMM tiles (one GEMM overlaps the previous tile's selection) where K x D takes the
-    GEMM regime, sized as :func:`.gpu_gemm.tile_rows` sizes them; none in the fused regime."""
+    """Where K x D takes the GEMM regime: two GEMM tiles (one GEMM overlaps the previous
+    tile's selection), sized as :func:`.gpu_gemm.tile_rows` sizes them, and what a block of
+    ``rows`` holds per row beside them: the tile path's error bounds (8 bytes a row) or, where
+    ``fused_select`` may run, its list of rows left for ``fused_rescan`` (24 bytes a row:
+    the row, two candidates, a threshold). None in the fused regime."""
     if not uses_tiles(k, d):
         return 0
     t = tunables or tunables_in_force()
-    return 2 * gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, sm_count)
+    per_row = 24 if gpu_plan.fused_dp(d) <= gpu_plan.FUSED_MAX_DP else 8
+    tiles = gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, sm_count)
+    return 2 * tiles + per_row * rows
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,

@@ -126,7 +126,8 @@ def mode_of(precision: str, gemm64: bool, k: int, d: int, tunables: Tunables) ->
 
 def uses_fused(mode: int, d: int, tunables: Tunables) -> bool:
     """:func:`.gpu_plan.uses_fused` on this device."""
-    return gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d, _cc())
+    dev = gpu_device.device_id()
+    return gpu_plan.uses_fused(tunables.gpu_tf32_gemm, mode, d, _cc(), gpu_device.shared_optin(dev))
 
 
 def _cc() -> str:

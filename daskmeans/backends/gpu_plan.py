@@ -348,17 +348,21 @@ def _two_blocks_fit(dp: int, columns: int) -> bool:
     return 2 * (fused_shared_bytes(dp, FUSED_STAGES, columns) + 1024) <= 228 * 1024
 
 
-def uses_fused(tf32_gemm: str, mode: int, d: int, compute_capability: str = "90") -> bool:
+def uses_fused(tf32_gemm: str, mode: int, d: int, compute_capability: str = "90",
+               shared_optin: int = 227 * 1024) -> bool:
     """Whether a mode-4 GEMM of ``d`` features runs ``fused_select`` (the GEMM and the selection
     in one kernel, no distance tile): ``tf32_gemm`` "fused" (compute capability 8.0 or later,
     ``D' <=`` :data:`FUSED_MAX_DP`) or "auto" (:data:`FUSED_AUTO_CC`, ``D' <=``
     :data:`FUSED_AUTO_MAX_DP`), wherever a block's shared memory (its rows and
-    :data:`FUSED_STAGES` stages of :func:`fused_columns`) lets two blocks share an SM's
-    228 KiB. Wider rows take the tile path ("fp16"), whose GEMM is compute-bound there and the
-    tile cheap beside it."""
+    :data:`FUSED_STAGES` stages of :func:`fused_columns`) is within the device's per-block
+    limit ``shared_optin`` (bytes; Hopper's 227 KiB by default, 99 KiB on 8.6, 8.9 and 12.x)
+    and lets two blocks share an SM's 228 KiB. Wider rows take the tile path ("fp16"), whose
+    GEMM is compute-bound there and the tile cheap beside it."""
     Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
     dp = fused_dp(d)
     if mode != 4 or not compute_capability.isdigit() or int(compute_capability) < 80:
+        return False
+    if fused_shared_bytes(dp, FUSED_STAGES, fused_columns(dp)) > shared_optin:
         return False
     if tf32_gemm == "fused":
         wanted = dp <= FUSED_MAX_DP

@@ -102,6 +102,12 @@ def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
     assert plan.uses_fused("auto", 4, 128) and not plan.uses_fused("auto", 4, 129)
     assert not plan.uses_fused("auto", 4, 64, "80") and not plan.uses_fused("auto", 4, 64, "100")
     assert plan.uses_fused("fused", 4, 64, "80") and not plan.uses_fused("fused", 4, 64, "75")
+    # a block's shared memory within the device's per-block limit: 99 KiB on 8.6, 8.9 and 12.x
+    # holds D' = 256 with its stages (97 KiB) but not D' = 288 (105 KiB) or 320 (113 KiB)
+    assert plan.fused_shared_bytes(256, plan.FUSED_STAGES, plan.fused_columns(256)) <= 99 * 1024
+    assert plan.uses_fused("fused", 4, 256, "86", 99 * 1024)
+    assert not plan.uses_fused("fused", 4, 288, "86", 99 * 1024) and not plan.uses_fused("fused", 4, 320, "120", 99 * 1024)
+    assert plan.uses_fused("fused", 4, 320, "90", 227 * 1024)
     assert not plan.uses_fused("fp16", 4, 128)  # the tile path asked for
     assert not plan.uses_fused("auto", 1, 128) and not plan.uses_fused("fused", 2, 128)
     # two blocks of the widest rows in an SM's 228 KiB (1 KiB reserved per block)

@@ -131,7 +131,8 @@ def test_device_draws_order_keys_of_every_magnitude_and_ties_by_row():
 def test_rows_prepared_once_give_each_subsets_labels_and_distances():
     """``cupy_backend.prepared_rows``: a subset taken from every row prepared once (the error
     bound of all the rows) gives the labels and distances of the subset's own preparation, in
-    the fused regime (few rows) and both GEMM modes of tf32 (up to 2048 rows and beyond)."""
+    the fused regime (few rows) and the GEMM regime of tf32 at up to 2048 rows and beyond (TF32
+    and float16 tiles, or fused_select where it runs: gpu_plan.gemm_mode)."""
     import cupy
 
     from daskmeans.backends import cupy_backend as cb
