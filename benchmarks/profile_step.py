@@ -1,9 +1,10 @@
 """``python -m benchmarks profile-step``: where the CuPy kernel step spends its time, by
 difference: the GEMM tiles alone, the step without sums (GEMM + select), and the whole step;
 each the median of repeats between device synchronisations; then the select and sums kernels'
-variants alone. For planning kernel work; prints, writes no file.
+variants alone, and where the step runs ``fused_select`` (tf32, D' <= 128) the kernel alone,
+without its top-3 fold, and its rescan. For planning kernel work; prints, writes no file.
 
-    python -m benchmarks profile-step [P2] [P3] [--precision tf32] [--tile 256MiB]
+    python -m benchmarks profile-step [P2] [P3] [W14] [W18] [--precision tf32] [--tile 256MiB]
 """
 
 
@@ -13,7 +14,7 @@ from benchmarks import meta, problems
 
 SUMMARY = "the GEMM regime's step in pieces (GEMM, select, prep, sums)"  # its line in --help
 
-PROBLEMS = problems.pick("P2", "P3", "S1", "S2")
+PROBLEMS = problems.pick("P2", "P3", "S1", "S2", "W10", "W14", "W16", "W18")
 
 
 def t(fn):
@@ -104,6 +105,26 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
                 r[f"select_cols{rpt}_all_tiles_ms"] = meta.event_ms(
                     lambda: kc((nbc,), (256,), cargs), reps=10, warm=3) * n / rows  # noqa: B023
             del bcol
+        if p.fused is not None:
+            # fused_select (tf32 at D' <= 128): the kernel alone, its variant that keeps each
+            # tile's minimum alone (the main loop without the top-3 fold: their difference is
+            # the fold's cost), the rescan of the rows it listed; gemm_tiles_ms above is the
+            # float16 GEMM it replaces, its floor.
+            from daskmeans.backends import gpu_plan
+
+            scales = gpu_gemm.row_scales(p, X, grid.x_max)
+            lab = cupy.empty(n, cupy.int32)
+            main, rescan, st = gpu_gemm.fused_calls(X, p, scales, True, labels=lab)
+            r["fused_main_ms"] = meta.event_ms(main, reps=10, warm=3)
+            r["fused_rescan_ms"] = meta.event_ms(rescan, reps=10, warm=3)
+            r["fused_rechecked"] = float(st[2]) / n
+            dp = p.fused[0].shape[1]
+            src = cuda_src.fused_source(X.dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
+                                        gpu_plan.FUSED_WARPS, fold_min=True)
+            mod = cupy.RawModule(code=src, options=cuda_src.OPTIONS)
+            variant = {f: mod.get_function(f) for f in cuda_src.FUSED_KERNELS}
+            r["fused_main_fold_min_ms"] = meta.event_ms(
+                gpu_gemm.fused_calls(X, p, scales, False, labels=lab, kernels=variant)[0], reps=10, warm=3)
         labels = be.assign(X, p)["labels"]
         r["sums_ms"] = meta.event_ms(lambda: gpu_sums.label_sums(X, labels, None, k, grid, p.centroids, stat), reps=10, warm=3)
         # The sums pass by stage: counting sort (bincount, offsets, scatter), then sorted_sums

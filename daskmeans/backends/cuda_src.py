@@ -283,10 +283,13 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
 FUSED_KERNELS = ("fused_select", "fused_rescan")
 
 
-def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> str:
+def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
+                 fold_min: bool = False) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
     ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
-    (WM, WN) over a block's rows and centroids.
+    (WM, WN) over a block's rows and centroids. ``fold_min``: ``benchmarks profile-step``'s
+    variant whose epilogue keeps each tile's minimum alone (the main loop's cost without the
+    top-3 fold; its labels are not the kernel's, launch it with ``exact`` 0).
 
     Raises
     ------
@@ -298,7 +301,8 @@ def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[in
         raise ValueError(f"fused_select: dp={dp}, columns={columns}, stages={stages}, warps={tuple(warps)} should have "
                          f"dp a multiple of columns (32 or 64), stages >= 2 and warps (4, 2), (2, 2) or (8, 1)")
     return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
-            f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n" + FUSED_SRC)
+            f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n"
+            + ("#define FUSED_FOLD_MIN 1\n" if fold_min else "") + FUSED_SRC)
 
 
 def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> dict[str, Any]:

@@ -405,12 +405,13 @@ def group_lower(X: Any, p: Prepared, starts: Any, t: int, own: Any, xnorm: Any, 
               lower[s0:s1]))
 
 
-def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any,
-               scales: tuple) -> dict:
-    """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole
-    block, no distance tile; then ``fused_rescan`` on the rows it listed (three or more
-    candidates within the bound), which reads their count on the device. ``scales``: the
-    block's :func:`row_scales`."""
+def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, prev: Any = None, labels: Any = None,
+                d2: Any = None, kernels: dict | None = None) -> tuple[Any, Any, Any]:
+    """``(main, rescan, stat)``: ``fused_select``'s and ``fused_rescan``'s launches on the
+    block ``X`` (n, D), each queued by calling it (``main`` first: it zeroes the statistics
+    ``stat`` (3,) float64 and the count of listed rows), their arguments as :func:`run`'s and
+    ``exact`` (the winners' exact distances computed here, not by the sums pass); ``kernels``:
+    the pair as :func:`.cuda_src.fused_kernels` gives them (a variant's, for profiling)."""
     import cupy
 
     n, d = X.shape
@@ -419,30 +420,49 @@ def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, wan
     dev = gpu_device.device_id()
     stages, columns, warps = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp), gpu_plan.FUSED_WARPS
     threads = gpu_plan.fused_threads(warps)
-    kernels = cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps)
-    main, rescan = kernels["fused_select"], kernels["fused_rescan"]
+    kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps)
+    kmain, krescan = kernels["fused_select"], kernels["fused_rescan"]
     shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
-    if main.max_dynamic_shared_size_bytes < shared:
-        main.max_dynamic_shared_size_bytes = shared
+    if kmain.max_dynamic_shared_size_bytes < shared:
+        kmain.max_dynamic_shared_size_bytes = shared
     # The bound without the tile's float16 rounding (there is no tile), the row scale of
     # gemm_prep MODE 4 and G's factor: -2 x.c = fs x (the float16 products' sum).
     _, alpha, xscale, gsc = scales
     fs = fused_factor(alpha, gsc)
-    stat = cupy.zeros(3, cupy.float64)
+    stat = cupy.empty(3, cupy.float64)
     # Per listed row: its index, two candidates and threshold (24 bytes: the block's rows'
     # bytes at D = 6, within what the memory plan sets aside for the tile path's two tiles).
     cands = cupy.empty(3 * n, cupy.int64)
-    ncand = cupy.zeros(1, cupy.uint64)
-    exact = numpy.int32(d2 is not None or not want_sums)
-    tail = (p.centroids, exact, ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
-    main((-(-n // gpu_plan.FUSED_BM),), (threads,),
-         (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
-          p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
-    # fused_rescan: a warp per listed row, two blocks per SM at most (their count is on the device)
-    rt = gpu_plan.FUSED_RESCAN_THREADS
-    rescan((max(1, min(-(-n // (rt // 32)), 2 * gpu_device.sm_count(dev))),), (rt,),
-           (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
-           + tail + (cands, ncand))
+    ncand = cupy.empty(1, cupy.uint64)
+    tail = (p.centroids, numpy.int32(exact), ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
+
+    def main() -> None:
+        stat.fill(0)
+        ncand.fill(0)
+        kmain((-(-n // gpu_plan.FUSED_BM),), (threads,),
+              (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
+               p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
+
+    def rescan() -> None:
+        # a warp per listed row, two blocks per SM at most (their count is on the device)
+        rt = gpu_plan.FUSED_RESCAN_THREADS
+        krescan((max(1, min(-(-n // (rt // 32)), 2 * gpu_device.sm_count(dev))),), (rt,),
+                (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
+                + tail + (cands, ncand))
+
+    return main, rescan, stat
+
+
+def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any,
+               scales: tuple) -> dict:
+    """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole
+    block, no distance tile; then ``fused_rescan`` on the rows it listed (three or more
+    candidates within the bound), which reads their count on the device. ``scales``: the
+    block's :func:`row_scales`."""
+    exact = d2 is not None or not want_sums
+    main, rescan, stat = fused_calls(X, p, scales, exact, w, prev, labels, d2)
+    main()
+    rescan()
     out = {"inertia": stat[0], "reassigned": stat[1], "rechecked": stat[2]}  # views: read after the sums pass
     if want_sums:
         out.update(label_sums(X, labels, w, p.k, grid, None if exact else p.centroids, None if exact else stat))

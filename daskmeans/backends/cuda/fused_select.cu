@@ -176,6 +176,9 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
                     #pragma unroll
                     for (int j = 0; j < NT; ++j)
                         m = fminf(m, fminf(fmaf(acc[mt][j][2 * h], fs, cq[j].x), fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y)));
+#ifdef FUSED_FOLD_MIN  // profile-step's variant: the tile's minimum alone (not the kernel's labels)
+                    if (m < b1[sl]) { b1[sl] = m; i1[sl] = cb; }
+#else
                     if (m < b3[sl]) {
                         #pragma unroll
                         for (int j = 0; j < NT; ++j) {
@@ -184,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
                                      i2[sl], b3[sl]);
                         }
                     }
+#endif
                 }
             }
             zero();
