@@ -122,8 +122,8 @@ def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
     buffers (the backend's ``working_bytes`` for a chunk's rows on a device of ``sm_count``
     SMs); ``chunks``, two chunks in flight (the host tier's copy buffers, one being filled, one
     computed on; the storage tier's reads); ``labels``, the worker's rows' labels (3 x int32);
-    with ``algorithm`` "yinyang", ``bounds``: its per-row bounds and the rank's kept partial
-    sums (:func:`daskmeans.backends.bounds.bound_bytes`). ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
+    with ``algorithm`` "yinyang", ``bounds``: its per-row bounds, the rank's kept partial
+    sums (:func:`daskmeans.backends.bounds.bound_bytes`) and a GPU's centroids in group order. ``tunables``: the kernels' (None: :func:`kernel_tunables`)."""
     chunk_rows = max(1, chunk_bytes // max(1, d * 4))
     tunables = tunables if tunables is not None else kernel_tunables()
     parts = {
@@ -133,7 +133,9 @@ def working_parts(k: int, d: int, n_chunks: int, chunk_bytes: int, rows_per_work
         "labels": rows_per_worker * 4 * 3,
     }
     if algorithm == "yinyang":
-        parts["bounds"] = bound_bytes(rows_per_worker, k) + (k * d + 2 * k) * 8
+        # the rank's kept sums (K x D int64, weights, counts), and on a GPU the step's centroids
+        # in group order (their copy in the data dtype and the GEMM's: up to 3 D float32 a centroid)
+        parts["bounds"] = bound_bytes(rows_per_worker, k) + (k * d + 2 * k) * 8 + k * d * 16
     return parts
 
 

@@ -175,7 +175,8 @@ def test_the_plan_counts_and_refuses_the_bounds():
     lloyd = working_parts(1000, 16, 4, 1 << 20, 100_000, "numpy")
     yy = working_parts(1000, 16, 4, 1 << 20, 100_000, "numpy", algorithm="yinyang")
     assert "bounds" not in lloyd
-    assert yy["bounds"] == bounds.bound_bytes(100_000, 1000) + (1000 * 16 + 2000) * 8
+    # the bounds, the kept sums, and the centroids in group order (data dtype and GEMM copies)
+    assert yy["bounds"] == bounds.bound_bytes(100_000, 1000) + (1000 * 16 + 2000) * 8 + 1000 * 16 * 16
 
 
 def test_yinyang_refused_cleanly_where_the_bounds_do_not_fit(client):
