@@ -20,17 +20,20 @@ from ..backends import backend_name, get_backend
 from ..dask_cluster import resolve_backend
 from ..errors import DataError
 from ..metric import get_metric
+from ..numerics.grid import check_range
 from .placement import to_backend
 from .plan import kernel_tunables
 from .task import blas_capped
 
 
 def blocks(client: Client, x: da.Array, requested: str, metric: str) -> da.Array:
-    """``x`` (n, d) ready for the kernels: finite rows checked as each block is computed, rows
-    as ``metric`` takes them (unit rows for cosine), blocks on the backend ``requested``
-    resolves to on ``client``'s workers (``"auto"``: the data's, else the workers' kind)."""
+    """``x`` (n, d) ready for the kernels: finite rows, within the distances' range, checked as
+    each block is computed, rows as ``metric`` takes them (unit rows for cosine), blocks on the
+    backend ``requested`` resolves to on ``client``'s workers (``"auto"``: the data's, else the
+    workers' kind)."""
     # As in fit: a NaN or infinite row has no nearest centroid (and the GPU kernels' top-2
-    # states would keep no index for it).
+    # states would keep no index for it), and a row whose squared norm can overflow the
+    # distances' dtype would be ranked by overflowed values.
     x = x.map_blocks(_finite_rows, dtype=x.dtype, meta=x._meta)
     x = get_metric(metric).rows(x)
     return to_backend(x, resolve_backend(client, requested, backend_name(x)))
@@ -77,12 +80,19 @@ def materialise(client: Client, result: da.Array, like: Any) -> Any:
 
 
 def _finite_rows(block, block_info=None):
-    """``block`` itself; a row with a NaN or infinity is a DataError naming its global index."""
-    xp = get_backend(block).xp
-    bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
-    if bad.size:
+    """``block`` itself; a row with a NaN or infinity is a DataError naming its global index,
+    and values whose squared row norms can overflow the distances' dtype one as fit's
+    (:func:`~daskmeans.numerics.grid.check_range` of the block's largest values)."""
+    be = get_backend(block)
+    xp = be.xp
+    if block.shape[0] == 0:
+        return block
+    top = be.to_numpy(xp.abs(block).max(axis=0))  # NaN or infinity where a row has one
+    if not np.isfinite(top).all():
+        bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
         offset = block_info[0]["array-location"][0][0] if block_info and block_info.get(0) else 0
         raise DataError(f"X contains NaN or infinity (first at row {int(bad[0]) + offset}); clean or drop those rows")
+    check_range(top, block.dtype)
     return block
 
 

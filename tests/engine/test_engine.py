@@ -693,6 +693,20 @@ def test_non_finite_data_at_inference(fitted, method):
         getattr(km, method)(X)
 
 
+@pytest.mark.parametrize("method", ["predict", "transform", "score"])
+def test_data_beyond_the_distances_range_at_inference(fitted, method):
+    """predict / transform / score refuse float32 rows whose squared norm can overflow float32
+    distances, as fit does (the kernels compute them in the data's dtype); the same values in
+    float64 are taken."""
+    _, km = fitted
+    X = np.random.default_rng(1).standard_normal((300, km.n_features_in_)).astype(np.float32)
+    X[217] = 1e19  # a squared norm of 1e38 x D, above float32's largest / 4
+    with pytest.raises(DataError, match=r"X's values are too large for float32 distances: a row's squared norm can "
+                                        r"reach .* above 8\.51e\+37; rescale the data or use float64 data"):
+        getattr(km, method)(X)
+    assert len(np.asarray(km.predict(X.astype(np.float64)))) == 300
+
+
 @pytest.mark.parametrize(
     "params,message",
     [
