@@ -5,8 +5,10 @@ several blocks of chains and for the block the cost model chooses (``chain_block
 iteration-times (one tf32 assignment with sums of the problem's rows against K centroids,
 :mod:`.profile_init`'s), with the cost model's terms beside them. The proposals are drawn as
 the init draws them (half by squared distance to a first row, half uniform), in float64 on the
-GPU. For tuning the block size; prints, writes no file. The whole init as users run it:
-``CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems p3afk,p3pp --warm-only``.
+GPU. Then the whole ``init="afk-mc2"`` of a fit on one GPU worker, by its Dask tasks' run
+times (:mod:`.profile_init`'s): what the init spends besides the chains. For tuning; prints,
+writes no file. The whole init as users run it: ``CUDA_VISIBLE_DEVICES=0 python -m benchmarks
+command --problems p3afk,p3pp --warm-only``.
 
     python -m benchmarks profile-afk [P3]
 """
@@ -48,7 +50,7 @@ def profile(problem: problems.Problem) -> None:
     """Print the chains' wall time at ``problem``'s shape for each block size."""
     import cupy
 
-    from benchmarks.profile_init import _iteration_s
+    from benchmarks.profile_init import _iteration_s, _whole_init
     from daskmeans.seeding import afkmc2_chains as ac
 
     it = _iteration_s(problem)
@@ -76,6 +78,9 @@ def profile(problem: problems.Problem) -> None:
             ref, ref_b = picks, b
         print(f"  block {b:3d}{' (chosen)' if b == chosen else ''}: {s:.3f} s = {s / it:.1f} iterations "
               f"(model {model:.3f} s){same}", flush=True)
+    Xu = chains = u = None  # the proposals' device memory back to the pool, for the fit's
+    cupy.get_default_memory_pool().free_all_blocks()
+    _whole_init(problem, it, "afk-mc2")
 
 
 def main(argv=None):

@@ -103,10 +103,10 @@ def _rows(n: int, d: int, seed: int, block_id=None):
     return cupy.random.default_rng([seed, block_id[0]]).standard_normal((n, d), dtype=cupy.float32)
 
 
-def _whole_init(problem: problems.Problem, it: float) -> None:
-    """Print the default init of a one-iteration fit on one GPU worker (the second of two, the
-    first loading the kernels) in iteration-times of ``it`` seconds, and its tasks' run times
-    by name."""
+def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||") -> None:
+    """Print the init ``init`` (the default's) of a one-iteration fit on one GPU worker (the
+    second of two, the first loading the kernels) in iteration-times of ``it`` seconds, and its
+    tasks' run times by name."""
     import collections
 
     import cupy
@@ -125,7 +125,7 @@ def _whole_init(problem: problems.Problem, it: float) -> None:
                           meta=cupy.empty((0, d), cupy.float32))
 
         def fit():
-            return daskmeans.KMeans(k, n_init=1, max_iter=1, tol=0, precision="tf32", random_state=0,
+            return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32", random_state=0,
                                     client=client).fit(X)
 
         fit()
@@ -136,10 +136,10 @@ def _whole_init(problem: problems.Problem, it: float) -> None:
             for ss in rec.get("startstops", ()):
                 if ss.get("action") == "compute":
                     by[key_split(rec["key"])] += ss["stop"] - ss["start"]
-    init = km.timings_.get("init", float("nan"))
     tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
-             if name.startswith("daskmeans-kpar") or sec > 0.05 * it}
-    print(f"{problem.label}: the whole init on one GPU worker {init:.3f} s = {init / it:.2f} iterations; its "
+             if name.startswith(("daskmeans-kpar", "daskmeans-afkmc2")) or sec > 0.05 * it}
+    wall = km.timings_.get("init", float("nan"))
+    print(f"{problem.label}: the whole {init} init on one GPU worker {wall:.3f} s = {wall / it:.2f} iterations; its "
           f"tasks' run times in iterations: {tasks}; the fit's phases (s): "
           f"{ {p: round(v, 3) for p, v in km.timings_.items()} }", flush=True)
 
