@@ -447,7 +447,8 @@ def test_tensor_core_sums_are_within_the_bounds_accumulation_term():
     2 D u times the sum of the products' magnitudes, twice the classical term since
     tensor-core adders may truncate): mma.sync m16n8k16 float16 -> float32, chained over D
     as fused_select chains it, against float64 on every element of tiles built to lose the
-    most (one large product beside many just under half its ulp, and cancellation)."""
+    most (one large product beside many just under half its ulp, and cancellation) and of
+    rows of float16 subnormals (a flush to zero would lose all of them)."""
     import cupy
 
     src = r"""
@@ -482,7 +483,11 @@ def test_tensor_core_sums_are_within_the_bounds_accumulation_term():
     # rows 16-31: cancellation, +-2^12 products that cancel around small ones
     a[16:32] = np.where(np.arange(d) % 2, 64.0, -64.0) + rng.normal(0, 2.0**-6, (16, d))
     b[16:32] = 64.0 + rng.normal(0, 2.0**-6, (16, d))
+    # rows 32-47: float16 subnormals (2^-15 to 2^-24: values of a row far under the grid's
+    # largest, as gemm_prep scales them), which the premise needs taken as they are, not as 0
+    a[32:48] = rng.choice([-1.0, 1.0], (16, d)) * 2.0 ** -rng.integers(15, 25, (16, d)).astype(np.float64)
     ah, bh = a.astype(np.float16), b.astype(np.float16)
+    assert (np.abs(ah[32:48].astype(np.float64)) < 2.0**-14).all() and (ah[32:48] != 0).all()
     out = cupy.empty((m, n), cupy.float32)
     kern((m // 16, n // 8), (32,), (cupy.asarray(ah.view(np.uint16)), cupy.asarray(bh.view(np.uint16)), out,
                                    np.int32(d)))
