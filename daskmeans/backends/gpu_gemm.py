@@ -268,10 +268,9 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     import cupy
 
     n, d = X.shape
-    if p.fused is not None and n:
-        scales = row_scales(p, X, None if grid is None else grid.x_max)
-        if fused_factor(scales[1], scales[3]) is not None:
-            return _run_fused(X, p, w, prev, labels, d2, want_sums, grid, scales)
+    scales = row_scales(p, X, None if grid is None else grid.x_max)  # once: a reduction where there is no grid
+    if p.fused is not None and n and fused_factor(scales[1], scales[3]) is not None:
+        return _run_fused(X, p, w, prev, labels, d2, want_sums, grid, scales)
     k = p.k
     kpad = p.a.shape[0]
     gdt = tile_dtype(p)
@@ -292,7 +291,7 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]
     xbufs = [prep_buffer(rows, d, p.mode) for _ in range(nbuf)]
     eb = cupy.empty(n, cupy.float64)  # each row's error bound, from gemm_prep
-    err, alpha, xscale, gsc = row_scales(p, X, None if grid is None else grid.x_max)
+    err, alpha, xscale, gsc = scales
     start = main.record()
     gs.wait_event(start)
     ss.wait_event(start)

@@ -366,16 +366,15 @@ def uses_fused(tf32_gemm: str, mode: int, d: int, compute_capability: str = "90"
     and lets two blocks share an SM's 228 KiB. Wider rows take the tile path ("fp16"), whose
     GEMM is compute-bound there and the tile cheap beside it."""
     Options(TF32_GEMMS).check("gpu-tf32-gemm", tf32_gemm)
-    dp = fused_dp(d)
     if mode != 4 or not compute_capability.isdigit() or int(compute_capability) < 80:
         return False
-    if fused_shared_bytes(dp, FUSED_STAGES, fused_columns(dp)) > shared_optin:
-        return False
+    dp = fused_dp(d)
     if tf32_gemm == "fused":
         wanted = dp <= FUSED_MAX_DP
     else:
         wanted = tf32_gemm == "auto" and compute_capability in FUSED_AUTO_CC and dp <= FUSED_AUTO_MAX_DP
-    return wanted and _two_blocks_fit(dp, fused_columns(dp))
+    columns = fused_columns(dp)
+    return wanted and fused_shared_bytes(dp, FUSED_STAGES, columns) <= shared_optin and _two_blocks_fit(dp, columns)
 
 
 def fused_shared_bytes(dp: int, stages: int, columns: int) -> int:

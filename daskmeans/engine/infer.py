@@ -87,7 +87,8 @@ def _finite_rows(block, block_info=None):
     xp = be.xp
     if block.shape[0] == 0:
         return block
-    top = be.to_numpy(xp.abs(block).max(axis=0))  # NaN or infinity where a row has one
+    # each feature's largest |value| without a block-sized copy (NaN or infinity where a row has one)
+    top = np.maximum(be.to_numpy(block.max(axis=0)), -be.to_numpy(block.min(axis=0))).astype(np.float64)
     if not np.isfinite(top).all():
         bad = xp.flatnonzero(~xp.isfinite(block).all(axis=1))
         offset = block_info[0]["array-location"][0][0] if block_info and block_info.get(0) else 0
