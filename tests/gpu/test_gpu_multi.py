@@ -64,7 +64,6 @@ def test_one_and_two_gpu_workers_and_any_chunking_give_the_same_bits(precision):
         assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
 
 
-@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
 @pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs or more")
 def test_wide_k_on_every_gpu_gives_the_bits_of_one_gpu():
     """The IVF shape (K = 2^17 of short rows, tf32: the scaled float16 GEMM, the warp-per-row
@@ -84,6 +83,7 @@ def test_wide_k_on_every_gpu_gives_the_bits_of_one_gpu():
     np.testing.assert_array_equal(labels, ref_labels)
 
 
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
 def test_nccl_is_chosen_between_gpu_workers():
     from dask_cuda import LocalCUDACluster
     from distributed import Client
