@@ -443,7 +443,7 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
                p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
 
     def rescan() -> None:
-        # a warp per listed row, two blocks per SM at most (their count is on the device)
+        # a block per group of listed rows, two blocks per SM at most (their count is on the device)
         rt = gpu_plan.FUSED_RESCAN_THREADS
         krescan((max(1, min(-(-n // (rt // 32)), 2 * gpu_device.sm_count(dev))),), (rt,),
                 (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))

@@ -259,50 +259,107 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) fused_select(
     if (lane == 0) stat_out(stat, inert, moved, checked);
 }
 
-// The rows fused_select listed: a warp per row, each lane the float32 value of one centroid at
-// a time (the row's float16 values times the centroid's, as the tensor cores multiply them:
-// exact products, a float32 sum within the same bound), then exact_winner's scan.
+// The rows fused_select listed, RG = 8 RW at a time a block (RW rows a warp), so that each
+// centroid read serves RG rows: a warp per row read every centroid's float16 values once for
+// each listed row (the whole float16 centroid matrix a row, from HBM where it exceeds L2). The
+// block streams the centroids 32 at a time through shared memory (held in registers while the
+// previous 32 are multiplied); lane l takes centroid k0 + l and computes its float32 value for
+// each of the warp's rows (the rows' float16 values times the centroid's, as the tensor cores
+// multiply them: exact products, a float32 sum within the same bound). Every centroid within a
+// row's threshold is re-ranked by its exact float64 distance (the warp together); the winner
+// is the first exact minimum (precedes), as exact_winner's scan finds it, in any order.
 // Two blocks per SM: the bound gives it the registers it needs without spilling.
+#define RW (DP <= 160 ? 4 : 2)  // rows a warp: xs and the centroid stage within 48 KiB of static shared memory
+#define RG (RW * (RT / 32))
+#define CST (DP + 8)            // a staged centroid's stride in halves: 16-byte loads without bank conflicts
+#define NLD ((32 * (DP / 8) + RT - 1) / RT)  // 16-byte loads a thread per 32 centroids
 extern "C" __global__ void __launch_bounds__(RT, 2) fused_rescan(
         const T* __restrict__ X, int D, float ps, const unsigned short* __restrict__ CH, int K,
         const float* __restrict__ csq, float fs, const T* __restrict__ C, int exact,
         const double* __restrict__ w, const int* prev, int* labels, double* __restrict__ d2,
         double* __restrict__ stat, const Cand* __restrict__ cands, const unsigned long long* __restrict__ ncand) {
-    __shared__ float xs[RT / 32][DP];
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    __shared__ __align__(16) float xs[RG][DP];
+    __shared__ __align__(16) unsigned short cs[32 * CST];
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const unsigned long long n = *ncand;
-    const unsigned long long nwarp = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
-    const float inf = __int_as_float(0x7f800000), nan = __int_as_float(0x7fffffff);
+    const float nan = __int_as_float(0x7fffffff);
+    const int kpad = (K + 31) & ~31;  // CH holds whole tiles of FUSED_BN >= 32 rows: zero past K
     double inert = 0.0, moved = 0.0;
-    for (unsigned long long c = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < n; c += nwarp) {
-        const Cand q = cands[c];
-        for (int j = lane; j < DP; j += 32) xs[wp][j] = j < D ? h2f(half_of((float)X[q.r * D + j], ps)) : 0.0f;
-        __syncwarp();
-        double bd = 0.0;
-        const float* xr = xs[wp];
-        // Past K: NaN, never a candidate (not <= thr, also where thr is +inf).
-        const int best = exact_winner<1>(X + q.r * D, C, D, lane, q.thr, false, -(double)inf, q.j1, q.j2, K,
-                                         [=](int k, double (&v)[1]) {
-                                             if (k >= K) { v[0] = (double)nan; return; }
-                                             const uint4* cr = (const uint4*)(CH + (long long)k * DP);
-                                             float a = 0.0f;
-                                             #pragma unroll 4
-                                             for (int j8 = 0; j8 < DP / 8; ++j8) {
-                                                 const uint4 u = cr[j8];
-                                                 const float* x8 = xr + 8 * j8;
-                                                 a = fmaf(x8[0], h2f((unsigned short)(u.x & 0xffffu)), a);
-                                                 a = fmaf(x8[1], h2f((unsigned short)(u.x >> 16)), a);
-                                                 a = fmaf(x8[2], h2f((unsigned short)(u.y & 0xffffu)), a);
-                                                 a = fmaf(x8[3], h2f((unsigned short)(u.y >> 16)), a);
-                                                 a = fmaf(x8[4], h2f((unsigned short)(u.z & 0xffffu)), a);
-                                                 a = fmaf(x8[5], h2f((unsigned short)(u.z >> 16)), a);
-                                                 a = fmaf(x8[6], h2f((unsigned short)(u.w & 0xffffu)), a);
-                                                 a = fmaf(x8[7], h2f((unsigned short)(u.w >> 16)), a);
-                                             }
-                                             v[0] = (double)fmaf(a, fs, csq[k]);
-                                         }, bd);
-        if (lane == 0) row_out(q.r, best, exact ? bd : 0.0, w, prev, labels, d2, inert, moved);
-        __syncwarp();
+    for (unsigned long long g0 = (unsigned long long)blockIdx.x * RG; g0 < n; g0 += (unsigned long long)gridDim.x * RG) {
+        long long r[RW];
+        int best[RW], j1[RW];
+        double thr[RW], bd[RW];
+        __syncwarp();  // the warp's last reads of its rows' xs are done
+        #pragma unroll
+        for (int i = 0; i < RW; ++i) {
+            const unsigned long long c = g0 + wp * RW + i;
+            const bool live = c < n;
+            const Cand q = live ? cands[c] : Cand{0, 0, 0, -(double)__int_as_float(0x7f800000)};
+            r[i] = live ? q.r : -1;
+            thr[i] = q.thr;  // -inf past the list: no candidate
+            best[i] = j1[i] = q.j1;
+            for (int j = lane; j < DP; j += 32)
+                xs[wp * RW + i][j] = live && j < D ? h2f(half_of((float)X[q.r * D + j], ps)) : 0.0f;
+            bd[i] = live ? exact_d2(X + q.r * D, C + (long long)q.j1 * D, D, lane) : 0.0;
+        }
+        uint4 nxt[NLD];
+        auto fetch = [&](int k0) {
+            #pragma unroll
+            for (int l = 0; l < NLD; ++l) {
+                const int e = tid + l * RT;  // centroid e / (DP / 8), its 16-byte column e % (DP / 8)
+                if (e < 32 * (DP / 8) && k0 < kpad)
+                    nxt[l] = *(const uint4*)(CH + (long long)(k0 + e / (DP / 8)) * DP + (e % (DP / 8)) * 8);
+            }
+        };
+        fetch(0);
+        for (int k0 = 0; k0 < K; k0 += 32) {
+            __syncthreads();  // the stage's last readers are done
+            #pragma unroll
+            for (int l = 0; l < NLD; ++l) {
+                const int e = tid + l * RT;
+                if (e < 32 * (DP / 8)) *(uint4*)(cs + (e / (DP / 8)) * CST + (e % (DP / 8)) * 8) = nxt[l];
+            }
+            __syncthreads();
+            fetch(k0 + 32);
+            float a[RW];
+            #pragma unroll
+            for (int i = 0; i < RW; ++i) a[i] = 0.0f;
+            const unsigned short* cr = cs + lane * CST;
+            #pragma unroll 2
+            for (int j8 = 0; j8 < DP / 8; ++j8) {
+                const uint4 u = *(const uint4*)(cr + 8 * j8);
+                const float c8[8] = {h2f((unsigned short)(u.x & 0xffffu)), h2f((unsigned short)(u.x >> 16)),
+                                     h2f((unsigned short)(u.y & 0xffffu)), h2f((unsigned short)(u.y >> 16)),
+                                     h2f((unsigned short)(u.z & 0xffffu)), h2f((unsigned short)(u.z >> 16)),
+                                     h2f((unsigned short)(u.w & 0xffffu)), h2f((unsigned short)(u.w >> 16))};
+                #pragma unroll
+                for (int i = 0; i < RW; ++i) {
+                    const float4 xa = *(const float4*)(xs[wp * RW + i] + 8 * j8);
+                    const float4 xb = *(const float4*)(xs[wp * RW + i] + 8 * j8 + 4);
+                    a[i] = fmaf(xa.x, c8[0], a[i]); a[i] = fmaf(xa.y, c8[1], a[i]);
+                    a[i] = fmaf(xa.z, c8[2], a[i]); a[i] = fmaf(xa.w, c8[3], a[i]);
+                    a[i] = fmaf(xb.x, c8[4], a[i]); a[i] = fmaf(xb.y, c8[5], a[i]);
+                    a[i] = fmaf(xb.z, c8[6], a[i]); a[i] = fmaf(xb.w, c8[7], a[i]);
+                }
+            }
+            const int k = k0 + lane;
+            const float cq = k < K ? csq[k] : nan;  // past K: NaN, never a candidate (not <= thr, also where thr is +inf)
+            #pragma unroll
+            for (int i = 0; i < RW; ++i) {
+                const double v = (double)fmaf(a[i], fs, cq);
+                // j1's exact distance is already bd's (a row past the list has none).
+                unsigned m = __ballot_sync(FULL, r[i] >= 0 && k != j1[i] && v <= thr[i]);
+                while (m) {
+                    const int kk = k0 + __ffs(m) - 1;
+                    m &= m - 1;
+                    const double dk = exact_d2(X + r[i] * D, C + (long long)kk * D, D, lane);
+                    if (precedes(dk, kk, bd[i], best[i])) { bd[i] = dk; best[i] = kk; }
+                }
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < RW; ++i)
+            if (lane == 0 && r[i] >= 0) row_out(r[i], best[i], exact ? bd[i] : 0.0, w, prev, labels, d2, inert, moved);
     }
     if (lane == 0) stat_out(stat, inert, moved, 0.0);
 }
