@@ -39,7 +39,7 @@ from .protocol import DeviceBudget, Tunables, tunables_in_force
 
 __all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
-           "on_host", "tile_setting", "working_bytes", "collectives", "inertia_from_sums", "available", "device_count", "device_budget",
+           "on_host", "tile_setting", "working_bytes", "collectives", "inertia_from_sums", "bounds_cost", "available", "device_count", "device_budget",
            "step_rate", "copy_in", "empty_host"]
 
 
@@ -60,6 +60,10 @@ collectives = ("nccl", "dask")
 # Yinyang's by ``owner_inertia``), not from exact per-cluster sums of ``w ||x||^2``: the GPU
 # kernels do not carry them yet (docs/performance.md, "inertia from exact sums").
 inertia_from_sums = False
+# An uncertain row of Yinyang's step against a row of Lloyd's pass: the GEMM tiles in group
+# order, the group minima and the (n, groups) float64 bounds written (measured in
+# docs/performance.md, "Yinyang": it varies with the shape, this is between its figures).
+bounds_cost = 6.0
 # The GEMM rate the preflight's estimate assumes: nominal (measuring would start cuBLAS during
 # planning); the estimate only needs the order of magnitude.
 NOMINAL_FLOPS = 50e12

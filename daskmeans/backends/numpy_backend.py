@@ -35,6 +35,9 @@ collectives = ("dask",)  # host buffers: the Dask collective adds them in place
 # The step's inertia from exact per-cluster sums (``assign``'s ``qsums``, ``Grid.inertia``):
 # the same bits whichever rows a step re-assigned (Yinyang's), at no per-row distance cost.
 inertia_from_sums = True
+# An uncertain row of Yinyang's step against a row of Lloyd's pass: its float64 distances to
+# every centroid and the group minima (docs/performance.md, "Yinyang").
+bounds_cost = 3.0
 
 
 def available() -> bool:

@@ -137,6 +137,10 @@ class Backend(Protocol):
     # rows' ``w ||x||^2`` on ``Grid.qexp``'s step; ``Grid.inertia``): the same bits whichever rows
     # a step re-assigned. Else each chunk's own inertia (``assign``'s, ``owner_inertia``).
     inertia_from_sums: bool
+    # A row that Yinyang's filter leaves uncertain costs about this many rows of Lloyd's pass
+    # (``assign_bounds``: its distances and its group bounds): the share of uncertain rows
+    # above which the bounded step costs more than Lloyd's (engine/yinyang.py).
+    bounds_cost: float
 
     def available(self) -> bool:
         """Whether the backend can run in this process: its library imports and, for a device
@@ -310,4 +314,5 @@ def members() -> Iterable[str]:
 
 def capabilities() -> dict[str, type]:
     """The capability attributes a backend module must define, with their types."""
-    return {"on_host": bool, "tile_setting": str, "collectives": tuple, "inertia_from_sums": bool}
+    return {"on_host": bool, "tile_setting": str, "collectives": tuple, "inertia_from_sums": bool,
+            "bounds_cost": float}

@@ -33,14 +33,25 @@ to hold for the step's centroids: once the rank's last step moved at most
 or a step given centroids other than those the last step returned (the state keeps that
 array). Until then the step is Lloyd's pass itself: while the centroids still move far next
 to no row stays certified, and the bounds cost more than the distances they would save.
-Bounds that leave more than :data:`ABANDON` of the rows uncertain are dropped the same way,
-and set again once the steps move a quarter as many rows (docs/performance.md, "Yinyang"). A re-seeding (empty clusters, size balance) needs no reset: the
-bounds are moved by the drift of whatever the update did, which the triangle inequality
-covers for any move.
+Bounds under which the bounded step would cost more than :data:`ABANDON` of Lloyd's pass (the
+uncertain rows' share times the backend's ``bounds_cost``) are dropped the same way, and set
+again once the steps move a quarter as many rows (docs/performance.md, "Yinyang"). Setting
+them costs ``bounds_cost`` passes, so before it is paid a probe predicts whether they will
+hold: at the step that would set them, Lloyd's pass runs and bounds are set for every
+:data:`PROBE_STRIDE`-th row of each chunk (:class:`Probe`); the next :data:`PROBE_STEPS` steps
+run Yinyang's step on those rows alone beside Lloyd's pass, and the last of them sets every
+row's bounds only where their uncertain share pays (:func:`_pays`), else it is Lloyd's pass
+again and the rule waits for a quarter as many moved rows. On data whose
+centroids keep moving by more than the gaps between them (wide K on unclustered rows) the
+bounds then cost a sixty-fourth of a reset per attempt instead of two steps of several
+passes each. A re-seeding (empty clusters, size balance) needs no reset: the bounds are
+moved by the drift of whatever the update did, which the triangle inequality covers for any
+move.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,10 +67,37 @@ GROUPING_STEPS = 5  # Lloyd steps of the centroids' grouping (it only steers the
 # last step moved at most this share of its rows: before that the centroids still drift so far
 # that next to no row stays certified, and Lloyd's own pass is the cheaper step.
 BOUND_START = 0.1
-# Bounds that leave more than this share of the rows uncertain cost more than Lloyd's pass
-# (each uncertain row ~3x its Lloyd cost on the CPU): they are dropped, and set again only once
-# the steps move a quarter as many rows as when they were last set.
-ABANDON = 0.3
+# Bounds whose step costs more than this share of Lloyd's pass (the uncertain rows' share times
+# the backend's ``bounds_cost``: on the CPU, 0.3 of the rows) are dropped, or not set after a
+# probe, and set again only once the steps move a quarter as many rows. ``math.inf``: never
+# dropped, and set without a probe.
+ABANDON = 0.9
+# The probe's sample: every this-th row of each chunk (a share of the uncertain rows to within a
+# few percent on a chunk of 10^5 rows, at a sixty-fourth of the full bounds' cost).
+PROBE_STRIDE = 64
+# Steps the probe's sample runs Yinyang's step before the verdict: the first step after the
+# bounds are set certifies the most rows (they are as tight as they get), so one step alone
+# would promise more than the later steps give.
+PROBE_STEPS = 2
+
+
+@dataclass
+class Probe:
+    """Bounds for a sample of the rank's rows (every :data:`PROBE_STRIDE`-th row of each
+    chunk), set at the step before the full bounds would be: the next step's filter on them
+    predicts the share of rows the full bounds would leave uncertain."""
+
+    iteration: int  # the step it runs next
+    steps_left: int  # steps it runs before its verdict, this one included
+    cref: Any  # the centroids its bounds are for
+    group_of: Any  # (K,) int32, backend array (the full bounds reuse the grouping)
+    group_host: np.ndarray
+    t: int
+    rows: list = field(default_factory=list)  # per chunk the sampled rows (int64)
+    labels: list = field(default_factory=list)  # their labels under ``cref``
+    upper: list = field(default_factory=list)
+    lower: list = field(default_factory=list)
+    xnorm: list = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +121,7 @@ class YinyangState:
     upper: list = field(default_factory=list)  # per chunk (n,) float64
     lower: list = field(default_factory=list)  # per chunk (n, t) float64
     xnorm: list = field(default_factory=list)  # per chunk (n,) float64
+    probe: Probe | None = None  # the sample bounds the next step judges (no full bounds meanwhile)
 
 
 def centroid_groups(xp: Any, centroids: Any, t: int) -> Any:
@@ -116,17 +155,89 @@ def centroid_groups(xp: Any, centroids: Any, t: int) -> Any:
     return group.astype(xp.int32)
 
 
-def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int) -> None:
-    """``st``'s groups, zero sums and empty bounds, to be set by a pass over every row."""
+def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int, probe: Probe | None = None) -> None:
+    """``st``'s groups (``probe``'s where given), zero sums and empty bounds, to be set by a
+    pass over every row."""
     be = shard.be
     xp = be.xp
-    st.group_of = centroid_groups(xp, prep.centroids, t)
-    st.group_host = be.to_numpy(st.group_of)
-    st.t = t
+    if probe is not None:
+        st.group_of, st.group_host, st.t = probe.group_of, probe.group_host, probe.t
+    else:
+        st.group_of = centroid_groups(xp, prep.centroids, t)
+        st.group_host = be.to_numpy(st.group_of)
+        st.t = t
     st.sums, st.weights, st.counts = xp.zeros((k, d), xp.int64), xp.zeros(k, xp.int64), xp.zeros(k, xp.int64)
     st.qsums = xp.zeros(k, xp.int64) if be.inertia_from_sums else None
     st.upper, st.lower, st.xnorm = [], [], []
     st.bounded = True
+
+
+def _pays(uncertain: float, cost: float, remaining: int) -> bool:
+    """Whether bounds that leave the share ``uncertain`` of the rows uncertain pay on a backend
+    whose uncertain row costs ``cost`` Lloyd rows: their step costs at most :data:`ABANDON` of
+    Lloyd's pass, and the ``remaining`` steps save more than setting them costs beyond a pass
+    of Lloyd's (``cost - 1`` passes)."""
+    step = uncertain * cost
+    return step <= ABANDON and remaining * (1.0 - step) > cost - 1.0
+
+
+def _set_probe(st: YinyangState, shard: Shard, prep: Any, it: int,
+               interrupt: Callable[[], None] | None) -> None:
+    """``st.probe``: bounds under step ``it``'s centroids for every :data:`PROBE_STRIDE`-th
+    row of each chunk, for step ``it + 1`` to judge."""
+    be = shard.be
+    xp = be.xp
+    t = n_groups(prep.centroids.shape[0])
+    group_of = centroid_groups(xp, prep.centroids, t)
+    pr = Probe(iteration=it + 1, steps_left=PROBE_STEPS, cref=prep.centroids, group_of=group_of, group_host=be.to_numpy(group_of), t=t)
+    _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
+    for _, _, block, _ in shard.items():
+        sel = xp.arange(0, block.shape[0], PROBE_STRIDE, dtype=xp.int64)
+        xs = block[sel]
+        xn = be.row_sqnorms(xs)
+        if sel.shape[0]:
+            lab, up, lo = be.assign_bounds(xs, prep, group_of, t, xn, cmax, interrupt=interrupt)
+        else:
+            lab, up, lo = xp.empty(0, xp.int32), xp.empty(0, xp.float64), xp.empty((0, t), xp.float64)
+        for into, v in zip((pr.rows, pr.labels, pr.upper, pr.lower, pr.xnorm), (sel, lab, up, lo, xn)):
+            into.append(v)
+    st.probe = pr
+
+
+def _judge_probe(st: YinyangState, shard: Shard, prep: Any, it: int, fit: FitSpec,
+                 interrupt: Callable[[], None] | None) -> Probe | bool | None:
+    """Step ``it`` of the probe's sample, as Yinyang's step runs it on every row (the filter,
+    then new bounds for the rows it leaves uncertain), and the verdict: None where there is no
+    probe for this step; False where the share of uncertain rows would not pay (:func:`_pays`;
+    the probe dropped); True where it pays and the probe runs the next step too; the probe
+    itself where it pays at its last step."""
+    pr, st.probe = st.probe, None
+    if pr is None or pr.iteration != it or len(pr.rows) != len(shard.chunk_ids):
+        return None
+    be = shard.be
+    drift, cmax = be.centroid_drift(pr.cref, prep.centroids)
+    gd = np.zeros(pr.t, np.float64)
+    np.maximum.at(gd, pr.group_host, be.to_numpy(drift))
+    gdrift = be.asarray(gd)
+    uncertain = sampled = 0
+    for j, (_, _, block, _) in enumerate(shard.items()):
+        sel = pr.rows[j]
+        if sel.shape[0]:
+            xs = block[sel]
+            cand = be.yinyang_filter(xs, prep, pr.labels[j], pr.upper[j], pr.lower[j], pr.xnorm[j], drift, gdrift, cmax)
+            uncertain += int(cand.shape[0])
+            sampled += int(sel.shape[0])
+            if cand.shape[0] and pr.steps_left > 1:
+                lab, up, lo = be.assign_bounds(xs[cand], prep, pr.group_of, pr.t, pr.xnorm[j][cand], cmax,
+                                               interrupt=interrupt)
+                pr.labels[j][cand], pr.upper[j][cand], pr.lower[j][cand] = lab, up, lo
+    if not _pays(uncertain / max(1, sampled), be.bounds_cost, fit.max_iter - it):
+        return False
+    if pr.steps_left == 1:
+        return pr
+    pr.iteration, pr.steps_left, pr.cref = it + 1, pr.steps_left - 1, prep.centroids
+    st.probe = pr
+    return True
 
 
 def _drop(st: YinyangState) -> None:
@@ -152,16 +263,23 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     holds = st.bounded and st.sums.shape == (k, d) and len(st.upper) == len(shard.chunk_ids)
     rows = 0
     threshold = BOUND_START if st.threshold is None else st.threshold
-    if not holds and st.moved > threshold:
-        # No bounds, and the centroids still move far: Lloyd's own pass (its bits, its cost).
+    verdict = None if holds else _judge_probe(st, shard, prep, it, fit, interrupt)
+    if verdict is False:  # the sample's bounds would not pay: wait as after dropping bounds
+        st.threshold = threshold = min(threshold, st.moved) / 4
+    due = verdict is None and st.moved <= threshold
+    if not holds and not isinstance(verdict, Probe) and (not due or math.isfinite(ABANDON)):
+        # No bounds, and the centroids still move far (or the bounds are due, or a probe of a
+        # sample of rows runs to say whether they would pay): Lloyd's own pass (its bits, its cost).
         _drop(st)
         lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
         rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
         st.moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]) / max(1, rows)
+        if due:
+            _set_probe(st, shard, prep, it, interrupt)
         st.next_iteration = it + 1
         return
     if not holds:
-        _reset(st, shard, prep, k, d, n_groups(k))
+        _reset(st, shard, prep, k, d, n_groups(k), verdict if isinstance(verdict, Probe) else None)
         _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
         drift = gdrift = None
     else:
@@ -235,7 +353,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         buf[lay.qsums] += st.qsums
     st.next_iteration = it + 1
     st.cref = prep.centroids
-    if holds and uncertain > ABANDON * rows:
+    if holds and uncertain * be.bounds_cost > ABANDON * rows:
         # The bounds certify too few rows to pay: Lloyd's passes until the steps move a quarter
         # as many rows as now (this step's sums are in ``buf`` already, whole).
         st.moved = moved_host / max(1, rows)

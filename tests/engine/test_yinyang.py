@@ -4,6 +4,8 @@ re-seeds and size balancing; and its bounds do skip rows."""
 
 from __future__ import annotations
 
+import math
+
 import dask
 import dask.array as da
 import numpy as np
@@ -39,7 +41,7 @@ def bound_start(request, client):
     if request.param == "default":
         yield request.param
         return
-    old = client.run(_set_rule, (1.0, 2.0))
+    old = client.run(_set_rule, (1.0, math.inf))
     try:
         yield request.param
     finally:
@@ -125,39 +127,77 @@ def test_yinyang_across_segments_and_float64(client, bound_start):
     _same(lloyd, yy, client)
 
 
+def _count_rows(dask_worker):
+    from daskmeans.backends import numpy_backend
+
+    real = numpy_backend.assign_bounds
+    seen = dask_worker.yy_rows = []
+
+    def counted(X, *a, **kw):
+        seen.append(X.shape[0])
+        return real(X, *a, **kw)
+
+    dask_worker.yy_real = real
+    numpy_backend.assign_bounds = counted
+
+
+def _restore(dask_worker):
+    from daskmeans.backends import numpy_backend
+
+    numpy_backend.assign_bounds = dask_worker.yy_real
+    return dask_worker.yy_rows
+
+
+def _fit_counting(client, X, k, **kw):
+    """A Yinyang fit, and the rows of each ``assign_bounds`` call on the workers (the backend's
+    function wrapped there), in call order per worker."""
+    client.run(_count_rows)
+    try:
+        km = KMeans(k, algorithm="yinyang", random_state=0, tol=0, client=client, **kw).fit(X)
+    finally:
+        calls = [c for rows in client.run(_restore).values() for c in rows]
+    return km, calls
+
+
 def test_the_bounds_skip_rows_in_late_iterations(client, bound_start):
     """The filter certifies most rows once few move: fewer rows go through the assignment than
     there are rows (counted on the workers by wrapping the backend's ``assign_bounds``)."""
     x = _data(17, n=6000)
-    X = da.from_array(x, chunks=(3000, -1))
-
-    def count_rows(dask_worker):
-        from daskmeans.backends import numpy_backend
-
-        real = numpy_backend.assign_bounds
-        seen = dask_worker.yy_rows = []
-
-        def counted(X, *a, **kw):
-            seen.append(X.shape[0])
-            return real(X, *a, **kw)
-
-        dask_worker.yy_real = real
-        numpy_backend.assign_bounds = counted
-
-    def restore(dask_worker):
-        from daskmeans.backends import numpy_backend
-
-        numpy_backend.assign_bounds = dask_worker.yy_real
-        return sum(dask_worker.yy_rows)
-
-    client.run(count_rows)
-    try:
-        km = KMeans(30, algorithm="yinyang", random_state=0, tol=0, max_iter=25, client=client).fit(X)
-    finally:
-        seen = sum(client.run(restore).values())
+    km, calls = _fit_counting(client, da.from_array(x, chunks=(3000, -1)), 30, max_iter=25)
+    seen = sum(calls)
     # The first step assigns every row; the later ones a fraction of them.
     assert km.n_iter_ > 10
     assert len(x) <= seen < 0.5 * len(x) * km.n_iter_
+
+
+def test_a_probe_keeps_bounds_that_would_not_pay_from_being_set(client):
+    """Rows without clusters (randn, K = 300 of 8000 rows): centroids move by more than the
+    gaps between them, so the bounds would leave most rows uncertain. The probe's sample says
+    so and every row's bounds are never set: no ``assign_bounds`` call takes more rows than a
+    chunk's sample; the fit is Lloyd's bits. On clustered rows the probe passes and the bounds
+    are set for whole chunks, after the sample's calls."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8000, 32)).astype(np.float32)
+    X = da.from_array(x, chunks=(4000, -1))
+    sample = -(-4000 // yinyang.PROBE_STRIDE)
+    km, calls = _fit_counting(client, X, 300, max_iter=18)
+    assert calls and max(calls) <= sample
+    _same(KMeans(300, algorithm="lloyd", random_state=0, tol=0, max_iter=18, client=client).fit(X), km, client)
+
+    b = _data(3, n=8000)
+    km, calls = _fit_counting(client, da.from_array(b, chunks=(4000, -1)), 30, max_iter=30)
+    first_full = calls.index(4000)
+    assert first_full > 0 and max(calls[:first_full]) <= sample
+
+
+@pytest.mark.parametrize("uncertain,remaining,pays", [(0.2, 20, True), (0.35, 20, False), (0.2, 2, False),
+                                                      (0.0, 3, True), (0.0, 2, False)])
+def test_bounds_pay_by_their_step_and_their_setting(uncertain, remaining, pays):
+    """Hand-computed at the CPU's cost (3 Lloyd rows an uncertain row): a step with 20% of the
+    rows uncertain costs 0.6 of Lloyd's (<= ABANDON = 0.9) and saves 0.4 a step, so 20 steps
+    repay the setting's 2 passes beyond Lloyd's and 2 steps (0.8) do not; 35% costs 1.05; with
+    no row uncertain 3 steps save 3 > 2 and 2 steps save 2, not more."""
+    assert yinyang._pays(uncertain, 3.0, remaining) is pays
 
 
 def test_groups_and_memory_rule():

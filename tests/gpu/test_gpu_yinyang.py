@@ -173,7 +173,7 @@ def test_yinyang_fit_is_lloyds_bits_on_the_gpu(k, precision, rule):
     init = x[:k].astype(np.float64)
     with LocalCUDACluster(dashboard_address=":0") as lc, Client(lc) as client:
         if rule == "always":
-            client.run(_set_rule, (1.0, 2.0))
+            client.run(_set_rule, (1.0, float("inf")))
         for chunks in (n, 17_000):
             X = da.from_array(cupy.asarray(x), chunks=(chunks, d), asarray=False)
             fits = [daskmeans.KMeans(k, init=init, n_init=1, max_iter=12, tol=0, precision=precision,
