@@ -283,39 +283,33 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
 FUSED_KERNELS = ("fused_select", "fused_rescan")
 
 
-def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int], rows: int = 128,
+def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
                  fold_min: bool = False) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
-    ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, ``warps``
-    (WM, WN) over a block's rows and centroids, and ``rows`` (BM) a block: 128 (two blocks
-    per SM), or 256 with 8 x 2 warps (one block of 512 threads per SM, each centroid stage
-    read for twice the rows). ``fold_min``: ``benchmarks profile-step``'s variant whose
-    epilogue keeps each tile's minimum alone (the main loop's cost without the top-3 fold; its
-    labels are not the kernel's, launch it with ``exact`` 0).
+    ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
+    (WM, WN) over a block's rows and centroids. ``fold_min``: ``benchmarks profile-step``'s
+    variant whose epilogue keeps each tile's minimum alone (the main loop's cost without the
+    top-3 fold; its labels are not the kernel's, launch it with ``exact`` 0).
 
     Raises
     ------
     ValueError
         A combination the kernel cannot run (the source's static assertions, said before NVRTC
         would): ``dp`` not a multiple of ``columns``, ``columns`` not 32 or 64, fewer than two
-        stages, or warps other than 4 x 2, 2 x 2 and 8 x 1 at 128 rows and 8 x 2 at 256."""
-    layouts = {128: ((4, 2), (2, 2), (8, 1)), 256: ((8, 2),)}
-    if dp % columns or columns not in (32, 64) or stages < 2 or tuple(warps) not in layouts.get(rows, ()):
-        raise ValueError(f"fused_select: dp={dp}, columns={columns}, stages={stages}, warps={tuple(warps)}, rows={rows} "
-                         f"should have dp a multiple of columns (32 or 64), stages >= 2 and warps (4, 2), (2, 2) or "
-                         f"(8, 1) at rows=128, (8, 2) at rows=256")
+        stages, or warps other than 4 x 2, 2 x 2 and 8 x 1."""
+    if dp % columns or columns not in (32, 64) or stages < 2 or tuple(warps) not in ((4, 2), (2, 2), (8, 1)):
+        raise ValueError(f"fused_select: dp={dp}, columns={columns}, stages={stages}, warps={tuple(warps)} should have "
+                         f"dp a multiple of columns (32 or 64), stages >= 2 and warps (4, 2), (2, 2) or (8, 1)")
     return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
             f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n"
-            f"#define FBM {int(rows)}\n#define MINB {2 if rows == 128 else 1}\n"
             + ("#define FUSED_FOLD_MIN 1\n" if fold_min else "") + FUSED_SRC)
 
 
-def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
-                  rows: int = 128) -> dict[str, Any]:
+def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> dict[str, Any]:
     """The fused float16 regime's kernels by name (:data:`FUSED_KERNELS`), compiled with the
     modules a GEMM-regime pass needs besides (the sums, the fit module)."""
-    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps), int(rows))
-    src = fused_source(dtype, dp, stages, columns, warps, rows)
+    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps))
+    src = fused_source(dtype, dp, stages, columns, warps)
     return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
 
 

@@ -309,7 +309,7 @@ def select_layout(rows: int, kpad: int, float32_tile: bool, sm_count: int, preci
 # ------------------------------------------------------------------ the fused float16 regime
 
 FUSED_BN = 128  # centroids per tile of fused_select (cuda/fused_select.cu's BN)
-FUSED_BM = 128  # rows per block (BM): 128 (two blocks per SM), or 256 with FUSED_WARPS (8, 2) (one)
+FUSED_BM = 128  # rows per block of fused_select (cuda/fused_select.cu's BM)
 FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
 FUSED_BK = 64  # columns per pipeline stage (BK) where D' is a multiple of it and two blocks fit, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
@@ -343,16 +343,9 @@ def fused_columns(dp: int) -> int:
     return FUSED_PAD
 
 
-def fused_blocks_per_sm() -> int:
-    """The ``fused_select`` blocks an SM holds at once, as its launch bounds promise: two of
-    128 rows, one of 256."""
-    return 2 if FUSED_BM == 128 else 1
-
-
 def _two_blocks_fit(dp: int, columns: int) -> bool:
-    """Whether :func:`fused_blocks_per_sm` ``fused_select`` blocks (1 KiB reserved each)
-    share an SM's 228 KiB (two of 128 rows, one of 256)."""
-    return fused_blocks_per_sm() * (fused_shared_bytes(dp, FUSED_STAGES, columns) + 1024) <= 228 * 1024
+    """Whether two ``fused_select`` blocks (1 KiB reserved each) share an SM's 228 KiB."""
+    return 2 * (fused_shared_bytes(dp, FUSED_STAGES, columns) + 1024) <= 228 * 1024
 
 
 def uses_fused(tf32_gemm: str, mode: int, d: int, compute_capability: str = "90",

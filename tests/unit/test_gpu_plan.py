@@ -119,18 +119,6 @@ def test_fused_select_takes_mode_4_where_the_rows_fit_two_blocks_per_sm():
         plan.uses_fused("fast", 4, 128)
 
 
-def test_fused_select_of_256_rows_a_block_needs_one_block_per_sm(monkeypatch):
-    """Blocks of 256 rows (8 x 2 warps, 512 threads) are one per SM: their shared memory need
-    only fit once (D' = 320 with its stages: 2 x 256 x 328 + 2 x 3 x 128 x 40 + 8 x 256 bytes)."""
-    monkeypatch.setattr(plan, "FUSED_BM", 256)
-    monkeypatch.setattr(plan, "FUSED_WARPS", (8, 2))
-    assert plan.fused_blocks_per_sm() == 1 and plan.fused_threads(plan.FUSED_WARPS) == 512
-    need = plan.fused_shared_bytes(320, plan.FUSED_STAGES, plan.fused_columns(320))
-    assert need == 2 * 256 * 328 + 2 * 3 * 128 * plan.fused_columns(320) + 2 * 3 * 128 * 8 + 8 * 256
-    assert plan.uses_fused("fused", 4, 320) and plan.uses_fused("auto", 4, 128)
-    assert plan.fused_columns(128) == 64  # 2 x 256 x 136 + 2 x 3 x 128 x 72 + 2 KiB: one block fits
-
-
 def test_fused_select_is_taken_only_where_two_blocks_share_an_sm(monkeypatch):
     """Four stages of 64 columns hold twice the shared memory: from D' = 192 two such blocks no
     longer share an SM, so the stages narrow to 32 columns (two blocks again), and where not even
@@ -144,15 +132,11 @@ def test_fused_select_is_taken_only_where_two_blocks_share_an_sm(monkeypatch):
     assert plan.occupancy(1, 0, 256, plan.fused_shared_bytes(192, 4, 32)) == 2
     monkeypatch.setattr(plan, "FUSED_STAGES", 9)  # 9 x 128 x 40 halves and the rows: one block
     assert not plan.uses_fused("fused", 4, 320)
-    with pytest.raises(ValueError, match=r"fused_select: dp=96, columns=64, stages=3, warps=\(4, 2\), rows=128 should "
-                                         r"have dp a multiple of columns"):
+    with pytest.raises(ValueError, match=r"fused_select: dp=96, columns=64, stages=3, warps=\(4, 2\) should have dp "
+                                         r"a multiple of columns"):
         cuda_src.fused_source("float32", 96, 3, 64, (4, 2))
     with pytest.raises(ValueError, match=r"warps=\(2, 4\)"):
         cuda_src.fused_source("float32", 128, 3, 32, (2, 4))
-    # 256 rows a block: 8 x 2 warps only (16 rows of the block's 256 a warp rounds and certifies)
-    with pytest.raises(ValueError, match=r"warps=\(4, 2\), rows=256 should have .* \(8, 2\) at rows=256"):
-        cuda_src.fused_source("float32", 128, 3, 64, (4, 2), rows=256)
-    assert "#define FBM 256\n#define MINB 1\n" in cuda_src.fused_source("float32", 128, 3, 64, (8, 2), rows=256)
 
 
 def test_fused_select_takes_its_one_factor_only_where_it_is_a_normal_float32():

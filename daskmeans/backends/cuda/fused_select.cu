@@ -2,9 +2,7 @@
 // distance tile never leaves the SM. Compile-time: T (data type: float), DP (D padded to a
 // multiple of BK, at most FUSED_MAX_DP of gpu_plan), NST (stages of the centroids' pipeline),
 // BK (columns a stage: 32 or 64), WM x WN (the block's warps over rows x centroids: 4 x 2,
-// each 32 rows by 64 centroids; 2 x 2, each 64 by 64; or 8 x 1, each 16 by 128), FBM (BM,
-// rows a block: 128, or 256 with 8 x 2 warps, which reads each centroid stage for twice the
-// rows) and MINB (the blocks per SM its launch bounds promise: 2, or 1 at 256 rows).
+// each 32 rows by 64 centroids; 2 x 2, each 64 by 64; or 8 x 1, each 16 by 128).
 //
 // A block takes BM rows: it rounds them as gemm_prep MODE 4 does (x PS to float16, each row's
 // error bound from ||x|| and ||x - xb||) into shared memory, where they stay, then streams the
@@ -23,13 +21,7 @@
 // values within the bound serve: the threshold excludes exactly the centroids farther than
 // the winner) and re-ranks the candidates. Either way the winner is the first exact float64
 // minimum, as on every path.
-#ifndef FBM
-#define FBM 128
-#endif
-#ifndef MINB
-#define MINB 2
-#endif
-#define BM FBM
+#define BM 128
 #define BN 128
 #define NTH (32 * WM * WN)
 #define WTM (BM / WM)     // a warp's rows
@@ -75,7 +67,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 // One value of a row as gemm_prep MODE 4 rounds it: float16 bits of x PS (zero below TINY).
 __device__ __forceinline__ unsigned short half_of(float f, float ps) { return f2h(fabsf(f) < TINY ? 0.0f : f * ps); }
 
-extern "C" __global__ void __launch_bounds__(NTH, MINB) fused_select(
+extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const T* __restrict__ X, int D, long long rows, float ps,  // ps: gemm_prep MODE 4's row scale
         const unsigned short* __restrict__ CH, int ntile,         // ntile BN x DP float16 centroids
         const float* __restrict__ csq,                             // ntile BN squared norms, +inf past K
