@@ -284,12 +284,14 @@ FUSED_KERNELS = ("fused_select", "fused_rescan")
 
 
 def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
-                 fold_min: bool = False) -> str:
+                 fold_min: bool = False, vote: bool = False) -> str:
     """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
     ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
     (WM, WN) over a block's rows and centroids. ``fold_min``: ``benchmarks profile-step``'s
     variant whose epilogue keeps each tile's minimum alone (the main loop's cost without the
-    top-3 fold; its labels are not the kernel's, launch it with ``exact`` 0).
+    top-3 fold; its labels are not the kernel's, launch it with ``exact`` 0). ``vote``: the
+    fold's branches taken by the warp's vote (a tile, then each pair of a lane's values,
+    inserted only where one of its lanes needs it), not by each lane (the same labels).
 
     Raises
     ------
@@ -302,14 +304,15 @@ def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[in
                          f"dp a multiple of columns (32 or 64), stages >= 2 and warps (4, 2), (2, 2) or (8, 1)")
     return (f"#define T {_ctype(dtype)}\n#define DP {int(dp)}\n#define NST {int(stages)}\n"
             f"#define BK {int(columns)}\n#define WM {int(warps[0])}\n#define WN {int(warps[1])}\n"
-            + ("#define FUSED_FOLD_MIN 1\n" if fold_min else "") + FUSED_SRC)
+            + ("#define FUSED_FOLD_MIN 1\n" if fold_min else "") + f"#define FUSED_VOTE {int(vote)}\n" + FUSED_SRC)
 
 
-def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int]) -> dict[str, Any]:
+def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
+                  vote: bool = False) -> dict[str, Any]:
     """The fused float16 regime's kernels by name (:data:`FUSED_KERNELS`), compiled with the
     modules a GEMM-regime pass needs besides (the sums, the fit module)."""
-    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps))
-    src = fused_source(dtype, dp, stages, columns, warps)
+    key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps), bool(vote))
+    src = fused_source(dtype, dp, stages, columns, warps, vote=vote)
     return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
 
 

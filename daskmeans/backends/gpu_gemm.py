@@ -251,7 +251,7 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     if uses_fused(mode, d, tunables):  # gemm_prep: the centroids' float16 copy
         dp = gpu_plan.fused_dp(d)
         return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
-                                               gpu_plan.FUSED_WARPS),
+                                               gpu_plan.FUSED_WARPS, gpu_plan.FUSED_VOTE),
                 lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
@@ -419,7 +419,7 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
     dev = gpu_device.device_id()
     stages, columns, warps = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp), gpu_plan.FUSED_WARPS
     threads = gpu_plan.fused_threads(warps)
-    kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps)
+    kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps, gpu_plan.FUSED_VOTE)
     kmain, krescan = kernels["fused_select"], kernels["fused_rescan"]
     shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
     if kmain.max_dynamic_shared_size_bytes < shared:

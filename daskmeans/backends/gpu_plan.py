@@ -314,6 +314,7 @@ FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
 FUSED_BK = 64  # columns per pipeline stage (BK) where D' is a multiple of it and two blocks fit, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
+FUSED_VOTE = False  # the fold's branches by the warp's vote (cuda_src.fused_source's vote): not yet swept
 FUSED_RESCAN_THREADS = 256  # fused_rescan's block (cuda/fused_select.cu's RT)
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
 # "auto" runs fused_select up to this D' (beyond, the tile path is as fast or faster: its GEMM

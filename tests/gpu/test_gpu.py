@@ -362,31 +362,40 @@ FUSED_SHAPES = GEMM_SHAPES + [(1200, 320, 300), (700, 256, 129), (100, 33, 128),
 
 
 @pytest.mark.parametrize("n,d,k", FUSED_SHAPES)
-@pytest.mark.parametrize("offset", [0, 1])
-def test_fused_select_matches_float64_reference(n, d, k, offset, poisoned_pool):
+@pytest.mark.parametrize("offset,vote", [(0, False), (1, False), (0, True)])
+def test_fused_select_matches_float64_reference(n, d, k, offset, vote, poisoned_pool, monkeypatch):
     """The tf32 precision's fused float16 GEMM and selection: the exact labels, sums and
     distances, on a block that starts one row into its buffer and with weights; every row
-    counted as moved (``prev`` holds no label)."""
+    counted as moved (``prev`` holds no label). ``vote``: the fold's branches by the warp's
+    vote (``gpu_plan.FUSED_VOTE``)."""
+    from daskmeans.backends import gpu_plan
+
+    monkeypatch.setattr(gpu_plan, "FUSED_VOTE", vote)
     p = _check_gemm_block(n, d, k, offset, 5, "tf32", {"daskmeans.gpu-tf32-gemm": "fused"})
     assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
 
 
+@pytest.mark.parametrize("d,vote", [(40, False), (40, True), (300, False)])
 @pytest.mark.parametrize("tied", ["all", "some"])
-def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied):
+def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, monkeypatch):
     """Rows three ways tied (centroids thrice, the copies 64 apart: in two 128-centroid tiles
     where there are 192): no such row is certain and each has three candidates, so fused_rescan
     finishes it; the winner is the first copy, as NumPy's argmin, at its exact distance. "all":
-    every centroid thrice; "some": 8 of 64, so that blocks mix listed and certified rows."""
+    every centroid thrice (every row listed: many groups of listed rows, more than the grid's
+    blocks); "some": 8 of 64, so that blocks mix listed and certified rows. D = 300: the
+    rescan's groups of 16 rows (D' = 320). ``vote``: the fold's branches by the warp's vote."""
     import cupy
     import dask
 
     from daskmeans.backends import cupy_backend as be
+    from daskmeans.backends import gpu_plan
 
+    monkeypatch.setattr(gpu_plan, "FUSED_VOTE", vote)
     rng = np.random.default_rng(2)
-    base = rng.normal(0, 3, (64, 40))
+    base = rng.normal(0, 3, (64, d))
     copies = base if tied == "all" else base[:8]
     C = np.concatenate([base, copies, copies])
-    X = (base[rng.integers(0, 64, 3000)] + rng.normal(0, 1, (3000, 40))).astype(np.float32)
+    X = (base[rng.integers(0, 64, 3000)] + rng.normal(0, 1, (3000, d))).astype(np.float32)
     with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
         p = be.prepare(C, np.float32, "tf32")
         assert p.fused is not None

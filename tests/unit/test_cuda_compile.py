@@ -52,6 +52,8 @@ def _modules() -> dict[str, str]:
         "fused, 64-column stages": cuda_src.fused_source("float32", 128, 2, 64, plan.FUSED_WARPS),
         "fused, 2 x 2 warps": cuda_src.fused_source("float32", 128, 3, 32, (2, 2)),
         "fused, 8 x 1 warps": cuda_src.fused_source("float32", 64, 4, 64, (8, 1)),
+        "fused, the fold by the warp's vote": cuda_src.fused_source("float32", 128, plan.FUSED_STAGES, 64,
+                                                                   plan.FUSED_WARPS, vote=True),
         "fused, profile-step's fold of minima": cuda_src.fused_source("float32", 128, plan.FUSED_STAGES, 64,
                                                                       plan.FUSED_WARPS, fold_min=True),
         # every width afkmc2_dch gives (its register configurations), at some widths the most spill-prone

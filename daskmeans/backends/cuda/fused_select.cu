@@ -21,6 +21,9 @@
 // values within the bound serve: the threshold excludes exactly the centroids farther than
 // the winner) and re-ranks the candidates. Either way the winner is the first exact float64
 // minimum, as on every path.
+#ifndef FUSED_VOTE
+#define FUSED_VOTE 0
+#endif
 #define BM 128
 #define BN 128
 #define NTH (32 * WM * WN)
@@ -178,6 +181,21 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
                         m = fminf(m, fminf(fmaf(acc[mt][j][2 * h], fs, cq[j].x), fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y)));
 #ifdef FUSED_FOLD_MIN  // profile-step's variant: the tile's minimum alone (not the kernel's labels)
                     if (m < b1[sl]) { b1[sl] = m; i1[sl] = cb; }
+#elif FUSED_VOTE
+                    // The warp's vote, tile then pair of values: a branch the whole warp takes
+                    // or skips (a lane's insertion where its values do not beat its third is a
+                    // no-op), so a pair is inserted only where one of the warp's 32 lanes needs it.
+                    if (__any_sync(FULL, m < b3[sl])) {
+                        #pragma unroll
+                        for (int j = 0; j < NT; ++j) {
+                            const float v0 = fmaf(acc[mt][j][2 * h], fs, cq[j].x);
+                            const float v1 = fmaf(acc[mt][j][2 * h + 1], fs, cq[j].y);
+                            if (__any_sync(FULL, fminf(v0, v1) < b3[sl])) {
+                                ins3_sel(v0, cb + 8 * j, b1[sl], i1[sl], b2[sl], i2[sl], b3[sl]);
+                                ins3_sel(v1, cb + 8 * j + 1, b1[sl], i1[sl], b2[sl], i2[sl], b3[sl]);
+                            }
+                        }
+                    }
 #else
                     if (m < b3[sl]) {
                         #pragma unroll
