@@ -274,14 +274,15 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunabl
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
-         tunables: Tunables | None = None) -> Any:
+         tunables: Tunables | None = None, algorithm: str = "lloyd") -> Any:
     """Start compiling, in the background, the kernels a fit of K x D (data ``dtype``, blocks
     of ``rows`` rows) launches. Returns the thread compiling this package's modules.
 
     - In a thread, this package's modules (NVRTC releases the interpreter lock, so they compile
       side by side): the moments and update module, the assignment's (fused, or selection and
       sums), and the labels-only passes of the inits against from one to K centroids in TF32
-      (:func:`_distance_pass_compiles`).
+      (:func:`_distance_pass_compiles`); for ``algorithm`` "yinyang" the group bounds'
+      kernel too (:func:`.gpu_gemm.bound_compiles`).
     - In a few processes, CuPy's own kernels that the fit launches (:mod:`.gpu_warm_ops`):
       compiling those is mostly Python work, so threads would take turns.
 
@@ -294,6 +295,8 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
     shared = gpu_device.shared_optin(gpu_device.device_id())
     small = gpu_plan.small_config(k, d, shared)
     calls = gpu_small.compiles(small, d, dtype) if small else gpu_gemm.compiles(k, d, dtype, precision, rows, tunables)
+    if algorithm == "yinyang" and not small:
+        calls = calls + gpu_gemm.bound_compiles(k, d, dtype, precision, tunables)
     calls = calls + _distance_pass_compiles(k, d, dtype, rows, tunables, shared)
     warm_cupy_ops(dtype)
 

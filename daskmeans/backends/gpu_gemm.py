@@ -262,6 +262,18 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
             lambda: cuda_src.sums_kernels(dtype)]
 
 
+def bound_compiles(k: int, d: int, dtype: Any, precision: str, tunables: Tunables | None = None) -> list:
+    """The compile calls Yinyang's bounds add to :func:`compiles` in the GEMM regime:
+    :func:`group_lower`'s ``group_min`` for the mode's tile and squared norms (the tile path's
+    ``gemm_prep`` is :func:`compiles`' already)."""
+    tunables = tunables or tunables_in_force()
+    gemm64 = numpy.dtype(dtype) == numpy.float64
+    mode = mode_of(precision, gemm64, k, d, tunables)
+    csq = numpy.dtype(numpy.float64 if gemm64 else numpy.float32)
+    gdt = numpy.dtype(numpy.float16) if mode == 4 else csq
+    return [lambda: cuda_src.group_min_kernel(gdt, csq)]
+
+
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:
     """As :func:`.gpu_small.run`, through GEMM tiles and the selection kernels (or
     :func:`_run_fused`, where the centroids were prepared for it)."""

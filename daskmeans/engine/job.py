@@ -237,15 +237,15 @@ class FitJob:
                 if slow:
                     warnings.warn(slow, DaskmeansWarning, stacklevel=4)
             if algorithm == "yinyang" and on_gpu(backend):
-                # Lloyd's bits either way, and the measured cost on a GPU is the bounds' array code.
-                warnings.warn(f"algorithm='yinyang' on the {backend} backend: its bounds run as array code there, "
-                              f"many times slower than Lloyd's step (docs/performance.md, \"Yinyang\"); "
-                              f"algorithm='lloyd' gives the same centroids and labels", DaskmeansWarning, stacklevel=4)
+                # Lloyd's bits either way, and no GPU measurement has shown it faster yet.
+                warnings.warn(f"algorithm='yinyang' on the {backend} backend: measured slower than Lloyd's step on a "
+                              f"GPU so far (docs/performance.md, \"Yinyang\"); algorithm='lloyd' gives the same "
+                              f"centroids and labels", DaskmeansWarning, stacklevel=4)
             if tiers.chunk_rows:
                 X = split_rows(X, tiers.chunk_rows)
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
-            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables)
+            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables, algorithm)
             # The data is the source's (the entry was found by it): the plan's choices identify the placement.
             key = reuse.Placed(X.chunks[0], tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again

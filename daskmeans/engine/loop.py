@@ -213,9 +213,11 @@ def final_labels(shard: Shard, centroids: Any, precision: str, pins: dict | None
     return final
 
 
-def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, tunables: Any = None) -> None:
+def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, tunables: Any = None,
+         algorithm: str = "lloyd") -> None:
     """On a worker (``client.run``): start compiling the kernels of a fit (returns at once),
-    chosen under the plan's ``tunables`` (tile sizes and GEMM modes pick the kernels)."""
+    chosen under the plan's ``tunables`` (tile sizes and GEMM modes pick the kernels) and by
+    the loop's step ``algorithm``."""
     from ..backends import get_backend
 
-    get_backend(backend, tunables).warm(k, d, np.dtype(dtype), precision, rows)
+    get_backend(backend, tunables).warm(k, d, np.dtype(dtype), precision, rows, algorithm=algorithm)

@@ -25,15 +25,17 @@ SCRIPT = textwrap.dedent("""
     from daskmeans import KMeans
     from daskmeans.backends import cupy_backend
 
-    k, d, n, precision, init = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    k, d, n, precision, init, algorithm = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                                           sys.argv[5], sys.argv[6])
     cache = os.environ["CUPY_CACHE_DIR"]
     procs = cupy_backend.warm_cupy_ops("float32")
-    cupy_backend.warm(k, d, np.float32, precision, n).join()
+    cupy_backend.warm(k, d, np.float32, precision, n, algorithm=algorithm).join()
     codes = [p.wait() for p in procs]
     warmed = set(glob.glob(os.path.join(cache, "*.cubin")))
     x = np.random.default_rng(0).standard_normal((n, d), dtype=np.float32)
     with LocalCluster(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as lc, Client(lc):
-        KMeans(k, init=init, precision=precision, max_iter=3, tol=0, random_state=0, backend="gpu").fit(x)
+        KMeans(k, init=init, precision=precision, max_iter=3 if algorithm == "lloyd" else 10, tol=0, random_state=0,
+               algorithm=algorithm, backend="gpu").fit(x)
     new = sorted(set(glob.glob(os.path.join(cache, "*.cubin"))) - warmed)
     names = []
     for f in new:
@@ -43,14 +45,16 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("k, d, n, precision, init", [
-    (2048, 64, 200_000, "tf32", "k-means||"),  # the GEMM regime, the recluster's batches
-    (16, 64, 200_000, "fp32", "k-means||"),  # the fused regime, few candidates a round
-    (16, 64, 200_000, "fp32", "k-means++"),
+@pytest.mark.parametrize("k, d, n, precision, init, algorithm", [
+    (2048, 64, 200_000, "tf32", "k-means||", "lloyd"),  # the GEMM regime, the recluster's batches
+    (16, 64, 200_000, "fp32", "k-means||", "lloyd"),  # the fused regime, few candidates a round
+    (16, 64, 200_000, "fp32", "k-means++", "lloyd"),
+    # Yinyang's steps to its probe and past it (the group bounds from GEMM tiles, the filter)
+    (2048, 64, 200_000, "tf32", "k-means||", "yinyang"),
 ])
-def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, init):
+def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, init, algorithm):
     env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), CUPY_CACHE_SAVE_CUDA_SOURCE="1")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(k), str(d), str(n), precision, init], env=env,
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(k), str(d), str(n), precision, init, algorithm], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
