@@ -35,12 +35,14 @@ The kernels (see that module for when each runs):
     The same selection on a column-major tile (cuBLAS writing G^T), a thread per 1, 2 or 4
     rows: chosen for float32 tiles in fp32 precision with K <= 2048 where the tile has rows
     enough for three blocks per SM (``gpu_plan.select_layout``).
-``fused_select`` / ``fused_rescan``
+``fused_select`` / ``fused_recheck`` / ``fused_rerank`` / ``fused_rescan``
     The tf32 precision's float16 GEMM and the selection in one kernel (mma.sync on the tensor
     cores; the rows in shared memory, the centroids streamed through it): per row the top-2
     and third value of ``G + ||c||^2`` over every centroid tile, never written out, then
-    ``exact_winner`` on the rows the bound leaves uncertain; ``fused_rescan`` finishes the few
-    rows with three or more candidates (``gpu_plan.uses_fused`` says where it runs).
+    ``exact_winner`` on the rows the bound leaves uncertain; the few rows with three or more
+    candidates go through the same main loop again (``fused_recheck``: each candidate noted),
+    are re-ranked exactly (``fused_rerank``), and ``fused_rescan`` scans every centroid for a
+    row with more candidates than a list holds (``gpu_plan.uses_fused`` says where it runs).
 ``update_centroids`` / ``sum_parts``
     The Lloyd update from the combined integer sums and its squared shift, summed in a fixed
     order.
@@ -280,12 +282,12 @@ def select_cols_kernel(dtype: Any, rows_per_thread: int) -> Any:
     return _first(key, lambda: _functions(key, src, ("select_cols",)), *_gemm_pass(dtype))["select_cols"]
 
 
-FUSED_KERNELS = ("fused_select", "fused_rescan")
+FUSED_KERNELS = ("fused_select", "fused_recheck", "fused_rerank", "fused_rescan")
 
 
 def fused_source(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[int, int],
                  fold_min: bool = False, vote: bool = False) -> str:
-    """CUDA source of ``fused_select`` and ``fused_rescan`` for rows of ``dtype`` padded to
+    """CUDA source of :data:`FUSED_KERNELS` for rows of ``dtype`` padded to
     ``dp`` columns, ``stages`` pipeline stages of ``columns`` (BK) columns each, and ``warps``
     (WM, WN) over a block's rows and centroids. ``fold_min``: ``benchmarks profile-step``'s
     variant whose epilogue keeps each tile's minimum alone (the main loop's cost without the

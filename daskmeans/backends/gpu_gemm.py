@@ -418,11 +418,13 @@ def group_lower(X: Any, p: Prepared, starts: Any, t: int, own: Any, xnorm: Any, 
 
 def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, prev: Any = None, labels: Any = None,
                 d2: Any = None, kernels: dict | None = None) -> tuple[Any, Any, Any]:
-    """``(main, rescan, stat)``: ``fused_select``'s and ``fused_rescan``'s launches on the
-    block ``X`` (n, D), each queued by calling it (``main`` first: it zeroes the statistics
+    """``(main, rescan, stat)``: ``fused_select``'s launch on the block ``X`` (n, D), and
+    those that finish the rows it listed (``fused_recheck``, ``fused_rerank``,
+    ``fused_rescan``), each queued by calling it (``main`` first: it zeroes the statistics
     ``stat`` (3,) float64 and the count of listed rows), their arguments as :func:`run`'s and
     ``exact`` (the winners' exact distances computed here, not by the sums pass); ``kernels``:
-    the pair as :func:`.cuda_src.fused_kernels` gives them (a variant's, for profiling)."""
+    :data:`.cuda_src.FUSED_KERNELS` as :func:`.cuda_src.fused_kernels` gives them (a variant's,
+    for profiling)."""
     import cupy
 
     n, d = X.shape
@@ -432,34 +434,51 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
     stages, columns, warps = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp), gpu_plan.FUSED_WARPS
     threads = gpu_plan.fused_threads(warps)
     kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps, gpu_plan.FUSED_VOTE)
-    kmain, krescan = kernels["fused_select"], kernels["fused_rescan"]
+    kmain, kcheck, krerank, krescan = (kernels[f] for f in cuda_src.FUSED_KERNELS)
     shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
-    if kmain.max_dynamic_shared_size_bytes < shared:
-        kmain.max_dynamic_shared_size_bytes = shared
+    for kern in (kmain, kcheck):
+        if kern.max_dynamic_shared_size_bytes < shared:
+            kern.max_dynamic_shared_size_bytes = shared
     # The bound without the tile's float16 rounding (there is no tile), the row scale of
     # gemm_prep MODE 4 and G's factor: -2 x.c = fs x (the float16 products' sum).
     _, alpha, xscale, gsc = scales
     fs = fused_factor(alpha, gsc)
     stat = cupy.empty(3, cupy.float64)
-    # Per listed row: its index, two candidates and threshold (24 bytes: the block's rows'
-    # bytes at D = 6, within what the memory plan sets aside for the tile path's two tiles).
+    # Per listed row: its index, two candidates and threshold, the candidates fused_recheck
+    # notes and their count, and its place in the list where fused_rescan finishes it (52
+    # bytes a row in all: the block's rows' bytes at D = 13, counted by working_bytes).
+    found = gpu_plan.FUSED_FOUND
     cands = cupy.empty(3 * n, cupy.int64)
-    ncand = cupy.empty(1, cupy.uint64)
+    noted = cupy.empty(n * found, cupy.int32)
+    nfound = cupy.empty(n, cupy.int32)
+    over = cupy.empty(n, cupy.uint64)
+    counts = cupy.empty(2, cupy.uint64)  # listed rows, rows left to fused_rescan
+    ncand, nover = counts[:1], counts[1:]
     tail = (p.centroids, numpy.int32(exact), ptr(w), ptr(prev), ptr(labels), ptr(d2), stat)
+    ntile = ch.shape[0] // gpu_plan.FUSED_BN
+    splits = gpu_plan.recheck_splits(ntile)
+    sms = gpu_device.sm_count(dev)
 
     def main() -> None:
         stat.fill(0)
-        ncand.fill(0)
+        counts.fill(0)
         kmain((-(-n // gpu_plan.FUSED_BM),), (threads,),
-              (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ch.shape[0] // gpu_plan.FUSED_BN),
-               p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
+              (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ntile),
+               p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand, nfound),
+              shared_mem=shared)
 
     def rescan() -> None:
-        # a block per group of listed rows, two blocks per SM at most (their count is on the device)
+        # Grids sized for every row and capped near the blocks the SMs hold at once: the count of
+        # listed rows is on the device (the kernels stride over it; a block past it returns).
         rt = gpu_plan.FUSED_RESCAN_THREADS
-        krescan((max(1, min(-(-n // (rt // 32)), 2 * gpu_device.sm_count(dev))),), (rt,),
-                (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq, numpy.float32(fs))
-                + tail + (cands, ncand))
+        rowblocks = max(1, min(-(-n // gpu_plan.FUSED_BM), -(-sms // splits)))  # a block per SM: its launch bounds
+        kcheck((rowblocks, splits), (threads,),
+               (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(ntile), numpy.int32(p.k), p.csq,
+                numpy.float32(fs), cands, ncand, noted, nfound), shared_mem=shared)
+        blocks = max(1, min(-(-n // (rt // 32)), 2 * sms))
+        krerank((blocks,), (rt,), (X, numpy.int32(d)) + tail + (cands, ncand, noted, nfound, over, nover))
+        krescan((blocks,), (rt,), (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(p.k), p.csq,
+                                  numpy.float32(fs)) + tail + (cands, over, nover))
 
     return main, rescan, stat
 
@@ -467,8 +486,9 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
 def _run_fused(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any,
                scales: tuple) -> dict:
     """:func:`run` through ``fused_select`` (cuda/fused_select.cu): one launch for the whole
-    block, no distance tile; then ``fused_rescan`` on the rows it listed (three or more
-    candidates within the bound), which reads their count on the device. ``scales``: the
+    block, no distance tile; then the rows it listed (three or more candidates within the
+    bound) through ``fused_recheck``, ``fused_rerank`` and, past their lists, ``fused_rescan``,
+    which read their count on the device. ``scales``: the
     block's :func:`row_scales`."""
     exact = d2 is not None or not want_sums
     main, rescan, stat = fused_calls(X, p, scales, exact, w, prev, labels, d2)

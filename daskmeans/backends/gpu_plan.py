@@ -315,7 +315,9 @@ FUSED_BK = 64  # columns per pipeline stage (BK) where D' is a multiple of it an
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
 FUSED_VOTE = False  # the fold's branches by the warp's vote (cuda_src.fused_source's vote): not yet swept
-FUSED_RESCAN_THREADS = 256  # fused_rescan's block (cuda/fused_select.cu's RT)
+FUSED_RESCAN_THREADS = 256  # fused_rerank's and fused_rescan's block (cuda/fused_select.cu's RT)
+FUSED_FOUND = 4  # candidates fused_recheck notes per listed row (cuda/fused_select.cu's FOUND)
+FUSED_RECHECK_SPLITS = 8  # the most shares of the centroids' tiles fused_recheck's grid takes
 FUSED_MAX_DP = 320  # the block's rows stay in shared memory: two blocks per SM up to this D'
 # "auto" runs fused_select up to this D' (beyond, the tile path is as fast or faster: its GEMM
 # is compute-bound and the tile cheap beside it; docs/performance.md, "fused_select"), and only
@@ -333,6 +335,13 @@ def fused_dp(d: int) -> int:
 def fused_threads(warps: tuple[int, int]) -> int:
     """Threads of a ``fused_select`` block of ``warps`` (WM, WN)."""
     return 32 * warps[0] * warps[1]
+
+
+def recheck_splits(ntile: int) -> int:
+    """Shares of ``ntile`` centroid tiles ``fused_recheck``'s blocks take (its grid's second
+    dimension): a block a share, at least 16 tiles each, at most :data:`FUSED_RECHECK_SPLITS`,
+    so that the few listed rows (under 1% at K = 2^14..2^18) still spread over the SMs."""
+    return max(1, min(FUSED_RECHECK_SPLITS, ntile // 16))
 
 
 def fused_columns(dp: int) -> int:

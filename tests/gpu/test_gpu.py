@@ -375,15 +375,18 @@ def test_fused_select_matches_float64_reference(n, d, k, offset, vote, poisoned_
     assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
 
 
-@pytest.mark.parametrize("d,vote", [(40, False), (40, True), (300, False)])
+@pytest.mark.parametrize("d,vote,ways", [(40, False, 3), (40, True, 3), (300, False, 3), (40, False, 6),
+                                         (300, False, 6)])
 @pytest.mark.parametrize("tied", ["all", "some"])
-def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, monkeypatch):
-    """Rows three ways tied (centroids thrice, the copies 64 apart: in two 128-centroid tiles
-    where there are 192): no such row is certain and each has three candidates, so fused_rescan
-    finishes it; the winner is the first copy, as NumPy's argmin, at its exact distance. "all":
-    every centroid thrice (every row listed: many groups of listed rows, more than the grid's
-    blocks); "some": 8 of 64, so that blocks mix listed and certified rows. D = 300: the
-    rescan's groups of 16 rows (D' = 320). ``vote``: the fold's branches by the warp's vote."""
+def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, ways, monkeypatch):
+    """Rows tied ``ways`` ways (centroids repeated, the copies 64 apart: across 128-centroid
+    tiles): no such row is certain and each has ``ways`` candidates, so fused_select lists it;
+    fused_recheck notes its candidates, and fused_rerank finishes it at 3 ways (2 noted besides
+    j1) while at 6 ways (5 noted, more than a list's 4) fused_rescan scans every centroid for
+    it. The winner is the first copy, as NumPy's argmin, at its exact distance. "all": every
+    centroid repeated (every row listed: many blocks of listed rows, more than the recheck's
+    grid); "some": 8 of 64, so that blocks mix listed and certified rows. D = 300: the rescan's
+    groups of 16 rows (D' = 320). ``vote``: the fold's branches by the warp's vote."""
     import cupy
     import dask
 
@@ -394,7 +397,7 @@ def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, mon
     rng = np.random.default_rng(2)
     base = rng.normal(0, 3, (64, d))
     copies = base if tied == "all" else base[:8]
-    C = np.concatenate([base, copies, copies])
+    C = np.concatenate([base] + [copies] * (ways - 1))
     X = (base[rng.integers(0, 64, 3000)] + rng.normal(0, 1, (3000, d))).astype(np.float32)
     with dask.config.set({"daskmeans.gpu-tf32-gemm": "fused"}):
         p = be.prepare(C, np.float32, "tf32")

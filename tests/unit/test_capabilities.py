@@ -95,15 +95,16 @@ def test_gpu_working_bytes_needs_no_gpu():
 def test_gpu_working_bytes_count_what_a_block_holds_per_row():
     """Beside its two tiles a block of the GEMM regime holds per row the tile path's error
     bound (8 bytes) or, where fused_select may run (D' <= 320), its list of rows for the
-    rescan (24 bytes): at D = 2 that is three times the block's own rows, so the plan counts
-    it."""
+    recheck (52 bytes: the row's index, two candidates and threshold, 24; four noted
+    candidates, 16; their count, 4; a place in the rescan's list, 8): at D = 2 that is six
+    times the block's own rows, so the plan counts it."""
     from daskmeans.backends import gpu_plan
     from daskmeans.backends.protocol import tunables_in_force
 
     t = tunables_in_force()
     rows = 1 << 26  # a 512 MiB chunk of D = 2 float32 rows
     tiles = 2 * gpu_plan.tile_bytes(rows, 1024, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, 132)
-    assert cupy_backend.working_bytes(1024, 2, rows, 132, t) == tiles + 24 * rows
-    assert cupy_backend.working_bytes(1024, 2, rows, 132, t) > 3 * rows * 2 * 4
+    assert cupy_backend.working_bytes(1024, 2, rows, 132, t) == tiles + 52 * rows
+    assert cupy_backend.working_bytes(1024, 2, rows, 132, t) > 6 * rows * 2 * 4
     tiles = 2 * gpu_plan.tile_bytes(10**6, 1024, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, 132)
     assert cupy_backend.working_bytes(1024, 400, 10**6, 132, t) == tiles + 8 * 10**6  # D' = 416: no fused_select

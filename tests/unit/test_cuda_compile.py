@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="needs NVIDIA's compiler (n
 # Kernels whose sources size their work to stay in registers (cuda_src.select_rows_source,
 # select_cols_source, fused_select's and afkmc2.cu's launch bounds): a spill there is a change
 # of design, not of speed alone.
-NO_SPILLS = {"select_rows", "select_cols", "fused_select", "fused_rescan", "afkmc2_block", "afkmc2_fold", "group_min"}
+NO_SPILLS = {"select_rows", "select_cols", "fused_select", "fused_recheck", "fused_rerank", "fused_rescan", "afkmc2_block", "afkmc2_fold", "group_min"}
 
 
 def _modules() -> dict[str, str]:

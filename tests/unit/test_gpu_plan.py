@@ -392,3 +392,10 @@ def test_occupancy_is_read_from_the_compiled_kernel_and_cached():
     assert gpu_device.blocks_per_sm(kern, 256, 0) == 4  # cached per kernel and launch shape
     assert gpu_device.blocks_per_sm(SimpleNamespace(), 256, 0) == 2  # no attributes: a safe default
     assert gpu_device.ptr(None) == gpu_device.NULL and gpu_device.ptr(kern) is kern
+
+
+@pytest.mark.parametrize("ntile,splits", [(1, 1), (16, 1), (31, 1), (32, 2), (100, 6), (128, 8), (2048, 8)])
+def test_the_recheck_splits_the_centroid_tiles_in_shares_of_16_or_more(ntile, splits):
+    """fused_recheck's grid takes ``ntile // 16`` shares of the tiles, 1 to 8: K = 2^18 (2048
+    tiles) in 8 shares of 256 tiles, K = 4096 (32) in 2 of 16, K = 2000 (16) in one."""
+    assert plan.recheck_splits(ntile) == splits
