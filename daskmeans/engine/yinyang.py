@@ -94,6 +94,7 @@ class Probe:
     group_host: np.ndarray
     t: int
     rows: list = field(default_factory=list)  # per chunk the sampled rows (int64)
+    x: list = field(default_factory=list)  # per chunk those rows, gathered (the judging steps read no chunk)
     labels: list = field(default_factory=list)  # their labels under ``cref``
     upper: list = field(default_factory=list)
     lower: list = field(default_factory=list)
@@ -175,8 +176,8 @@ def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int, pr
 def _pays(uncertain: float, cost: float, remaining: int) -> bool:
     """Whether bounds that leave the share ``uncertain`` of the rows uncertain pay on a backend
     whose uncertain row costs ``cost`` Lloyd rows: their step costs at most :data:`ABANDON` of
-    Lloyd's pass, and the ``remaining`` steps save more than setting them costs beyond a pass
-    of Lloyd's (``cost - 1`` passes)."""
+    Lloyd's pass, and the ``remaining`` steps after the one that sets them save more than
+    setting them costs beyond a pass of Lloyd's (``cost - 1`` passes)."""
     step = uncertain * cost
     return step <= ABANDON and remaining * (1.0 - step) > cost - 1.0
 
@@ -199,7 +200,7 @@ def _set_probe(st: YinyangState, shard: Shard, prep: Any, it: int,
             lab, up, lo = be.assign_bounds(xs, prep, group_of, t, xn, cmax, interrupt=interrupt)
         else:
             lab, up, lo = xp.empty(0, xp.int32), xp.empty(0, xp.float64), xp.empty((0, t), xp.float64)
-        for into, v in zip((pr.rows, pr.labels, pr.upper, pr.lower, pr.xnorm), (sel, lab, up, lo, xn)):
+        for into, v in zip((pr.rows, pr.x, pr.labels, pr.upper, pr.lower, pr.xnorm), (sel, xs, lab, up, lo, xn)):
             into.append(v)
     st.probe = pr
 
@@ -220,10 +221,9 @@ def _judge_probe(st: YinyangState, shard: Shard, prep: Any, it: int, fit: FitSpe
     np.maximum.at(gd, pr.group_host, be.to_numpy(drift))
     gdrift = be.asarray(gd)
     uncertain = sampled = 0
-    for j, (_, _, block, _) in enumerate(shard.items()):
-        sel = pr.rows[j]
+    for j, sel in enumerate(pr.rows):
         if sel.shape[0]:
-            xs = block[sel]
+            xs = pr.x[j]
             cand = be.yinyang_filter(xs, prep, pr.labels[j], pr.upper[j], pr.lower[j], pr.xnorm[j], drift, gdrift, cmax)
             uncertain += int(cand.shape[0])
             sampled += int(sel.shape[0])
@@ -231,7 +231,8 @@ def _judge_probe(st: YinyangState, shard: Shard, prep: Any, it: int, fit: FitSpe
                 lab, up, lo = be.assign_bounds(xs[cand], prep, pr.group_of, pr.t, pr.xnorm[j][cand], cmax,
                                                interrupt=interrupt)
                 pr.labels[j][cand], pr.upper[j][cand], pr.lower[j][cand] = lab, up, lo
-    if not _pays(uncertain / max(1, sampled), be.bounds_cost, fit.max_iter - it):
+    # The bounds would be set at the probe's last step; the steps after it repay them.
+    if not _pays(uncertain / max(1, sampled), be.bounds_cost, fit.max_iter - (it + pr.steps_left - 1) - 1):
         return False
     if pr.steps_left == 1:
         return pr
@@ -274,7 +275,8 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
         rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
         st.moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]) / max(1, rows)
-        if due:
+        if due and _pays(0.0, be.bounds_cost, fit.max_iter - (it + PROBE_STEPS) - 1):
+            # (A probe whose bounds could not pay even with no row uncertain is not set.)
             _set_probe(st, shard, prep, it, interrupt)
         st.next_iteration = it + 1
         return
