@@ -464,14 +464,17 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
         counts.fill(0)
         kmain((-(-n // gpu_plan.FUSED_BM),), (threads,),
               (X, numpy.int32(d), numpy.int64(n), numpy.float32(xscale), ch, numpy.int32(ntile),
-               p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand, nfound),
-              shared_mem=shared)
+               p.csq, numpy.float32(fs), *(numpy.float64(e) for e in err)) + tail + (cands, ncand), shared_mem=shared)
 
     def rescan() -> None:
         # Grids sized for every row and capped near the blocks the SMs hold at once: the count of
         # listed rows is on the device (the kernels stride over it; a block past it returns).
+        # The lists' counts zeroed here, not by main(): each call gives the same result (profiling
+        # queues this one several times after one main()).
         rt = gpu_plan.FUSED_RESCAN_THREADS
-        rowblocks = max(1, min(-(-n // gpu_plan.FUSED_BM), -(-sms // splits)))  # a block per SM: its launch bounds
+        nfound.fill(0)
+        nover.fill(0)
+        rowblocks = max(1, min(-(-n // gpu_plan.FUSED_BM), sms // splits))  # a block per SM: its launch bounds
         kcheck((rowblocks, splits), (threads,),
                (X, numpy.int32(d), numpy.float32(xscale), ch, numpy.int32(ntile), numpy.int32(p.k), p.csq,
                 numpy.float32(fs), cands, ncand, noted, nfound), shared_mem=shared)

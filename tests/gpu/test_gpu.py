@@ -386,7 +386,9 @@ def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, way
     it. The winner is the first copy, as NumPy's argmin, at its exact distance. "all": every
     centroid repeated (every row listed: many blocks of listed rows, more than the recheck's
     grid); "some": 8 of 64, so that blocks mix listed and certified rows. D = 300: the rescan's
-    groups of 16 rows (D' = 320). ``vote``: the fold's branches by the warp's vote."""
+    groups of 16 rows (D' = 320). ``vote``: the fold's branches by the warp's vote. The
+    recheck takes each centroid tile as a share of its own (2 or 3 shares: the copies of a
+    row's centroid in different shares, noted into one list)."""
     import cupy
     import dask
 
@@ -394,6 +396,7 @@ def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, way
     from daskmeans.backends import gpu_plan
 
     monkeypatch.setattr(gpu_plan, "FUSED_VOTE", vote)
+    monkeypatch.setattr(gpu_plan, "recheck_splits", lambda ntile: ntile)
     rng = np.random.default_rng(2)
     base = rng.normal(0, 3, (64, d))
     copies = base if tied == "all" else base[:8]

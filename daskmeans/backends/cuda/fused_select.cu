@@ -184,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const T* __restrict__ C,                                   // K x D centroids (data dtype)
         int exact, const double* __restrict__ w, const int* prev, int* labels,
         double* __restrict__ d2, double* __restrict__ stat, Cand* __restrict__ cands,
-        unsigned long long* __restrict__ ncand, int* __restrict__ nfound) {
+        unsigned long long* __restrict__ ncand) {
     extern __shared__ uint4 smem_raw[];
     unsigned short* As = (unsigned short*)smem_raw;           // BM x AST
     unsigned short* Bs = As + BM * AST;                       // NST x BN x BST
@@ -283,14 +283,13 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
         const double v3 = (double)mb3[lr];
         if (!sure) checked += 1.0;
         // Three or more candidates: listed for fused_recheck. So is a row without a finite value
-        // (every ||c||^2 beyond float32): each centroid a candidate (thr = +inf), more than FOUND
-        // from the start, so that fused_rescan scans every centroid for it.
+        // (every ||c||^2 beyond float32): each centroid a candidate (thr = +inf), which
+        // fused_rerank leaves to fused_rescan's scan of every centroid.
         const bool none = !((double)mb1[lr] < (double)inf);
         if (none || (!sure && !(v3 > thr))) {
             if (lane == 0) {
                 const unsigned long long at = atomicAdd(ncand, 1ull);
                 cands[at] = none ? Cand{r, 0, 0, (double)inf} : Cand{r, mi1[lr], mi2[lr], thr};
-                nfound[at] = none ? FOUND + 1 : 0;
             }
             continue;
         }
@@ -310,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 2) fused_select(
 // centroids, float32 sums within the same bound), and every centroid whose value is within a
 // row's threshold, but its j1 (whose exact distance fused_rerank starts from), noted in the
 // row's list (FOUND of them at most; a row with more is counted on and left to fused_rescan,
-// as is a row fused_select listed with more already). One block per SM in its launch bounds:
+// as is a row whose threshold is +inf). The counts (nfound) are zero at the start. One block per SM in its launch bounds:
 // the main loop holds fused_select's 128 registers already, and the lists' bookkeeping would
 // spill at two; the few listed rows leave the SMs' second block little to do.
 extern "C" __global__ void __launch_bounds__(NTH, 1) fused_recheck(
@@ -338,14 +337,14 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) fused_recheck(
         for (int s = 0; s < NST - 1; ++s) load_stage(CH, nt0, s, nsteps, b_base, tid);
         load_rows<false>(X, D, ps, [&](int lr) { return b0 + lr < n ? cands[b0 + lr].r : -1LL; }, As, nullptr,
                          0.0, 0.0, 0.0);
-        // The rows' thresholds (-inf: none to note, past the list or already more than FOUND),
+        // The rows' thresholds (-inf: none to note, past the list, +inf, or already more than FOUND),
         // rounded up to float32 (a value it admits that the float64 threshold would not is one
         // more candidate, re-ranked exactly: any superset of the candidates gives the same
         // winner), and their j1, in shared memory where fused_select keeps its error bounds
         // (the main loop leaves no registers for them; stream_tiles' first barrier publishes them).
         if (tid < BM) {
             const unsigned long long c = b0 + tid;
-            const bool live = c < n && nfound[c] <= FOUND;
+            const bool live = c < n && cands[c].thr < -(double)ninf && nfound[c] <= FOUND;
             sthr[tid] = live ? __double2float_ru(cands[c].thr) : ninf;
             sj1[tid] = live ? cands[c].j1 : -1;
         }
@@ -375,7 +374,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) fused_recheck(
                         for (; hit; hit &= hit - 1u) {
                             const int b = __ffs(hit) - 1;
                             const int at = atomicAdd(nfound + c, 1);
-                            if (at < FOUND) found[c * FOUND + at] = cb + 8 * (b >> 1) + (b & 1);
+                            if (at >= FOUND) break;  // the row's list is full: fused_rescan's
+                            found[c * FOUND + at] = cb + 8 * (b >> 1) + (b & 1);
                         }
                     }
                 }
@@ -387,7 +387,8 @@ extern "C" __global__ void __launch_bounds__(NTH, 1) fused_recheck(
 
 // The listed rows, a warp each (grid-strided): j1's exact distance, then each noted
 // candidate's, the winner the first exact minimum (precedes: in any order, as exact_winner's
-// scan finds it). A row with more than FOUND is listed for fused_rescan (its place in cands).
+// scan finds it). A row with more than FOUND, or whose threshold is +inf, is listed for
+// fused_rescan (its place in cands).
 extern "C" __global__ void __launch_bounds__(RT, 2) fused_rerank(
         const T* __restrict__ X, int D, const T* __restrict__ C, int exact, const double* __restrict__ w,
         const int* prev, int* labels, double* __restrict__ d2, double* __restrict__ stat,
@@ -399,11 +400,11 @@ extern "C" __global__ void __launch_bounds__(RT, 2) fused_rerank(
     double inert = 0.0, moved = 0.0;
     for (unsigned long long c = (((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); c < n; c += nwarp) {
         const int m = nfound[c];
-        if (m > FOUND) {
+        const Cand q = cands[c];
+        if (m > FOUND || !(q.thr < (double)__int_as_float(0x7f800000))) {
             if (lane == 0) over[atomicAdd(nover, 1ull)] = c;
             continue;
         }
-        const Cand q = cands[c];
         int best = q.j1;
         double bd = exact_d2(X + q.r * D, C + (long long)q.j1 * D, D, lane);
         for (int e = 0; e < m; ++e) {
