@@ -84,8 +84,9 @@ PROBE_STEPS = 2
 @dataclass
 class Probe:
     """Bounds for a sample of the rank's rows (every :data:`PROBE_STRIDE`-th row of each
-    chunk), set at the step before the full bounds would be: the next step's filter on them
-    predicts the share of rows the full bounds would leave uncertain."""
+    chunk), set at the step before the full bounds would be: the next :data:`PROBE_STEPS`
+    steps run Yinyang's step on them, which predicts the share of rows the full bounds would
+    leave uncertain."""
 
     iteration: int  # the step it runs next
     steps_left: int  # steps it runs before its verdict, this one included
@@ -190,7 +191,8 @@ def _set_probe(st: YinyangState, shard: Shard, prep: Any, it: int,
     xp = be.xp
     t = n_groups(prep.centroids.shape[0])
     group_of = centroid_groups(xp, prep.centroids, t)
-    pr = Probe(iteration=it + 1, steps_left=PROBE_STEPS, cref=prep.centroids, group_of=group_of, group_host=be.to_numpy(group_of), t=t)
+    pr = Probe(iteration=it + 1, steps_left=PROBE_STEPS, cref=prep.centroids, group_of=group_of,
+               group_host=be.to_numpy(group_of), t=t)
     _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
     for _, _, block, _ in shard.items():
         sel = xp.arange(0, block.shape[0], PROBE_STRIDE, dtype=xp.int64)
