@@ -254,7 +254,7 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
                                                gpu_plan.FUSED_WARPS, gpu_plan.FUSED_VOTE),
                 lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
-    gdt = numpy.dtype(numpy.float64 if gemm64 else numpy.float16 if mode == 4 else numpy.float32)
+    gdt, _ = _gemm_dtypes(mode, gemm64)
     rows = _tile_rows(n, kpad, d, mode, gdt.itemsize, tunables)
     rpt = gpu_plan.select_layout(rows, kpad, gdt == numpy.float32, gpu_device.sm_count(gpu_device.device_id()),
                                  precision)
@@ -268,10 +268,16 @@ def bound_compiles(k: int, d: int, dtype: Any, precision: str, tunables: Tunable
     ``gemm_prep`` is :func:`compiles`' already)."""
     tunables = tunables or tunables_in_force()
     gemm64 = numpy.dtype(dtype) == numpy.float64
-    mode = mode_of(precision, gemm64, k, d, tunables)
-    csq = numpy.dtype(numpy.float64 if gemm64 else numpy.float32)
-    gdt = numpy.dtype(numpy.float16) if mode == 4 else csq
+    gdt, csq = _gemm_dtypes(mode_of(precision, gemm64, k, d, tunables), gemm64)
     return [lambda: cuda_src.group_min_kernel(gdt, csq)]
+
+
+def _gemm_dtypes(mode: int, gemm64: bool) -> tuple[Any, Any]:
+    """``(tile, squared norms)`` dtypes of a GEMM of ``mode`` before there is a
+    :class:`Prepared` (:func:`tile_dtype`'s rule): float64 for float64 data, else float32
+    norms and a float16 tile in mode 4, float32 otherwise."""
+    csq = numpy.dtype(numpy.float64 if gemm64 else numpy.float32)
+    return (numpy.dtype(numpy.float16) if mode == 4 else csq), csq
 
 
 def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums: bool, grid: Any = None) -> dict:

@@ -174,6 +174,16 @@ def _reset(st: YinyangState, shard: Shard, prep: Any, k: int, d: int, t: int, pr
     st.bounded = True
 
 
+def _drifts(be: Any, cref: Any, centroids: Any, group_host: np.ndarray, t: int) -> tuple[Any, Any, float]:
+    """``(drift, gdrift, cmax)``: each centroid's drift from ``cref`` (K,), each of the ``t``
+    groups' largest (``group_host``: each centroid's group) and the largest centroid norm, as
+    the backend's ``centroid_drift`` gives them."""
+    drift, cmax = be.centroid_drift(cref, centroids)
+    gd = np.zeros(t, np.float64)
+    np.maximum.at(gd, group_host, be.to_numpy(drift))
+    return drift, be.asarray(gd), cmax
+
+
 def _pays(uncertain: float, cost: float, remaining: int) -> bool:
     """Whether bounds that leave the share ``uncertain`` of the rows uncertain pay on a backend
     whose uncertain row costs ``cost`` Lloyd rows: their step costs at most :data:`ABANDON` of
@@ -218,10 +228,7 @@ def _judge_probe(st: YinyangState, shard: Shard, prep: Any, it: int, fit: FitSpe
     if pr is None or pr.iteration != it or len(pr.rows) != len(shard.chunk_ids):
         return None
     be = shard.be
-    drift, cmax = be.centroid_drift(pr.cref, prep.centroids)
-    gd = np.zeros(pr.t, np.float64)
-    np.maximum.at(gd, pr.group_host, be.to_numpy(drift))
-    gdrift = be.asarray(gd)
+    drift, gdrift, cmax = _drifts(be, pr.cref, prep.centroids, pr.group_host, pr.t)
     uncertain = sampled = 0
     for j, sel in enumerate(pr.rows):
         if sel.shape[0]:
@@ -287,10 +294,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         _, cmax = be.centroid_drift(prep.centroids, prep.centroids)
         drift = gdrift = None
     else:
-        drift, cmax = be.centroid_drift(st.cref, prep.centroids)
-        gd = np.zeros(st.t, np.float64)
-        np.maximum.at(gd, st.group_host, be.to_numpy(drift))
-        gdrift = be.asarray(gd)
+        drift, gdrift, cmax = _drifts(be, st.cref, prep.centroids, st.group_host, st.t)
     labels_out = []
     uncertain = moved_host = 0
     for j, (cid, _, block, w) in enumerate(shard.items()):
