@@ -251,7 +251,7 @@ def compiles(k: int, d: int, dtype: Any, precision: str, n: int, tunables: Tunab
     if uses_fused(mode, d, tunables):  # gemm_prep: the centroids' float16 copy
         dp = gpu_plan.fused_dp(d)
         return [lambda: cuda_src.fused_kernels(dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
-                                               gpu_plan.FUSED_WARPS, gpu_plan.FUSED_VOTE),
+                                               gpu_plan.FUSED_WARPS, gpu_plan.fused_vote(k)),
                 lambda: cuda_src.prep_kernel(dtype, 0), lambda: cuda_src.sums_kernels(dtype)]
     kpad = _kpad(k, mode)
     gdt, _ = _gemm_dtypes(mode, gemm64)
@@ -439,7 +439,7 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
     dev = gpu_device.device_id()
     stages, columns, warps = gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp), gpu_plan.FUSED_WARPS
     threads = gpu_plan.fused_threads(warps)
-    kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps, gpu_plan.FUSED_VOTE)
+    kernels = kernels or cuda_src.fused_kernels(X.dtype, dp, stages, columns, warps, gpu_plan.fused_vote(p.k))
     kmain, kcheck, krerank, krescan = (kernels[f] for f in cuda_src.FUSED_KERNELS)
     shared = gpu_plan.fused_shared_bytes(dp, stages, columns)
     for kern in (kmain, kcheck):

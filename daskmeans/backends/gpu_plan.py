@@ -314,7 +314,9 @@ FUSED_PAD = 32  # D is padded to a multiple of this (two k16 steps of mma.sync)
 FUSED_BK = 64  # columns per pipeline stage (BK) where D' is a multiple of it and two blocks fit, else FUSED_PAD
 FUSED_STAGES = 3  # the centroids' shared-memory stages (NST)
 FUSED_WARPS = (4, 2)  # warps over a block's rows and centroids (WM, WN): 32 x 64 each
-FUSED_VOTE = False  # the fold's branches by the warp's vote (cuda_src.fused_source's vote): not yet swept
+# The fold's branches taken by the warp's vote (cuda_src.fused_source's vote) from this K up:
+# faster at K >= 4096, a few percent slower below (docs/performance.md, "fused_select").
+FUSED_VOTE_MIN_K = 4096
 FUSED_RESCAN_THREADS = 256  # fused_rerank's and fused_rescan's block (cuda/fused_select.cu's RT)
 FUSED_FOUND = 4  # candidates fused_recheck notes per listed row (cuda/fused_select.cu's FOUND)
 FUSED_RECHECK_SPLITS = 8  # the most shares of the centroids' tiles fused_recheck's grid takes
@@ -342,6 +344,12 @@ def recheck_splits(ntile: int) -> int:
     dimension): a block a share, at least 16 tiles each, at most :data:`FUSED_RECHECK_SPLITS`,
     so that the few listed rows (under 1% at K = 2^14..2^18) still spread over the SMs."""
     return max(1, min(FUSED_RECHECK_SPLITS, ntile // 16))
+
+
+def fused_vote(k: int) -> bool:
+    """Whether ``fused_select`` at ``k`` centroids folds by the warp's vote
+    (:data:`FUSED_VOTE_MIN_K`)."""
+    return int(k) >= FUSED_VOTE_MIN_K
 
 
 def fused_columns(dp: int) -> int:

@@ -1,6 +1,7 @@
 """GPU tests (run with ``pytest -m gpu`` on a CUDA host): the CuPy backend against a float64
 NumPy reference, and the whole pipeline on a LocalCUDACluster against the CPU path."""
 
+import math
 import os
 
 import numpy as np
@@ -367,10 +368,10 @@ def test_fused_select_matches_float64_reference(n, d, k, offset, vote, poisoned_
     """The tf32 precision's fused float16 GEMM and selection: the exact labels, sums and
     distances, on a block that starts one row into its buffer and with weights; every row
     counted as moved (``prev`` holds no label). ``vote``: the fold's branches by the warp's
-    vote (``gpu_plan.FUSED_VOTE``)."""
+    vote (``gpu_plan.fused_vote``), whatever K."""
     from daskmeans.backends import gpu_plan
 
-    monkeypatch.setattr(gpu_plan, "FUSED_VOTE", vote)
+    monkeypatch.setattr(gpu_plan, "FUSED_VOTE_MIN_K", 0 if vote else math.inf)
     p = _check_gemm_block(n, d, k, offset, 5, "tf32", {"daskmeans.gpu-tf32-gemm": "fused"})
     assert p.mode == 4 and p.fused is not None and p.fused[0].shape == (-(-k // 128) * 128, -(-d // 32) * 32)
 
@@ -395,7 +396,7 @@ def test_fused_select_ties_go_to_the_first_of_equal_centroids(tied, d, vote, way
     from daskmeans.backends import cupy_backend as be
     from daskmeans.backends import gpu_plan
 
-    monkeypatch.setattr(gpu_plan, "FUSED_VOTE", vote)
+    monkeypatch.setattr(gpu_plan, "FUSED_VOTE_MIN_K", 0 if vote else math.inf)
     monkeypatch.setattr(gpu_plan, "recheck_splits", lambda ntile: ntile)
     rng = np.random.default_rng(2)
     base = rng.normal(0, 3, (64, d))
