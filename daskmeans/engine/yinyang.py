@@ -40,8 +40,9 @@ them costs ``bounds_cost`` passes, so before it is paid a probe predicts whether
 hold: at the step that would set them, Lloyd's pass runs and bounds are set for every
 :data:`PROBE_STRIDE`-th row of each chunk (:class:`Probe`); the next :data:`PROBE_STEPS` steps
 run Yinyang's step on those rows alone beside Lloyd's pass, and the last of them sets every
-row's bounds only where their uncertain share pays (:func:`_pays`), else it is Lloyd's pass
-again and the rule waits for a quarter as many moved rows. On data whose
+row's bounds only where their uncertain share pays (:func:`_pays`) over the steps the fit is
+expected to run after them (:func:`_steps_after`: the moved rows' decay), else it is Lloyd's
+pass again and the rule waits for a quarter as many moved rows. On data whose
 centroids keep moving by more than the gaps between them (wide K on unclustered rows) the
 bounds then cost a sixty-fourth of a reset per attempt instead of two steps of several
 passes each. A re-seeding (empty clusters, size balance) needs no reset: the bounds are
@@ -119,6 +120,8 @@ class YinyangState:
     weighted: bool = False
     bounded: bool = False  # the bounds and sums below hold (else the last step was Lloyd's pass)
     moved: float = 1.0  # the share of the rank's rows the last step moved
+    moved_before: float | None = None  # the share the step before it moved (None: no such step)
+    rows: int = 0  # the rank's rows at the last step
     threshold: float | None = None  # the bounds are set once ``moved`` is at most this (None: BOUND_START)
     upper: list = field(default_factory=list)  # per chunk (n,) float64
     lower: list = field(default_factory=list)  # per chunk (n, t) float64
@@ -193,6 +196,25 @@ def _pays(uncertain: float, cost: float, remaining: int) -> bool:
     return step <= ABANDON and remaining * (1.0 - step) > cost - 1.0
 
 
+def _steps_after(st: YinyangState, at: int, last: int, max_iter: int) -> int:
+    """The steps expected after step ``at`` (which would set the bounds), from the rows the
+    rank's last measured step ``last`` and the one before it moved: their ratio kept until
+    fewer than one row would move, the step that finds no row moving included, and at most the
+    steps ``max_iter`` leaves. Bounds set a step or two before the fit settles cannot repay
+    their setting; where the moved rows do not shrink nothing is predicted but ``max_iter``."""
+    cap = max(0, max_iter - at - 1)
+    if st.moved_before is None or not 0.0 < st.moved < st.moved_before or st.rows <= 0:
+        return cap
+    count = st.moved * st.rows
+    steps = math.ceil(math.log(count) / math.log(st.moved_before / st.moved)) + 1 if count > 1.0 else 1
+    return max(0, min(cap, steps - (at - last)))
+
+
+def _measured(st: YinyangState, moved_rows: int, rows: int) -> None:
+    """``st``'s moved shares after a step that moved ``moved_rows`` of the rank's ``rows``."""
+    st.moved_before, st.moved, st.rows = st.moved if st.rows else None, moved_rows / max(1, rows), rows
+
+
 def _set_probe(st: YinyangState, shard: Shard, prep: Any, it: int,
                interrupt: Callable[[], None] | None) -> None:
     """``st.probe``: bounds under step ``it``'s centroids for every :data:`PROBE_STRIDE`-th
@@ -240,8 +262,8 @@ def _judge_probe(st: YinyangState, shard: Shard, prep: Any, it: int, fit: FitSpe
                 lab, up, lo = be.assign_bounds(xs[cand], prep, pr.group_of, pr.t, pr.xnorm[j][cand], cmax,
                                                interrupt=interrupt)
                 pr.labels[j][cand], pr.upper[j][cand], pr.lower[j][cand] = lab, up, lo
-    # The bounds would be set at the probe's last step; the steps after it repay them.
-    if not _pays(uncertain / max(1, sampled), be.bounds_cost, fit.max_iter - (it + pr.steps_left - 1) - 1):
+    at = it + pr.steps_left - 1  # the step that would set the bounds; the steps after it repay them
+    if not _pays(uncertain / max(1, sampled), be.bounds_cost, _steps_after(st, at, it - 1, fit.max_iter)):
         return False
     if pr.steps_left == 1:
         return pr
@@ -283,8 +305,8 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         _drop(st)
         lloyd_pass(shard, prep, centroids, it, fit, buf, lay, interrupt)
         rows = sum(int(lab.shape[0]) for lab in shard.labels[it % 2])
-        st.moved = float(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]) / max(1, rows)
-        if due and _pays(0.0, be.bounds_cost, fit.max_iter - (it + PROBE_STEPS) - 1):
+        _measured(st, int(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]), rows)
+        if due and _pays(0.0, be.bounds_cost, _steps_after(st, it + PROBE_STEPS, it, fit.max_iter)):
             # (A probe whose bounds could not pay even with no row uncertain is not set.)
             _set_probe(st, shard, prep, it, interrupt)
         st.next_iteration = it + 1
@@ -296,7 +318,7 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
     else:
         drift, gdrift, cmax = _drifts(be, st.cref, prep.centroids, st.group_host, st.t)
     labels_out = []
-    uncertain = moved_host = 0
+    uncertain = 0
     for j, (cid, _, block, w) in enumerate(shard.items()):
         if interrupt is not None:
             interrupt()
@@ -348,7 +370,6 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
                     be.add_label_sums(xm, old_u[moved], wm, -1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
                     be.add_label_sums(xm, new_u[moved], wm, 1, fit.grid, st.sums, st.weights, st.counts, st.qsums, xn)
                     lab[cand[moved]] = new_u[moved]
-                moved_host += moved_rows
         labels_out.append(lab)
         if not be.inertia_from_sums:
             fv[lay.inertia + cid] = be.owner_inertia(block, prep, lab, w) if n else 0.0
@@ -361,10 +382,10 @@ def yinyang_pass(shard: Shard, prep: Any, centroids: Any, it: int, fit: FitSpec,
         buf[lay.qsums] += st.qsums
     st.next_iteration = it + 1
     st.cref = prep.centroids
+    _measured(st, int(be.to_numpy(buf[lay.reassigned : lay.reassigned + 1])[0]), rows)
     if holds and uncertain * be.bounds_cost > ABANDON * rows:
         # The bounds certify too few rows to pay: Lloyd's passes until the steps move a quarter
         # as many rows as now (this step's sums are in ``buf`` already, whole).
-        st.moved = moved_host / max(1, rows)
         st.threshold = min(threshold, st.moved) / 4
         _drop(st)
 

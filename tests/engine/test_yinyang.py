@@ -190,6 +190,55 @@ def test_a_probe_keeps_bounds_that_would_not_pay_from_being_set(client):
     assert first_full > 0 and max(calls[:first_full]) <= sample
 
 
+def _cap_steps_after(on):
+    """``yinyang._steps_after`` as ``max_iter`` alone bounds it (``on``), or the module's own."""
+    from daskmeans.engine import yinyang as module
+
+    if on:
+        module._real_steps_after = module._steps_after
+        module._steps_after = lambda st, at, last, max_iter: max(0, max_iter - at - 1)
+    elif hasattr(module, "_real_steps_after"):
+        module._steps_after = module._real_steps_after
+
+
+def test_bounds_are_not_set_a_step_or_two_before_the_fit_settles(client):
+    """Separated blobs from random rows: the moved rows shrink about five times a step
+    (6000, 1041, 235, 36, 1, 0), so the probe's verdict falls one step before the fit settles.
+    Bounds set there cost a pass over every row and save one step: with the steps counted up
+    to ``max_iter`` alone they are set (a call over a whole chunk), with the moved rows' decay
+    they are not; the fit is Lloyd's bits either way."""
+    from sklearn.datasets import make_blobs
+
+    x = make_blobs(n_samples=6000, n_features=16, centers=300, cluster_std=1.0, random_state=2)[0].astype(np.float32)
+    X = da.from_array(x, chunks=(3000, -1))
+    kw = dict(init="random", n_init=1, max_iter=20)
+    client.run(_cap_steps_after, True)
+    try:
+        _, capped = _fit_counting(client, X, 300, **kw)
+    finally:
+        client.run(_cap_steps_after, False)
+    assert 3000 in capped
+    km, calls = _fit_counting(client, X, 300, **kw)
+    assert [h["reassigned"] for h in km.history_][-2:] == [1, 0] and km.n_iter_ <= 8
+    assert calls and max(calls) < 3000
+    _same(KMeans(300, algorithm="lloyd", random_state=0, tol=0, client=client, **kw).fit(X), km, client)
+
+
+@pytest.mark.parametrize("moved,before,rows,at,last,max_iter,steps", [
+    (0.02, 0.1, 1000, 3, 2, 20, 2),  # 20 rows, a fifth a step: 4, then 0.8 (<1), then none moving
+    (0.02, 0.1, 1000, 5, 2, 20, 0),  # the same decay, the bounds set three steps on: nothing left
+    (0.02, 0.1, 1000, 3, 2, 5, 1),  # max_iter leaves one step after step 3
+    (0.05, 0.04, 1000, 3, 2, 20, 16),  # the moved rows grow: max_iter alone
+    (0.001, 0.01, 1000, 3, 2, 20, 0),  # one row moved: the next step finds none
+    (0.5, None, 1000, 3, 2, 20, 16),  # no step before: max_iter alone
+])
+def test_steps_after_follow_the_moved_rows_decay(moved, before, rows, at, last, max_iter, steps):
+    """Hand-computed: 20 moved rows shrinking five times a step move 4, then 0.8 (no row): the
+    steps after step 2 are 3 (that one included), so 2 follow step 3 and none step 5."""
+    st = yinyang.YinyangState(next_iteration=at, expect=None, moved=moved, moved_before=before, rows=rows)
+    assert yinyang._steps_after(st, at, last, max_iter) == steps
+
+
 @pytest.mark.parametrize("uncertain,remaining,pays", [(0.2, 20, True), (0.35, 20, False), (0.2, 2, False),
                                                       (0.0, 3, True), (0.0, 2, False)])
 def test_bounds_pay_by_their_step_and_their_setting(uncertain, remaining, pays):
