@@ -1,4 +1,4 @@
-"""``python -m benchmarks.csv_read``: reading P1 from CSV, against pyarrow's own floor.
+"""``python -m benchmarks csv-read``: reading P1 from CSV, against pyarrow's own floor.
 
 Writes P1 (1e6 x 100 float32, scikit-learn's ``make_classification``; standard normal where
 scikit-learn is missing) as ``pyarrow.csv.write_csv`` writes it (a quoted header, each value
@@ -25,7 +25,7 @@ Prints one JSON document (``--out PATH`` writes it too): the medians, the file's
 floor's, and ``into_gbps``, ``into_arrow_gbps``, ``scan_gbps``; ``into_core_gbps`` and
 ``into_arrow_core_gbps``: the bytes per second of the process's CPU time (a core's rate).
 
-    python -m benchmarks.csv_read [--rows 1000000] [--cols 100] [--workers 1] [--repeats 3]
+    python -m benchmarks csv-read [--rows 1000000] [--cols 100] [--workers 1] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _compiled(on: bool) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.csv_read", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks csv-read", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--cols", type=int, default=100)
     ap.add_argument("--workers", type=int, default=1, help="in-process single-threaded workers (the command's one GPU: 1)")

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "cpu", "table", "profile-step", "profile-small",
-               "profile-host", "profile-init", "scale", "hosts", "pins")
+# Every subcommand ``python -m benchmarks`` lists, named here so that one dropped from the list fails.
+SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins",
+               "table", "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk",
+               "profile-yinyang", "yinyang")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
@@ -26,6 +28,12 @@ def bench(monkeypatch):
     import benchmarks.problems
 
     return benchmarks
+
+
+def test_the_subcommands_named_here_are_the_ones_listed(bench):
+    import benchmarks.__main__ as entry
+
+    assert sorted(entry.SUBCOMMANDS) == sorted(SUBCOMMANDS)
 
 
 def test_help_lists_every_subcommand_without_importing_gpu_libraries():
