@@ -1,9 +1,10 @@
 """``python -m benchmarks profile-yinyang``: Yinyang's step on one GPU in its pieces, beside
 Lloyd's step on the same rows and centroids: the centroids' grouping, the setting of every
 row's bounds (``assign_bounds``: Lloyd's labels, the centroids prepared in group order, the
-group bounds from GEMM tiles, the upper bounds), then the next step's filter, its uncertain
-rows' share and their new bounds. The centroids are the problem's rows after a few Lloyd
-steps (float64 updates), so that the drift is that of a late step; the data randn (the
+group bounds from GEMM tiles, the upper bounds) and the probe's (every ``PROBE_STRIDE``-th
+row's), then the next step's filter, its uncertain rows' share and their new bounds. The
+centroids are the problem's rows after a few Lloyd steps (float64 updates), so that the
+drift is that of a late step; the data randn (the
 problem's) or ``--data blobs`` (K centres uniform in [-10, 10]^D, unit spread). Each piece
 once cold (its first call in the process: where the kernel cache is empty, compilation
 included) and as the median of repeats between device synchronisations. For planning the
@@ -94,6 +95,12 @@ def profile(problem: problems.Problem, data: str, precision: str) -> dict:
     _, cmax = be.centroid_drift(p.centroids, p.centroids)
     r["reset_cold_ms"], (lab, up, lo) = _cold(lambda: be.assign_bounds(X, p, group_of, t, xnorm, cmax))
     r["reset_ms"] = timed(lambda: be.assign_bounds(X, p, group_of, t, xnorm, cmax))
+    # The probe's share of it: every PROBE_STRIDE-th row, gathered (its fixed costs show here).
+    xs = X[:: yinyang.PROBE_STRIDE].copy()
+    xns = xnorm[:: yinyang.PROBE_STRIDE].copy()
+    r["probe_rows"] = int(xs.shape[0])
+    r["probe_bounds_ms"] = timed(lambda: be.assign_bounds(xs, p, group_of, t, xns, cmax))
+    del xs, xns
     if p.small is None:  # the GEMM regime's pieces of the reset
         r["reset_labels_ms"] = timed(lambda: be.assign(X, p, want_sums=False))
 
