@@ -27,6 +27,9 @@ SCRIPT = textwrap.dedent("""
 
     k, d, n, precision, init, algorithm = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
                                            sys.argv[5], sys.argv[6])
+    if algorithm == "yinyang-bounded":  # bounds from the second step on, never dropped: the bounded step's ops
+        from daskmeans.engine import yinyang
+        yinyang.BOUND_START, yinyang.ABANDON, algorithm = 1.0, float("inf"), "yinyang"
     cache = os.environ["CUPY_CACHE_DIR"]
     procs = cupy_backend.warm_cupy_ops("float32")
     cupy_backend.warm(k, d, np.float32, precision, n, algorithm=algorithm).join()
@@ -51,6 +54,8 @@ SCRIPT = textwrap.dedent("""
     (16, 64, 200_000, "fp32", "k-means++", "lloyd"),
     # Yinyang's steps to its probe and past it (the group bounds from GEMM tiles, the filter)
     (2048, 64, 200_000, "tf32", "k-means||", "yinyang"),
+    # its bounded steps (every row's bounds set, the moved rows' sums, the drop rule's reads)
+    (2048, 64, 200_000, "tf32", "k-means||", "yinyang-bounded"),
 ])
 def test_a_fit_after_the_warm_up_compiles_nothing(tmp_path, k, d, n, precision, init, algorithm):
     env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "kernels"), CUPY_CACHE_SAVE_CUDA_SOURCE="1")
