@@ -172,6 +172,120 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         buf[10] += cp.asarray(cp.ones((), f64)).astype(i64)
         buf[11] += cp.asarray(cp.ones((), i64)).astype(i64)
 
+    def yinyang(n):  # engine.yinyang and backends.bounds on CuPy (and cupy_backend's bounds' glue)
+        k, d, t = 16, 8, 4
+        X, cen = x2(n, d), x2(16, d)
+        labels = cp.arange(n, dtype=i32) % k
+        # bounds.centroid_drift, row_sqnorms, _owner_sq, upper_bounds, owner_inertia
+        n64 = cen.astype(f64)
+        diff = n64 - cen.astype(f64)
+        drift = cp.sqrt((diff * diff).sum(axis=1)) * 1.5
+        float(cp.sqrt((n64 * n64).sum(axis=1)).max())
+        x64 = X.astype(f64)
+        xnorm = (x64 * x64).sum(axis=1)
+
+        def owner_sq(xs, labs):
+            out = cp.empty(xs.shape[0], f64)
+            dd = xs[0:xs.shape[0]].astype(f64) - cen[labs[0:xs.shape[0]]].astype(f64)
+            out[0:xs.shape[0]] = (dd * dd).sum(axis=1)
+            return out
+
+        upper = cp.sqrt(owner_sq(X, labels)) * 1.5
+        owner_sq(X, labels).sum()
+        (v(f64, n) * owner_sq(X, labels)).sum()
+        # bounds.yinyang_filter
+        lower = cp.ones((n, t), f64)
+        gdrift = cp.asarray(np.ones(t), dtype=None)
+        u = (upper + drift[labels]) * 1.5
+        lower -= gdrift[None, :]
+        cp.maximum(lower, 0.0, out=lower)
+        lower *= 0.5
+        lmin = lower.min(axis=1)
+        xn = cp.sqrt(xnorm) * 1.5
+        e = 0.5 * (2.0 * xn * 3.0 + 3.0 * 3.0)
+
+        def certain(uu, lm, ee):
+            return (lm > uu) & ((lm - uu) * (lm + uu) * 0.5 > ee)
+
+        idx = cp.flatnonzero(~certain(u, lmin, e))
+        idx = cp.arange(0, n, 2, dtype=i64)
+        tight = cp.sqrt(owner_sq(X[idx], labels[idx])) * 1.5
+        u[idx] = tight
+        idx = idx[~certain(tight, lmin[idx], e[idx])]
+        upper[...] = u
+        cand = idx.astype(i64)
+        # bounds.add_label_sums (weighted, with the squared norms' sums)
+        order = cp.argsort(labels, kind="stable")
+        lab = labels[order]
+        head = cp.concatenate([cp.ones(1, bool), lab[1:] != lab[:-1]])
+        starts = cp.flatnonzero(head)
+        ends = cp.concatenate([starts[1:], cp.asarray([n])])
+        segs = lab[starts]
+        scales = cp.asarray(np.ldexp(1.0, -np.zeros(d, np.int64)))
+        w = v(f64, n).astype(f64)[order]
+        acc = cp.zeros((segs.shape[0], d), i64)
+        rows = X[order[0:n]].astype(f64)
+        vals = cp.rint((w[0:n, None] * rows) * scales).astype(i64)
+        cs = cp.cumsum(vals, axis=0)
+        lo = cp.clip(starts - 0, 0, n)
+        hi = cp.clip(ends - 0, 0, n)
+        csz = cp.concatenate([cp.zeros((1, d), i64), cs])
+        acc += csz[hi] - csz[lo]
+        cp.rint(rows * scales).astype(i64)
+        sums, weights, counts, qsums = cp.zeros((k, d), i64), cp.zeros(k, i64), cp.zeros(k, i64), cp.zeros(k, i64)
+        sums[segs] += -1 * acc
+        counts[segs] += 1 * (ends - starts)
+        iw = cp.rint(w * 0.5).astype(i64)
+        csw = cp.concatenate([cp.zeros(1, i64), cp.cumsum(iw)])
+        weights[segs] += -1 * (csw[ends] - csw[starts])
+        xq = xnorm.astype(f64)[order]
+        for q in (xq, w * xq):
+            iq = cp.rint(q * 0.5).astype(i64)
+            csq = cp.concatenate([cp.zeros(1, i64), cp.cumsum(iq)])
+            qsums[segs] += 1 * (csq[ends] - csq[starts])
+        # engine.yinyang's step and probe: moved rows, kept bounds and labels by index
+        old = labels.copy()
+        out = cp.empty(n, i32)
+        out[...] = old
+        xu = X[cand]
+        xnorm[cand]
+        upper[cand] = upper[cand]
+        lower[cand] = lower[cand]
+        moved = cp.flatnonzero(labels[cand] != old[cand])
+        xu[moved]
+        v(f64, n)[cand[moved]]
+        xnorm[cand][moved]
+        out[cand[moved]] = labels[cand][moved]
+        cp.count_nonzero(out != old)
+        X[cp.arange(0, n, 64, dtype=i64)]
+        # engine.yinyang.centroid_groups, cupy_backend._grouped and assign_bounds' own-centroid positions
+        c = cen.astype(f64)
+        centres = c[cp.asarray(np.linspace(0, k - 1, t).round().astype(np.int64))]
+        csqc = (c * c).sum(axis=1)
+        group = cp.zeros(k, i64)
+        zsq = (centres * centres).sum(axis=1)
+        dist = csqc[0:k, None] - 2.0 * (c[0:k] @ centres.T) + zsq[None, :]
+        group[0:k] = dist.argmin(axis=1)
+        gorder = cp.argsort(group, kind="stable")
+        g_sorted = group[gorder]
+        ccs = cp.concatenate([cp.zeros((1, d), f64), cp.cumsum(c[gorder], axis=0)])
+        gcounts = cp.bincount(g_sorted, minlength=t)
+        gends = cp.cumsum(gcounts)
+        gstarts = gends - gcounts
+        filled = gcounts > 0
+        means = (ccs[gends] - ccs[gstarts]) / cp.maximum(gcounts, 1)[:, None]
+        cp.where(filled[:, None], means, centres)
+        group_of = group.astype(i32)
+        go = cp.argsort(group_of, kind="stable")
+        gst = cp.zeros(t + 1, i32)
+        gst[1:] = cp.cumsum(cp.bincount(group_of, minlength=t)[:t])
+        pos = cp.empty(k, i32)
+        pos[go] = cp.arange(k, dtype=i32)
+        cp.ascontiguousarray(cen[go])
+        cp.ascontiguousarray(c[go])
+        pos[labels]
+        cp.empty((n, t), f64)
+
     def sized(f):
         # Both sizes in one op, so in one process: they share every elementwise kernel, which
         # two processes would each compile.
@@ -183,7 +297,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
     # are not here: the worker's :func:`.cupy_backend.warm` compiles those it needs, in threads,
     # and a process compiling them too would repeat seconds of NVRTC work beside it.
     return [moments, sized(grid), sized(par_draws), take_rows, prepare, par_update, sized(draw),
-            sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus]
+            sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus, sized(yinyang)]
 
 
 def _tag() -> str:

@@ -44,3 +44,20 @@ def test_a_marker_of_another_list_of_ops_does_not_count(cache):
         (cache / f"daskmeans-warm-000000000000-cupy14.0.1-cuda13000-sm90-float32-{i}of2").write_text("")
     assert not gpu_warm_ops.compiled("float32", 2)
     assert os.path.isdir(cache)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_op_runs_with_numpy_for_cupy(dtype):
+    """Each op of the warm-up's list runs to the end with NumPy standing in for CuPy (the same
+    array API here): an op whose shapes or dtypes do not agree would fail in its process on a
+    GPU, where its kernels would then stay for the fit to compile."""
+    import warnings
+
+    import numpy as np
+
+    ops = gpu_warm_ops._ops(np, np, np.dtype(dtype))
+    assert len(ops) >= 14
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # log(0) of the draws' keys: a kernel's inputs, not its result
+        for op in ops:
+            op()
