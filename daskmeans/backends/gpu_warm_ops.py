@@ -192,7 +192,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
 
         upper = cp.sqrt(owner_sq(X, labels)) * 1.5
         owner_sq(X, labels).sum()
-        (v(f64, n) * owner_sq(X, labels)).sum()
+        (v(dt, n).astype(f64) * owner_sq(X, labels)).sum()  # sample weights are the data's dtype
         # bounds.yinyang_filter
         lower = cp.ones((n, t), f64)
         gdrift = cp.asarray(np.ones(t), dtype=None)
@@ -222,7 +222,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         ends = cp.concatenate([starts[1:], cp.asarray([n])])
         segs = lab[starts]
         scales = cp.asarray(np.ldexp(1.0, -np.zeros(d, np.int64)))
-        w = v(f64, n).astype(f64)[order]
+        w = v(dt, n).astype(f64)[order]
         acc = cp.zeros((segs.shape[0], d), i64)
         rows = X[order[0:n]].astype(f64)
         vals = cp.rint((w[0:n, None] * rows) * scales).astype(i64)
@@ -232,19 +232,15 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         csz = cp.concatenate([cp.zeros((1, d), i64), cs])
         acc += csz[hi] - csz[lo]
         cp.rint(rows * scales).astype(i64)
-        sums, weights, counts, qsums = cp.zeros((k, d), i64), cp.zeros(k, i64), cp.zeros(k, i64), cp.zeros(k, i64)
+        sums, weights, counts = cp.zeros((k, d), i64), cp.zeros(k, i64), cp.zeros(k, i64)
         sums[segs] += -1 * acc
         counts[segs] += 1 * (ends - starts)
         iw = cp.rint(w * 0.5).astype(i64)
         csw = cp.concatenate([cp.zeros(1, i64), cp.cumsum(iw)])
         weights[segs] += -1 * (csw[ends] - csw[starts])
-        xq = xnorm.astype(f64)[order]
-        for q in (xq, w * xq):
-            iq = cp.rint(q * 0.5).astype(i64)
-            csq = cp.concatenate([cp.zeros(1, i64), cp.cumsum(iq)])
-            qsums[segs] += 1 * (csq[ends] - csq[starts])
+        # (the squared norms' sums are the CPU's: the GPU's inertia is per chunk)
         # engine.yinyang's step and probe: moved rows, kept bounds and labels by index
-        old = labels.copy()
+        old = cp.arange(n, dtype=i32) % (k - 1)  # some rows moved
         out = cp.empty(n, i32)
         out[...] = old
         xu = X[cand]
@@ -253,7 +249,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         lower[cand] = lower[cand]
         moved = cp.flatnonzero(labels[cand] != old[cand])
         xu[moved]
-        v(f64, n)[cand[moved]]
+        v(dt, n)[cand[moved]]
         xnorm[cand][moved]
         out[cand[moved]] = labels[cand][moved]
         cp.count_nonzero(out != old)
@@ -285,6 +281,30 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         cp.ascontiguousarray(c[go])
         pos[labels]
         cp.empty((n, t), f64)
+        # bounds.assign_bounds at small K: float64 distances to every centroid, a piece of rows at
+        # a time, the group minima by one gather
+        c64 = cen.astype(f64)
+        neg2 = -2.0 * c64.T
+        g = cp.empty((n, k + 1), f64)
+        g[:, k] = cp.inf
+        gk = g[:, :k]
+        gk[...] = x64 @ neg2
+        gk += (c64 * c64).sum(axis=1)[None, :]
+        gk += xnorm[:, None]
+        gk[cp.arange(n), labels] = cp.inf
+        mins = cp.take(g, cp.asarray(np.arange(2 * t, dtype=np.int64) % k), axis=1).reshape(n, t, 2).min(axis=2)
+        vv = mins - xn[:, None]
+        lower[...] = cp.where(cp.isinf(vv), vv, cp.sqrt(cp.maximum(vv, 0.0)) * 0.5)
+        # Kernels whose code follows a size: the grouping's argmin past 128 groups, the axis-0
+        # running sums and bincount's check of its labels at a few hundred to a thousand rows
+        cp.ones((16, 160), f64).argmin(axis=1)
+        for kk in (200, 400, 800, 1600):
+            gg = cp.zeros(kk, i64)
+            cp.bincount(gg, minlength=t)
+            cp.bincount(gg.astype(i32), minlength=t)
+            cp.cumsum(cp.ones((kk, d), f64), axis=0)
+            cp.count_nonzero(cp.zeros(kk, i32) != 1)
+        cp.cumsum(cp.ones((600, d), i64), axis=0)
 
     def sized(f):
         # Both sizes in one op, so in one process: they share every elementwise kernel, which
