@@ -32,6 +32,11 @@ data (seed 0) in a file format and the command's options:
   iterations, seed 0: AFK-MC²'s init in iteration-times (``init_iteration_times``; issue 46's
   target: at most 3, warm cache, one GPU) beside k-means++'s.
 
+- ``w18ll``, ``w18yy``, ``p3ll``, ``p3yy``, ``p4ll``, ``p4yy``: W18, P3 and P4 with
+  ``--algorithm lloyd`` and ``--algorithm yinyang``, the default init, tf32, 20 iterations,
+  tol 0, seed 0: Yinyang's whole command and its iterations' phase beside Lloyd's (issue 46:
+  its loop at most 0.6 of Lloyd's at W18, never slower at P3 and P4; one GPU).
+
 The reference (p1, p1csv, blobs) is a Python script doing what the command does: start,
 import scikit-learn, load the file (``np.load``; pandas for the CSV), fit from the same init.
 
@@ -96,6 +101,12 @@ PROBLEMS.update({
     f"p3{tag}": _spec("P3", fmt="npy", args=["--init", init, "--precision", "tf32", "--seed", "0", "--max-iter", "20",
                                              "--tol", "0"], sk=False, own_init=True)
     for tag, init in (("afk", "afk-mc2"), ("pp", "k-means++"))
+})
+# Yinyang against Lloyd's loop in whole commands (issue 46): tf32, 20 iterations, tol 0, seed 0.
+PROBLEMS.update({
+    f"{name.lower()}{tag}": _spec(name, fmt="npy", args=["--algorithm", algorithm, "--precision", "tf32", "--seed", "0",
+                                                        "--max-iter", "20", "--tol", "0"], sk=False, own_init=True)
+    for name in ("W18", "P3", "P4") for tag, algorithm in (("ll", "lloyd"), ("yy", "yinyang"))
 })
 LAYOUT = meta.Layout(entries=("problems",), parts=("api_p1",))
 
