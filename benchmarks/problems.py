@@ -153,6 +153,22 @@ def cupy_randn(p: Problem):
     return X, X[cupy.random.permutation(p.n)[: p.k]].astype(cupy.float64)
 
 
+def lloyd_update(X, C, labels):
+    """The centroids after one Lloyd update of ``C`` (K, D) under ``labels`` (CuPy): each
+    cluster's mean, summed in ``C``'s dtype a million rows at a time, an empty cluster's
+    centroid kept; the profilers' later steps."""
+    import cupy
+    import cupyx
+
+    k, d = C.shape
+    sums = cupy.zeros((k, d), C.dtype)
+    step = 1 << 20
+    for s in range(0, X.shape[0], step):
+        cupyx.scatter_add(sums, labels[s : s + step], X[s : s + step].astype(C.dtype))
+    counts = cupy.bincount(labels, minlength=k).astype(C.dtype)[:, None]
+    return cupy.where(counts > 0, sums / cupy.maximum(counts, 1), C)
+
+
 PROBLEMS: dict[str, Problem] = {
     p.name: p
     for p in (

@@ -39,20 +39,6 @@ def _rows(problem: problems.Problem, data: str):
     return X, X[rs.permutation(n)[:k]].astype(cupy.float64)
 
 
-def _update(X, C, labels):
-    """One Lloyd update in float64: each cluster's mean, an empty one kept."""
-    import cupy
-    import cupyx
-
-    k, d = C.shape
-    sums = cupy.zeros((k, d), cupy.float64)
-    step = 1 << 20  # rows a time: their float64 copy stays small
-    for s in range(0, X.shape[0], step):
-        cupyx.scatter_add(sums, labels[s : s + step], X[s : s + step].astype(cupy.float64))
-    counts = cupy.bincount(labels, minlength=k).astype(cupy.float64)
-    return cupy.where(counts[:, None] > 0, sums / cupy.maximum(counts, 1.0)[:, None], C)
-
-
 def _cold(fn):
     """Milliseconds of ``fn``'s first call, synchronised, and its result."""
     import cupy
@@ -82,7 +68,7 @@ def profile(problem: problems.Problem, data: str, precision: str) -> dict:
     k = C.shape[0]
     grid = Grid.for_block(X)
     for _ in range(LLOYD_STEPS):
-        C = _update(X, C, be.assign(X, be.prepare(C, np.float32, precision), want_sums=False)["labels"])
+        C = problems.lloyd_update(X, C, be.assign(X, be.prepare(C, np.float32, precision), want_sums=False)["labels"])
     p = be.prepare(C, np.float32, precision)
     r = {"problem": problem.name, "n": n, "d": d, "k": k, "data": data, "precision": precision,
          "regime": "small" if p.small is not None else ("fused" if p.fused is not None else "tiles")}
@@ -118,7 +104,7 @@ def profile(problem: problems.Problem, data: str, precision: str) -> dict:
         r["upper_ms"] = timed(lambda: bounds.upper_bounds(cupy, X, p.centroids, lab))
         del lower, own
     # The next step: the filter on the moved centroids, then the uncertain rows' bounds.
-    p2 = be.prepare(_update(X, C, lab), np.float32, precision)
+    p2 = be.prepare(problems.lloyd_update(X, C, lab), np.float32, precision)
     drift, gdrift, cmax2 = yinyang._drifts(be, p.centroids, p2.centroids, be.to_numpy(group_of), t)
     r["lloyd_next_ms"] = timed(lambda: be.assign(X, p2, grid=grid))
 

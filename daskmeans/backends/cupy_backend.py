@@ -263,13 +263,12 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunabl
     """Where K x D takes the GEMM regime: two GEMM tiles (one GEMM overlaps the previous
     tile's selection), sized as :func:`.gpu_gemm.tile_rows` sizes them, and what a block of
     ``rows`` holds per row beside them: the tile path's error bounds (8 bytes a row) or, where
-    ``fused_select`` may run, its list of rows left for the recheck (52 bytes a row: the row,
-    two candidates, a threshold, the candidates noted and their count, a place in the list of
-    rows left to ``fused_rescan``). None in the fused regime."""
+    ``fused_select`` may run, its list of rows left for the recheck
+    (:func:`.gpu_plan.fused_list_bytes`). None in the fused regime."""
     if not uses_tiles(k, d):
         return 0
     t = tunables or tunables_in_force()
-    per_row = 52 if gpu_plan.fused_dp(d) <= gpu_plan.FUSED_MAX_DP else 8
+    per_row = gpu_plan.fused_list_bytes() if gpu_plan.fused_dp(d) <= gpu_plan.FUSED_MAX_DP else 8
     tiles = gpu_plan.tile_bytes(rows, -(-k // 4) * 4, 4, 0, 4, t.gpu_tile_bytes, t.gpu_tile_bytes_max, sm_count)
     return 2 * tiles + per_row * rows
 

@@ -451,8 +451,8 @@ def fused_calls(X: Any, p: Prepared, scales: tuple, exact: bool, w: Any = None, 
     fs = fused_factor(alpha, gsc)
     stat = cupy.empty(3, cupy.float64)
     # Per listed row: its index, two candidates and threshold, the candidates fused_recheck
-    # notes and their count, and its place in the list where fused_rescan finishes it (52
-    # bytes a row in all: the block's rows' bytes at D = 13, counted by working_bytes).
+    # notes and their count, and its place in the list where fused_rescan finishes it
+    # (gpu_plan.fused_list_bytes a row, counted by working_bytes).
     found = gpu_plan.FUSED_FOUND
     cands = cupy.empty(3 * n, cupy.int64)
     noted = cupy.empty(n * found, cupy.int32)

@@ -346,6 +346,13 @@ def recheck_splits(ntile: int) -> int:
     return max(1, min(FUSED_RECHECK_SPLITS, ntile // 16))
 
 
+def fused_list_bytes() -> int:
+    """Bytes per row of a block that ``fused_select`` may list: the row's index, two
+    candidates and its threshold (24), the :data:`FUSED_FOUND` candidates ``fused_recheck``
+    notes (int32) and their count (4), and its place in ``fused_rescan``'s list (8)."""
+    return 24 + 4 * FUSED_FOUND + 4 + 8
+
+
 def fused_vote(k: int) -> bool:
     """Whether ``fused_select`` at ``k`` centroids folds by the warp's vote
     (:data:`FUSED_VOTE_MIN_K`)."""

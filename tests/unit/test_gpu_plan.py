@@ -399,3 +399,14 @@ def test_the_recheck_splits_the_centroid_tiles_in_shares_of_16_or_more(ntile, sp
     """fused_recheck's grid takes ``ntile // 16`` shares of the tiles, 1 to 8: K = 2^18 (2048
     tiles) in 8 shares of 256 tiles, K = 4096 (32) in 2 of 16, K = 2000 (16) in one."""
     assert plan.recheck_splits(ntile) == splits
+
+
+def test_fused_select_constants_of_the_plan_are_the_kernels():
+    """The sizes the host plans with (rows and centroids a block, the rerank's threads, the
+    candidates a listed row's list holds, hence its bytes) are the ones fused_select.cu
+    compiles in: the lists the host allocates are the ones the kernels fill."""
+    src = cuda_src.FUSED_SRC
+    defines = dict(re.findall(r"^#define (BM|BN|RT|FOUND) (\d+)", src, re.M))
+    assert {name: int(v) for name, v in defines.items()} == {
+        "BM": plan.FUSED_BM, "BN": plan.FUSED_BN, "RT": plan.FUSED_RESCAN_THREADS, "FOUND": plan.FUSED_FOUND}
+    assert plan.fused_list_bytes() == 24 + 4 * plan.FUSED_FOUND + 4 + 8 == 52
