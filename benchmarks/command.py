@@ -20,6 +20,8 @@ data (seed 0) in a file format and the command's options:
 - ``randn1k``: init the first K rows, 10 iterations;
 - ``p3``: P3, init the first K rows, 20 iterations;
 - ``p4``: P4, init the first K rows, 3 iterations;
+- ``p4init``: P4 from ``.npy``, the default init, 2 iterations, seed 0 (issue 45: with ``--gpus
+  1,2``, the whole command and its init on 2 GPUs against 1);
 - ``p4zarr``: P4 as Zarr, the default init (k-means||), 3 iterations: the init's cost in
   iteration-times (``init_iteration_times``: the init phase over the median iteration);
 - ``w14``: W14 (2e6 x 128, K = 2^14), the default init, tf32, 5 iterations: a first fit's
@@ -45,10 +47,17 @@ float32 randn, K = 16), the default init in the ``storage`` and ``host`` tiers, 
 seed 0: the init's cost in iteration-times (``init_iteration_times``) where each pass reads
 the data (one GPU: ``CUDA_VISIBLE_DEVICES=0``).
 
+With ``--gpus 1,2`` each run's command is timed with ``CUDA_VISIBLE_DEVICES`` set to the first
+1 and then 2 GPUs, alternating within each repeat (the local cluster starts a worker per GPU);
+the entries are then keyed ``<run>-<n>gpu`` and record ``gpus``, and those past the first count
+record ``wall_over_first`` and ``init_over_first`` (issue 45: P3's whole command on 2 GPUs at
+most 1.1x of 1 GPU's; P4's ``p4init`` at most 0.7x, its init at most 0.65x).
+
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
 
-    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--warm-only] [--out r.json [--merge]]
+    python -m benchmarks command --problems p1,blobs [--repeats 3] [--api] [--warm-only] [--gpus 1,2] [--out r.json [--merge]]
+    python -m benchmarks command --problems p3,p4init --gpus 1,2 --repeats 3 --warm-only
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems w14,w16,w18 --repeats 3 --warm-only
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks command --problems p3afk,p3pp --repeats 3 --warm-only
 
@@ -89,6 +98,8 @@ PROBLEMS = {
     "p3": _spec("P3", fmt="npy", args=["--max-iter", "20", "--tol", "0"], sk=False),
     "p4": _spec("P4", fmt="npy", args=["--max-iter", "3", "--tol", "0"], sk=False),
     "p4zarr": _spec("P4", fmt="zarr", args=["--max-iter", "3", "--tol", "0"], sk=False, own_init=True),
+    # Issue 45's short P4 fit: the default init (k-means||) and two iterations.
+    "p4init": _spec("P4", fmt="npy", args=["--max-iter", "2", "--tol", "0", "--seed", "0"], sk=False, own_init=True),
 }
 # The default init at wide K (issue 46): tf32, 5 iterations, seed 0.
 PROBLEMS.update({
@@ -170,11 +181,13 @@ def _write_zarr(problem: problems.Problem, path: str) -> None:
     problem.write_zarr(path, 0, rows=problems.BLOCK_ROWS // 8, xp=xp)
 
 
-def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str) -> dict:
+def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str, gpus: int | None = None) -> dict:
     out, timings = os.path.join(folder, "model.zarr"), os.path.join(folder, "timings.json")
     argv = ["daskmeans", "fit", path, "--k", str(spec["k"]), "-o", out, "--overwrite", "-q", "--timings", timings,
             *(["--init", ipath] if ipath else []), *spec["args"]]
     env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(cache, "cupy"), NUMBA_CACHE_DIR=os.path.join(cache, "numba"))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -190,6 +203,26 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
         phases["first iteration's excess (compile, load)"] = its[0] - med
     return {"wall_s": wall, "phases": phases, "n_iter": t["n_iter"], "median_iteration_s": med,
             "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"]}
+
+
+def _entry(spec: dict, runs: list[dict], cold: dict, sk: list[float]) -> dict:
+    """One run's results entry: the median command of ``runs`` with its phases, the cold run's,
+    and scikit-learn's script where it ran."""
+    walls = [r["wall_s"] for r in runs]
+    med = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+    entry = {"n": spec["n"], "d": spec["d"], "k": spec["k"], "format": spec["fmt"], "args": spec["args"],
+             "wall_s": med["wall_s"], "walls_s": walls, "cold_wall_s": cold["wall_s"],
+             "cold_phases": cold["phases"], **{k: med[k] for k in ("phases", "n_iter", "median_iteration_s",
+                                                                    "kernel_s", "backend", "tier")}}
+    if "fit init" in med["phases"]:
+        entry["init_iteration_times"] = med["phases"]["fit init"] / med["median_iteration_s"]
+    entry["largest_phase_share_besides_iterations"] = max(
+        v for k, v in med["phases"].items() if k != "fit iterations") / med["wall_s"]
+    if sk:
+        entry["sklearn_script_s"] = statistics.median(sk)
+        entry["sklearn_scripts_s"] = sk
+        entry["ratio_to_sklearn"] = med["wall_s"] / entry["sklearn_script_s"]
+    return entry
 
 
 def run_sklearn(path: str, ipath: str | None, spec: dict) -> float:
@@ -240,6 +273,8 @@ def main(argv=None) -> None:
     ap.add_argument("--api", action="store_true", help="also P1 through the Python API (in memory)")
     ap.add_argument("--warm-only", action="store_true",
                     help="no run with an empty kernel cache (its phases then missing: cold_wall_s is null)")
+    ap.add_argument("--gpus", help="comma-separated GPU counts, each command run on the first N GPUs in turn "
+                                   "(entries <run>-<N>gpu)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")
@@ -252,32 +287,34 @@ def main(argv=None) -> None:
         for name in names:
             spec = PROBLEMS[name]
             path, ipath = make_data(name, spec, folder)
-            cold = {"wall_s": None, "phases": None}
+            counts = [int(g) for g in args.gpus.split(",")] if args.gpus else [None]
+            cold = {g: {"wall_s": None, "phases": None} for g in counts}
             if not args.warm_only:
-                with tempfile.TemporaryDirectory() as cold_cache:
-                    cold = run_command(path, ipath, spec, folder, cold_cache)
-            run_command(path, ipath, spec, folder, warm_cache)  # fills the warm cache
-            runs, sk = [], []
-            for _ in range(args.repeats):  # alternating, so that both see the same machine
-                runs.append(run_command(path, ipath, spec, folder, warm_cache))
+                for g in counts:
+                    with tempfile.TemporaryDirectory() as cold_cache:
+                        cold[g] = run_command(path, ipath, spec, folder, cold_cache, g)
+            for g in counts:
+                run_command(path, ipath, spec, folder, warm_cache, g)  # fills the warm cache
+            runs, sk = {g: [] for g in counts}, []
+            for _ in range(args.repeats):  # alternating, so that all see the same machine
+                for g in counts:
+                    runs[g].append(run_command(path, ipath, spec, folder, warm_cache, g))
                 if spec["sk"]:
                     sk.append(run_sklearn(path, ipath, spec))
-            walls = [r["wall_s"] for r in runs]
-            med = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
-            entry = {"n": spec["n"], "d": spec["d"], "k": spec["k"], "format": spec["fmt"], "args": spec["args"],
-                     "wall_s": med["wall_s"], "walls_s": walls, "cold_wall_s": cold["wall_s"],
-                     "cold_phases": cold["phases"], **{k: med[k] for k in ("phases", "n_iter", "median_iteration_s",
-                                                                            "kernel_s", "backend", "tier")}}
-            if "fit init" in med["phases"]:
-                entry["init_iteration_times"] = med["phases"]["fit init"] / med["median_iteration_s"]
-            entry["largest_phase_share_besides_iterations"] = max(
-                v for k, v in med["phases"].items() if k != "fit iterations") / med["wall_s"]
-            if sk:
-                entry["sklearn_script_s"] = statistics.median(sk)
-                entry["sklearn_scripts_s"] = sk
-                entry["ratio_to_sklearn"] = med["wall_s"] / entry["sklearn_script_s"]
-            res["problems"][name] = entry
-            print(name, json.dumps({k: v for k, v in entry.items() if k not in ("cold_phases",)}), flush=True)
+            first = None
+            for g in counts:
+                entry = _entry(spec, runs[g], cold[g], sk)
+                key = name if g is None else f"{name}-{g}gpu"
+                if g is not None:
+                    entry["gpus"] = g
+                    if first is None:
+                        first = entry
+                    else:
+                        entry["wall_over_first"] = entry["wall_s"] / first["wall_s"]
+                        if "fit init" in entry["phases"]:
+                            entry["init_over_first"] = entry["phases"]["fit init"] / first["phases"]["fit init"]
+                res["problems"][key] = entry
+                print(key, json.dumps({k: v for k, v in entry.items() if k not in ("cold_phases",)}), flush=True)
             for f in (path, ipath):
                 if f and os.path.isdir(f):
                     shutil.rmtree(f)

@@ -21,8 +21,15 @@ fixed number of iterations (``tol=0``) from the first K rows. Recorded per confi
   warm-up and after a first init (``init_first_s``, which loads the init's kernels), and
   ``init_iteration_times``, the same over ``iteration_s`` (``--no-init`` skips it).
 
+With ``--refit N`` (issue 45's notebook line) the run also fits P3 ``N`` times through the
+public API (``KMeans(...).fit``, first-K init, 20 iterations, ``tol=0``) on one client of the
+most GPUs, twice over: with the rows as a NumPy array held by the notebook and as a Dask array
+persisted on the workers. Each fit's cost beyond its init and iterations (its wall time minus
+``timings_``'s ``init`` and ``iterations``) is recorded; the fits after the first are the
+re-fits (the ``refit`` part; target: at most 0.3 s on 2 GPUs).
+
     python -m benchmarks multigpu [--problems P3,P4] [--gpus 1,2] [--iters 5] [--dask-collective]
-        [--chunkings split,irregular] [--out r.json [--merge]]
+        [--chunkings split,irregular] [--refit 3] [--out r.json [--merge]]
 
 Committed results: ``results/multigpu_<device>x<gpus>.json``, rows keyed by problem,
 precision, GPU count, collective and chunking, each with its commit and date.
@@ -40,7 +47,7 @@ from benchmarks import meta, problems
 SUMMARY = "P3 and P4 per iteration on 1 and 2 (or more) GPUs, NCCL and Dask collectives"  # its line in --help
 
 PROBLEMS = problems.pick("P3", "P4")
-LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "gpus", "collective", "chunking")})
+LAYOUT = meta.Layout(rows={"results": ("problem", "precision", "gpus", "collective", "chunking")}, parts=("refit",))
 
 
 def _gen(block_info=None, d=0):
@@ -137,6 +144,39 @@ def run_one(n_gpus, problem, precision, iters, collective, chunking="default", t
         }, res.centroids
 
 
+def refit(n_gpus: int, fits: int) -> dict:
+    """P3 fitted ``fits`` times through the public API on one client of ``n_gpus`` GPUs, from a
+    NumPy array and from a persisted Dask array: each fit's wall time and its cost beyond its
+    init and iterations (``timings_``)."""
+    import dask.array as da
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client, wait
+
+    from daskmeans import KMeans
+
+    problem = problems.get("P3")
+    X, C = problem.data(seed=0)
+    out = {"gpus": n_gpus, "problem": "P3", "fits": fits, "date": meta.now(), "commit": meta.commit()}
+    devices = ",".join(str(i) for i in range(n_gpus))
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, dashboard_address=":0") as lc, Client(lc) as c:
+        Xd = da.from_array(X, chunks=(-(-X.shape[0] // (4 * n_gpus)), X.shape[1])).persist()
+        wait(Xd)
+        for kind, data in (("numpy", X), ("dask", Xd)):
+            walls, beyond = [], []
+            for _ in range(fits):
+                km = KMeans(problem.k, init=C, max_iter=20, tol=0.0, client=c)
+                t0 = time.perf_counter()
+                km.fit(data)
+                wall = time.perf_counter() - t0
+                walls.append(wall)
+                beyond.append(wall - km.timings_.get("init", 0.0) - km.timings_["iterations"])
+            out[kind] = {"wall_s": walls, "beyond_init_and_iterations_s": beyond,
+                         "refit_beyond_s": float(np.median(beyond[1:])) if fits > 1 else None}
+            print(f"refit {n_gpus} GPUs {kind}: walls {[round(w, 3) for w in walls]} s, beyond init and iterations "
+                  f"{[round(b, 3) for b in beyond]} s", flush=True)
+    return out
+
+
 def main(argv=None):
     ap = meta.parser("multigpu", __doc__)
     ap.add_argument("--problems", default="P3,P4", help=f"comma-separated, of {', '.join(PROBLEMS)}")
@@ -146,10 +186,12 @@ def main(argv=None):
     ap.add_argument("--dask-collective", action="store_true", help="also time the Dask collective on the most GPUs")
     ap.add_argument("--chunkings", default="", help="also run 1 GPU in these chunkings (split, irregular)")
     ap.add_argument("--no-init", action="store_true", help="do not time the k-means|| init")
+    ap.add_argument("--refit", type=int, default=0, metavar="N",
+                    help="also fit P3 N times through the API on one client of the most GPUs (re-fits' cost)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "multigpu")
-    chosen = meta.chosen(ap, args.problems, PROBLEMS)
+    chosen = meta.chosen(ap, args.problems, PROBLEMS) if args.problems else []  # '' with --refit: re-fits alone
     import cupy
 
     gpus = [int(g) for g in args.gpus.split(",") if int(g) <= cupy.cuda.runtime.getDeviceCount()]
@@ -185,6 +227,8 @@ def main(argv=None):
         "commit": meta.commit(),
         "results": rows,
     }
+    if args.refit:
+        res["refit"] = refit(max(gpus), args.refit)
     meta.write(res, args.out, LAYOUT, args.merge)
 
 

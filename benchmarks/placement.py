@@ -22,11 +22,18 @@ format (decode for Zarr, raw read for ``.npy``), and the storage tier's median i
 (after the first) and rate against the same floor; the centroids of every run compared
 bitwise with the first's.
 
-    python -m benchmarks placement [--backend gpu|cpu] [--n 30000000] [--threads 16] [--workers W] [--out r.json]
+Every run also records its init (k-means||, the fit's default) in iteration-times
+(``init_iteration_times``: the init phase over the median iteration). On a GPU the runs use the
+GPUs the process sees (``CUDA_VISIBLE_DEVICES``); runs on more than one are keyed
+``<format>-<tier>-<n>gpu``. ``--runs`` picks some of ``zarr-host``, ``zarr-storage``,
+``npy-host`` and ``npy-storage`` (default all four).
+
+    python -m benchmarks placement [--backend gpu|cpu] [--n 30000000] [--threads 16] [--workers W] [--runs R] [--out r.json]
+    CUDA_VISIBLE_DEVICES=0,1 python -m benchmarks placement --keep DIR --runs zarr-storage --out r.json --merge
 
 Acceptance (issue 44): host-tier placement at least 50% of the same run's decode floor at 16
 threads (Zarr), of its raw-read floor at 16 threads (``.npy``); the storage tier's iterations
-at least 80% of the decode floor. Committed results: ``results/placement_<device>.json``.
+at least 80% of the decode floor and its init at most 6 iteration-times, on 1 and 2 GPUs. Committed results: ``results/placement_<device>.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from benchmarks import meta, tiers
 SUMMARY = "placement and the storage tier's passes against the same run's raw-read and decode floors (GPU or CPU)"
 
 LAYOUT = meta.Layout(entries=("runs",), parts=("floors",))
+RUNS = ("zarr-host", "zarr-storage", "npy-host", "npy-storage")
 PIECE = 32 << 20
 
 
@@ -185,10 +193,14 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=30_000_000, help="rows (64 float32 features each)")
     ap.add_argument("--threads", type=int, default=16, help="threads of the floors (at most the cores)")
     ap.add_argument("--workers", type=int, default=None, help="the command's --workers (default its own)")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
     ap.add_argument("--keep", metavar="DIR", help="write (or reuse) the data in DIR rather than a temporary folder")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "placement")
+    wanted = [r for r in args.runs.split(",") if r]
+    if not wanted or set(wanted) - set(RUNS):
+        ap.error(f"--runs {args.runs!r}: each should be one of {', '.join(RUNS)}")
     import zarr
 
     d, k = 64, 16
@@ -209,7 +221,11 @@ def main(argv=None):
     for t in sorted({1, threads}):
         floors[f"raw_read_GBps_{t}"] = raw_read_gbs(npath, t)
         floors[f"decode_GBps_{t}"] = decode_gbs(zpath, t)
+    gpus = 1
     if args.backend == "gpu":
+        import cupy
+
+        gpus = cupy.cuda.runtime.getDeviceCount()
         floors["h2d_pinned_GBps"] = tiers.h2d_pinned_gbs()  # the tiers benchmark's floor
         floors["pinned_alloc_GBps"] = pinned_alloc_gbs()
         floors["page_lock_GBps"] = page_lock_gbs()
@@ -217,9 +233,12 @@ def main(argv=None):
     runs, ref = {}, None
     for fmt, path, floor in (("zarr", zpath, f"decode_GBps_{threads}"), ("npy", npath, f"raw_read_GBps_{threads}")):
         for tier in ("host", "storage"):
+            if f"{fmt}-{tier}" not in wanted:
+                continue
             with tempfile.TemporaryDirectory(dir=folder) as run_dir:
                 r = fit(path, tier, args.backend, args.workers, run_dir, k)
             entry = {key: v for key, v in r.items() if key != "centers"}
+            entry["gpus"] = gpus if args.backend == "gpu" else None
             if r["rc"] == 0:
                 if ref is None:
                     ref = r["centers"]
@@ -230,11 +249,14 @@ def main(argv=None):
                 if tier == "host" and r["place_s"]:
                     entry["place_GBps"] = nbytes / r["place_s"] / 1e9
                     entry["place_over_floor"] = entry["place_GBps"] / floors[floor]
+                if r["median_iteration_s"] and "fit init" in r["phases"]:
+                    entry["init_iteration_times"] = r["phases"]["fit init"] / r["median_iteration_s"]
                 if tier == "storage" and r["median_iteration_s"]:
                     entry["iteration_GBps"] = nbytes / r["median_iteration_s"] / 1e9
                     entry["iteration_over_floor"] = entry["iteration_GBps"] / floors[floor]
-            runs[f"{fmt}-{tier}"] = entry
-            print(f"{fmt}-{tier}", json.dumps({key: v for key, v in entry.items() if key not in ("phases", "iteration_s")}),
+            key = f"{fmt}-{tier}" + (f"-{gpus}gpu" if gpus > 1 else "")
+            runs[key] = entry
+            print(key, json.dumps({key: v for key, v in entry.items() if key not in ("phases", "iteration_s")}),
                   flush=True)
     res = {"benchmark": "placement", "device": meta.device_name() if args.backend == "gpu" else
            f"cpu {_cores()} cores", "date": meta.now(), "commit": meta.commit(), "backend": args.backend,
