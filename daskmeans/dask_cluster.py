@@ -335,34 +335,129 @@ def connect(
         finally:
             close_client(client)
         return
-    if local_uses_gpu(backend):
-        if not gpu_available():
+    if starts_in_process(backend, n_workers):
+        if local_uses_gpu(backend) and not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
-        if config.gpu_in_process(gpu_count()):
-            with _local(1, None, dashboard) as client:
-                yield client
-            return
+        n = 1 if local_uses_gpu(backend) else n_workers or os.cpu_count() or 1
+        with _local(n, None if local_uses_gpu(backend) else blas_threads, dashboard) as client:
+            yield client
+        return
+    with on_local_processes(local_processes(backend, n_workers, dashboard)) as client:
+        yield client
+
+
+def local_processes(backend: str = "auto", n_workers: int | None = None, dashboard: bool = False) -> Any:
+    """A local cluster of worker processes for ``backend`` (not in-process: see
+    :func:`starts_in_process`): dask-cuda's ``LocalCUDACluster``, a worker per GPU, for GPU
+    workers, else ``n_workers`` (default one per core) single-threaded NumPy workers."""
+    # Worker logs stay quiet: errors reach the client as exceptions (one line from the CLI),
+    # and an interrupted fit's aborted tasks are expected, not news.
+    if local_uses_gpu(backend):
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError:
             raise DaskmeansError(
                 "a GPU cluster needs dask-cuda: pip install 'daskmeans[cuda13]' (or [cuda12])"
             ) from None
-        # Worker logs stay quiet: errors reach the client as exceptions (one line from the
-        # CLI), and an interrupted fit's aborted tasks are expected, not news.
-        cluster = LocalCUDACluster(**_dashboard(dashboard), silence_logs=logging.CRITICAL)
-    else:
-        n = n_workers or os.cpu_count() or 1
-        if config.local_in_process(n):
-            with _local(n, blas_threads, dashboard) as client:
-                yield client
-            return
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, **_dashboard(dashboard), silence_logs=logging.CRITICAL)
+        # The preload imports what the fit's tasks run while the workers wait for their first
+        # one (daskmeans.preload).
+        return LocalCUDACluster(**_dashboard(dashboard), silence_logs=logging.CRITICAL, preload=[PRELOAD])
+    n = n_workers or os.cpu_count() or 1
+    return LocalCluster(n_workers=n, threads_per_worker=1, **_dashboard(dashboard), silence_logs=logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def on_local_processes(cluster: Any) -> Iterator[Client]:
+    """A client on ``cluster`` (of :func:`local_processes`), closed on leaving with the cluster, or
+    the cluster left to this process's exit (:func:`end_with_process`)."""
     try:
         with Client(cluster) as client:
             yield client
     finally:
-        close_local(cluster)
+        if not _ENDS_WITH_PROCESS:
+            close_local(cluster)
+
+
+def end_with_process() -> None:
+    """Let this process's exit end the local clusters of worker processes it starts, rather
+    than their close: called by the command, which ends with ``os._exit`` once its outputs are
+    written (:func:`daskmeans.cli.main.run`). Closing such a cluster waits for every worker to
+    shut down (0.5-0.8 s of a 2-GPU command: docs/performance.md, "Several GPUs"); the work is
+    done and saved by then. Each worker's nanny, and each worker, is a child process that
+    exits at once when its parent does (``distributed.process.AsyncProcess`` watches a pipe to
+    its parent), so the processes end with the command all the same."""
+    global _ENDS_WITH_PROCESS
+    _ENDS_WITH_PROCESS = True
+    # The workers' queues hold semaphores of this process, which multiprocessing's resource
+    # tracker (a process of its own, started with the first worker) removes once this process
+    # is gone, saying so on stderr after the command has ended. Removing them is its job; the
+    # line is no news to the command's user.
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+
+
+# Set by end_with_process: local clusters of worker processes are left to the process's exit.
+_ENDS_WITH_PROCESS = False
+# The preload of the local GPU worker processes.
+PRELOAD = "daskmeans.preload"
+
+
+def starts_in_process(backend: str = "auto", n_workers: int | None = None) -> bool:
+    """Whether the local cluster :func:`connect` starts for ``backend`` and ``n_workers`` has
+    its workers in this process (threads), rather than in worker processes. Without a usable
+    GPU for ``backend='gpu'`` (which :func:`connect` refuses): True, nothing to start."""
+    if local_uses_gpu(backend):
+        return not gpu_available() or config.gpu_in_process(gpu_count())
+    return config.local_in_process(n_workers or os.cpu_count() or 1)
+
+
+class Starting:
+    """:func:`connect`'s local cluster of worker processes, started on a thread of its own
+    while the caller goes on: the command starts its workers (their processes, imports and
+    device contexts, most of two seconds for GPU workers) while it imports and reads its data.
+
+    A cluster of in-process workers is not started here but by :meth:`connected`, in the
+    caller's thread: its start is the caller's own imports, which a thread would only contend
+    for (docs/performance.md, "The command and the readers"). Neither is a cluster one
+    connects to: ``connect``'s arguments name no scheduler.
+
+    Parameters
+    ----------
+    **kwargs
+        :func:`connect`'s arguments.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._cluster: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="daskmeans-cluster-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        backend, n_workers = self._kwargs.get("backend", "auto"), self._kwargs.get("n_workers")
+        try:
+            if not starts_in_process(backend, n_workers):
+                self._cluster = local_processes(backend, n_workers, self._kwargs.get("dashboard", False))
+        except BaseException as e:  # told to the caller by connected(), in its thread
+            self._error = e
+
+    @contextlib.contextmanager
+    def connected(self) -> Iterator[Client]:
+        """A client on the cluster once started (closed as :func:`connect`'s on leaving; the
+        client is made here, in the caller's thread, as Dask keeps the current client per
+        thread), or on a cluster of in-process workers started now; the start's error, if it
+        failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._cluster is None:
+            with connect(**self._kwargs) as client:
+                yield client
+            return
+        with on_local_processes(self._cluster) as client:
+            yield client
 
 
 def close_local(cluster: Any) -> None:

@@ -410,6 +410,22 @@ def connect(args: argparse.Namespace):
                            tls=(args.tls_ca_file, args.tls_cert, args.tls_key), dashboard=args.dashboard)
 
 
+def starting(args: argparse.Namespace):
+    """The command's local cluster, started now on a thread while the command imports and
+    reads its data (:class:`daskmeans.dask_cluster.Starting`; its ``connected()`` gives the
+    client), or None: on a scheduler the command did not start, or where the command runs
+    inside another program (:func:`~daskmeans.cli.main.main` without ``process_exit``, whose
+    process does not end with the command's, so a cluster left starting would outlive an
+    error). A cluster started here is left to the process's exit, not closed
+    (:func:`daskmeans.dask_cluster.end_with_process`)."""
+    from ..dask_cluster import Starting, end_with_process
+
+    if external(args) or not getattr(args, "process_exit", False):
+        return None
+    end_with_process()
+    return Starting(backend=args.backend, n_workers=args.workers, dashboard=args.dashboard)
+
+
 def external(args: argparse.Namespace) -> bool:
     """Whether the command runs on a scheduler it did not start."""
     from ..dask_cluster import scheduler_address

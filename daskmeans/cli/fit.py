@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from typing import Any
 
 from .. import seeding
@@ -136,6 +137,7 @@ def run_fit(args: argparse.Namespace) -> int:
                 from ..backends.cupy_backend import warm_ahead
 
                 warm_ahead(k=args.k)
+        early = common.starting(args)
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError
         from ..estimator import KMeans
@@ -181,7 +183,8 @@ def run_fit(args: argparse.Namespace) -> int:
                           defer=False, by="--checkpoint")
         with contextlib.ExitStack() as cluster:
             with phase("cluster"):
-                client = cluster.enter_context(common.connect(args))
+                warnings.showwarning = common.show_warning  # distributed routes warnings to logging
+                client = cluster.enter_context(early.connected() if early is not None else common.connect(args))
                 common.say(f"daskmeans: {describe(client)}")
                 if args.labels:
                     # The workers write the labels: a directory they cannot write into is

@@ -74,7 +74,7 @@ def run() -> None:
     argv = sys.argv[1:]
     args = parser().parse_args(argv)  # usage errors, --help and --version end here, as in main()
     command_process(dashboard=getattr(args, "dashboard", False))
-    rc = main(argv)
+    rc = main(argv, process_exit=True)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -83,11 +83,14 @@ def run() -> None:
     os._exit(rc)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, process_exit: bool = False) -> int:
     """Run the command ``argv`` (default ``sys.argv[1:]``) and return its exit status: 0, 1 for
     an error (one line on stderr), 130 after Ctrl-C, 143 after SIGTERM, 141 when the reader of
-    its output went away; usage errors exit 2 (SystemExit)."""
+    its output went away; usage errors exit 2 (SystemExit). ``process_exit``: the process ends
+    right after (:func:`run`), and with it the local cluster's worker processes, which the
+    command then starts while it reads and leaves to that exit rather than closing them."""
     args = parser().parse_args(argv)
+    args.process_exit = process_exit
     from ..errors import DaskmeansError
 
     common.start(quiet=getattr(args, "quiet", False))

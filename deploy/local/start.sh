@@ -70,7 +70,7 @@ if [ "$kind" = gpu ]; then
   n=$(nvidia-smi -L | wc -l)
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then n=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .); fi
   start workers.log dask cuda worker --scheduler-file "$dir/scheduler.json" --host "$host" \
-    --dashboard-address "$host:0" "${tls[@]}" "$@"
+    --dashboard-address "$host:0" --preload daskmeans.preload "${tls[@]}" "$@"
 else
   n=${workers:-$(nproc)}
   for i in $(seq "$n"); do
