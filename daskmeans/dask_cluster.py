@@ -382,10 +382,10 @@ def end_with_process() -> None:
     """Let this process's exit end the local clusters of worker processes it starts, rather
     than their close: called by the command, which ends with ``os._exit`` once its outputs are
     written (:func:`daskmeans.cli.main.run`). Closing such a cluster waits for every worker to
-    shut down (0.5-0.8 s of a 2-GPU command: docs/performance.md, "Several GPUs"); the work is
-    done and saved by then. Each worker's nanny, and each worker, is a child process that
-    exits at once when its parent does (``distributed.process.AsyncProcess`` watches a pipe to
-    its parent), so the processes end with the command all the same."""
+    shut down, a large share of a short multi-GPU command (docs/performance.md, "Several
+    GPUs"), when the work is done and saved. Each worker's nanny, and each worker, is a child
+    process that exits at once when its parent does (``distributed.process.AsyncProcess``
+    watches a pipe to its parent), so the processes end with the command all the same."""
     global _ENDS_WITH_PROCESS
     _ENDS_WITH_PROCESS = True
     # The workers' queues hold semaphores of this process, which multiprocessing's resource
