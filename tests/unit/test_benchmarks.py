@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every subcommand ``python -m benchmarks`` lists, named here so that one dropped from the list fails.
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins",
                "table", "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk",
-               "profile-yinyang", "yinyang")
+               "profile-yinyang", "yinyang", "ab")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
@@ -299,3 +299,52 @@ def test_kernels_load_flash_absent_or_without_its_triton_kernels(bench, monkeypa
     assert kernels.first_line(RuntimeError("out of resource: shared memory\nReducing block sizes")) == (
         "RuntimeError: out of resource: shared memory")
     assert kernels.first_line(RuntimeError()) == "RuntimeError"
+
+
+def test_ab_alternates_which_code_goes_first_and_reports_medians_and_ratios(bench, tmp_path, monkeypatch):
+    """``ab`` runs the inner benchmark on each code once per round, current first in even
+    rounds and baseline first in odd ones (ABBA), and compares rows matched by the inner
+    benchmark's key fields: medians of each code and current / baseline."""
+    import benchmarks.ab as ab
+
+    calls = []
+    per_code = {"current": iter([8.2, 8.6, 8.4, 9.0]), "baseline": iter([8.0, 8.4, 8.3, 8.5])}
+
+    def fake_run(code, inner, src, site, out, timeout):
+        calls.append(code)
+        row = {"problem": "P3", "precision": "fp32", "gpus": 2, "collective": "nccl", "chunking": "default",
+               "iteration_s": next(per_code[code])}
+        other = dict(row, gpus=1, iteration_s=1.0 if code == "current" else 2.0)
+        return {"results": [row, other] if code == "current" else [row]}  # a row only one code has is left out
+
+    monkeypatch.setattr(ab, "_run", fake_run)
+    src = tmp_path / "old"
+    src.mkdir()
+    (src / ".commit").write_text("8c3ca9b\n")
+    out = tmp_path / "ab.json"
+    ab.main(["--baseline-src", str(src), "--baseline-site", str(tmp_path / "site"), "--rounds", "4",
+             "--out", str(out), "--", "multigpu", "--problems", "P3"])
+    assert calls == ["current", "baseline", "baseline", "current", "current", "baseline", "baseline", "current"]
+    doc = json.loads(out.read_text())
+    (key,) = doc["comparisons"]
+    assert key == "multigpu 8c3ca9b results P3 fp32 2 nccl default"
+    c = doc["comparisons"][key]
+    assert c["current"] == [8.2, 8.6, 8.4, 9.0] and c["baseline"] == [8.0, 8.4, 8.3, 8.5]
+    assert c["current_first_in_round"] == [True, False, True, False]
+    assert c["current_median"] == pytest.approx(8.5) and c["baseline_median"] == pytest.approx(8.35)
+    assert c["ratio"] == pytest.approx(8.5 / 8.35)
+    assert c["commit"] and c["date"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--baseline-src", "x", "--baseline-site", "y"], "name the benchmark to run after '--'"),
+    (["--baseline-src", "x", "--baseline-site", "y", "--", "multigpu", "--out", "z.json"], "give --out before '--'"),
+    (["--baseline-src", "x", "--baseline-site", "y", "--", "placement"], "placement writes no rows to compare"),
+])
+def test_ab_refuses_what_it_cannot_compare(bench, argv, message, capsys):
+    import benchmarks.ab as ab
+
+    with pytest.raises(SystemExit) as e:
+        ab.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
