@@ -101,6 +101,8 @@ def _run(code: str, inner: list[str], src: str, site: str, out: str, timeout: fl
                        capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{code} run of {' '.join(inner)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    for line in p.stdout.splitlines()[-20:]:  # the inner benchmark's own report (its breakdown of the metric)
+        print(f"    {code}: {line}", flush=True)
     with open(out) as f:
         return json.load(f)
 
@@ -135,14 +137,24 @@ def main(argv=None) -> None:
                 vals = metric_by_row(doc, layout.rows, args.metric)
                 runs.append((code, pos, vals))
                 print(f"round {r} {code:8s} " + " ".join(f"{k}: {v:.6g}" for k, v in sorted(vals.items())), flush=True)
-    found = compare(runs)
-    res = {"benchmark": "ab", "device": meta.device_name(), "date": meta.now(), "commit": meta.commit(),
-           "comparisons": {f"{inner[0]} {baseline} {key}": {**v, "baseline_commit": baseline, "metric": args.metric,
-                                                             "inner": inner, "rounds": args.rounds}
-                           for key, v in found.items()}}
+            # Written after every round, so that a run stopped early (a lease's time limit)
+            # leaves the rounds it completed.
+            res = _result(runs, inner, baseline, r + 1, args.metric)
+            if r == 0:
+                meta.write(res, args.out, LAYOUT, args.merge)
+            else:
+                meta.write(res, args.out, LAYOUT, True)
     for key, v in res["comparisons"].items():
         print(f"{key}: current {v['current_median']:.6g}, baseline {v['baseline_median']:.6g}, ratio {v['ratio']:.4f}")
-    meta.write(res, args.out, LAYOUT, args.merge)
+
+
+def _result(runs: list, inner: list[str], baseline: str, rounds: int, metric: str) -> dict:
+    """The benchmark's document from the runs of the ``rounds`` rounds completed."""
+    found = compare(runs)
+    return {"benchmark": "ab", "device": meta.device_name(), "date": meta.now(), "commit": meta.commit(),
+            "comparisons": {f"{inner[0]} {baseline} {key}": {**v, "baseline_commit": baseline, "metric": metric,
+                                                              "inner": inner, "rounds": rounds}
+                            for key, v in found.items()}}
 
 
 if __name__ == "__main__":
