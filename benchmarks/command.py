@@ -53,7 +53,9 @@ With ``--gpus 1,2`` each run's command is timed with ``CUDA_VISIBLE_DEVICES`` se
 1 and then 2 GPUs, alternating within each repeat (the local cluster starts a worker per GPU);
 the entries are then keyed ``<run>-<n>gpu`` and record ``gpus``, and those past the first count
 record ``wall_over_first`` and ``init_over_first`` (issue 45: P3's whole command on 2 GPUs at
-most 1.1x of 1 GPU's; P4's ``p4init`` at most 0.7x, its init at most 0.65x).
+most 1.1x of 1 GPU's; P4's ``p4init`` at most 0.7x, its init at most 0.65x). An item ``N:threads``
+runs N GPUs with ``DASK_DASKMEANS__LOCAL_CLUSTER=threads`` (a worker per GPU in the command's
+process), keyed ``<run>-<N>gpu-threads``: ``--gpus 1,2,2:threads``.
 
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
@@ -183,13 +185,16 @@ def _write_zarr(problem: problems.Problem, path: str) -> None:
     problem.write_zarr(path, 0, rows=problems.BLOCK_ROWS // 8, xp=xp)
 
 
-def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str, gpus: int | None = None) -> dict:
+def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: str, gpus: int | None = None,
+                local_cluster: str | None = None) -> dict:
     out, timings = os.path.join(folder, "model.zarr"), os.path.join(folder, "timings.json")
     argv = ["daskmeans", "fit", path, "--k", str(spec["k"]), "-o", out, "--overwrite", "-q", "--timings", timings,
             *(["--init", ipath] if ipath else []), *spec["args"]]
     env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(cache, "cupy"), NUMBA_CACHE_DIR=os.path.join(cache, "numba"))
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    if local_cluster is not None:
+        env["DASK_DASKMEANS__LOCAL_CLUSTER"] = local_cluster
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -205,6 +210,15 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
         phases["first iteration's excess (compile, load)"] = its[0] - med
     return {"wall_s": wall, "phases": phases, "n_iter": t["n_iter"], "median_iteration_s": med,
             "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"]}
+
+
+def gpu_run(item: str | None) -> tuple[int | None, str | None]:
+    """``--gpus``' item ``"N"`` or ``"N:threads"`` (N GPUs, the local cluster's kind) as
+    ``(N, kind or None)``; None: ``(None, None)``, the GPUs the host shows."""
+    if item is None:
+        return None, None
+    count, _, how = item.partition(":")
+    return int(count), how or None
 
 
 def _entry(spec: dict, runs: list[dict], cold: dict, sk: list[float]) -> dict:
@@ -296,7 +310,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warm-only", action="store_true",
                     help="no run with an empty kernel cache (its phases then missing: cold_wall_s is null)")
     ap.add_argument("--gpus", help="comma-separated GPU counts, each command run on the first N GPUs in turn "
-                                   "(entries <run>-<N>gpu)")
+                                   "(entries <run>-<N>gpu); N:threads runs N GPUs with local-cluster threads "
+                                   "(entries <run>-<N>gpu-threads)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")
@@ -309,30 +324,33 @@ def main(argv=None) -> None:
         for name in names:
             spec = PROBLEMS[name]
             path, ipath = make_data(name, spec, folder)
-            counts = [int(g) for g in args.gpus.split(",")] if args.gpus else [None]
+            counts = args.gpus.split(",") if args.gpus else [None]
             cold = {g: {"wall_s": None, "phases": None} for g in counts}
             if not args.warm_only:
                 for g in counts:
                     with tempfile.TemporaryDirectory() as cold_cache:
-                        cold[g] = run_command(path, ipath, spec, folder, cold_cache, g)
+                        cold[g] = run_command(path, ipath, spec, folder, cold_cache, *gpu_run(g))
                         settle(cold_cache)  # its compiles would share the next runs' cores
             settled = 0.0
             for g in counts:
-                run_command(path, ipath, spec, folder, warm_cache, g)  # fills the warm cache
+                run_command(path, ipath, spec, folder, warm_cache, *gpu_run(g))  # fills the warm cache
                 settled += settle(warm_cache)
             runs, sk = {g: [] for g in counts}, []
             for _ in range(args.repeats):  # alternating, so that all see the same machine
                 for g in counts:
-                    runs[g].append(run_command(path, ipath, spec, folder, warm_cache, g))
+                    runs[g].append(run_command(path, ipath, spec, folder, warm_cache, *gpu_run(g)))
                 if spec["sk"]:
                     sk.append(run_sklearn(path, ipath, spec))
             first = None
             for g in counts:
                 entry = _entry(spec, runs[g], cold[g], sk)
                 entry["warm_up_after_fill_s"] = settled  # the fill's compiles still running after it
-                key = name if g is None else f"{name}-{g}gpu"
+                n_gpus, how = gpu_run(g)
+                key = name if g is None else f"{name}-{n_gpus}gpu" + (f"-{how}" if how else "")
                 if g is not None:
-                    entry["gpus"] = g
+                    entry["gpus"] = n_gpus
+                    if how is not None:
+                        entry["local_cluster"] = how
                     if first is None:
                         first = entry
                     else:

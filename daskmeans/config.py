@@ -113,10 +113,14 @@ def local_in_process(n_workers: int) -> bool:
 
 
 def gpu_in_process(n_gpus: int) -> bool:
-    """Whether a local GPU cluster runs its worker in this process: one GPU (``local-cluster``
-    auto or threads); several GPUs take a worker process each (LocalCUDACluster), as a worker
-    thread of this process does not own a device of its own."""
-    return n_gpus == 1 and local_in_process(1)
+    """Whether a local GPU cluster of ``n_gpus`` GPUs runs its workers in this process: one GPU
+    with ``local-cluster`` auto or threads, several GPUs with threads (a worker per GPU, each
+    running its tasks on its own: :mod:`daskmeans.engine.devices`); otherwise a worker process
+    per GPU (dask-cuda's LocalCUDACluster)."""
+    how = choice("local-cluster", ("auto", "threads", "processes"))
+    if how == "auto":
+        return n_gpus == 1 and local_in_process(1)
+    return how == "threads"
 
 
 def numba_cache_dir(numba_setting: str | None) -> str:

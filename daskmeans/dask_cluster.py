@@ -9,7 +9,8 @@ processes (a large share of a short command, more for a GPU worker, which would 
 create its CUDA context again: docs/performance.md, "In-process local cluster"): ``auto`` uses
 them for one GPU, and for
 up to ``local-threads-max-workers`` CPU workers, beyond which the workers' Python work
-(one call per distance tile) would contend for the interpreter lock.
+(one call per distance tile) would contend for the interpreter lock; ``threads`` for several
+GPUs too, a worker per GPU that runs its tasks on its own (:mod:`daskmeans.engine.devices`).
 
 The API (:func:`api_client`, :func:`using_client`) starts the same local cluster when it is
 given no client and finds no default one, once per process, and closes it at exit."""
@@ -336,10 +337,11 @@ def connect(
             close_client(client)
         return
     if starts_in_process(backend, n_workers):
-        if local_uses_gpu(backend) and not gpu_available():
+        gpu = local_uses_gpu(backend)
+        if gpu and not gpu_available():
             raise DaskmeansError("backend='gpu' but no CUDA device is visible to CuPy")
-        n = 1 if local_uses_gpu(backend) else n_workers or os.cpu_count() or 1
-        with _local(n, None if local_uses_gpu(backend) else blas_threads, dashboard) as client:
+        n = gpu_count() if gpu else n_workers or os.cpu_count() or 1
+        with _local(n, None if gpu else blas_threads, dashboard, devices=gpu and n > 1) as client:
             yield client
         return
     with on_local_processes(local_processes(backend, n_workers, dashboard)) as client:
@@ -480,8 +482,10 @@ def _dashboard(on: bool) -> dict:
 
 
 @contextlib.contextmanager
-def _local(n_workers: int, blas_threads: int | None, dashboard: bool) -> Iterator[Client]:
-    """A client on ``n_workers`` single-threaded workers in this process.
+def _local(n_workers: int, blas_threads: int | None, dashboard: bool, devices: bool = False) -> Iterator[Client]:
+    """A client on ``n_workers`` single-threaded workers in this process; with ``devices``, one
+    per device of the device backend here, each running its tasks on its own device
+    (:func:`_device_cluster`).
 
     The workers' memory limit (the machine's memory shared out) sizes the tiers' budgets, but
     the memory manager takes no action: it measures the whole process, which holds every
@@ -499,7 +503,7 @@ def _local(n_workers: int, blas_threads: int | None, dashboard: bool) -> Iterato
 
             stack.enter_context(threadpool_limits(limits=blas_threads, user_api="blas"))
         with dask.config.set(quiet):
-            cluster = stack.enter_context(LocalCluster(
+            cluster = stack.enter_context(_device_cluster(n_workers, dashboard) if devices else LocalCluster(
                 n_workers=n_workers, threads_per_worker=1, processes=False, **_dashboard(dashboard),
                 silence_logs=logging.CRITICAL))
         client = stack.enter_context(Client(cluster))
@@ -508,6 +512,26 @@ def _local(n_workers: int, blas_threads: int | None, dashboard: bool) -> Iterato
         except KeyboardInterrupt:
             _stop_now(cluster)
             raise
+
+
+def _device_cluster(n_devices: int, dashboard: bool) -> Any:
+    """A cluster of ``n_devices`` in-process workers, worker ``i`` running its tasks on device
+    ``i`` of the device backend here (:func:`daskmeans.engine.devices.device_worker_specs`),
+    over in-process comms, each with its share of the machine's memory: what ``LocalCluster``
+    starts with ``processes=False``, but with an executor of its own per worker, which
+    ``LocalCluster``'s one worker spec for all cannot give."""
+    from distributed import Scheduler, SpecCluster
+    from distributed.system import MEMORY_LIMIT
+
+    from .backends import device_backend_here
+    from .engine.devices import device_worker_specs
+
+    scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": dashboard,
+                                               "dashboard_address": ":0"}}
+    options = {"protocol": "inproc://", "memory_limit": MEMORY_LIMIT // max(1, n_devices),
+               "silence_logs": logging.CRITICAL}
+    workers = device_worker_specs(device_backend_here(), list(range(n_devices)), options)
+    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.CRITICAL)
 
 
 def _stop_now(cluster: LocalCluster) -> None:

@@ -371,9 +371,13 @@ def group_min_kernel(gemm_dtype: Any, csq_dtype: Any) -> Any:
     return _functions(key, group_min_source(gemm_dtype, csq_dtype), ("group_min",))["group_min"]
 
 
-def compile_concurrently(*compiles: Any) -> None:
+def compile_concurrently(*compiles: Any, device: int | None = None) -> None:
     """Run the given compile calls (e.g. ``lambda: sums_kernels(...)``) in threads: NVRTC
-    releases the GIL, so a cold kernel cache costs the longest compile, not their sum."""
+    releases the GIL, so a cold kernel cache costs the longest compile, not their sum. With
+    ``device``, each thread runs on that GPU (a module is loaded where it is asked for: an
+    in-process worker's own GPU)."""
+    if device is not None:
+        compiles = tuple((lambda c=c: _on_device(device, c)) for c in compiles)
     if len(compiles) < 2:
         for f in compiles:
             f()
@@ -383,3 +387,10 @@ def compile_concurrently(*compiles: Any) -> None:
     with ThreadPoolExecutor(len(compiles)) as ex:
         for f in [ex.submit(c) for c in compiles]:
             f.result()
+
+
+def _on_device(device: int, call: Any) -> Any:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return call()

@@ -37,7 +37,8 @@ from ..errors import DataError
 from ..numerics.grid import Grid
 from .protocol import DeviceBudget, Tunables, tunables_in_force
 
-__all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "label_counts", "min_sqdist", "moments", "name", "page_lock",
+__all__ = ["Prepared", "add_host", "asarray", "assign", "bin_sums", "current_device", "device_scope", "label_counts",
+           "min_sqdist", "moments", "name", "page_lock",
            "pinned", "prepare", "sqdistances", "staged", "to_numpy", "update_centroids", "uses_tiles",
            "on_host", "tile_setting", "working_bytes", "collectives", "inertia_from_sums", "bounds_cost", "available", "device_count", "device_budget",
            "step_rate", "copy_in", "empty_host"]
@@ -115,7 +116,32 @@ def asarray(block: Any, dtype: Any = None) -> Any:
 
     if isinstance(block, numpy.ndarray):
         return gpu_staging.upload(numpy.asarray(block, dtype=dtype))
+    if isinstance(block, cupy.ndarray) and block.device.id != cupy.cuda.Device().id:
+        # Made on another device of this process (an in-process worker's, passed by
+        # reference): a copy on this one, as a worker process receives a copy.
+        with block.device:
+            src = cupy.ascontiguousarray(block, dtype=dtype)
+            cupy.cuda.get_current_stream().synchronize()
+        out = cupy.empty(src.shape, src.dtype)
+        out.data.copy_from_device(src.data, src.nbytes)
+        return out
     return cupy.ascontiguousarray(cupy.asarray(block, dtype=dtype))
+
+
+def device_scope(index: int) -> Any:
+    """A context manager within which the calling thread's current GPU is ``index``
+    (``cupy.cuda.Device``): an in-process worker's tasks run on its own GPU
+    (:mod:`daskmeans.engine.devices`)."""
+    import cupy
+
+    return cupy.cuda.Device(int(index))
+
+
+def current_device() -> int:
+    """The calling thread's current GPU (what :func:`device_scope` enters)."""
+    import cupy
+
+    return int(cupy.cuda.Device().id)
 
 
 def pinned(block: Any) -> numpy.ndarray:
@@ -138,6 +164,9 @@ def copy_in(dst: Any, src: numpy.ndarray) -> Any:
     return gpu_staging.copy_in(dst, src)
 
 
+_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable (driver_types.h)
+
+
 def page_lock(a: numpy.ndarray) -> Any:
     """Page-lock host array ``a`` in place (``cudaHostRegister``): copies from and to it are
     then DMA at the link's speed instead of passing through the driver's staging buffers.
@@ -145,13 +174,17 @@ def page_lock(a: numpy.ndarray) -> Any:
     import cupy
 
     ptr, nbytes = a.ctypes.data, a.nbytes
+    device = cupy.cuda.Device().id
     try:
-        cupy.cuda.runtime.hostRegister(ptr, max(1, nbytes), 0)
+        # Portable: page-locked for every device of the process, as page-locked memory that
+        # CUDA allocates is (in-process workers of several GPUs share the host's blocks).
+        cupy.cuda.runtime.hostRegister(ptr, max(1, nbytes), _HOST_REGISTER_PORTABLE)
     except cupy.cuda.runtime.CUDARuntimeError:
         return lambda: None
 
     def unlock() -> None:
-        cupy.cuda.runtime.deviceSynchronize()  # no copy from or to ``a`` is still queued
+        with cupy.cuda.Device(device):  # the device whose copies read or write ``a``
+            cupy.cuda.runtime.deviceSynchronize()  # none is still queued
         cupy.cuda.runtime.hostUnregister(ptr)
 
     return unlock
@@ -300,9 +333,14 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
     calls = calls + _distance_pass_compiles(k, d, dtype, rows, tunables, shared)
     warm_cupy_ops(dtype)
 
+    device = current_device()
+
     def compile_all() -> None:
         try:
-            cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls)
+            # On the caller's GPU (a worker's, of several in one process): a module is loaded
+            # where the thread that asks for it is.
+            with device_scope(device):
+                cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls, device=device)
         except Exception:  # raised again where the kernel is needed
             pass
 

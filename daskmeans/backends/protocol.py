@@ -20,7 +20,10 @@ never passes the keyword to one that has not. Another is ``prepared_rows(X, prec
 rows of ``X`` prepared once as centroids, whose ``take(rows, k)`` is ``prepare(X[rows])``
 without reading anything back from a device (the CuPy backend's
 :class:`.cupy_backend.PreparedRows`); the seeding's batches (``seeding.kernels.seed_batched``)
-use it where a backend has it, and ``prepare`` otherwise.
+use it where a backend has it, and ``prepare`` otherwise. A backend of several devices in one
+process has ``device_scope(index)``: a context manager within which the calling thread's
+current device is ``index`` (the CuPy backend's ``cupy.cuda.Device``), by which in-process
+workers each keep to their own GPU (:mod:`daskmeans.engine.devices`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from .nccl_collective import NcclCollective, gpu_device, nccl_available, nccl_un
 
 __all__ = ["COLLECTIVES", "REGISTRY", "SINGLE", "Collective", "CollectiveAborted", "CollectiveSpec", "DaskCollective",
            "Kind", "NcclCollective", "PeerTimeout", "SingleRank", "abort", "choose_collective", "install_mailbox",
-           "mailbox", "make_spec", "nccl_unique_id", "open_collective", "release"]
+           "mailbox", "make_spec", "nccl_refusal", "nccl_unique_id", "open_collective", "release"]
 
 
 class SingleRank:
@@ -85,10 +85,19 @@ def _nccl_unusable(client: Client, placement: Placement) -> str | None:
     workers = list(placement.workers)
     if not all(client.run(nccl_available, workers=workers).values()):
         return "NCCL needs GPU workers whose CuPy has NCCL (cupy.cuda.nccl.available)"
-    devices = list(client.run(gpu_device, workers=workers).values())
-    if len(set(devices)) < len(devices):
+    return nccl_refusal(list(client.run(gpu_device, workers=workers).values()))
+
+
+def nccl_refusal(devices: list[tuple]) -> str | None:
+    """Why NCCL cannot sum the buffers of workers on ``devices`` (each ``(host, PCI bus id,
+    process id)``, :func:`.nccl_collective.gpu_device`), or None."""
+    if len({(host, bus) for host, bus, _ in devices}) < len(devices):
         # NCCL refuses two ranks on one GPU (invalid usage): they add through Dask's comms.
         return "NCCL needs a GPU of its own per worker, and workers share a GPU"
+    if len({(host, pid) for host, _, pid in devices}) < len(devices):
+        # CuPy's communicator init holds the interpreter lock while it waits for the other
+        # ranks: two ranks of one process would wait for each other for ever.
+        return "NCCL needs a process of its own per worker, and workers share a process"
     return None
 
 

@@ -84,10 +84,15 @@ class NcclCollective:
             self.comm.destroy()
 
 
-def gpu_device() -> tuple:
-    """This worker's GPU: its host and PCI bus id (the same for workers sharing a GPU)."""
+def gpu_device(dask_worker: Any = None) -> tuple:
+    """This worker's GPU and process: its host, PCI bus id (the same for workers sharing a GPU)
+    and process id (the same for workers of one process, :mod:`.devices`)."""
+    import os
     import socket
 
     import cupy
 
-    return socket.gethostname(), cupy.cuda.Device().pci_bus_id
+    from .devices import on_worker_device
+
+    with on_worker_device(dask_worker):
+        return socket.gethostname(), cupy.cuda.Device().pci_bus_id, os.getpid()

@@ -35,6 +35,7 @@ from distributed import Client
 
 from .. import config
 from ..backends import backend_here, get_backend
+from .devices import on_worker_device
 from ..backends.bounds import bound_bytes
 from ..backends.protocol import Tunables
 from ..errors import DaskmeansError
@@ -76,7 +77,8 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
             limit = psutil.virtual_memory().available
         host = int(limit * 0.5)  # the other half: Dask, Python, labels, read-ahead, spikes
     be = backend_here(backend)
-    budget = be.device_budget()
+    with on_worker_device(dask_worker):  # an in-process worker's own GPU, not the thread's
+        budget = be.device_budget()
     device = None if budget is None else int(budget.free) if device_memory_limit is None else int(device_memory_limit)
     return {"host": int(host), "device": device, "flops": float(be.step_rate()),
             "sm_count": 0 if budget is None else int(budget.processors)}

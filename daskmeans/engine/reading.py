@@ -28,6 +28,7 @@ import numpy as np
 from .. import config
 from ..io import fill
 from ..io.ranges import cores
+from .devices import carried
 
 
 def read_threads(setting: Any, peers: int) -> int:
@@ -104,7 +105,7 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
         # Each block is locked by the thread that filled its last piece, while the others
         # still read: the locks overlap the reads instead of following them.
         fill.fill(chunks, lambda p: sources[p.chunk].read_into(p.start, p.stop, block(p.chunk)[p.start:p.stop]),
-                  threads, finished=lambda j: locked(be, block(j)))
+                  threads, finished=carried(be, lambda j: locked(be, block(j))))
         return [b if b is not None else np.empty((0, int(d)), dtype) for b in blocks]
 
     blocks = [be.xp.empty((int(s.rows), int(d)), dtype) for s in sources]
@@ -127,7 +128,7 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
         st[1] = be.copy_in(blocks[p.chunk][p.start:p.stop], view)
 
     try:
-        fill.fill(chunks, read, threads)
+        fill.fill(chunks, carried(be, read), threads)
     finally:
         for _, last in staging:  # no copy still reads a buffer about to be freed
             if last is not None:

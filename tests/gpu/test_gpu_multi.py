@@ -184,3 +184,68 @@ def test_nccl_allreduce_queued_then_waited():
     want = 2 * sum(np.random.default_rng([r, n]).integers(-(2**40), 2**40, n, dtype=np.int64) for r in range(2))
     for out in outs:
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
+def test_in_process_workers_one_per_gpu_give_the_bits_of_worker_processes():
+    """``local-cluster: threads`` on a host of several GPUs: a worker per GPU in this process
+    (``engine/devices.py``), each placing, reading and computing on its own GPU (a block made on
+    another worker's GPU is copied), summing through the Dask collective (NCCL needs a process
+    per rank). The centroids, labels and inertia are those of a worker process per GPU."""
+    from daskmeans import KMeans
+    from daskmeans.dask_cluster import connect
+    from daskmeans.engine.collective import choose_collective
+    from daskmeans.engine.placement import place
+    from daskmeans.io.readers import read
+
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40_000, 64)).astype(np.float32)
+    init = X[:300].astype(np.float64)
+    Xd = da.from_array(X, chunks=(40_000 // 8, -1))
+    ref, ref_labels = _fit("0,1", Xd, init, "tf32", "auto")
+    with dask.config.set({"daskmeans.local-cluster": "threads"}), connect(backend="gpu") as c:
+        info = c.scheduler_info()["workers"]
+        assert len(info) == _n_gpus() and all(a.startswith("inproc://") for a in info)
+        p = place(c, read(X), "cupy")
+        assert len(set(p.workers)) == _n_gpus()
+        assert choose_collective(c, p, "auto") == "dask"
+
+        def devices(shard):
+            import cupy
+
+            return cupy.cuda.Device().id, sorted({b.device.id for b in shard.blocks})
+
+        ids = [c.submit(devices, s, workers=[w], pure=False).result() for s, w in zip(p.shards, p.workers)]
+        assert sorted(ids) == [(i, [i]) for i in range(_n_gpus())]
+        del p
+        for data in (Xd, X):
+            with dask.config.set({"daskmeans.segment-seconds": 0.2}):
+                km = KMeans(len(init), init=init, tol=0, max_iter=15, precision="tf32", client=c).fit(data)
+            labels = np.asarray(km.labels_ if isinstance(data, np.ndarray) else c.compute(km.labels_).result())
+            np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+            np.testing.assert_array_equal(labels, ref_labels)
+            assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+
+
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
+def test_the_command_on_in_process_gpus_writes_the_model_of_worker_processes(tmp_path):
+    """``daskmeans fit`` with ``local-cluster: threads`` on every GPU of the host (no worker
+    process) writes the model that a worker process per GPU writes, k-means|| init included."""
+    import os
+    import subprocess
+    import sys
+
+    from daskmeans.io.model_store import load_model
+
+    rng = np.random.default_rng(8)
+    path = tmp_path / "x.npy"
+    np.save(path, rng.standard_normal((60_000, 32)).astype(np.float32))
+    models = {}
+    for how in ("processes", "threads"):
+        out = tmp_path / f"{how}.zarr"
+        env = {**os.environ, "DASK_DASKMEANS__LOCAL_CLUSTER": how}
+        r = subprocess.run([sys.executable, "-m", "daskmeans", "fit", str(path), "--k", "64", "--max-iter", "10",
+                            "--seed", "3", "--output", str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        models[how] = load_model(str(out))[0]
+    np.testing.assert_array_equal(models["threads"], models["processes"])

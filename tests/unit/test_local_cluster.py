@@ -9,11 +9,13 @@ from daskmeans import config
 
 @pytest.mark.parametrize("how,n_gpus,expected", [
     ("auto", 1, True), ("threads", 1, True), ("processes", 1, False),
-    ("auto", 2, False), ("threads", 2, False), ("auto", 8, False),
+    ("auto", 2, False), ("threads", 2, True), ("processes", 2, False), ("auto", 8, False),
 ])
-def test_only_one_gpu_runs_its_worker_in_process(how, n_gpus, expected):
-    """Several GPUs need a worker process each: an in-process cluster of one worker would
-    leave every GPU but the first idle."""
+def test_several_gpus_run_in_process_only_when_asked(how, n_gpus, expected):
+    """One GPU's worker runs in the command's process unless processes are asked for; several
+    GPUs take a worker process each unless threads are asked for (a worker per GPU in this
+    process, each on its own GPU: ``engine/devices.py``, tested in ``tests/engine/test_devices.py``
+    and on GPUs in ``tests/gpu/test_gpu_multi.py``)."""
     with dask.config.set({"daskmeans.local-cluster": how}):
         assert config.gpu_in_process(n_gpus) is expected
 
