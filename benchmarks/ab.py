@@ -76,19 +76,8 @@ def compare(runs: list[tuple[str, int, dict[str, float]]]) -> dict[str, dict]:
 
 
 def _baseline_commit(src: str) -> str:
-    """The baseline's commit: its tree's ``.commit`` file, else what git says there, else
-    the folder's name."""
-    path = os.path.join(src, ".commit")
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read().strip()
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except OSError:
-        pass
-    return os.path.basename(os.path.abspath(src))
+    """The baseline's commit (:func:`meta.commit` of its tree), else the folder's name."""
+    return meta.commit(src, short=True) or os.path.basename(os.path.abspath(src))
 
 
 def _run(code: str, inner: list[str], src: str, site: str, out: str, timeout: float) -> dict:

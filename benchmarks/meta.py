@@ -27,16 +27,20 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def commit() -> str | None:
+def commit(root: str | None = None, short: bool = False) -> str | None:
     """The measured commit: ``.commit`` in the working directory or the repository root
-    (written before a device run, whose copy of .git may be stale), else ``git rev-parse HEAD``."""
-    for path in (".commit", os.path.join(ROOT, ".commit")):
+    (written before a device run, whose copy of .git may be stale), else ``git rev-parse HEAD``
+    (``--short`` with ``short``). With ``root``, the commit of the tree there instead (another
+    commit's tree: ``ab``'s baseline), by its ``.commit`` file or its git."""
+    paths = (".commit", os.path.join(ROOT, ".commit")) if root is None else (os.path.join(root, ".commit"),)
+    for path in paths:
         if os.path.exists(path):
             with open(path) as f:
                 return f.read().strip() or None
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], capture_output=True,
+                             text=True, cwd=ROOT if root is None else root)
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
     except OSError:
         return None
 

@@ -336,6 +336,35 @@ def test_ab_alternates_which_code_goes_first_and_reports_medians_and_ratios(benc
     assert c["commit"] and c["date"]
 
 
+def test_ab_keeps_the_rounds_done_when_a_later_one_fails(bench, tmp_path, monkeypatch):
+    """Its file is written after every round: a run that fails (or a lease's time limit) in
+    round 2 leaves round 1's comparison; a baseline tree without ``.commit`` outside git is named
+    by its folder."""
+    import benchmarks.ab as ab
+
+    runs = iter([8.0, 8.5, None])
+
+    def fake_run(code, inner, src, site, out, timeout):
+        value = next(runs)
+        if value is None:
+            raise RuntimeError("current run of multigpu failed (137)")
+        return {"results": [{"problem": "P3", "precision": "fp32", "gpus": 2, "collective": "nccl",
+                             "chunking": "default", "iteration_s": value}]}
+
+    monkeypatch.setattr(ab, "_run", fake_run)
+    src = tmp_path / "tree-of-8c3ca9b"
+    src.mkdir()
+    out = tmp_path / "ab.json"
+    with pytest.raises(RuntimeError, match="failed"):
+        ab.main(["--baseline-src", str(src), "--baseline-site", str(tmp_path / "site"), "--rounds", "3",
+                 "--out", str(out), "--", "multigpu", "--problems", "P3"])
+    doc = json.loads(out.read_text())
+    (key,) = doc["comparisons"]
+    assert key == "multigpu tree-of-8c3ca9b results P3 fp32 2 nccl default"
+    c = doc["comparisons"][key]
+    assert c["rounds"] == 1 and c["current"] == [8.0] and c["baseline"] == [8.5]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--baseline-src", "x", "--baseline-site", "y"], "name the benchmark to run after '--'"),
     (["--baseline-src", "x", "--baseline-site", "y", "--", "multigpu", "--out", "z.json"], "give --out before '--'"),
