@@ -152,6 +152,7 @@ def _all_rows_block(block: Any, weights: Any, centers: np.ndarray, precision: st
     """``[inertia, count_0, ..., count_{K-1}]`` (1, K + 1) float64 of one chunk under ``centers``
     (K, d): the chunk's (weighted) sum of squared distances and its rows per cluster."""
     be = get_backend(block)
+    block = be.asarray(block)  # on this task's device (a chunk may come from another GPU of the process)
     p = be.prepare(centers, block.dtype, precision)
     w = None if weights is None else be.asarray(weights.reshape(-1))
     out = be.assign(block, p, sample_weight=w, want_sums=False)

@@ -77,6 +77,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from . import gpu_device
+
 
 def _source(name: str) -> str:
     """The text of ``cuda/<name>``, shipped beside this file (found from the file, not the
@@ -373,19 +375,19 @@ def group_min_kernel(gemm_dtype: Any, csq_dtype: Any) -> Any:
 
 def compile_concurrently(*compiles: Any, device: int | None = None) -> None:
     """Run the given compile calls (e.g. ``lambda: sums_kernels(...)``) in threads: NVRTC
-    releases the GIL, so a cold kernel cache costs the longest compile, not their sum. With
-    ``device``, each thread runs on that GPU (a module is loaded where it is asked for: an
-    in-process worker's own GPU)."""
-    if device is not None:
-        compiles = tuple((lambda c=c: _on_device(device, c)) for c in compiles)
-    if len(compiles) < 2:
-        for f in compiles:
-            f()
-        return
+    releases the GIL, so a cold kernel cache costs the longest compile, not their sum. Each
+    thread runs on GPU ``device``, by default the caller's: a module is loaded on the GPU of the
+    thread that asks for it, and an in-process worker's is its own, not the process's first."""
     from concurrent.futures import ThreadPoolExecutor
 
+    if device is None:
+        device = gpu_device.device_id()
+    if len(compiles) < 2:
+        for c in compiles:
+            _on_device(device, c)
+        return
     with ThreadPoolExecutor(len(compiles)) as ex:
-        for f in [ex.submit(c) for c in compiles]:
+        for f in [ex.submit(_on_device, device, c) for c in compiles]:
             f.result()
 
 

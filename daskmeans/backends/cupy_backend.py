@@ -174,7 +174,7 @@ def page_lock(a: numpy.ndarray) -> Any:
     import cupy
 
     ptr, nbytes = a.ctypes.data, a.nbytes
-    device = cupy.cuda.Device().id
+    device = current_device()
     try:
         # Portable: page-locked for every device of the process, as page-locked memory that
         # CUDA allocates is (in-process workers of several GPUs share the host's blocks).
@@ -337,10 +337,8 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
 
     def compile_all() -> None:
         try:
-            # On the caller's GPU (a worker's, of several in one process): a module is loaded
-            # where the thread that asks for it is.
-            with device_scope(device):
-                cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls, device=device)
+            # On the caller's GPU (this thread's is the process's first).
+            cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls, device=device)
         except Exception:  # raised again where the kernel is needed
             pass
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+from distributed import Worker
 from distributed.threadpoolexecutor import ThreadPoolExecutor
 
 from ..backends import get_backend
@@ -94,15 +95,26 @@ def carried(be: Any, fn: Callable) -> Callable:
     return on_device
 
 
+class DeviceWorker(Worker):
+    """A worker of one thread that runs its tasks on device ``device`` of backend
+    ``device_backend`` (:class:`DeviceThreadPoolExecutor`); ``Worker``'s other keywords.
+
+    The executor is made with the worker, not held in the cluster's spec: a worker shuts its
+    executor down when it closes, and a worker the cluster starts again from its spec needs a
+    new one.
+    """
+
+    def __init__(self, *args: Any, device_backend: str, device: int, **kwargs: Any):
+        name = kwargs.get("name", f"{device_backend}-{device}")
+        ex = DeviceThreadPoolExecutor(device_backend, device, 1, thread_name_prefix=f"{name}-Dask-Default-Threads")
+        super().__init__(*args, **{**kwargs, "nthreads": 1, "executor": ex})
+
+
 def device_worker_specs(backend: str, devices: list[int], options: dict) -> dict:
     """``SpecCluster``'s worker specs of one in-process worker per device in ``devices`` (named
-    ``<backend>-<index>``), each with one thread in a :class:`DeviceThreadPoolExecutor` and ``options``
-    besides (``Worker``'s keywords: memory limit, protocol, logs)."""
-    from distributed import Worker
-
-    specs = {}
-    for i in devices:
-        name = f"{backend}-{i}"
-        ex = DeviceThreadPoolExecutor(backend, i, 1, thread_name_prefix=f"{name}-Dask-Default-Threads")
-        specs[name] = {"cls": Worker, "options": {**options, "nthreads": 1, "executor": ex, "name": name}}
-    return specs
+    ``<backend>-<index>``), each a :class:`DeviceWorker` with ``options`` besides (``Worker``'s
+    keywords: memory limit, protocol, logs)."""
+    return {f"{backend}-{i}": {"cls": DeviceWorker,
+                               "options": {**options, "name": f"{backend}-{i}", "device_backend": backend,
+                                           "device": i}}
+            for i in devices}

@@ -84,6 +84,7 @@ def _finite_rows(block, block_info=None):
     and values whose squared row norms can overflow the distances' dtype one as fit's
     (:func:`~daskmeans.numerics.grid.check_range` of the block's largest values)."""
     be = get_backend(block)
+    block = be.asarray(block)  # on this task's device (a chunk may come from another GPU of the process)
     xp = be.xp
     if block.shape[0] == 0:
         return block
@@ -98,18 +99,20 @@ def _finite_rows(block, block_info=None):
 
 
 def _prep(block, centers, precision, tunables):
-    """The block's backend with the client's kernel settings bound, and ``centers`` prepared."""
+    """The block's backend with the client's kernel settings bound, the block on this task's
+    device (:func:`_finite_rows`' may have run on another worker's GPU of the same process), and
+    ``centers`` prepared."""
     be = get_backend(block, tunables)
-    return be, be.prepare(centers, block.dtype, precision)
+    return be, be.asarray(block), be.prepare(centers, block.dtype, precision)
 
 
 def _predict_block(block, centers, precision, tunables):
-    be, p = _prep(block, centers, precision, tunables)
+    be, block, p = _prep(block, centers, precision, tunables)
     return be.to_numpy(be.assign(block, p, want_sums=False)["labels"])
 
 
 def _transform_block(block, centers, metric, tunables):
-    be, p = _prep(block, centers, "fp32", tunables)
+    be, block, p = _prep(block, centers, "fp32", tunables)
     d2 = be.to_numpy(_exact_near_zero(be, block, centers, be.sqdistances(block, p)))
     out = get_metric(metric).distances(d2)
     return out.astype(block.dtype, copy=False)  # computed in float64, given in X's dtype (as scikit-learn)
@@ -136,11 +139,11 @@ def _exact_near_zero(be, block, centers, d2):
 
 
 def _inertia_block(block, centers, precision, tunables):
-    be, p = _prep(block, centers, precision, tunables)
+    be, block, p = _prep(block, centers, precision, tunables)
     return np.array([[float(be.assign(block, p, want_sums=False)["inertia"])]])
 
 
 def _inertia_block_weighted(block, w, centers, precision, tunables):
-    be, p = _prep(block, centers, precision, tunables)
+    be, block, p = _prep(block, centers, precision, tunables)
     weights = be.asarray(w[:, 0]).astype(block.dtype)  # as the fit's kernels take sample weights
     return np.array([[float(be.assign(block, p, weights, want_sums=False)["inertia"])]])

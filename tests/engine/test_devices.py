@@ -110,6 +110,18 @@ def test_each_worker_runs_its_tasks_and_its_run_calls_on_its_own_device(device_b
     assert _current() is None
 
 
+def test_workers_started_again_from_the_same_specs_get_executors_of_their_own(device_backend):
+    """A worker shuts its executor down when it closes; the specs make a new one with each
+    worker, so a cluster started again from them runs its tasks (on each worker's device)."""
+    specs = devices.device_worker_specs(NAME, [0, 1], {"protocol": "inproc://", "memory_limit": 2 << 30})
+    scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
+    for _ in range(2):
+        with SpecCluster(workers=specs, scheduler=scheduler) as cluster, Client(cluster) as c:
+            names = _by_name(c)
+            got = [c.submit(_current, workers=[names[f"{NAME}-{i}"]], pure=False).result(timeout=30) for i in (0, 1)]
+            assert got == [0, 1]
+
+
 def get_worker_backend():
     return backends.get_backend(NAME)
 

@@ -249,3 +249,40 @@ def test_the_command_on_in_process_gpus_writes_the_model_of_worker_processes(tmp
         assert r.returncode == 0, r.stderr[-3000:]
         models[how] = load_model(str(out))[0]
     np.testing.assert_array_equal(models["threads"], models["processes"])
+
+
+@pytest.mark.skipif(_n_gpus() < 2, reason="needs 2 GPUs")
+def test_in_process_workers_take_cupy_chunks_of_one_gpu_and_sum_large_buffers():
+    """A notebook's CuPy chunks, all made on GPU 0, fitted, predicted and scored on in-process
+    workers of every GPU: each worker's shard holds its blocks on its own GPU (copied, not read
+    across the link each pass), and the centroid sums (K x D x 8 bytes over 1 MiB, beyond the
+    comms' small-message path) are summed between the ranks of one process. Centroids, labels,
+    predictions and score are those of a worker process per GPU."""
+    import cupy
+
+    from daskmeans import KMeans
+    from daskmeans.dask_cluster import connect
+    from daskmeans.engine.placement import place
+
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((30_000, 160)).astype(np.float32)
+    init = X[:1024].astype(np.float64)
+    assert init.nbytes > 1 << 20
+    ref, ref_labels = _fit("0,1", da.from_array(X, chunks=(3000, -1)), init, "fp32", "auto")
+    with cupy.cuda.Device(0):
+        Xg = da.from_array(cupy.asarray(X), chunks=(3000, -1), asarray=False)
+    with dask.config.set({"daskmeans.local-cluster": "threads"}), connect(backend="gpu") as c:
+        p = place(c, Xg, "cupy")
+
+        def devices(shard):
+            return cupy.cuda.Device().id, sorted({b.device.id for b in shard.blocks})
+
+        ids = [c.submit(devices, s, workers=[w], pure=False).result() for s, w in zip(p.shards, p.workers)]
+        assert sorted(ids) == [(i, [i]) for i in range(_n_gpus())]
+        del p
+        with dask.config.set({"daskmeans.segment-seconds": 0.2}):
+            km = KMeans(len(init), init=init, tol=0, max_iter=15, client=c).fit(Xg)
+        np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
+        np.testing.assert_array_equal(cupy.asnumpy(c.compute(km.labels_).result()), ref_labels)
+        np.testing.assert_array_equal(cupy.asnumpy(c.compute(km.predict(Xg)).result()), ref_labels)
+        assert km.score(Xg) == pytest.approx(-ref.inertia_, rel=1e-6)
