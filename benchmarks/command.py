@@ -53,9 +53,10 @@ With ``--gpus 1,2`` each run's command is timed with ``CUDA_VISIBLE_DEVICES`` se
 1 and then 2 GPUs, alternating within each repeat (the local cluster starts a worker per GPU);
 the entries are then keyed ``<run>-<n>gpu`` and record ``gpus``, and those past the first count
 record ``wall_over_first`` and ``init_over_first`` (issue 45: P3's whole command on 2 GPUs at
-most 1.1x of 1 GPU's; P4's ``p4init`` at most 0.7x, its init at most 0.65x). An item ``N:threads``
-runs N GPUs with ``DASK_DASKMEANS__LOCAL_CLUSTER=threads`` (a worker per GPU in the command's
-process), keyed ``<run>-<N>gpu-threads``: ``--gpus 1,2,2:threads``.
+most 1.1x of 1 GPU's; P4's ``p4init`` at most 0.7x, its init at most 0.65x). An item ``N:KIND``
+runs N GPUs with ``DASK_DASKMEANS__LOCAL_CLUSTER=KIND`` (``threads``: a worker per GPU in the
+command's process, the default; ``processes``: a worker process per GPU), keyed
+``<run>-<N>gpu-KIND``: ``--gpus 1,2,2:processes``.
 
 With ``--api``, P1 is also fitted through the Python API on an open local cluster, the array
 in memory, against scikit-learn's fit of the same array.
@@ -213,7 +214,7 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
 
 
 def gpu_run(item: str | None) -> tuple[int | None, str | None]:
-    """``--gpus``' item ``"N"`` or ``"N:threads"`` (N GPUs, the local cluster's kind) as
+    """``--gpus``' item ``"N"`` or ``"N:KIND"`` (N GPUs, the local cluster's kind) as
     ``(N, kind or None)``; None: ``(None, None)``, the GPUs the host shows."""
     if item is None:
         return None, None
@@ -310,8 +311,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warm-only", action="store_true",
                     help="no run with an empty kernel cache (its phases then missing: cold_wall_s is null)")
     ap.add_argument("--gpus", help="comma-separated GPU counts, each command run on the first N GPUs in turn "
-                                   "(entries <run>-<N>gpu); N:threads runs N GPUs with local-cluster threads "
-                                   "(entries <run>-<N>gpu-threads)")
+                                   "(entries <run>-<N>gpu); N:KIND runs N GPUs with local-cluster KIND, threads or "
+                                   "processes (entries <run>-<N>gpu-KIND)")
     meta.add_output_options(ap)
     args = ap.parse_args(argv)
     meta.check_output(ap, args, "command")

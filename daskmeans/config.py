@@ -113,14 +113,13 @@ def local_in_process(n_workers: int) -> bool:
 
 
 def gpu_in_process(n_gpus: int) -> bool:
-    """Whether a local GPU cluster of ``n_gpus`` GPUs runs its workers in this process: one GPU
-    with ``local-cluster`` auto or threads, several GPUs with threads (a worker per GPU, each
-    running its tasks on its own: :mod:`daskmeans.engine.devices`); otherwise a worker process
-    per GPU (dask-cuda's LocalCUDACluster)."""
-    how = choice("local-cluster", ("auto", "threads", "processes"))
-    if how == "auto":
-        return n_gpus == 1 and local_in_process(1)
-    return how == "threads"
+    """Whether a local GPU cluster of ``n_gpus`` GPUs runs its workers in this process (a worker
+    per GPU, each running its tasks on its own: :mod:`daskmeans.engine.devices`) rather than a
+    worker process per GPU (dask-cuda's LocalCUDACluster): as :func:`local_in_process` decides
+    for that many workers. In-process workers start no process, create no second CUDA context
+    per GPU and share the data without copies (docs/performance.md, "In-process GPU
+    workers")."""
+    return local_in_process(n_gpus)
 
 
 def numba_cache_dir(numba_setting: str | None) -> str:

@@ -7,10 +7,9 @@ this process (``daskmeans.local-cluster: threads``) or each in its own process (
 cost no process start, no imports in the workers and no transfer of the data between
 processes (a large share of a short command, more for a GPU worker, which would import CuPy and
 create its CUDA context again: docs/performance.md, "In-process local cluster"): ``auto`` uses
-them for one GPU, and for
-up to ``local-threads-max-workers`` CPU workers, beyond which the workers' Python work
-(one call per distance tile) would contend for the interpreter lock; ``threads`` for several
-GPUs too, a worker per GPU that runs its tasks on its own (:mod:`daskmeans.engine.devices`).
+them for up to ``local-threads-max-workers`` workers, CPU workers or GPUs (a worker per GPU
+that runs its tasks on its own: :mod:`daskmeans.engine.devices`), beyond which the workers'
+Python work (one call per distance tile) would contend for the interpreter lock.
 
 The API (:func:`api_client`, :func:`using_client`) starts the same local cluster when it is
 given no client and finds no default one, once per process, and closes it at exit."""
@@ -289,7 +288,7 @@ def connect(
     scheduler : str, optional
         Address (``tcp://host:8786``, ``tls://host:8786``) or a scheduler JSON file.
     backend : "auto", "cpu" or "gpu"
-        For a local cluster: ``auto`` starts ``LocalCUDACluster`` when a GPU is visible.
+        For a local cluster: ``auto`` starts GPU workers when a GPU is visible.
     n_workers : int, optional
         Local CPU cluster size (default: one per core).
     scheduler_file : str, optional

@@ -127,9 +127,9 @@ class KMeans(BaseKMeans):
     client : distributed.Client, optional
         The cluster to work on. Default: inside a Dask task, the worker's client (see
         below); else the default client (``distributed.default_client()``); else the local
-        cluster the command line starts (one in-process worker per GPU for one GPU, else up
-        to ``daskmeans.local-threads-max-workers`` single-threaded CPU workers; several GPUs:
-        a ``LocalCUDACluster``), started by the first ``fit``, ``predict``, ``transform`` or
+        cluster the command line starts (up to ``daskmeans.local-threads-max-workers``
+        in-process workers, one per GPU or single-threaded CPU workers; beyond, worker
+        processes), started by the first ``fit``, ``predict``, ``transform`` or
         ``score`` of the process that needs it, reused after, made the default client, and
         closed at exit. Inside a Dask task (``joblib``'s Dask backend, ``client.submit``) the
         work runs in ``distributed.worker_client()``, and fits from tasks run one at a time.

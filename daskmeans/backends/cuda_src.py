@@ -73,6 +73,7 @@ loads it)
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -380,7 +381,7 @@ def compile_concurrently(*compiles: Any, device: int | None = None) -> None:
     thread that asks for it, and an in-process worker's is its own, not the process's first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    if device is None:
+    if device is None and "cupy" in sys.modules:  # without CuPy loaded, no thread has a GPU yet
         device = gpu_device.device_id()
     if len(compiles) < 2:
         for c in compiles:
@@ -391,7 +392,9 @@ def compile_concurrently(*compiles: Any, device: int | None = None) -> None:
             f.result()
 
 
-def _on_device(device: int, call: Any) -> Any:
+def _on_device(device: int | None, call: Any) -> Any:
+    if device is None:
+        return call()
     import cupy
 
     with cupy.cuda.Device(device):

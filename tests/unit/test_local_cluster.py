@@ -7,16 +7,17 @@ import pytest
 from daskmeans import config
 
 
-@pytest.mark.parametrize("how,n_gpus,expected", [
-    ("auto", 1, True), ("threads", 1, True), ("processes", 1, False),
-    ("auto", 2, False), ("threads", 2, True), ("processes", 2, False), ("auto", 8, False),
+@pytest.mark.parametrize("how,n_gpus,cap,expected", [
+    ("auto", 1, 8, True), ("threads", 1, 8, True), ("processes", 1, 8, False),
+    ("auto", 2, 8, True), ("threads", 2, 8, True), ("processes", 2, 8, False), ("auto", 8, 8, True),
+    ("auto", 4, 2, False), ("threads", 4, 2, True),
 ])
-def test_several_gpus_run_in_process_only_when_asked(how, n_gpus, expected):
-    """One GPU's worker runs in the command's process unless processes are asked for; several
-    GPUs take a worker process each unless threads are asked for (a worker per GPU in this
-    process, each on its own GPU: ``engine/devices.py``, tested in ``tests/engine/test_devices.py``
-    and on GPUs in ``tests/gpu/test_gpu_multi.py``)."""
-    with dask.config.set({"daskmeans.local-cluster": how}):
+def test_gpus_run_in_process_unless_processes_are_asked_or_too_many(how, n_gpus, cap, expected):
+    """GPU workers run in the command's process (a worker per GPU, each on its own GPU:
+    ``engine/devices.py``, tested in ``tests/engine/test_devices.py`` and on GPUs in
+    ``tests/gpu/test_gpu_multi.py``) unless processes are asked for, or auto meets more GPUs than
+    ``local-threads-max-workers``."""
+    with dask.config.set({"daskmeans.local-cluster": how, "daskmeans.local-threads-max-workers": cap}):
         assert config.gpu_in_process(n_gpus) is expected
 
 
