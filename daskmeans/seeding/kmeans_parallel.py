@@ -22,7 +22,7 @@ from ..engine.watch import watch
 from ..numerics.grid import Grid
 from ..numerics.hashing import row_uniforms
 from ..params import KMeansParams
-from ..events import advance
+from ..events import advance, note
 from ..reduction import tree_reduce
 from . import rows
 from .kernels import seed_batched, weighted_lloyd
@@ -337,7 +337,10 @@ def init_kmeans_parallel(
         client.cancel(submitted)  # the rounds after a lost worker's or an interrupt's would wait
         raise
     if centers is None:
-        # Too few distinct candidates (tiny or highly duplicated data): fall back to k-means++.
-        return init_kmeans_plusplus(client, placement, k, seed)
+        # Too few distinct candidates (tiny or highly duplicated data, or, at small K, rounds
+        # that happened to draw fewer than K rows): k-means++ takes the recluster's place, and
+        # the person watching is told why.
+        note(f"daskmeans: init k-means||: fewer than n_clusters={k} distinct candidates drawn; seeding with k-means++ instead")
+        centers = init_kmeans_plusplus(client, placement, k, seed)
     advance(rounds + 1)
     return centers

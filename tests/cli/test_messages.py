@@ -216,13 +216,29 @@ def test_steps_are_plain_lines_off_a_terminal_and_nothing_with_quiet(data, tmp_p
     rc, _, err = run(capsys, "generate", "blobs", "--n", "50000", "--d", "3", "--centers", "2", "--chunk-rows", "10000",
                      "-o", tmp_path / "g.zarr")
     assert rc == 0 and re.search(r"^daskmeans: write data: 5/5 blocks in [\d.]+ s$", err, re.M), err
-    rc, _, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "-o", tmp_path / "m.zarr")
+    rc, _, err = run(capsys, "fit", x, "--k", "5", "--workers", "2", "--seed", "0", "-o", tmp_path / "m.zarr")
     assert rc == 0
     assert re.search(r"^daskmeans: place: 2/2 chunks in [\d.]+ s$", err, re.M), err
     steps = int(config.get("init.rounds")) + 1
     assert re.search(rf"^daskmeans: init k-means\|\|: {steps}/{steps} steps in [\d.]+ s$", err, re.M), err
     rc, _, err = run(capsys, "predict", tmp_path / "m.zarr", x, "-q", "--workers", "2", "-o", tmp_path / "p.zarr")
     assert rc == 0 and err == ""  # -q: a command that succeeds prints nothing
+
+
+def test_an_init_that_falls_back_to_kmeans_plus_plus_says_so(tmp_path, capsys):
+    """k-means|| whose rounds drew fewer distinct rows than K (here: 3,000 copies of one row
+    and five others, seed 2) seeds with k-means++ instead, and the command says so; the init's
+    step still ends with all its steps."""
+    X = np.repeat(np.array([[0, 0], [10, 0], [0, 10], [10, 10], [5, 5], [20, 20]], np.float32), [3000] + [1] * 5, axis=0)
+    np.save(tmp_path / "x.npy", X)
+    args = ["fit", tmp_path / "x.npy", "--k", "5", "--workers", "1", "-o", tmp_path / "m.zarr", "--overwrite"]
+    said = "daskmeans: init k-means||: fewer than n_clusters=5 distinct candidates drawn; seeding with k-means++ instead"
+    rc, _, err = run(capsys, *args, "--seed", "2")
+    assert rc == 0 and said in err.splitlines(), err
+    steps = int(config.get("init.rounds")) + 1
+    assert re.search(rf"^daskmeans: init k-means\|\|: {steps}/{steps} steps in [\d.]+ s$", err, re.M), err
+    rc, _, err = run(capsys, *args, "--seed", "0")  # its rounds drew all six rows
+    assert rc == 0 and said not in err.splitlines(), err
 
 
 def test_quiet_prints_nothing_on_success_but_errors_and_warnings(data, tmp_path, capsys):
