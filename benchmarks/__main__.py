@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each is the module of its name (``-`` read as ``_``), whose ``SUMMARY`` says what it measures.
-SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "table",
+SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "gridsearch", "table",
                "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk", "profile-yinyang",
                "yinyang", "ab")
 

@@ -73,7 +73,6 @@ loads it)
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -381,8 +380,8 @@ def compile_concurrently(*compiles: Any, device: int | None = None) -> None:
     thread that asks for it, and an in-process worker's is its own, not the process's first."""
     from concurrent.futures import ThreadPoolExecutor
 
-    if device is None and "cupy" in sys.modules:  # without CuPy loaded, no thread has a GPU yet
-        device = gpu_device.device_id()
+    if device is None:
+        device = gpu_device.current_device()
     if len(compiles) < 2:
         for c in compiles:
             _on_device(device, c)

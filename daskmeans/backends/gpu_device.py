@@ -24,6 +24,15 @@ def device_id() -> int:
     return int(cupy.cuda.runtime.getDevice())
 
 
+def current_device() -> int | None:
+    """The calling thread's current GPU; None where CuPy cannot be imported (no thread of this
+    process has a GPU to pass on)."""
+    try:
+        return device_id()
+    except ImportError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device: int) -> int:
     import cupy

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every subcommand ``python -m benchmarks`` lists, named here so that one dropped from the list fails.
-SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins",
+SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "gridsearch",
                "table", "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk",
                "profile-yinyang", "yinyang", "ab")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
