@@ -422,20 +422,40 @@ def warm_ahead(dtype: Any = "float32", k: int | None = None) -> list:
 
 
 def _modules_ahead(dtype: Any, k: int | None) -> None:
-    """:func:`warm_ahead`'s thread: the dtype's modules compiled where the worker will be in
-    this process (the device it opens is that worker's); nothing where there is no device or
-    the workers will be processes of their own (a context here would hold device memory that
-    the worker on the same device then lacks)."""
+    """:func:`warm_ahead`'s thread: the dtype's modules compiled where the workers will be in
+    this process, on the first GPU, and every other GPU's CUDA context made meanwhile, each in
+    a thread (the plan's first question to a GPU's worker would otherwise make it, on the
+    command's path); nothing where there is no device or the workers will be processes of their
+    own (a context here would hold device memory that the worker on the same device then
+    lacks)."""
+    import threading
+
     from .. import config
 
     try:
-        if not config.gpu_in_process(device_count()):
+        n = device_count()
+        if not config.gpu_in_process(n):
             return
+        others = [threading.Thread(target=_open_device, args=(i,), name=f"daskmeans-open-gpu-{i}", daemon=True)
+                  for i in range(1, n)]
+        for t in others:
+            t.start()
         calls = [cuda_src.fit_kernels]
         if k is None or k > _REG_K:
             calls.append(lambda: cuda_src.select_rows_kernel(dtype, numpy.float16))
-        cuda_src.compile_concurrently(*calls)
+        cuda_src.compile_concurrently(*calls, device=0)
     except Exception:  # raised again where the kernel is needed
+        pass
+
+
+def _open_device(index: int) -> None:
+    """GPU ``index``'s primary CUDA context made (its first runtime call that needs one)."""
+    import cupy
+
+    try:
+        with cupy.cuda.Device(index):
+            cupy.cuda.runtime.deviceSynchronize()
+    except Exception:  # the worker's own first call says what is wrong
         pass
 
 
