@@ -177,12 +177,17 @@ def chosen(ap: argparse.ArgumentParser, text: str | list, allowed: dict | None =
         ap.error(str(e))
 
 
-def profile_main(subcommand: str, doc: str, allowed: dict, default: str, profile, argv=None) -> None:
-    """A profiler's command line: problem names, then ``profile(problem)`` for each."""
+def profile_main(subcommand: str, doc: str, allowed: dict, default: str, profile, argv=None, options=None) -> None:
+    """A profiler's command line: problem names, then ``profile(problem)`` for each; with
+    ``options`` (a function adding the profiler's own options to the parser),
+    ``profile(problem, args)``."""
     ap = parser(subcommand, doc)
     problems_arg(ap, allowed, default)
-    for problem in chosen(ap, ap.parse_args(argv).problems):
-        profile(problem)
+    if options is not None:
+        options(ap)
+    args = ap.parse_args(argv)
+    for problem in chosen(ap, args.problems):
+        profile(problem) if options is None else profile(problem, args)
 
 
 def add_output_options(ap: argparse.ArgumentParser) -> None:

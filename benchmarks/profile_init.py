@@ -4,14 +4,15 @@ its wall time with the init's draws per centre in batches (``RECLUSTER_BATCH_TRI
 with scikit-learn's ``2 + ln K`` (the recluster before), each in iteration-times (one tf32
 assignment of the problem's rows against K centroids, with its sums: a Lloyd step's kernels),
 the host functions that take the time (cProfile, sorted by their own time), and the fp32 GEMM
-floor of its distance passes; then the whole default init as a fit runs it on one GPU worker
-(a local cluster of one, the rows made on the device), its wall time in iteration-times and
-its Dask tasks' run times by name (the rounds' folds and draws, the candidates' weights, the
-recluster), the rest being the waits between them. For planning init work; prints, writes no
+floor of its distance passes; then the whole default init as a fit runs it on in-process
+workers of 1 GPU (``--gpus 1,2``: then of 2; the rows made on the devices), its wall time in
+iteration-times, its Dask tasks' run times by name (the rounds' folds and draws, the
+candidates' weights, the recluster) and each worker's busy time, the rest being the waits
+between them. For planning init work; prints, writes no
 file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
 --problems w14,w16,w18 --warm-only``.
 
-    python -m benchmarks profile-init [P4] [W14] [W16] [W18]
+    python -m benchmarks profile-init [P4] [W14] [W16] [W18] [--gpus 1,2]
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def _iteration_s(problem: problems.Problem) -> float:
     return meta.synced_ms(lambda: cb.assign(X, p, grid=grid), reps=5, warm=1) / 1e3
 
 
-def profile(problem: problems.Problem) -> None:
+def profile(problem: problems.Problem, args) -> None:
     """Print the recluster's wall time at ``problem``'s K and D (the init's setting and the
-    one before) against an iteration, its profile, and its floor."""
+    one before) against an iteration, its profile, and its floor; then the whole init on each
+    of ``args.gpus``' GPU counts."""
     import cupy
 
     from benchmarks import meta
@@ -93,7 +95,7 @@ def profile(problem: problems.Problem) -> None:
     print(s.getvalue(), flush=True)
     x = w = c = None  # the candidates' memory back to the pool, for the fit's
     cupy.get_default_memory_pool().free_all_blocks()
-    _whole_init(problem, it)
+    _whole_init(problem, it, tuple(int(g) for g in args.gpus.split(",")))
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
@@ -103,51 +105,61 @@ def _rows(n: int, d: int, seed: int, block_id=None):
     return cupy.random.default_rng([seed, block_id[0]]).standard_normal((n, d), dtype=cupy.float32)
 
 
-def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||") -> None:
-    """Print the init ``init`` (the default's) of a one-iteration fit on one GPU worker (the
-    second of two, the first loading the kernels) in iteration-times of ``it`` seconds, and its
-    tasks' run times by name."""
+def _whole_init(problem: problems.Problem, it: float, gpus: tuple[int, ...], init: str = "k-means||") -> None:
+    """Print the init ``init`` (the default's) of a one-iteration fit on in-process workers of
+    the first ``n`` GPUs for each ``n`` of ``gpus`` (the second of two fits, the first loading
+    the kernels) in iteration-times of ``it`` seconds (one GPU's), its tasks' run times by name
+    and each worker's busy time (the rest of the wall time: waits between dependent tasks)."""
     import collections
 
     import cupy
     import dask.array as da
     import numpy as np
     from dask.utils import key_split
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client, get_task_stream
+    from distributed import Client, Scheduler, SpecCluster, get_task_stream
 
     import daskmeans
+    from daskmeans.engine.devices import device_worker_specs
 
     n, d, k = problem.n, problem.d, problem.k
-    blocks = 4
-    with LocalCUDACluster(n_workers=1, dashboard_address=":0") as lc, Client(lc) as client:
-        X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
-                          meta=cupy.empty((0, d), cupy.float32))
+    for n_gpus in gpus:
+        blocks = 4 * n_gpus
+        specs = device_worker_specs("cupy", list(range(n_gpus)), {"protocol": "inproc://"})
+        scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
+        with SpecCluster(workers=specs, scheduler=scheduler) as lc, Client(lc) as client:
+            X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
+                              meta=cupy.empty((0, d), cupy.float32))
 
-        def fit():
-            return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32", random_state=0,
-                                    client=client).fit(X)
+            def fit():
+                return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32",
+                                        random_state=0, client=client).fit(X)
 
-        fit()
-        with get_task_stream(client) as ts:
-            km = fit()
-        by: dict = collections.defaultdict(float)
-        for rec in ts.data:
-            for ss in rec.get("startstops", ()):
-                if ss.get("action") == "compute":
-                    by[key_split(rec["key"])] += ss["stop"] - ss["start"]
-    tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
-             if name.startswith(("daskmeans-kpar", "daskmeans-afkmc2")) or sec > 0.05 * it}
-    wall = km.timings_.get("init", float("nan"))
-    print(f"{problem.label}: the whole {init} init on one GPU worker {wall:.3f} s = {wall / it:.2f} iterations; its "
-          f"tasks' run times in iterations: {tasks}; the fit's phases (s): "
-          f"{ {p: round(v, 3) for p, v in km.timings_.items()} }", flush=True)
+            fit()
+            with get_task_stream(client) as ts:
+                km = fit()
+            by: dict = collections.defaultdict(float)
+            busy: dict = collections.defaultdict(float)
+            names = {a: info["name"] for a, info in client.scheduler_info()["workers"].items()}
+            for rec in ts.data:
+                for ss in rec.get("startstops", ()):
+                    if ss.get("action") == "compute" and key_split(rec["key"]).startswith("daskmeans-kpar"):
+                        by[key_split(rec["key"])] += ss["stop"] - ss["start"]
+                        busy[names.get(rec.get("worker"), rec.get("worker"))] += ss["stop"] - ss["start"]
+        tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])}
+        wall = km.timings_.get("init", float("nan"))
+        print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s) {wall:.3f} s = "
+              f"{wall / it:.2f} one-GPU iterations; its tasks' run times (all workers) in iterations: {tasks}; "
+              f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "
+              f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }", flush=True)
 
 
 def main(argv=None):
     from benchmarks import meta
 
-    meta.profile_main("profile-init", __doc__, PROBLEMS, "P4", profile, argv)
+    def options(ap):
+        ap.add_argument("--gpus", default="1", help="comma-separated GPU counts of the whole init's runs (default 1)")
+
+    meta.profile_main("profile-init", __doc__, PROBLEMS, "P4", profile, argv, options)
 
 
 if __name__ == "__main__":
