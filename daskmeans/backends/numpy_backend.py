@@ -31,7 +31,9 @@ name = "numpy"
 xp = numpy
 on_host = True
 tile_setting = "tile-bytes"
-collectives = ("dask",)  # host buffers: the Dask collective adds them in place
+# Host buffers: workers of one process add each other's where they are, others through the
+# Dask collective.
+collectives = ("process", "dask")
 # The step's inertia from exact per-cluster sums (``assign``'s ``qsums``, ``Grid.inertia``):
 # the same bits whichever rows a step re-assigned (Yinyang's), at no per-row distance cost.
 inertia_from_sums = True

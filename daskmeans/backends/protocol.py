@@ -134,7 +134,8 @@ class Backend(Protocol):
     on_host: bool  # buffers are host NumPy memory (no device budget, no device collective)
     tile_setting: str  # the daskmeans setting that bounds the kernels' tiles (working_bytes)
     # The collectives (names in engine.collective.REGISTRY) that can sum its buffers: "dask"
-    # takes any backend's (through host memory where they are not); "nccl" CuPy's alone.
+    # takes any backend's (through host memory where they are not); "nccl" CuPy's alone;
+    # "process" those whose in-process ranks can add each other's buffers where they are.
     collectives: tuple[str, ...]
     # Whether the step's inertia comes from exact per-cluster sums (``assign``'s ``qsums``, the
     # rows' ``w ||x||^2`` on ``Grid.qexp``'s step; ``Grid.inertia``): the same bits whichever rows

@@ -11,7 +11,10 @@ same call an all-gather.
 placement, and what the client makes for it once (a token every rank connects with).
 ``auto`` takes the first kind, in the registry's order, that can serve the placement:
 
-- ``nccl`` (:mod:`.nccl_collective`): NCCL's all-reduce between GPU workers, one per GPU;
+- ``nccl`` (:mod:`.nccl_collective`): NCCL's all-reduce between GPU workers, one per GPU, each
+  in a process of its own;
+- ``process`` (:mod:`.process_collective`): workers of one process (a local cluster's
+  in-process workers) add each other's buffers where they are, for backends that say so;
 - ``dask`` (:mod:`.dask_collective`): Dask's comms, or shared memory on one host; any workers.
 
 One worker takes :class:`SingleRank`. Adding a collective is one module and one entry here;
@@ -36,10 +39,11 @@ from .mailbox import (  # re-exported: the engine's one door to collectives
     OPEN, Collective, CollectiveAborted, CollectiveSpec, PeerTimeout, abort, install_mailbox, mailbox, release,
 )
 from .nccl_collective import NcclCollective, gpu_device, nccl_available, nccl_unique_id
+from .process_collective import ProcessCollective, process_refusal, where
 
 __all__ = ["COLLECTIVES", "REGISTRY", "SINGLE", "Collective", "CollectiveAborted", "CollectiveSpec", "DaskCollective",
-           "Kind", "NcclCollective", "PeerTimeout", "SingleRank", "abort", "choose_collective", "install_mailbox",
-           "mailbox", "make_spec", "nccl_refusal", "nccl_unique_id", "open_collective", "release"]
+           "Kind", "NcclCollective", "PeerTimeout", "ProcessCollective", "SingleRank", "abort", "choose_collective",
+           "install_mailbox", "mailbox", "make_spec", "nccl_refusal", "nccl_unique_id", "open_collective", "release"]
 
 
 class SingleRank:
@@ -101,6 +105,12 @@ def nccl_refusal(devices: list[tuple]) -> str | None:
     return None
 
 
+def _process_unusable(client: Client, placement: Placement) -> str | None:
+    if "process" not in get_backend(placement.backend).collectives:
+        return f"backend {placement.backend} does not sum its buffers in-process"
+    return process_refusal(list(client.run(where, workers=list(placement.workers)).values()))
+
+
 def _nccl_token(client: Client, placement: Placement) -> Any:
     return client.submit(nccl_unique_id, workers=[placement.workers[0]], pure=False).result()
 
@@ -108,6 +118,7 @@ def _nccl_token(client: Client, placement: Placement) -> Any:
 # In the order ``auto`` tries them.
 REGISTRY: dict[str, Kind] = {
     "nccl": Kind(NcclCollective, _nccl_unusable, _nccl_token),
+    "process": Kind(ProcessCollective, _process_unusable),
     "dask": Kind(DaskCollective),
 }
 SINGLE = "single"  # one worker: not a choice, what any choice becomes

@@ -122,7 +122,7 @@ def run_lloyd(
         mean) to a row of each cluster above it, drawn by ``seed`` and the iteration (the same
         rows on any cluster layout; ``n_moved`` in the statistics).
     run : RunParams
-        What it reads of the run: ``collective`` ("auto", "nccl", "dask"; None: the configured
+        What it reads of the run: ``collective`` ("auto" or a name of the registry; None: the configured
         ``daskmeans.collective``) and ``checkpoint_every``.
     tol_abs : float
         Absolute tolerance on the summed squared centroid shift (scikit-learn's ``tol`` times

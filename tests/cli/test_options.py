@@ -126,7 +126,7 @@ def test_a_collective_is_checked_against_its_registry_when_given(capsys):
     with pytest.raises(SystemExit) as e:
         main(FIT + ["--collective", "mpi"])
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("daskmeans fit: error: --collective mpi: should be one of auto, nccl, dask "
+    assert capsys.readouterr().err == ("daskmeans fit: error: --collective mpi: should be one of auto, nccl, process, dask "
                                        "(see daskmeans fit --help)\n")
 
 

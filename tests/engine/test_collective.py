@@ -209,32 +209,39 @@ def _placement(n_workers: int, backend: str = "numpy") -> Placement:
 
 
 def test_the_choices_are_the_registry_names_after_auto():
-    assert coll.COLLECTIVES == ("auto", *coll.REGISTRY) == ("auto", "nccl", "dask")
+    assert coll.COLLECTIVES == ("auto", *coll.REGISTRY) == ("auto", "nccl", "process", "dask")
 
 
-@pytest.mark.parametrize("cls", [coll.SingleRank, coll.DaskCollective, coll.NcclCollective])
+@pytest.mark.parametrize("cls", [coll.SingleRank, coll.DaskCollective, coll.NcclCollective, coll.ProcessCollective])
 def test_every_collective_has_the_protocol_members(cls):
     for member in ("allreduce", "wait", "interrupt", "close"):
         assert callable(getattr(cls, member)), member
     assert {"allreduce", "wait", "interrupt", "close"} <= {n for n in vars(Collective) if not n.startswith("_")}
 
 
-def test_choice_for_cpu_workers():
-    # No worker is asked anything: host backends never take NCCL.
+def test_choice_for_cpu_workers(client):
+    # No worker is asked anything for NCCL: host backends never take it.
     assert coll.choose_collective(None, _placement(1), "nccl") == "single"
-    assert coll.choose_collective(None, _placement(2), "auto") == "dask"
     assert coll.choose_collective(None, _placement(2), "dask") == "dask"
     with pytest.raises(DaskmeansError, match=r"^collective='nccl' cannot combine this fit's sums: NCCL needs GPU "
                                              r"workers; backend is numpy$"):
         coll.choose_collective(None, _placement(2), "nccl")
-    with pytest.raises(DaskmeansError, match=r"^collective='mpi' should be one of 'auto', 'nccl', 'dask'$"):
+    with pytest.raises(DaskmeansError, match=r"^collective='mpi' should be one of 'auto', 'nccl', 'process', 'dask'$"):
         coll.choose_collective(None, _placement(2), "mpi")
+    # Worker processes (the session's cluster): each in a process of its own.
+    processes = Placement([None] * 2, sorted(client.nthreads()), [(0,), (1,)], (10, 10), 2, np.dtype(np.float64),
+                          "numpy")
+    assert coll.choose_collective(client, processes, "auto") == "dask"
+    with pytest.raises(DaskmeansError, match=r"^collective='process' cannot combine this fit's sums: the in-process "
+                                             r"collective needs every worker in one process$"):
+        coll.choose_collective(client, processes, "process")
 
 
 def test_a_spec_of_an_unknown_kind_is_refused_on_the_worker(client):
     spec = coll.CollectiveSpec("t-unknown", 0, ("a",), "mpi")
     w = sorted(client.nthreads())[0]
-    with pytest.raises(ValueError, match=r"^collective kind='mpi' should be one of 'single', 'nccl', 'dask'$"):
+    with pytest.raises(ValueError, match=r"^collective kind='mpi' should be one of 'single', 'nccl', 'process', "
+                                         r"'dask'$"):
         client.submit(_open_on_worker, spec, workers=[w], pure=False).result()
 
 
