@@ -95,7 +95,7 @@ def profile(problem: problems.Problem, args) -> None:
     print(s.getvalue(), flush=True)
     x = w = c = None  # the candidates' memory back to the pool, for the fit's
     cupy.get_default_memory_pool().free_all_blocks()
-    _whole_init(problem, it, tuple(int(g) for g in args.gpus.split(",")))
+    _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")))
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
@@ -105,7 +105,11 @@ def _rows(n: int, d: int, seed: int, block_id=None):
     return cupy.random.default_rng([seed, block_id[0]]).standard_normal((n, d), dtype=cupy.float32)
 
 
-def _whole_init(problem: problems.Problem, it: float, gpus: tuple[int, ...], init: str = "k-means||") -> None:
+# The names of the inits' own tasks (k-means||'s rounds and recluster, AFK-MC²'s chains).
+INIT_TASKS = ("daskmeans-kpar", "daskmeans-afkmc2")
+
+
+def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", gpus: tuple[int, ...] = (1,)) -> None:
     """Print the init ``init`` (the default's) of a one-iteration fit on in-process workers of
     the first ``n`` GPUs for each ``n`` of ``gpus`` (the second of two fits, the first loading
     the kernels) in iteration-times of ``it`` seconds (one GPU's), its tasks' run times by name
@@ -142,10 +146,12 @@ def _whole_init(problem: problems.Problem, it: float, gpus: tuple[int, ...], ini
             names = {a: info["name"] for a, info in client.scheduler_info()["workers"].items()}
             for rec in ts.data:
                 for ss in rec.get("startstops", ()):
-                    if ss.get("action") == "compute" and key_split(rec["key"]).startswith("daskmeans-kpar"):
+                    if ss.get("action") == "compute":
                         by[key_split(rec["key"])] += ss["stop"] - ss["start"]
-                        busy[names.get(rec.get("worker"), rec.get("worker"))] += ss["stop"] - ss["start"]
-        tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])}
+                        if key_split(rec["key"]).startswith(INIT_TASKS):
+                            busy[names.get(rec.get("worker"), rec.get("worker"))] += ss["stop"] - ss["start"]
+        tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
+                 if name.startswith(INIT_TASKS) or sec > 0.05 * it}
         wall = km.timings_.get("init", float("nan"))
         print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s) {wall:.3f} s = "
               f"{wall / it:.2f} one-GPU iterations; its tasks' run times (all workers) in iterations: {tasks}; "

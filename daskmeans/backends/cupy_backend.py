@@ -453,7 +453,7 @@ def _open_device(index: int) -> None:
     import cupy
 
     try:
-        with cupy.cuda.Device(index):
+        with device_scope(index):
             cupy.cuda.runtime.deviceSynchronize()
     except Exception:  # the worker's own first call says what is wrong
         pass

@@ -87,12 +87,11 @@ class NcclCollective:
 def gpu_device(dask_worker: Any = None) -> tuple:
     """This worker's GPU and process: its host, PCI bus id (the same for workers sharing a GPU)
     and process id (the same for workers of one process, :mod:`.devices`)."""
-    import os
-    import socket
-
     import cupy
 
     from .devices import on_worker_device
+    from .process_collective import where
 
+    host, pid = where()
     with on_worker_device(dask_worker):
-        return socket.gethostname(), cupy.cuda.Device().pci_bus_id, os.getpid()
+        return host, cupy.cuda.Device().pci_bus_id, pid

@@ -53,6 +53,7 @@ class _Meeting:
         self.size = size
         self.cond = threading.Condition()
         self.posts: dict[tuple[int, str], list] = {}
+        self.taken: dict[tuple[int, str], int] = {}  # ranks that took a stage's posts
         self.opened = 0  # ranks that opened it and have not closed it
 
     def post(self, seq: int, stage: str, rank: int, value: Any) -> None:
@@ -80,12 +81,10 @@ class _Meeting:
                                       f"reach the in-process collective in {timeout:.0f} s: a worker may be hung",
                                       missing, ranks[missing], timeout)
                 self.cond.wait(min(left, 1.0))
-            got = list(slots)
-            taken = self.posts.setdefault((seq, stage + "/taken"), [0])
-            taken[0] += 1
-            if taken[0] == self.size:  # every rank holds its references: the slots can go
-                del self.posts[key], self.posts[(seq, stage + "/taken")]
-            return got
+            self.taken[key] = self.taken.get(key, 0) + 1
+            if self.taken[key] == self.size:  # every rank holds its references: the slots can go
+                del self.posts[key], self.taken[key]
+            return list(slots)
 
     def wake(self) -> None:
         with self.cond:

@@ -340,7 +340,8 @@ def init_kmeans_parallel(
         # Too few distinct candidates (tiny or highly duplicated data, or, at small K, rounds
         # that happened to draw fewer than K rows): k-means++ takes the recluster's place, and
         # the person watching is told why.
-        note(f"daskmeans: init k-means||: fewer than n_clusters={k} distinct candidates drawn; seeding with k-means++ instead")
+        note(f"daskmeans: init k-means||: fewer than n_clusters={k} distinct candidates drawn; "
+             f"seeding with k-means++ instead")
         centers = init_kmeans_plusplus(client, placement, k, seed)
     advance(rounds + 1)
     return centers
