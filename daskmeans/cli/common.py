@@ -357,8 +357,9 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="local cluster: serve Dask's dashboard (needs bokeh; about a second to start)")
     add_field(p, field(RunParams, "collective"),
               type=registered_option("--collective", "daskmeans.engine.collective", "COLLECTIVES"), metavar="NAME",
-              text="how workers combine partial sums each iteration: nccl (GPU workers), dask (any), "
-                   "or auto (nccl where every worker has a GPU with NCCL; default daskmeans.collective)")
+              text="how workers combine partial sums each iteration: nccl (GPU workers, a process each), "
+                   "process (workers of one process, CPU), dask (any), or auto (the first of these that can "
+                   "serve the workers; default daskmeans.collective)")
 
 
 # ---------------------------------------------------------------- the data and the cluster
