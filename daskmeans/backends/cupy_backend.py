@@ -56,7 +56,7 @@ name = "cupy"
 on_host = False
 tile_setting = "gpu-tile-bytes"
 # NCCL's all-reduce on the device buffers, one rank per GPU; Dask's comms through host memory.
-collectives = ("nccl", "dask")
+collectives = ("nccl", "process", "dask")
 # The step's inertia per chunk as the kernels sum it (float64 distances of the sums pass,
 # Yinyang's by ``owner_inertia``), not from exact per-cluster sums of ``w ||x||^2``: the GPU
 # kernels do not carry them yet (docs/performance.md, "inertia from exact sums").

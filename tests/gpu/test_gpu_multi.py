@@ -190,8 +190,8 @@ def test_nccl_allreduce_queued_then_waited():
 def test_in_process_workers_one_per_gpu_give_the_bits_of_worker_processes():
     """``local-cluster: threads`` on a host of several GPUs: a worker per GPU in this process
     (``engine/devices.py``), each placing, reading and computing on its own GPU (a block made on
-    another worker's GPU is copied), summing through the Dask collective (NCCL needs a process
-    per rank). The centroids, labels and inertia are those of a worker process per GPU."""
+    another worker's GPU is copied), summing through the in-process collective (NCCL needs a
+    process per rank), or the Dask collective where asked. The centroids, labels and inertia are those of a worker process per GPU."""
     from daskmeans import KMeans
     from daskmeans.dask_cluster import connect
     from daskmeans.engine.collective import choose_collective
@@ -208,7 +208,7 @@ def test_in_process_workers_one_per_gpu_give_the_bits_of_worker_processes():
         assert len(info) == _n_gpus() and all(a.startswith("inproc://") for a in info)
         p = place(c, read(X), "cupy")
         assert len(set(p.workers)) == _n_gpus()
-        assert choose_collective(c, p, "auto") == "dask"
+        assert choose_collective(c, p, "auto") == "process"
 
         def devices(shard):
             import cupy
@@ -218,8 +218,8 @@ def test_in_process_workers_one_per_gpu_give_the_bits_of_worker_processes():
         ids = [c.submit(devices, s, workers=[w], pure=False).result() for s, w in zip(p.shards, p.workers)]
         assert sorted(ids) == [(i, [i]) for i in range(_n_gpus())]
         del p
-        for data in (Xd, X):
-            with dask.config.set({"daskmeans.segment-seconds": 0.2}):
+        for data, kind in ((Xd, "auto"), (X, "auto"), (X, "dask")):
+            with dask.config.set({"daskmeans.segment-seconds": 0.2, "daskmeans.collective": kind}):
                 km = KMeans(len(init), init=init, tol=0, max_iter=15, precision="tf32", client=c).fit(data)
             labels = np.asarray(km.labels_ if isinstance(data, np.ndarray) else c.compute(km.labels_).result())
             np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
