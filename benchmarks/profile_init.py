@@ -99,10 +99,11 @@ def profile(problem: problems.Problem, args) -> None:
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
-    """A block of standard normal float32 rows made on the worker's device."""
+    """A block of standard normal float32 rows made on the worker's device (cuRAND's generator:
+    CuPy's ``default_rng`` held the interpreter lock for seconds a block)."""
     import cupy
 
-    return cupy.random.default_rng([seed, block_id[0]]).standard_normal((n, d), dtype=cupy.float32)
+    return cupy.random.RandomState(seed * 1_000_003 + block_id[0]).standard_normal((n, d), dtype=cupy.float32)
 
 
 # The names of the inits' own tasks (k-means||'s rounds and recluster, AFK-MC²'s chains).
@@ -132,7 +133,7 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
         with SpecCluster(workers=specs, scheduler=scheduler) as lc, Client(lc) as client:
             X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
-                              meta=cupy.empty((0, d), cupy.float32))
+                              meta=cupy.empty((0, d), cupy.float32)).persist()
 
             def fit():
                 return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32",
