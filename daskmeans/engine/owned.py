@@ -15,7 +15,8 @@ problem on daskmeans' own keys). Re-fits still reuse a placement: the cache
 (:mod:`daskmeans.engine.reuse`) identifies data by the user's names, before renaming.
 
 Keys that are already futures (an array the user persisted or scattered) are left as they are:
-their data is on the cluster and the scheduler holds no run_spec for them.
+their data is on the cluster and the scheduler holds no run_spec for them. The renamed array's
+own chunks that are futures (``X.persist()``) are aliases of them under the new name.
 
 In-memory data (a NumPy array cut into row chunks by :func:`daskmeans.io.blocks.from_memory`)
 is made of data nodes that would travel inside the graph (distributed warns "Sending large
@@ -80,6 +81,9 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
 
     (opt,) = dask.optimize(x)
     dsk = dict(opt.__dask_graph__())
+    # dask.optimize drops the chunks of a persisted array whose futures have finished (its
+    # graph comes back empty): they are taken from the graph as given.
+    dsk.update((k, v) for k, v in dict(x.__dask_graph__()).items() if _is_future(v) and k not in dsk)
     futures = {k: v for k, v in dsk.items() if _is_future(v)}
     nodes = convert_legacy_graph({k: v for k, v in dsk.items() if k not in futures}, all_keys=set(dsk))
     token = uuid.uuid4().hex  # see the module docstring: new keys for each placement
@@ -98,6 +102,12 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
                 held.append(f)
     out: dict = {rename[k]: node.substitute(rename, key=rename[k]) for k, node in nodes.items()}
     out.update(futures)
+    # A chunk that is itself a future (the array persisted: every chunk) is the renamed
+    # array's chunk through an alias: the new name's keys must exist in the graph.
+    for k in futures:
+        if _name(k) == opt.name:
+            new = _renamed(k, token)
+            out[new] = Alias(new, k)
     name = _renamed((opt.name,), token)[0]
     return da.Array(out, name, x.chunks, meta=x._meta), held
 

@@ -89,6 +89,29 @@ def test_no_run_spec_warning_after_a_fit(fresh, tmp_path, kind):
     assert _run_spec(log) == []
 
 
+def _normal_rows(n, d, block_id=None):
+    return np.random.default_rng(block_id[0]).standard_normal((n, d))
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_persisted_array_fits_as_the_same_array_not_persisted(fresh, finished):
+    """``X = X.persist()`` then ``fit(X)``, the notebook's habit: every chunk of X a future
+    (finished, or still running when the fit starts). The fit gives the bits of the same rows
+    not persisted, twice (the second from its kept placement), and X is still X afterwards."""
+    lazy = da.map_blocks(_normal_rows, 2500, 6, dtype=np.float64, chunks=((2500,) * 8, (6,)))
+    X = lazy.persist()
+    if finished:
+        wait(X)
+    fits = [daskmeans.KMeans(5, random_state=0, max_iter=20, client=fresh).fit(X) for _ in range(2)]
+    labels = [fresh.compute(km.labels_).result() for km in fits]
+    np.testing.assert_array_equal(fresh.compute(X).result(), fresh.compute(lazy).result())
+    daskmeans.release(fresh)  # the lazy array's fit places its rows anew (its keys are X's)
+    want = daskmeans.KMeans(5, random_state=0, max_iter=20, client=fresh).fit(lazy)
+    for km, lab in zip(fits, labels):
+        np.testing.assert_array_equal(km.cluster_centers_, want.cluster_centers_)
+        np.testing.assert_array_equal(lab, fresh.compute(want.labels_).result())
+
+
 def test_the_check_sees_a_run_spec_collision(fresh, tmp_path):
     """The test's own check: the same key submitted with other dependencies is logged."""
     write_array(make_blobs(3000, 2, 2, random_state=0)[0], str(tmp_path / "x.zarr"))
