@@ -24,6 +24,11 @@ from distributed.threadpoolexecutor import ThreadPoolExecutor
 from ..backends import get_backend
 
 
+# Dask's memory manager with no action (no spilling, pausing or terminating) for workers that
+# share a process: the engine's plan budgets their memory (engine/plan.py).
+QUIET_MEMORY = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
+
+
 class DeviceThreadPoolExecutor(ThreadPoolExecutor):
     """Dask's thread pool (secede and rejoin work as with the default one) running every task
     on device ``device`` of backend ``backend`` (a backend with ``device_scope``).
@@ -102,12 +107,20 @@ class DeviceWorker(Worker):
     The executor is made with the worker, not held in the cluster's spec: a worker shuts its
     executor down when it closes, and a worker the cluster starts again from its spec needs a
     new one.
+
+    Its memory limit sizes the tiers' budgets, but Dask's memory manager takes no action (as on
+    the local cluster's in-process CPU workers, :mod:`daskmeans.dask_cluster`): it would count
+    device arrays as host memory, spill placed shards to disk through the serializer, and
+    pause the worker on the whole process's memory, which holds every worker's data.
     """
 
     def __init__(self, *args: Any, device_backend: str, device: int, **kwargs: Any):
+        import dask
+
         name = kwargs.get("name", f"{device_backend}-{device}")
         ex = DeviceThreadPoolExecutor(device_backend, device, 1, thread_name_prefix=f"{name}-Dask-Default-Threads")
-        super().__init__(*args, **{**kwargs, "nthreads": 1, "executor": ex})
+        with dask.config.set(QUIET_MEMORY):
+            super().__init__(*args, **{**kwargs, "nthreads": 1, "executor": ex})
 
 
 def device_worker_specs(backend: str, devices: list[int], options: dict) -> dict:

@@ -184,3 +184,19 @@ def test_the_reading_pipeline_copies_on_the_device_of_the_task(device_backend):
         blocks = reading.read_blocks(be, False, [Source(), Source()], 3, np.float32, 2)
     assert [b.shape for b in blocks] == [(64, 3), (64, 3)]
     assert seen and set(seen) == {1}
+
+
+def test_device_workers_leave_memory_to_the_plan(device_backend):
+    """A device worker's memory limit is its budget's base, but Dask's memory manager takes no
+    action: no spill buffer (placed shards would be written to disk through the serializer),
+    no pause on the whole process's memory, however the cluster was made."""
+    import dask
+
+    with dask.config.set({"distributed.worker.memory.spill": 0.7, "distributed.worker.memory.pause": 0.8}):
+        with _device_client(2) as client:
+            def memory(dask_worker):
+                mm = dask_worker.memory_manager
+                return (mm.memory_limit, type(mm.data).__name__, mm.memory_spill_fraction, mm.memory_pause_fraction,
+                        "memory_monitor" in dask_worker.periodic_callbacks)
+
+            assert set(client.run(memory).values()) == {(2 << 30, "dict", False, False, False)}
