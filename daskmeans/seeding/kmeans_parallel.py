@@ -203,9 +203,22 @@ def _concat_by_row(parts: list) -> np.ndarray:
     return data[np.argsort(idx, kind="stable")]
 
 
-def _candidates(rounds: list, dtype: Any) -> np.ndarray:
-    """Every round's draws (lists of per-shard parts), in candidate order."""
-    return np.concatenate([_concat_by_row(parts) for parts in rounds]).astype(dtype, copy=False)
+def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray) -> Any:
+    """The candidates ``keep`` selects (a mask over every round's draws, lists of per-shard
+    parts, in candidate order) on ``be``'s device, ``(keep.sum(), d)`` of ``dtype``: the
+    candidates of :func:`_concat_by_row` round after round, but only their indices ordered on
+    the host; each part's rows go to the device as they are and are gathered there (the
+    recluster's task, on the init's critical path, made three host copies of every
+    candidate)."""
+    order, blocks, offset = [], [], 0
+    for parts in rounds:
+        idx = np.concatenate([p[0] for p in parts])
+        order.append(np.argsort(idx, kind="stable") + offset)
+        offset += len(idx)
+        blocks += [p[1] for p in parts if len(p[1])]
+    take = np.concatenate(order)[keep]
+    raw = be.xp.concatenate([be.asarray(b, dtype) for b in blocks])
+    return raw[be.asarray(take)]
 
 
 def _cand_weights(shard: Shard, state: _ParState) -> np.ndarray:
@@ -234,8 +247,7 @@ def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int,
     if int(keep.sum()) < k:
         return None
     be = get_backend(backend)
-    cands = _candidates(rounds, dtype)
-    x = be.asarray(cands[keep])
+    x = _candidates(be, rounds, dtype, keep)
     w = be.asarray(weights[keep])
     c = seed_batched(x, k, seed, w, precision=INIT_PRECISION, batch_trials=RECLUSTER_BATCH_TRIALS)
     c = weighted_lloyd(x, c, w, n_iter, precision=INIT_PRECISION)

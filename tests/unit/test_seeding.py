@@ -222,6 +222,26 @@ def test_incremental_fold_equals_one_pass_over_all_candidates():
     assert numpy_backend.name == "numpy"
 
 
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def test_the_reclusters_candidates_are_every_rounds_draws_in_row_order_then_kept(backend):
+    """The recluster's candidates, gathered on the device (``_candidates``), are the rounds'
+    draws put in global row order round by round, then selected by the weights' mask: by hand,
+    with shards' parts out of row order, an empty part and float64 draws for float32 data."""
+    from daskmeans.backends import get_backend
+    from daskmeans.seeding.kmeans_parallel import _candidates
+
+    def part(rows):
+        return np.array(rows, np.int64), np.array([[r, -r] for r in rows], np.float64).reshape(-1, 2)
+
+    rounds = [[part([40, 2]), part([7])], [part([]), part([5, 1])], [part([30]), part([9, 3])]]
+    keep = np.array([True, True, False, True, True, True, False, True])
+    be = get_backend(backend)
+    got = _candidates(be, rounds, np.float32, keep)
+    want = [[2, -2], [7, -7], [1, -1], [5, -5], [3, -3], [30, -30]]  # round by round: 2 7 40 | 1 5 | 3 9 30
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(be.to_numpy(got), np.array(want, np.float32))
+
+
 def test_rows_gathered_from_the_shards_come_in_the_order_asked():
     from daskmeans.seeding.rows import gather_rows
 
