@@ -495,14 +495,13 @@ def _local(n_workers: int, blas_threads: int | None, dashboard: bool, devices: b
     """
     import dask
 
-    from .engine.devices import QUIET_MEMORY
-
+    quiet = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
     with contextlib.ExitStack() as stack:
         if blas_threads is not None:
             from threadpoolctl import threadpool_limits
 
             stack.enter_context(threadpool_limits(limits=blas_threads, user_api="blas"))
-        with dask.config.set(QUIET_MEMORY):
+        with dask.config.set(quiet):
             cluster = stack.enter_context(_device_cluster(n_workers, dashboard) if devices else LocalCluster(
                 n_workers=n_workers, threads_per_worker=1, processes=False, **_dashboard(dashboard),
                 silence_logs=logging.CRITICAL))

@@ -24,11 +24,6 @@ from distributed.threadpoolexecutor import ThreadPoolExecutor
 from ..backends import get_backend
 
 
-# Dask's memory manager with no action (no spilling, pausing or terminating) for workers that
-# share a process: the engine's plan budgets their memory (engine/plan.py).
-QUIET_MEMORY = {f"distributed.worker.memory.{k}": False for k in ("target", "spill", "pause", "terminate")}
-
-
 class DeviceThreadPoolExecutor(ThreadPoolExecutor):
     """Dask's thread pool (secede and rejoin work as with the default one) running every task
     on device ``device`` of backend ``backend`` (a backend with ``device_scope``).
@@ -108,19 +103,22 @@ class DeviceWorker(Worker):
     executor down when it closes, and a worker the cluster starts again from its spec needs a
     new one.
 
-    Its memory limit sizes the tiers' budgets, but Dask's memory manager takes no action (as on
-    the local cluster's in-process CPU workers, :mod:`daskmeans.dask_cluster`): it would count
-    device arrays as host memory, spill placed shards to disk through the serializer, and
-    pause the worker on the whole process's memory, which holds every worker's data.
+    Its ``memory_limit`` (bytes, a size such as ``"8GiB"``, or None) is kept as
+    :attr:`memory_share`, which sizes the tiers' budgets (:mod:`daskmeans.engine.plan`); Dask is
+    given none. A Dask limit would count device arrays as host memory: the memory manager
+    would spill placed shards to disk through the serializer and pause the worker on the whole
+    process's memory, which holds every worker's data, and the scheduler would fail a task
+    whose inputs (a shard's chunks on the GPU) outsize the host's share.
     """
 
     def __init__(self, *args: Any, device_backend: str, device: int, **kwargs: Any):
-        import dask
+        from dask.utils import parse_bytes
 
         name = kwargs.get("name", f"{device_backend}-{device}")
+        share = kwargs.pop("memory_limit", None)
+        self.memory_share: int | None = parse_bytes(share) if isinstance(share, str) else share
         ex = DeviceThreadPoolExecutor(device_backend, device, 1, thread_name_prefix=f"{name}-Dask-Default-Threads")
-        with dask.config.set(QUIET_MEMORY):
-            super().__init__(*args, **{**kwargs, "nthreads": 1, "executor": ex})
+        super().__init__(*args, **{**kwargs, "nthreads": 1, "executor": ex, "memory_limit": 0})
 
 
 def device_worker_specs(backend: str, devices: list[int], options: dict) -> dict:

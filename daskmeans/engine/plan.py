@@ -70,7 +70,10 @@ def _budget_on_worker(memory_limit: int | None, device_memory_limit: int | None,
     asked of the backend (:meth:`~daskmeans.backends.protocol.Backend.device_budget`)."""
     host = memory_limit
     if host is None:
-        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        # A device worker's share of the host (engine/devices.py: it gives Dask no limit), else
+        # the Dask worker's limit.
+        limit = getattr(dask_worker, "memory_share", None) or getattr(
+            getattr(dask_worker, "memory_manager", None), "memory_limit", None)
         if not limit:
             import psutil
 

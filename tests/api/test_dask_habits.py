@@ -89,7 +89,11 @@ def test_no_run_spec_warning_after_a_fit(fresh, tmp_path, kind):
     assert _run_spec(log) == []
 
 
-def _normal_rows(n, d, block_id=None):
+def _normal_rows(n, d, go=None, block_id=None):
+    if go is not None:  # held until the test lets the chunks finish
+        from distributed import Event
+
+        Event(go).wait()
     return np.random.default_rng(block_id[0]).standard_normal((n, d))
 
 
@@ -98,13 +102,24 @@ def test_a_persisted_array_fits_as_the_same_array_not_persisted(fresh, finished)
     """``X = X.persist()`` then ``fit(X)``, the notebook's habit: every chunk of X a future
     (finished, or still running when the fit starts). The fit gives the bits of the same rows
     not persisted, twice (the second from its kept placement), and X is still X afterwards."""
-    lazy = da.map_blocks(_normal_rows, 2500, 6, dtype=np.float64, chunks=((2500,) * 8, (6,)))
-    X = lazy.persist()
+    import threading
+
+    from distributed import Event
+
+    go = None if finished else f"go-{os.getpid()}-{threading.get_ident()}"
+    X = da.map_blocks(_normal_rows, 2500, 6, go, dtype=np.float64, chunks=((2500,) * 8, (6,)),
+                      meta=np.empty((0, 6))).persist()
     if finished:
         wait(X)
+    else:
+        assert {f.status for f in X.__dask_graph__().values()} == {"pending"}
+        # The chunks finish only once the first fit is under way (its placement waits on them).
+        threading.Timer(0.5, Event(go, client=fresh).set).start()
     fits = [daskmeans.KMeans(5, random_state=0, max_iter=20, client=fresh).fit(X) for _ in range(2)]
     labels = [fresh.compute(km.labels_).result() for km in fits]
-    np.testing.assert_array_equal(fresh.compute(X).result(), fresh.compute(lazy).result())
+    rows = np.concatenate([_normal_rows(2500, 6, block_id=(i, 0)) for i in range(8)])
+    np.testing.assert_array_equal(fresh.compute(X).result(), rows)
+    lazy = da.from_array(rows, chunks=(2500, 6))
     daskmeans.release(fresh)  # the lazy array's fit places its rows anew (its keys are X's)
     want = daskmeans.KMeans(5, random_state=0, max_iter=20, client=fresh).fit(lazy)
     for km, lab in zip(fits, labels):

@@ -68,8 +68,8 @@ def device_backend():
 
 
 @contextlib.contextmanager
-def _device_client(n: int, backend: str = NAME):
-    workers = devices.device_worker_specs(backend, list(range(n)), {"protocol": "inproc://", "memory_limit": 2 << 30})
+def _device_client(n: int, backend: str = NAME, memory_limit: int | str = 2 << 30):
+    workers = devices.device_worker_specs(backend, list(range(n)), {"protocol": "inproc://", "memory_limit": memory_limit})
     scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
     with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
         yield client
@@ -186,17 +186,30 @@ def test_the_reading_pipeline_copies_on_the_device_of_the_task(device_backend):
     assert seen and set(seen) == {1}
 
 
+def _nbytes(a):
+    return int(a.nbytes)
+
+
 def test_device_workers_leave_memory_to_the_plan(device_backend):
-    """A device worker's memory limit is its budget's base, but Dask's memory manager takes no
-    action: no spill buffer (placed shards would be written to disk through the serializer),
-    no pause on the whole process's memory, however the cluster was made."""
+    """A device worker's memory limit is its host budget's base (``memory_share``), but Dask is
+    given none, however the cluster was made: no spill buffer (placed shards would be written
+    to disk through the serializer), no pause on the whole process's memory, and no task
+    refused by the scheduler because its inputs (on a device) outsize the host's share."""
     import dask
 
-    with dask.config.set({"distributed.worker.memory.spill": 0.7, "distributed.worker.memory.pause": 0.8}):
-        with _device_client(2) as client:
-            def memory(dask_worker):
-                mm = dask_worker.memory_manager
-                return (mm.memory_limit, type(mm.data).__name__, mm.memory_spill_fraction, mm.memory_pause_fraction,
-                        "memory_monitor" in dask_worker.periodic_callbacks)
+    from daskmeans.engine.plan import _budget_on_worker
 
-            assert set(client.run(memory).values()) == {(2 << 30, "dict", False, False, False)}
+    settings = {"distributed.worker.memory.spill": 0.7, "distributed.worker.memory.pause": 0.8,
+                "distributed.worker.memory.terminate": 0.95}
+    with dask.config.set(settings), _device_client(2, memory_limit="1MiB") as client:
+        def memory(dask_worker):
+            mm = dask_worker.memory_manager
+            return (dask_worker.memory_share, mm.memory_limit, type(mm.data).__name__,
+                    "memory_monitor" in dask_worker.periodic_callbacks)
+
+        assert set(client.run(memory).values()) == {(1 << 20, None, "dict", False)}
+        assert {w["memory_limit"] for w in client.scheduler_info()["workers"].values()} == {0}
+        budgets = client.run(lambda dask_worker: _budget_on_worker(None, None, NAME, dask_worker)["host"])
+        assert set(budgets.values()) == {1 << 19}  # half the share
+        big = client.submit(np.ones, 1 << 19, pure=False)  # 4 MiB, over the 1 MiB share
+        assert client.submit(_nbytes, big).result() == 4 << 20
