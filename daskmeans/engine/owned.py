@@ -78,12 +78,15 @@ def own_keys(x: da.Array, client: Any = None, *, scatter: bool = False) -> tuple
         array may be made again).
     """
     from dask._task_spec import Alias, DataNode, convert_legacy_graph
+    from dask.core import flatten
 
     (opt,) = dask.optimize(x)
     dsk = dict(opt.__dask_graph__())
     # dask.optimize drops the chunks of a persisted array whose futures have finished (its
-    # graph comes back empty): they are taken from the graph as given.
-    dsk.update((k, v) for k, v in dict(x.__dask_graph__()).items() if _is_future(v) and k not in dsk)
+    # graph comes back empty): they are taken from the graph as given (only then: a graph's
+    # materialisation costs as much as the optimisation).
+    if any(k not in dsk for k in flatten(opt.__dask_keys__())):
+        dsk.update((k, v) for k, v in dict(x.__dask_graph__()).items() if _is_future(v) and k not in dsk)
     futures = {k: v for k, v in dsk.items() if _is_future(v)}
     nodes = convert_legacy_graph({k: v for k, v in dsk.items() if k not in futures}, all_keys=set(dsk))
     token = uuid.uuid4().hex  # see the module docstring: new keys for each placement
