@@ -17,6 +17,7 @@ file. The whole init in iteration-times, as users run it: ``python -m benchmarks
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import pstats
@@ -140,7 +141,8 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
                                         random_state=0, client=client).fit(X)
 
             fit()
-            with get_task_stream(client) as ts:
+            parts: dict = collections.defaultdict(float)
+            with get_task_stream(client) as ts, _timed_recluster(parts):
                 km = fit()
             by: dict = collections.defaultdict(float)
             busy: dict = collections.defaultdict(float)
@@ -157,7 +159,42 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s) {wall:.3f} s = "
               f"{wall / it:.2f} one-GPU iterations; its tasks' run times (all workers) in iterations: {tasks}; "
               f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "
-              f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }", flush=True)
+              f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }; the recluster's "
+              f"task in parts (s, its GPU synchronised after each): { {p: round(v, 3) for p, v in parts.items()} }",
+              flush=True)
+
+
+# The recluster task's steps (module attributes of seeding.kmeans_parallel it calls by name).
+RECLUSTER_PARTS = ("_candidates", "seed_batched", "weighted_lloyd")
+
+
+@contextlib.contextmanager
+def _timed_recluster(parts: dict):
+    """Within the block, the recluster's steps (:data:`RECLUSTER_PARTS`) of this process's
+    in-process workers add their wall time to ``parts`` by name, each step's GPU work
+    synchronised before its clock stops (so a step's time is its own, not the next one's)."""
+    import cupy
+
+    from daskmeans.seeding import kmeans_parallel as kp
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            cupy.cuda.Device().synchronize()
+            parts[name] += time.perf_counter() - t
+            return out
+
+        return run
+
+    saved = {name: getattr(kp, name) for name in RECLUSTER_PARTS}
+    for name, fn in saved.items():
+        setattr(kp, name, timed(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(kp, name, fn)
 
 
 def main(argv=None):
