@@ -208,7 +208,7 @@ def test_in_process_workers_one_per_gpu_give_the_bits_of_worker_processes():
         assert len(info) == _n_gpus() and all(a.startswith("inproc://") for a in info)
         p = place(c, read(X), "cupy")
         assert len(set(p.workers)) == _n_gpus()
-        assert choose_collective(c, p, "auto") == "process"
+        assert choose_collective(c, p, "auto") == "process" and choose_collective(c, p, "dask") == "dask"
 
         def devices(shard):
             import cupy
