@@ -358,7 +358,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     add_field(p, field(RunParams, "collective"),
               type=registered_option("--collective", "daskmeans.engine.collective", "COLLECTIVES"), metavar="NAME",
               text="how workers combine partial sums each iteration: nccl (GPU workers, a process each), "
-                   "process (workers of one process, CPU), dask (any), or auto (the first of these that can "
+                   "process (workers of one process, CPU or GPU), dask (any), or auto (the first of these that can "
                    "serve the workers; default daskmeans.collective)")
 
 

@@ -196,11 +196,15 @@ def _round_last(shard: Shard, rnd: _Round, grid: Grid | None) -> np.ndarray:
     return _par_last(shard, rnd.state, [rnd.part], grid)
 
 
+def _row_order(parts: list) -> np.ndarray:
+    """The order that puts a round's draws (its per-shard parts, concatenated) in global row
+    order, whichever shard (worker) drew them: the candidates' order."""
+    return np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+
+
 def _concat_by_row(parts: list) -> np.ndarray:
-    """Sampled rows in global row order, whichever shard (worker) drew them."""
-    idx = np.concatenate([p[0] for p in parts])
-    data = np.concatenate([p[1] for p in parts])
-    return data[np.argsort(idx, kind="stable")]
+    """Sampled rows in global row order (:func:`_row_order`)."""
+    return np.concatenate([p[1] for p in parts])[_row_order(parts)]
 
 
 def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray) -> Any:
@@ -212,9 +216,8 @@ def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray) -> Any:
     candidate)."""
     order, blocks, offset = [], [], 0
     for parts in rounds:
-        idx = np.concatenate([p[0] for p in parts])
-        order.append(np.argsort(idx, kind="stable") + offset)
-        offset += len(idx)
+        order.append(_row_order(parts) + offset)
+        offset += sum(len(p[0]) for p in parts)
         blocks += [p[1] for p in parts if len(p[1])]
     take = np.concatenate(order)[keep]
     raw = be.xp.concatenate([be.asarray(b, dtype) for b in blocks])
