@@ -27,6 +27,7 @@ from .dask_cluster import using_client
 from .engine.fit import fit_distributed
 from .errors import DaskmeansError
 from .io.readers import read_table, read_weights
+from .numerics.hashing import distinct_rows
 from . import config
 from .conventions import DaskmeansRuntimeWarning, clusters_warning, init_data, random_state_for_init, resolve_n_init
 from .kmeans_base import INIT_NAMES, BaseKMeans
@@ -413,7 +414,7 @@ class KMeans(BaseKMeans):
         # centroids split on a GPU) as copies of others. Either way the user should know (in
         # scikit-learn's words too, and its ConvergenceWarning where it is in use).
         n_empty = int((best.sizes == 0).sum())
-        n_copies = self.n_clusters - len(np.unique(best.centroids, axis=0))
+        n_copies = self.n_clusters - distinct_rows(best.centroids)
         if n_empty or n_copies:
             warnings.warn(
                 f"at the end of the fit {n_empty} of n_clusters={self.n_clusters} clusters are empty and {n_copies} "

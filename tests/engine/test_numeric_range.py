@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from daskmeans import KMeans
-from daskmeans.numerics.grid import Grid, check_range, check_resolution
+from daskmeans.numerics.grid import TYPICAL_ROWS, Grid, check_range, check_resolution, typical_magnitude
 from daskmeans.errors import DataError
 
 
@@ -64,3 +64,12 @@ def test_checks_by_hand():
     with pytest.raises(DataError, match="too large for float32"):
         check_range(np.array([1e19, 1e19]), np.float32)  # 2e38 > 8.5e37
     check_range(np.array([1e19, 1e19]), np.float64)
+
+
+def test_typical_magnitude_by_hand():
+    c = np.array([[1.0, -4.0], [-3.0, 0.0], [2.0, 8.0]])
+    np.testing.assert_array_equal(typical_magnitude(c), [2.0, 4.0])  # medians of |c| by feature
+    # Past TYPICAL_ROWS centroids, the median of evenly spaced ones: rows 0, 3, 6, ...
+    k = 3 * TYPICAL_ROWS - 1
+    big = np.arange(k, dtype=np.float64)[:, None] * np.array([[1.0, -2.0]])
+    np.testing.assert_array_equal(typical_magnitude(big), np.median(np.abs(big[::3]), axis=0))
