@@ -59,16 +59,9 @@ def threads_setting() -> Any:
     return setting
 
 
-# The most rows' bytes a reading thread stages at once on their way to a device: each thread
-# keeps one page-locked buffer of that size, and allocating page-locked memory runs at a small
-# fraction of the reads' rate (docs/performance.md, "The reading pipeline"), so these pieces
-# are smaller than the host tier's, which are read in place.
-STAGE_BYTES = 8 << 20
-
-
-def _pieces(sources: Sequence[Any], d: int, dtype: np.dtype, piece_bytes: int | None = None) -> list[list[fill.Piece]]:
+def _pieces(sources: Sequence[Any], d: int, dtype: np.dtype) -> list[list[fill.Piece]]:
     row_bytes = int(d) * np.dtype(dtype).itemsize
-    return [fill.pieces(j, s, row_bytes, piece_bytes) for j, s in enumerate(sources)]
+    return [fill.pieces(j, s, row_bytes) for j, s in enumerate(sources)]
 
 
 def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: Any, threads: int) -> list:
@@ -93,9 +86,9 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
         Host arrays where ``on_host``, else the backend's; every copy done.
     """
     dtype = np.dtype(dtype)
+    chunks = _pieces(sources, d, dtype)
     n = len(sources)
     if on_host:
-        chunks = _pieces(sources, d, dtype)
         # Ordinary memory, filled by the threads, then page-locked in place (``be.page_lock``)
         # for as long as each block lives: allocating page-locked memory runs at a fraction
         # of the decode's rate in the driver, locking memory already written at several times
@@ -116,7 +109,6 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
         return [b if b is not None else np.empty((0, int(d)), dtype) for b in blocks]
 
     blocks = [be.xp.empty((int(s.rows), int(d)), dtype) for s in sources]
-    chunks = _pieces(sources, d, dtype, min(fill.PIECE_BYTES, STAGE_BYTES))
     piece_rows = max([p.stop - p.start for ps in chunks for p in ps] or [0])
     local = threading.local()
     staging: list[list] = []

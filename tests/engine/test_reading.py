@@ -173,32 +173,6 @@ def test_device_blocks_wait_for_each_copy_before_refilling_its_staging_buffer(fi
     np.testing.assert_array_equal(np.concatenate(blocks), x)
 
 
-class _Staged(_LateCopies):
-    """:class:`_LateCopies` that records the size of each staging buffer it hands out."""
-
-    def __init__(self):
-        super().__init__()
-        self.staging = []
-
-    def empty_host(self, shape, dtype):
-        self.staging.append(shape)
-        return np.empty(shape, dtype)
-
-
-def test_device_blocks_stage_pieces_of_at_most_stage_bytes(files, monkeypatch):
-    """A device tier's rows go through one page-locked buffer per reading thread, each of at
-    most ``STAGE_BYTES`` (whatever the host tier's pieces): allocating page-locked memory is
-    what placement waits for."""
-    d, x = files
-    monkeypatch.setattr(reading, "STAGE_BYTES", 7 * 4 * 128)  # 128 rows; the host tier's pieces stay 32 MiB
-    y, sources = _chunks(readers.read(str(d / "x.npy")), 1000)
-    be = _Staged()
-    blocks = reading.read_blocks(be, False, sources, 7, np.float32, 3)
-    assert be.staging and all(shape == (128, 7) for shape in be.staging) and len(be.staging) <= 3
-    assert be.copies == 5 * 8  # 5 chunks of 1000 rows, each 7 pieces of 128 rows and one of 104
-    np.testing.assert_array_equal(np.concatenate(blocks), x)
-
-
 class _Locks:
     """A host backend that records each block it page-locks (a copy of it, as it was then)
     and each unlock."""
