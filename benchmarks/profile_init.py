@@ -5,14 +5,16 @@ with scikit-learn's ``2 + ln K`` (the recluster before), each in iteration-times
 assignment of the problem's rows against K centroids, with its sums: a Lloyd step's kernels),
 the host functions that take the time (cProfile, sorted by their own time), and the fp32 GEMM
 floor of its distance passes; then the whole default init as a fit runs it on in-process
-workers of 1 GPU (``--gpus 1,2``: then of 2; the rows made on the devices), its wall time in
-iteration-times, its Dask tasks' run times by name (the rounds' folds and draws, the
+workers of 1 GPU (``--gpus 1,2``: then of 2; the rows made on the devices, or with ``--npy``
+read from a ``.npy`` file as the command reads them), its wall time in iteration-times (and
+the first fit's, which loads the kernels, as a command's only fit does), its Dask tasks' run times by name (the rounds' folds and draws, the
 candidates' weights, the recluster) and each worker's busy time, the rest being the waits
 between them. For planning init work; prints, writes no
 file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
---problems w14,w16,w18 --warm-only``.
+--problems w14,w16,w18 --warm-only``. P1 (K = 4) shows the init's fixed costs, which its
+command pays (issue 44's CSV command).
 
-    python -m benchmarks profile-init [P4] [W14] [W16] [W18] [--gpus 1,2]
+    python -m benchmarks profile-init [P1] [P4] [W14] [W16] [W18] [--gpus 1,2] [--npy]
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import io
+import os
 import pstats
+import tempfile
 import time
 
 from benchmarks import problems
 
 SUMMARY = "the k-means|| recluster at P4 and wide K: wall time in iteration-times, host profile, GEMM floor"  # its line in --help
 
-PROBLEMS = problems.pick("P4", "W14", "W16", "W18")
+PROBLEMS = problems.pick("P1", "P4", "W14", "W16", "W18")
 
 
 def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile | None = None) -> float:
@@ -96,7 +100,7 @@ def profile(problem: problems.Problem, args) -> None:
     print(s.getvalue(), flush=True)
     x = w = c = None  # the candidates' memory back to the pool, for the fit's
     cupy.get_default_memory_pool().free_all_blocks()
-    _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")))
+    _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")), npy=args.npy)
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
@@ -111,11 +115,14 @@ def _rows(n: int, d: int, seed: int, block_id=None):
 INIT_TASKS = ("daskmeans-kpar", "daskmeans-afkmc2")
 
 
-def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", gpus: tuple[int, ...] = (1,)) -> None:
+def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", gpus: tuple[int, ...] = (1,),
+                npy: bool = False) -> None:
     """Print the init ``init`` (the default's) of a one-iteration fit on in-process workers of
     the first ``n`` GPUs for each ``n`` of ``gpus`` (the second of two fits, the first loading
-    the kernels) in iteration-times of ``it`` seconds (one GPU's), its tasks' run times by name
-    and each worker's busy time (the rest of the wall time: waits between dependent tasks)."""
+    the kernels; the first's init time too) in iteration-times of ``it`` seconds (one GPU's),
+    its tasks' run times by name and each worker's busy time (the rest of the wall time: waits
+    between dependent tasks). With ``npy``, the rows are written to a ``.npy`` file and each
+    fit is given its path, as the command is (its chunks and placement)."""
     import collections
 
     import cupy
@@ -135,12 +142,16 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         with SpecCluster(workers=specs, scheduler=scheduler) as lc, Client(lc) as client:
             X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
                               meta=cupy.empty((0, d), cupy.float32)).persist()
+            if npy:
+                path = os.path.join(tempfile.mkdtemp(), "rows.npy")
+                np.save(path, X.map_blocks(cupy.asnumpy, meta=np.empty((0, d), np.float32)).compute())
+                X = path
 
             def fit():
                 return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32",
                                         random_state=0, client=client).fit(X)
 
-            fit()
+            first = fit().timings_.get("init", float("nan"))
             parts: dict = collections.defaultdict(float)
             with get_task_stream(client) as ts, _timed_recluster(parts):
                 km = fit()
@@ -156,8 +167,9 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
                  if name.startswith(INIT_TASKS) or sec > 0.05 * it}
         wall = km.timings_.get("init", float("nan"))
-        print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s) {wall:.3f} s = "
-              f"{wall / it:.2f} one-GPU iterations; its tasks' run times (all workers) in iterations: {tasks}; "
+        print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s)"
+              f"{' from a .npy file' if npy else ''} {wall:.3f} s = {wall / it:.2f} one-GPU iterations (the first "
+              f"fit's {first:.3f} s); its tasks' run times (all workers) in iterations: {tasks}; "
               f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "
               f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }; the recluster's "
               f"task in parts (s, its GPU synchronised after each): { {p: round(v, 3) for p, v in parts.items()} }",
@@ -202,6 +214,9 @@ def main(argv=None):
 
     def options(ap):
         ap.add_argument("--gpus", default="1", help="comma-separated GPU counts of the whole init's runs (default 1)")
+        ap.add_argument("--npy", action="store_true",
+                        help="the whole init's rows written to a .npy file and fitted from it, placed as the command "
+                             "places them (default: made on the devices, in 4 blocks a GPU)")
 
     meta.profile_main("profile-init", __doc__, PROBLEMS, "P4", profile, argv, options)
 
