@@ -60,6 +60,13 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
     def take_rows():  # seeding.rows: rows of a block by index
         x2()[cp.asarray(np.arange(3, dtype=np.int64))]
 
+    def candidates():  # seeding.kmeans_parallel._candidates: the rounds' parts joined, then the kept ones
+        # CuPy joins up to 8 arrays (or large ones) by a copy each, more small ones in one
+        # kernel, of its own where they are all of one shape.
+        for sizes in ((3, 5), tuple(range(1, 10)), (2,) * 9):
+            raw = cp.concatenate([cp.asarray(np.ones((m, 8), dt)) for m in sizes])
+            raw[cp.asarray(np.arange(4, dtype=np.int64))]
+
     def par_update():  # seeding.kmeans_parallel._par_update, _cand_weights
         d2, nearest = cp.full(SMALL, cp.inf), cp.full(SMALL, -1, i64)
         lab, dn = v(i32), v(f64)
@@ -317,7 +324,7 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
     # are not here: the worker's :func:`.cupy_backend.warm` compiles those it needs, in threads,
     # and a process compiling them too would repeat seconds of NVRTC work beside it.
     return [moments, sized(grid), sized(par_draws), take_rows, prepare, par_update, sized(draw),
-            sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus, sized(yinyang)]
+            candidates, sized(seed_batched), sums, step, small_stats, weighted_lloyd, plusplus, sized(yinyang)]
 
 
 def _tag() -> str:
