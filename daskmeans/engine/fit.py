@@ -24,7 +24,7 @@ import numpy as np
 from distributed import Client
 
 from ..backends import get_backend
-from ..numerics.grid import Grid, check_resolution, typical_magnitude
+from ..numerics.grid import TYPICAL_ROWS, Grid, check_resolution
 from ..errors import InputChanged
 from ..io.checkpoint import check_fingerprint, fingerprint, write_checkpoint
 from ..metric import get_metric
@@ -173,7 +173,11 @@ def fit_distributed(
                         c0 = job.survive(resolve_init, params.init, k, int(seeds[i]), params.oversampling_factor, grid)
                     c0 = get_metric(params.metric).init(np.asarray(c0, np.float64))
                 if i == 0:
-                    check_resolution(grid, typical_magnitude(c0), n)
+                    # Each feature's median |value| over evenly spaced centres (TYPICAL_ROWS),
+                    # its values contiguous: NumPy's median along rows walks strided columns.
+                    c = np.asarray(c0, np.float64)
+                    c = c[:: max(1, -(-c.shape[0] // TYPICAL_ROWS))]
+                    check_resolution(grid, np.median(np.ascontiguousarray(np.abs(c).T), axis=1), n)
                 # The run's restart point, made here for every run: a checkpoint's, or the
                 # start from the init's centres.
                 begin = start if start is not None else Start(0, np.asarray(c0, np.float64))

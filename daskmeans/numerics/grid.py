@@ -182,31 +182,11 @@ class Grid:
 # A centroid's value is the mean of values each rounded by at most half a step: the step must
 # stay below this fraction of a feature's typical magnitude for the sums to be trusted.
 RESOLUTION = 2.0**-12
-# The centroids a typical magnitude is taken over (evenly spaced, all where K is smaller): a
-# median over that many is as robust a magnitude, and one over K x D values at wide K would
-# cost the command more than its iterations at small problems (performance.md, "The whole
-# command").
+# The initial centroids a feature's typical magnitude (check_resolution's) is taken over, evenly
+# spaced (all where K is smaller): a median over that many is as robust, and one over K x D
+# values at wide K took the command longer than a short fit's iterations (performance.md,
+# "Several GPUs").
 TYPICAL_ROWS = 4096
-
-
-def typical_magnitude(centroids: np.ndarray) -> np.ndarray:
-    """Each feature's median absolute value over the initial centroids (over ``TYPICAL_ROWS``
-    of them, evenly spaced, where there are more): the robust magnitude that
-    :func:`check_resolution` compares the grid's step with.
-
-    Parameters
-    ----------
-    centroids : ndarray, shape (K, d)
-
-    Returns
-    -------
-    ndarray, shape (d,), float64
-    """
-    c = np.asarray(centroids, np.float64)
-    stride = max(1, -(-c.shape[0] // TYPICAL_ROWS))
-    # Each feature's values contiguous: NumPy's median along the rows of a C-ordered array
-    # walks strided columns.
-    return np.median(np.ascontiguousarray(np.abs(c[::stride]).T), axis=1)
 
 
 def check_resolution(grid: Grid, typical: np.ndarray, n_samples: int) -> None:
@@ -222,7 +202,8 @@ def check_resolution(grid: Grid, typical: np.ndarray, n_samples: int) -> None:
     grid : Grid
     typical : ndarray (d,)
         A robust magnitude of each feature (the median |value| of the initial centroids,
-        which are rows of the data or close to them); features where it is 0 are skipped.
+        which are rows of the data or close to them; of ``TYPICAL_ROWS`` of them, evenly
+        spaced, where there are more); features where it is 0 are skipped.
     n_samples : int
 
     Raises

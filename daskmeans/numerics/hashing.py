@@ -5,8 +5,6 @@ content digest, by its values), never by the chunk or worker that holds the row.
   size balancing's per-row keys; the GPU pin ``pin_words`` in ``backends/cuda/fit.cu`` applies
   the same finaliser to 32-bit words).
 - :func:`row_hashes`: the content digest's per-row hash of a row's value bits and its index.
-- :func:`distinct_rows`: how many distinct rows a float array has (as ``np.unique(a,
-  axis=0)`` counts them), by hashing each row's value bits.
 - :func:`row_keys`: one uint64 per global row and salt (the balancing's choice of rows).
 - :func:`row_uniforms`: uniform draws per global row from a counter-based generator (Philox),
   for the inits' and the sample's draws; on a device array module (CuPy) the same bits,
@@ -80,36 +78,6 @@ def row_hashes(xp: Any, bits: Any, keys: Any, first_row: int) -> Any:
         row = splitmix64(xp, (bits * keys[None, :]).sum(axis=1, dtype=xp.uint64))
         idx = xp.arange(first_row, first_row + bits.shape[0], dtype=xp.uint64)
         return splitmix64(xp, row + idx * _GOLDEN)
-
-
-def distinct_rows(a: np.ndarray) -> int:
-    """The number of distinct rows of ``a`` (values compared as numbers: -0.0 equals 0.0), as
-    ``len(np.unique(a, axis=0))`` counts them, without sorting rows: each row's value bits are
-    hashed, and only rows whose hashes agree are compared.
-
-    Parameters
-    ----------
-    a : ndarray, shape (n, d), float
-
-    Returns
-    -------
-    int
-    """
-    a = np.ascontiguousarray(a, np.float64) + 0.0  # -0.0 becomes 0.0: equal values, equal bits
-    if a.shape[0] < 2:
-        return int(a.shape[0])
-    with np.errstate(over="ignore"):
-        h = splitmix64(np, a.view(np.uint64) @ column_keys(np, a.shape[1]))  # wraps modulo 2**64
-    order = np.argsort(h, kind="stable")
-    hs = h[order]
-    # Runs of equal hashes: their rows compared by value (equal hashes of unequal rows are
-    # counted apart).
-    starts = np.flatnonzero(np.concatenate(([True], hs[1:] != hs[:-1])))
-    ends = np.append(starts[1:], a.shape[0])
-    n = int(starts.size)
-    for s, e in zip(starts[ends - starts > 1], ends[ends - starts > 1]):
-        n += len(np.unique(a[order[s:e]], axis=0)) - 1
-    return n
 
 
 def row_keys(xp: Any, rows: Any, salt: int) -> Any:

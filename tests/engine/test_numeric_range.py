@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from daskmeans import KMeans
-from daskmeans.numerics.grid import TYPICAL_ROWS, Grid, check_range, check_resolution, typical_magnitude
+from daskmeans.numerics.grid import Grid, check_range, check_resolution
 from daskmeans.errors import DataError
 
 
@@ -25,6 +25,22 @@ def test_one_huge_value_is_refused(client):
     x[7, 2] = 1e18
     with pytest.raises(DataError, match=r"feature 2 spans too wide a range for exact sums: over 20000 rows"):
         KMeans(5, random_state=0, client=client).fit(x)
+
+
+@pytest.mark.parametrize("typical_rows, typical", [(4096, "100"), (2, "1.5")])
+def test_the_typical_value_is_the_median_over_evenly_spaced_centres(client, monkeypatch, typical_rows, typical):
+    """The check's typical |value| of a feature: the median of |c| over the initial centres, or
+    over TYPICAL_ROWS of them evenly spaced where there are more (rows 0 and 3 of 5 when it
+    is 2: the median of 1 and 2)."""
+    from daskmeans.engine import fit
+
+    monkeypatch.setattr(fit, "TYPICAL_ROWS", typical_rows)
+    x = _blobs()
+    x[7, 2] = 1e18
+    init = np.zeros((5, 4))
+    init[:, 2] = [1.0, -100.0, 200.0, 2.0, 300.0]
+    with pytest.raises(DataError, match=rf"feature 2 spans too wide .* and its typical \|value\| {typical} should"):
+        KMeans(5, init=init, client=client).fit(x)
 
 
 def test_a_large_but_representable_outlier_is_fitted_exactly(client):
@@ -64,12 +80,3 @@ def test_checks_by_hand():
     with pytest.raises(DataError, match="too large for float32"):
         check_range(np.array([1e19, 1e19]), np.float32)  # 2e38 > 8.5e37
     check_range(np.array([1e19, 1e19]), np.float64)
-
-
-def test_typical_magnitude_by_hand():
-    c = np.array([[1.0, -4.0], [-3.0, 0.0], [2.0, 8.0]])
-    np.testing.assert_array_equal(typical_magnitude(c), [2.0, 4.0])  # medians of |c| by feature
-    # Past TYPICAL_ROWS centroids, the median of evenly spaced ones: rows 0, 3, 6, ...
-    k = 3 * TYPICAL_ROWS - 1
-    big = np.arange(k, dtype=np.float64)[:, None] * np.array([[1.0, -2.0]])
-    np.testing.assert_array_equal(typical_magnitude(big), np.median(np.abs(big[::3]), axis=0))

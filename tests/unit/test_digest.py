@@ -53,26 +53,3 @@ def test_the_gpu_gives_the_cpus_bits(dtype):
     assert block_digest(cupy, cupy.asarray(x), 123) == block_digest(np, x, 123)
     w = np.random.default_rng(3).random(40_000)
     assert block_digest(cupy, cupy.asarray(w), 5) == block_digest(np, w, 5)
-
-
-
-def test_distinct_rows_by_hand():
-    from daskmeans.numerics.hashing import distinct_rows
-
-    a = np.array([[1.0, 2.0], [0.0, -0.0], [1.0, 2.0], [-0.0, 0.0], [2.0, 1.0], [1.0, 2.0]])
-    # {(1, 2), (0, 0), (2, 1)}: -0.0 is the value 0.0.
-    assert distinct_rows(a) == 3
-    assert distinct_rows(a[:1]) == 1 and distinct_rows(a[:0]) == 0
-
-
-@pytest.mark.parametrize("colliding", [False, True])
-def test_distinct_rows_counts_as_numpy_unique(monkeypatch, colliding):
-    from daskmeans.numerics import hashing
-
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((3000, 9)).astype(np.float32)
-    a[rng.integers(0, 3000, 400)] = a[rng.integers(0, 3000, 400)]  # copies of other rows
-    a[::7, 3] = 0.0
-    if colliding:  # every row hashed alike: the rows themselves decide
-        monkeypatch.setattr(hashing, "column_keys", lambda xp, d: xp.zeros(d, xp.uint64))
-    assert hashing.distinct_rows(a) == len(np.unique(a.astype(np.float64), axis=0)) < 3000
