@@ -400,16 +400,22 @@ def round_draws_bound(k: int) -> int:
 _OPS_STARTED: set = set()
 
 
-def warm_ahead(dtype: Any = "float32", k: int | None = None) -> list:
+def warm_ahead(dtype: Any = "float32", k: int | None = None, shape: tuple[int, int] | None = None,
+               precision: str = "fp32", algorithm: str = "lloyd", chunk_bytes: int | str | None = None) -> list:
     """:func:`warm_cupy_ops` for a command about to start GPU workers on this host, where it
     has CuPy and an NVIDIA device (neither is imported or opened here): the compiles then
-    overlap the command's own imports and the workers' start. Where the worker will be a
-    thread of this process (one GPU, :func:`daskmeans.config.gpu_in_process`), this package's
-    modules that depend on the data's dtype alone (and on K's regime: the GEMM's preparation,
-    sums and float16 selection only past the fused kernels' K) start compiling here too, in a
-    thread: the worker's :func:`warm` finds them built, or waits for the compile in flight
-    (:func:`.cuda_src._once`), rather than starting them a second later after the cluster and
-    the plan. Returns the processes started."""
+    overlap the command's own imports and the workers' start. Where the workers will be threads
+    of this process (:func:`daskmeans.config.gpu_in_process`), this package's modules start
+    compiling here too, in a thread: with the data's ``shape`` (its header's: ``(n_samples,
+    n_features)``) every module a fit of K clusters on it launches, as the worker's
+    :func:`warm` would choose them (``precision``, ``algorithm``, blocks of the rows the plan
+    is expected to give each GPU: ``chunk_bytes``, else ``daskmeans.gpu-chunk-bytes``);
+    without it those that depend on the dtype alone (and on K's regime: the GEMM's
+    preparation, sums and float16 selection only past the fused kernels' K). The worker's
+    :func:`warm` finds them built, or waits for the compile in flight
+    (:func:`.cuda_src._once`), rather than starting them seconds later after the cluster and
+    the plan: on an empty kernel cache the init waited for them. Returns the processes
+    started."""
     import importlib.util
     import os
     import threading
@@ -417,14 +423,17 @@ def warm_ahead(dtype: Any = "float32", k: int | None = None) -> list:
     if not os.path.exists("/dev/nvidiactl") or importlib.util.find_spec("cupy") is None:
         return []
     procs = warm_cupy_ops(dtype)
-    threading.Thread(target=_modules_ahead, args=(dtype, k), name="daskmeans-compile-ahead", daemon=True).start()
+    threading.Thread(target=_modules_ahead, args=(dtype, k, shape, precision, algorithm, chunk_bytes),
+                     name="daskmeans-compile-ahead", daemon=True).start()
     return procs
 
 
-def _modules_ahead(dtype: Any, k: int | None) -> None:
-    """:func:`warm_ahead`'s thread: the dtype's modules compiled where the workers will be in
-    this process, on the first GPU, and every other GPU's CUDA context made meanwhile, each in
-    a thread (the plan's first question to a GPU's worker would otherwise make it, on the
+def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = None, precision: str = "fp32",
+                   algorithm: str = "lloyd", chunk_bytes: int | str | None = None) -> None:
+    """:func:`warm_ahead`'s thread: the fit's modules (:func:`warm`'s, where ``k`` and the
+    data's ``shape`` are known), else the dtype's, compiled where the workers will be in this
+    process, on the first GPU, and every other GPU's CUDA context made meanwhile, each in a
+    thread (the plan's first question to a GPU's worker would otherwise make it, on the
     command's path); nothing where there is no device or the workers will be processes of their
     own (a context here would hold device memory that the worker on the same device then
     lacks)."""
@@ -440,12 +449,32 @@ def _modules_ahead(dtype: Any, k: int | None) -> None:
                   for i in range(1, n)]
         for t in others:
             t.start()
+        if k is not None and shape is not None:
+            with device_scope(0):
+                warm(k, shape[1], dtype, precision, ahead_rows(shape, dtype, n, chunk_bytes), algorithm=algorithm)
+            return
         calls = [cuda_src.fit_kernels]
         if k is None or k > _REG_K:
             calls.append(lambda: cuda_src.select_rows_kernel(dtype, numpy.float16))
         cuda_src.compile_concurrently(*calls, device=0)
     except Exception:  # raised again where the kernel is needed
         pass
+
+
+def ahead_rows(shape: tuple[int, int], dtype: Any, n_gpus: int, chunk_bytes: int | str | None = None) -> int:
+    """The rows of the blocks a fit of ``shape`` on ``n_gpus`` in-process GPU workers is
+    expected to run on, as the plan (:func:`daskmeans.engine.plan.plan`) cuts a file's chunks
+    for GPU workers: about ``chunk_bytes`` (else ``daskmeans.gpu-chunk-bytes``) of rows, no
+    more than each GPU's share (``chunk_bytes`` a count of bytes or a size such as ``"128MiB"``,
+    as ``--chunk-bytes`` takes it). Only a guess for compiling ahead: where the plan chooses
+    other blocks, the worker's :func:`warm` compiles what they need."""
+    from dask.utils import parse_bytes
+
+    from .. import config
+
+    n, d = (int(s) for s in shape)
+    cap = int(parse_bytes(chunk_bytes)) if chunk_bytes else config.get_bytes("gpu-chunk-bytes")
+    return max(1, min(-(-n // max(1, int(n_gpus))), cap // max(1, d * numpy.dtype(dtype).itemsize)))
 
 
 def _open_device(index: int) -> None:

@@ -133,10 +133,15 @@ def run_fit(args: argparse.Namespace) -> int:
             wanted = requested_backend(args.backend)
             if wanted is None or on_gpu(wanted):
                 # CuPy's kernels of a fit compiled into its disk cache by a few processes while
-                # this one imports and starts its GPU workers (a first fit compiles dozens).
+                # this one imports and starts its GPU workers (a first fit compiles dozens), and
+                # this package's for the data's shape, which its header gives before any import.
                 from ..backends.cupy_backend import warm_ahead
+                from ..io.headers import peek
 
-                warm_ahead(k=args.k)
+                seen = peek(args.data, args.dataset)
+                shape, dtype = seen if seen is not None else (None, "float32")
+                warm_ahead(dtype, k=args.k, shape=shape, precision=args.precision, algorithm=args.algorithm,
+                           chunk_bytes=args.chunk_bytes)
         early = common.starting(args)
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError

@@ -18,6 +18,7 @@ import numpy as np
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
+from .headers import float_dtype  # noqa: F401 - the readers' import of it
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,6 @@ class Table:
         the graph of a Dask array read from one names (:func:`file_of`); None for data in
         memory or rows of several files. What a fit checks on the workers and messages name."""
         return self.source or file_of(self.array)
-
-
-def float_dtype(dtype: Any) -> np.dtype:
-    """float32/float64 stay; float16 becomes float32; integers and bools become float64."""
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return np.dtype(np.float64) if dt.itemsize >= 8 else np.dtype(np.float32)
-    if dt.kind in "iub":
-        return np.dtype(np.float64)
-    raise DataError(f"X should be numeric, got dtype {dt}")
 
 
 def float_dtype_arg(dtype: Any, what: str = "dtype") -> np.dtype:

@@ -1,0 +1,93 @@
+"""The command's compiles ahead (backends.cupy_backend.warm_ahead): the kernels of a fit of
+the data's shape, as the worker's warm-up chooses them, start compiling before the command's
+imports where its GPU workers will be threads of the process. The GPU side (nothing compiled
+after the warm-up) is tests/gpu/test_gpu_warm.py's; here the choices and the wiring."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+from daskmeans import config
+from daskmeans.backends import cupy_backend
+
+
+def test_ahead_rows_by_hand():
+    # 1e6 rows of 128 float32 on 2 GPUs: 512 MiB chunks hold 1,048,576 rows, a GPU's share is 500,000.
+    with dask.config.set({"daskmeans.gpu-chunk-bytes": "512MiB"}):
+        assert cupy_backend.ahead_rows((1_000_000, 128), np.float32, 2) == 500_000
+        # 4e6 x 480 float32 on one GPU: 512 MiB / 1920 B = 279,620 rows.
+        assert cupy_backend.ahead_rows((4_000_000, 480), "float32", 1) == 279_620
+    # --chunk-bytes sets the blocks (float64: 8 B a value): 1 MiB / (10 x 8 B) = 13,107 rows.
+    assert cupy_backend.ahead_rows((100_000, 10), np.float64, 1, chunk_bytes=1 << 20) == 13_107
+    assert cupy_backend.ahead_rows((100_000, 10), np.float64, 1, chunk_bytes="1MiB") == 13_107
+    assert cupy_backend.ahead_rows((3, 10**9), np.float32, 1, chunk_bytes=1) == 1
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name):
+        return lambda *a, **kw: self.calls.append((name, a, kw))
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Two GPUs whose workers are threads of this process, their work recorded."""
+    rec = _Recorder()
+    monkeypatch.setattr(cupy_backend, "device_count", lambda: 2)
+    monkeypatch.setattr(config, "gpu_in_process", lambda n: True)
+    monkeypatch.setattr(cupy_backend, "_open_device", rec("open"))
+    monkeypatch.setattr(cupy_backend, "warm", rec("warm"))
+    monkeypatch.setattr(cupy_backend, "device_scope", lambda i: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(cupy_backend.cuda_src, "compile_concurrently", rec("compile"))
+    return rec
+
+
+def _wait_for_threads():
+    import threading
+
+    for t in threading.enumerate():
+        if t.name.startswith("daskmeans-open-gpu"):
+            t.join()
+
+
+def test_with_the_shape_the_fits_kernels_compile_ahead(gpus):
+    with dask.config.set({"daskmeans.gpu-chunk-bytes": "512MiB"}):
+        cupy_backend._modules_ahead(np.dtype(np.float32), 16384, (2_000_000, 128), "tf32", "yinyang")
+    _wait_for_threads()
+    assert ("open", (1,), {}) in gpus.calls  # the other GPU's context made meanwhile
+    # warm(k, d, dtype, precision, rows) as a worker's warm-up asks it, 1e6 rows a GPU.
+    assert ("warm", (16384, 128, np.dtype(np.float32), "tf32", 1_000_000), {"algorithm": "yinyang"}) in gpus.calls
+    assert not [c for c in gpus.calls if c[0] == "compile"]
+
+
+def test_without_the_shape_the_dtypes_modules(gpus):
+    cupy_backend._modules_ahead("float32", 4)
+    _wait_for_threads()
+    compiles = [c for c in gpus.calls if c[0] == "compile"]
+    assert len(compiles) == 1 and compiles[0][1] == (cupy_backend.cuda_src.fit_kernels,)
+    assert compiles[0][2] == {"device": 0} and not [c for c in gpus.calls if c[0] == "warm"]
+
+
+def test_workers_in_processes_of_their_own_compile_nothing_here(gpus, monkeypatch):
+    monkeypatch.setattr(config, "gpu_in_process", lambda n: False)
+    cupy_backend._modules_ahead("float32", 16, (1000, 8))
+    assert gpus.calls == []
+
+
+def test_the_command_passes_the_datas_header(tmp_path, monkeypatch):
+    """``daskmeans fit`` hands warm_ahead the shape and dtype of DATA's header and the fit's
+    options, before it reads the data."""
+    from daskmeans.cli import main
+
+    seen = []
+    monkeypatch.setattr(cupy_backend, "warm_ahead", lambda *a, **kw: seen.append((a, kw)) or [])
+    path = str(tmp_path / "x.npy")
+    np.save(path, np.random.default_rng(0).standard_normal((300, 3)))
+    assert main(["fit", path, "--k", "3", "--max-iter", "2", "--precision", "tf32", "--chunk-bytes", "4KiB",
+                 "-o", str(tmp_path / "m.zarr"), "-q"]) == 0
+    assert seen == [((np.dtype(np.float64),), {"k": 3, "shape": (300, 3), "precision": "tf32",
+                                                 "algorithm": "lloyd", "chunk_bytes": "4KiB"})]
