@@ -406,16 +406,17 @@ def warm_ahead(dtype: Any = "float32", k: int | None = None, shape: tuple[int, i
     has CuPy and an NVIDIA device (neither is imported or opened here): the compiles then
     overlap the command's own imports and the workers' start. Where the workers will be threads
     of this process (:func:`daskmeans.config.gpu_in_process`), this package's modules start
-    compiling here too, in a thread: with the data's ``shape`` (its header's: ``(n_samples,
-    n_features)``) every module a fit of K clusters on it launches, as the worker's
-    :func:`warm` would choose them (``precision``, ``algorithm``, blocks of the rows the plan
-    is expected to give each GPU: ``chunk_bytes``, else ``daskmeans.gpu-chunk-bytes``);
-    without it those that depend on the dtype alone (and on K's regime: the GEMM's
-    preparation, sums and float16 selection only past the fused kernels' K). The worker's
-    :func:`warm` finds them built, or waits for the compile in flight
-    (:func:`.cuda_src._once`), rather than starting them seconds later after the cluster and
-    the plan: on an empty kernel cache the init waited for them. Returns the processes
-    started."""
+    compiling here too, in a thread: those that depend on the dtype alone (and on K's regime:
+    the GEMM's preparation, sums and float16 selection only past the fused kernels' K); and
+    where the kernel cache is empty (CuPy's ops went to new processes) and the data's
+    ``shape`` is known (its header's: ``(n_samples, n_features)``), every module a fit of K
+    clusters on it launches, as the worker's :func:`warm` would choose them (``precision``,
+    ``algorithm``, blocks of the rows the plan is expected to give each GPU: ``chunk_bytes``,
+    else ``daskmeans.gpu-chunk-bytes``). The worker's :func:`warm` finds them built, or waits
+    for the compile in flight (:func:`.cuda_src._once`), rather than starting them seconds
+    later after the cluster and the plan: on an empty kernel cache the init waited for them.
+    From a warm cache they load in a moment during placement, where here their loads would
+    take turns with the imports for the interpreter lock. Returns the processes started."""
     import importlib.util
     import os
     import threading
@@ -423,7 +424,8 @@ def warm_ahead(dtype: Any = "float32", k: int | None = None, shape: tuple[int, i
     if not os.path.exists("/dev/nvidiactl") or importlib.util.find_spec("cupy") is None:
         return []
     procs = warm_cupy_ops(dtype)
-    threading.Thread(target=_modules_ahead, args=(dtype, k, shape, precision, algorithm, chunk_bytes),
+    fit_shape = shape if procs else None
+    threading.Thread(target=_modules_ahead, args=(dtype, k, fit_shape, precision, algorithm, chunk_bytes),
                      name="daskmeans-compile-ahead", daemon=True).start()
     return procs
 

@@ -46,11 +46,11 @@ def gpus(monkeypatch):
     return rec
 
 
-def _wait_for_threads():
+def _wait_for_threads(prefix="daskmeans-open-gpu"):
     import threading
 
     for t in threading.enumerate():
-        if t.name.startswith("daskmeans-open-gpu"):
+        if t.name.startswith(prefix):
             t.join()
 
 
@@ -76,6 +76,25 @@ def test_workers_in_processes_of_their_own_compile_nothing_here(gpus, monkeypatc
     monkeypatch.setattr(config, "gpu_in_process", lambda n: False)
     cupy_backend._modules_ahead("float32", 16, (1000, 8))
     assert gpus.calls == []
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_the_fits_modules_ahead_only_on_an_empty_kernel_cache(monkeypatch, cold):
+    """With CuPy's ops compiled already (no process started: a warm cache), the fit's modules
+    load during placement as before; ahead, their loads would take turns with the imports."""
+    import importlib.util
+    import os
+
+    seen = []
+    exists, find = os.path.exists, importlib.util.find_spec
+    monkeypatch.setattr(os.path, "exists", lambda p: True if p == "/dev/nvidiactl" else exists(p))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else find(name, *a))
+    monkeypatch.setattr(cupy_backend, "warm_cupy_ops", lambda dtype: ["a process"] if cold else [])
+    monkeypatch.setattr(cupy_backend, "_modules_ahead", lambda *a: seen.append(a))
+    procs = cupy_backend.warm_ahead(np.dtype(np.float32), k=64, shape=(1000, 8), precision="tf32", algorithm="lloyd")
+    _wait_for_threads("daskmeans-compile-ahead")
+    assert procs == (["a process"] if cold else [])
+    assert seen == [(np.dtype(np.float32), 64, (1000, 8) if cold else None, "tf32", "lloyd", None)]
 
 
 def test_the_command_passes_the_datas_header(tmp_path, monkeypatch):
