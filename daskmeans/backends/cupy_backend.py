@@ -451,7 +451,7 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
                   for i in range(1, n)]
         for t in others:
             t.start()
-        if k is not None and shape is not None:
+        if k is not None and shape is not None and 0 < k <= shape[0]:  # else the fit is refused first
             with device_scope(0):
                 warm(k, shape[1], dtype, precision, ahead_rows(shape, dtype, n, chunk_bytes), algorithm=algorithm)
             return

@@ -64,8 +64,9 @@ def test_with_the_shape_the_fits_kernels_compile_ahead(gpus):
     assert not [c for c in gpus.calls if c[0] == "compile"]
 
 
-def test_without_the_shape_the_dtypes_modules(gpus):
-    cupy_backend._modules_ahead("float32", 4)
+@pytest.mark.parametrize("shape", [None, (3, 8)])  # no header, or fewer rows than K: the fit is refused
+def test_without_a_fit_the_dtypes_modules(gpus, shape):
+    cupy_backend._modules_ahead("float32", 4, shape)
     _wait_for_threads()
     compiles = [c for c in gpus.calls if c[0] == "compile"]
     assert len(compiles) == 1 and compiles[0][1] == (cupy_backend.cuda_src.fit_kernels,)
