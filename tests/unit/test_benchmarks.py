@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every subcommand ``python -m benchmarks`` lists, named here so that one dropped from the list fails.
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "gridsearch",
                "table", "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk",
-               "profile-yinyang", "yinyang", "ab")
+               "profile-yinyang", "profile-command", "yinyang", "ab")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
@@ -377,3 +377,23 @@ def test_ab_refuses_what_it_cannot_compare(bench, argv, message, capsys):
         ab.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_profile_command_samples_a_whole_fit(tmp_path):
+    """``profile-command`` runs the command as the script does and shows where its main thread
+    was: the engine's steps below ``fit_distributed`` in the timeline, and the command's result."""
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((2000, 4)).astype(np.float32))
+    model = tmp_path / "m.zarr"
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--", "fit",
+                          str(data), "--k", "3", "--max-iter", "2", "--backend", "cpu", "-o", str(model), "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert model.exists()
+    stacks, timeline = out.stdout.split("below run_fit / fit_distributed")
+    assert "cli/fit.py:run_fit:" in stacks
+    # The job's steps below the engine's fit (its plan's first question to the workers, at least).
+    assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+engine/job\.py:", timeline, re.M), out.stdout
+    bad = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "give the daskmeans command after --" in bad.stderr
