@@ -128,3 +128,34 @@ def numba_cache_dir(numba_setting: str | None) -> str:
     ``daskmeans/numba`` in the user's cache (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return numba_setting or os.path.join(base, "daskmeans", "numba")
+
+
+def scheduler_address(scheduler: str | None = None, scheduler_file: str | None = None) -> tuple[str | None, str]:
+    """The scheduler to connect to, and where it came from: ``scheduler`` (an address, or a
+    scheduler JSON file for compatibility), ``scheduler_file``, or Dask's ``scheduler-address``
+    setting (``DASK_SCHEDULER_ADDRESS``); ``(None, "")`` for a local cluster. Here, where Dask's
+    settings are, not beside the cluster's code: the command asks it first, before distributed
+    loads (its kernels' compiles start once it knows the cluster is its own)."""
+    import json
+
+    from .errors import DaskmeansError
+
+    if scheduler and scheduler_file:
+        raise DaskmeansError("give --scheduler or --scheduler-file, not both")
+    if scheduler and scheduler.endswith(".json"):
+        scheduler, scheduler_file = None, scheduler
+    if scheduler_file:
+        try:
+            with open(scheduler_file) as f:
+                info = json.load(f)
+            return str(info["address"]), f"scheduler file {scheduler_file}"
+        except FileNotFoundError:
+            raise DaskmeansError(f"scheduler file {scheduler_file} does not exist (is the scheduler running?)") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DaskmeansError(f"scheduler file {scheduler_file} is not a Dask scheduler file: {e}") from None
+    if scheduler:
+        return scheduler, "--scheduler"
+    env = dask.config.get("scheduler-address", None)
+    if env:
+        return str(env), "DASK_SCHEDULER_ADDRESS"
+    return None, ""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -28,6 +27,7 @@ from typing import Any, Iterator
 from distributed import Client, LocalCluster
 
 from . import config
+from .config import scheduler_address  # noqa: F401  (the cluster's address, read before distributed loads)
 from .backends import get_backend, gpu_available, gpu_count, on_gpu, requested_backend
 from .errors import DaskmeansError
 
@@ -241,33 +241,6 @@ def security(ca_file: str | None = None, cert: str | None = None, key: str | Non
         return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
     sec = Security()  # reads distributed.comm.tls.*
     return sec if sec.tls_client_cert or sec.tls_ca_file else None
-
-
-def scheduler_address(scheduler: str | None = None, scheduler_file: str | None = None) -> tuple[str | None, str]:
-    """The scheduler to connect to, and where it came from: ``scheduler`` (an address, or a
-    scheduler JSON file for compatibility), ``scheduler_file``, or Dask's ``scheduler-address``
-    setting (``DASK_SCHEDULER_ADDRESS``); ``(None, "")`` for a local cluster."""
-    import dask
-
-    if scheduler and scheduler_file:
-        raise DaskmeansError("give --scheduler or --scheduler-file, not both")
-    if scheduler and scheduler.endswith(".json"):
-        scheduler, scheduler_file = None, scheduler
-    if scheduler_file:
-        try:
-            with open(scheduler_file) as f:
-                info = json.load(f)
-            return str(info["address"]), f"scheduler file {scheduler_file}"
-        except FileNotFoundError:
-            raise DaskmeansError(f"scheduler file {scheduler_file} does not exist (is the scheduler running?)") from None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DaskmeansError(f"scheduler file {scheduler_file} is not a Dask scheduler file: {e}") from None
-    if scheduler:
-        return scheduler, "--scheduler"
-    env = dask.config.get("scheduler-address", None)
-    if env:
-        return str(env), "DASK_SCHEDULER_ADDRESS"
-    return None, ""
 
 
 @contextlib.contextmanager

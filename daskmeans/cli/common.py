@@ -383,7 +383,7 @@ def read(args: argparse.Namespace):
 def check_cluster_args(args: argparse.Namespace) -> None:
     """Refuse cluster options that contradict each other, before any cluster is contacted:
     ``--workers`` with a scheduler, ``--dashboard`` without bokeh."""
-    from ..dask_cluster import scheduler_address
+    from ..config import scheduler_address
     from ..errors import DaskmeansError
 
     address, source = scheduler_address(args.scheduler, args.scheduler_file)
@@ -429,7 +429,7 @@ def starting(args: argparse.Namespace):
 
 def external(args: argparse.Namespace) -> bool:
     """Whether the command runs on a scheduler it did not start."""
-    from ..dask_cluster import scheduler_address
+    from ..config import scheduler_address  # not dask_cluster's module: distributed loads later
 
     return scheduler_address(args.scheduler, args.scheduler_file)[0] is not None
 
