@@ -139,11 +139,13 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         blocks = 4 * n_gpus
         specs = device_worker_specs("cupy", list(range(n_gpus)), {"protocol": "inproc://"})
         scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
-        with SpecCluster(workers=specs, scheduler=scheduler) as lc, Client(lc) as client:
+        with contextlib.ExitStack() as stack, SpecCluster(workers=specs, scheduler=scheduler) as lc, \
+                Client(lc) as client:
             X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
                               meta=cupy.empty((0, d), cupy.float32)).persist()
-            if npy:
-                path = os.path.join(tempfile.mkdtemp(), "rows.npy")
+            if npy:  # removed with the cluster (a P4 file is 7.7 GB)
+                tmp = stack.enter_context(tempfile.TemporaryDirectory())
+                path = os.path.join(tmp, "rows.npy")
                 np.save(path, X.map_blocks(cupy.asnumpy, meta=np.empty((0, d), np.float32)).compute())
                 X = path
 

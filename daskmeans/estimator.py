@@ -430,20 +430,29 @@ def _distinct_rows(a: np.ndarray) -> int:
     """The number of distinct rows of ``a`` (n, d) (values compared as numbers: -0.0 equals
     0.0), as ``len(np.unique(a, axis=0))`` counts them, without sorting rows, which at wide K
     took longer than a short fit's iterations: each row's value bits hashed
-    (:mod:`daskmeans.numerics.hashing`'s mix), only rows whose hashes agree compared."""
-    a = np.ascontiguousarray(a, np.float64) + 0.0  # -0.0 becomes 0.0: equal values, equal bits
+    (:mod:`daskmeans.numerics.hashing`'s mix), the rows of equal hashes compared with the first
+    of them at once, and ``np.unique`` only for a hash shared by unequal rows. No copy of ``a``
+    is made unless it holds a -0.0."""
+    a = np.ascontiguousarray(a, np.float64)
     if a.shape[0] < 2:
         return int(a.shape[0])
+    if (np.signbit(a) & (a == 0)).any():
+        a = a + 0.0  # -0.0 becomes 0.0: equal values, equal bits
     with np.errstate(over="ignore"):
         h = splitmix64(np, a.view(np.uint64) @ column_keys(np, a.shape[1]))  # wraps modulo 2**64
     order = np.argsort(h, kind="stable")
     hs = h[order]
-    # Runs of equal hashes: their rows compared by value (unequal rows of one hash count apart).
-    starts = np.flatnonzero(np.concatenate(([True], hs[1:] != hs[:-1])))
-    ends = np.append(starts[1:], a.shape[0])
+    new = np.concatenate(([True], hs[1:] != hs[:-1]))
+    starts = np.flatnonzero(new)
+    if starts.size == a.shape[0]:  # every hash its own: every row distinct
+        return int(starts.size)
+    run = np.cumsum(new) - 1  # each sorted row's run of equal hashes
+    shared = np.flatnonzero(np.bincount(run)[run] > 1)  # the sorted rows whose hash others share
+    unequal = ~(a[order[shared]] == a[order[starts[run[shared]]]]).all(axis=1)
     n = int(starts.size)
-    for s, e in zip(starts[ends - starts > 1], ends[ends - starts > 1]):
-        n += len(np.unique(a[order[s:e]], axis=0)) - 1
+    ends = np.append(starts[1:], a.shape[0])
+    for r in np.unique(run[shared[unequal]]):  # a hash of unequal rows (or NaN): counted as NumPy counts
+        n += len(np.unique(a[order[starts[r]:ends[r]]], axis=0)) - 1
     return n
 
 

@@ -468,8 +468,9 @@ def ahead_rows(shape: tuple[int, int], dtype: Any, n_gpus: int, chunk_bytes: int
     expected to run on, as the plan (:func:`daskmeans.engine.plan.plan`) cuts a file's chunks
     for GPU workers: about ``chunk_bytes`` (else ``daskmeans.gpu-chunk-bytes``) of rows, no
     more than each GPU's share (``chunk_bytes`` a count of bytes or a size such as ``"128MiB"``,
-    as ``--chunk-bytes`` takes it). Only a guess for compiling ahead: where the plan chooses
-    other blocks, the worker's :func:`warm` compiles what they need."""
+    as ``--chunk-bytes`` takes it). Only a guess for compiling ahead (the GPUs this process
+    sees, the settings' tunables rather than the plan's): where the plan chooses other blocks,
+    the worker's :func:`warm` compiles what they need."""
     from dask.utils import parse_bytes
 
     from .. import config

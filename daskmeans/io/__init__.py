@@ -5,8 +5,13 @@
 
 
 def __getattr__(name: str) -> object:
+    """``read`` (:func:`daskmeans.io.readers.read`), imported on first use."""
     if name == "read":
         from .readers import read
 
         return read
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "read"])

@@ -18,7 +18,7 @@ import numpy as np
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
-from .headers import float_dtype  # noqa: F401 - the readers' import of it
+from .headers import float_dtype
 
 
 @dataclass(frozen=True)

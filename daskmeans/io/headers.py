@@ -1,7 +1,8 @@
 """What a data file says about its rows before it is read: its shape and the float dtype a fit
 reads it as, from the header alone (a ``.npy`` file's, a Zarr array's metadata), with NumPy
 only. The command asks this before its imports, so that the kernels of a fit of that shape
-start compiling while the rest of the command starts (:func:`daskmeans.backends.cupy_backend.warm_ahead`).
+start compiling while the rest of the command starts
+(:func:`daskmeans.backends.cupy_backend.warm_ahead`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def float_dtype(dtype: Any) -> np.dtype:
 
 def peek(path: str, dataset: str | None = None) -> tuple[tuple[int, int], np.dtype] | None:
     """``((n_samples, n_features), dtype)`` of the 2-D numeric array in the ``.npy`` file or
-    Zarr store ``path`` (``dataset``: its path in a Zarr group), the dtype as a fit reads it
-    (:func:`float_dtype`); None for anything else (another format, a group without
-    ``dataset``, a missing or unreadable file, what the read refuses: not 2-D, not numeric, no rows): the read itself then says
-    what is wrong, this never raises.
+    local Zarr store ``path`` (``dataset``: its path in a Zarr group; a group of one array
+    needs none, as for the reader), the dtype as a fit reads it (:func:`float_dtype`).
+
+    None for anything else: another format, a group of several arrays without ``dataset``,
+    a missing or unreadable file, what the read refuses (not 2-D, not numeric, no rows). The
+    read itself then says what is wrong: this never raises.
 
     Parameters
     ----------
@@ -43,11 +46,17 @@ def peek(path: str, dataset: str | None = None) -> tuple[tuple[int, int], np.dty
     ((int, int), numpy.dtype) or None
     """
     try:
-        if path.endswith(".npy") and os.path.isfile(path):
+        if path.lower().endswith(".npy") and os.path.isfile(path):
             mm = np.load(path, mmap_mode="r")  # the header read, the rows only mapped
             shape, dtype = mm.shape, mm.dtype
         elif os.path.isdir(path):
-            shape, dtype = _zarr_array(os.path.join(path, *(dataset.strip("/").split("/") if dataset else ())))
+            node = os.path.join(path, *(dataset.strip("/").split("/") if dataset else ()))
+            if dataset is None and _kind(node) == "group":
+                arrays = _arrays(node)
+                if len(arrays) != 1:
+                    return None
+                node = os.path.join(node, *arrays[0].split("/"))
+            shape, dtype = _array_meta(node)
         else:
             return None
         check_2d_numeric(shape, dtype)  # what the read refuses (then in its own words)
@@ -56,16 +65,46 @@ def peek(path: str, dataset: str | None = None) -> tuple[tuple[int, int], np.dty
         return None
 
 
-def _zarr_array(node: str) -> tuple[tuple, Any]:
-    """The shape and dtype in a Zarr array's metadata (format 3's ``zarr.json``, format 2's
-    ``.zarray``); a ValueError for a group or anything else."""
+def _meta(node: str) -> tuple[str | None, dict]:
+    """A Zarr node's kind ("array", "group", None: no Zarr node) and its metadata (format 3's
+    ``zarr.json``, format 2's ``.zarray`` or ``.zgroup``)."""
     v3 = os.path.join(node, "zarr.json")
     if os.path.isfile(v3):
         with open(v3) as f:
             meta = json.load(f)
-        if meta.get("node_type") != "array" or not isinstance(meta.get("data_type"), str):
-            raise ValueError(f"{node} is no Zarr array of a plain dtype")
-        return tuple(meta["shape"]), np.dtype(meta["data_type"])
-    with open(os.path.join(node, ".zarray")) as f:
-        meta = json.load(f)
-    return tuple(meta["shape"]), np.dtype(meta["dtype"])
+        return meta.get("node_type"), meta
+    for kind, name in (("array", ".zarray"), ("group", ".zgroup")):
+        if os.path.isfile(os.path.join(node, name)):
+            with open(os.path.join(node, name)) as f:
+                return kind, json.load(f)
+    return None, {}
+
+
+def _kind(node: str) -> str | None:
+    return _meta(node)[0]
+
+
+def _arrays(group: str, prefix: str = "") -> list[str]:
+    """The paths of the arrays below a Zarr group's directory (groups within it walked; an
+    array's own chunk directories never listed)."""
+    out = []
+    for entry in sorted(os.scandir(group), key=lambda e: e.name):
+        if entry.is_dir():
+            kind = _kind(entry.path)
+            if kind == "array":
+                out.append(prefix + entry.name)
+            elif kind == "group":
+                out += _arrays(entry.path, prefix + entry.name + "/")
+    return out
+
+
+def _array_meta(node: str) -> tuple[tuple, Any]:
+    """The shape and dtype in a Zarr array's metadata; a ValueError for anything else (a
+    group, a dtype given as anything but a plain name)."""
+    kind, meta = _meta(node)
+    if kind != "array":
+        raise ValueError(f"{node} is no Zarr array")
+    dtype = meta.get("data_type", meta.get("dtype"))
+    if not isinstance(dtype, str):
+        raise ValueError(f"{node}'s dtype {dtype!r} is not a plain name")
+    return tuple(meta["shape"]), np.dtype(dtype)

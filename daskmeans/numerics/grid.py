@@ -202,8 +202,8 @@ def check_resolution(grid: Grid, typical: np.ndarray, n_samples: int) -> None:
     grid : Grid
     typical : ndarray (d,)
         A robust magnitude of each feature (the median |value| of the initial centroids,
-        which are rows of the data or close to them; of ``TYPICAL_ROWS`` of them, evenly
-        spaced, where there are more); features where it is 0 are skipped.
+        which are rows of the data or close to them; of at most ``TYPICAL_ROWS`` of them,
+        evenly spaced, where there are more); features where it is 0 are skipped.
     n_samples : int
 
     Raises

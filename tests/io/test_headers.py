@@ -4,6 +4,8 @@ can tell, None (never an error) where it cannot."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import zarr
@@ -29,10 +31,19 @@ def test_zarr_array_and_dataset_in_a_group(tmp_path, fmt):
     assert peek(a) == ((11, 4), np.dtype(np.float64))
     g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=fmt)
     g.create_group("inner").create_array("x", shape=(9, 2), dtype="float32")
-    assert peek(str(tmp_path / "g.zarr")) is None  # a group: the read chooses (or refuses) its array
+    assert peek(str(tmp_path / "g.zarr")) == ((9, 2), np.dtype(np.float32))  # its one array, as the reader takes it
+    assert tuple(readers.read(str(tmp_path / "g.zarr")).shape) == (9, 2)
+    g.create_array("y", shape=(3, 3), dtype="float64")
+    assert peek(str(tmp_path / "g.zarr")) is None  # two arrays: the read refuses, naming them
     assert peek(str(tmp_path / "g.zarr"), "inner/x") == ((9, 2), np.dtype(np.float32))
     assert peek(str(tmp_path / "g.zarr"), "/inner/x/") == ((9, 2), np.dtype(np.float32))
     assert peek(str(tmp_path / "g.zarr"), "missing") is None
+
+
+def test_the_suffix_in_any_case(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
+    os.rename(tmp_path / "x.npy", tmp_path / "X.NPY")
+    assert peek(str(tmp_path / "X.NPY")) == ((4, 2), np.dtype(np.float32))
 
 
 def test_anything_else_is_none(tmp_path):

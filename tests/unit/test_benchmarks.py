@@ -385,15 +385,15 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     data = tmp_path / "x.npy"
     np.save(data, np.random.default_rng(0).standard_normal((2000, 4)).astype(np.float32))
     model = tmp_path / "m.zarr"
-    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--", "fit",
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--top", "1000", "--", "fit",
                           str(data), "--k", "3", "--max-iter", "2", "--backend", "cpu", "-o", str(model), "-q"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert model.exists()
     stacks, timeline = out.stdout.split("below run_fit / fit_distributed")
-    assert "cli/fit.py:run_fit:" in stacks
-    # The job's steps below the engine's fit (its plan's first question to the workers, at least).
-    assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+engine/job\.py:", timeline, re.M), out.stdout
+    # The engine's fit below the command, and its job's steps (sampled every millisecond).
+    assert re.search(r"cli/fit\.py:run_fit:\d+ > .*engine/fit\.py:fit_distributed:\d+ > engine/job\.py:", stacks)
+    assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\S", timeline, re.M), out.stdout  # its changes, timed
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "give the daskmeans command after --" in bad.stderr

@@ -25,3 +25,13 @@ def test_counts_as_numpy_unique(monkeypatch, colliding):
     if colliding:  # every row hashed alike: the rows themselves decide
         monkeypatch.setattr(estimator, "column_keys", lambda xp, d: xp.zeros(d, xp.uint64))
     assert estimator._distinct_rows(a) == len(np.unique(a.astype(np.float64), axis=0)) < 3000
+
+
+def test_many_copies_in_one_pass():
+    """Many copies (the fits the warning is for): each hash's rows compared at once, NumPy's
+    unique never called; the same count as NumPy's, NaN rows included."""
+    rng = np.random.default_rng(2)
+    a = np.repeat(rng.standard_normal((5000, 16)), 3, axis=0)
+    a[::1000] = np.nan  # NaN rows: NumPy's own count
+    expected = len(np.unique(a, axis=0))
+    assert estimator._distinct_rows(a[rng.permutation(len(a))]) == expected
