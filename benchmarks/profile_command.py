@@ -3,12 +3,15 @@ its time, within its phases and between them. The command runs in this process a
 ``daskmeans`` script runs it (``main`` with the process's exit), its main thread's stack
 sampled every ``--every`` milliseconds by a thread; printed: the seconds of each stack of the
 package's frames (the ``--top`` largest), then a timeline of the frames below the command's
-``run_fit`` (or the engine's ``fit_distributed``, where it is on the stack) as they change.
+``run_fit`` (or the engine's ``fit_distributed``, where it is on the stack) as they change;
+with ``--threads``, every other thread's stacks as well (an in-process worker runs its tasks
+on threads of the command's process: the init's and the iterations' host work there).
 The phases of ``fit --timings`` leave out what runs between them; this found the host work of
-a wide-K fit there (docs/performance.md, "Several GPUs"). Only the main thread is sampled: a
-wait for the workers shows as the call that waits. Prints, writes no file.
+a wide-K fit there (docs/performance.md, "Several GPUs"). Without ``--threads`` only the main
+thread is sampled: a wait for the workers shows as the call that waits. Prints, writes no
+file.
 
-    python -m benchmarks profile-command [--every MS] [--top N] -- fit DATA --k K [fit's options]
+    python -m benchmarks profile-command [--every MS] [--top N] [--threads] -- fit DATA --k K [fit's options]
 """
 
 from __future__ import annotations
@@ -33,17 +36,32 @@ def _frames(frame) -> tuple[str, ...]:
     return tuple(reversed(out))
 
 
-def sample(run, every_s: float) -> tuple[object, list[tuple[float, tuple[str, ...]]]]:
+def sample(run, every_s: float, threads: bool = False) -> tuple[object, list, dict]:
     """``run()`` in this thread while another records this thread's package frames every
-    ``every_s`` seconds: its result and the samples ``(seconds since the start, frames)``."""
+    ``every_s`` seconds: its result, the samples ``(seconds since the start, frames)``, and with
+    ``threads`` every other thread's too (the in-process workers' task threads, the
+    compiles'), by thread name: ``{name: [(seconds, frames, seconds since the sample
+    before), ...]}``, the samples where the thread was in the package's code."""
     main_id = threading.get_ident()
     samples: list[tuple[float, tuple[str, ...]]] = []
+    others: dict[str, list] = collections.defaultdict(list)
     done = threading.Event()
     t0 = time.perf_counter()
 
     def sampler() -> None:
+        me, last = threading.get_ident(), 0.0
         while not done.is_set():
-            samples.append((time.perf_counter() - t0, _frames(sys._current_frames().get(main_id))))
+            now = sys._current_frames()
+            t = time.perf_counter() - t0
+            dt, last = t - last, t
+            samples.append((t, _frames(now.get(main_id))))
+            if threads:
+                names = {th.ident: th.name for th in threading.enumerate()}
+                for ident, frame in now.items():
+                    if ident not in (main_id, me):
+                        frames = _frames(frame)
+                        if frames:
+                            others[names.get(ident, str(ident))].append((t, frames, dt))
             done.wait(every_s)
 
     th = threading.Thread(target=sampler, name="profile-command-sampler", daemon=True)
@@ -53,7 +71,22 @@ def sample(run, every_s: float) -> tuple[object, list[tuple[float, tuple[str, ..
     finally:
         done.set()
         th.join()
-    return result, samples
+    return result, samples, dict(others)
+
+
+def report_threads(others: dict, top: int) -> str:
+    """Each other thread's stacks of the package's frames, the threads in the package longest
+    first, each with its ``top`` largest stacks (a sample counts the time since the one
+    before)."""
+    lines = []
+    for name, got in sorted(others.items(), key=lambda kv: -sum(dt for _, _, dt in kv[1])):
+        spent: collections.Counter = collections.Counter()
+        for _, frames, dt in got:
+            spent[" > ".join(frames)] += dt
+        lines.append(f"thread {name}: {sum(spent.values()):.3f} s in the package's code, from "
+                     f"{got[0][0]:.3f} s to {got[-1][0]:.3f} s")
+        lines += [f"{sec:7.3f}  {stack}" for stack, sec in spent.most_common(top)]
+    return "\n".join(lines)
 
 
 def report(samples: list[tuple[float, tuple[str, ...]]], top: int) -> str:
@@ -87,6 +120,8 @@ def main(argv=None) -> int:
     ap = meta.parser("profile-command", __doc__)
     ap.add_argument("--every", type=float, default=2.0, help="milliseconds between samples (default 2)")
     ap.add_argument("--top", type=int, default=40, help="stacks to print, the largest first (default 40)")
+    ap.add_argument("--threads", action="store_true",
+                    help="every other thread's stacks too, by thread (the in-process workers' tasks, the compiles)")
     args = ap.parse_args(own)
     if not command:
         ap.error("give the daskmeans command after --, e.g. -- fit data.npy --k 8")
@@ -95,8 +130,10 @@ def main(argv=None) -> int:
     cli = importlib.import_module("daskmeans.cli.main")
     cli.parser().parse_args(command)  # usage errors end here, as the script's do
     cli.command_process(dashboard=False)
-    rc, samples = sample(lambda: cli.main(command, process_exit=True), args.every / 1e3)
+    rc, samples, others = sample(lambda: cli.main(command, process_exit=True), args.every / 1e3, args.threads)
     print(report(samples, args.top), flush=True)
+    if args.threads:
+        print("\n" + report_threads(others, max(1, args.top // 4)), flush=True)
     sys.stderr.flush()
     # As the script ends: the command's own local cluster is left to the process's exit.
     os._exit(rc)

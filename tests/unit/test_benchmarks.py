@@ -394,6 +394,13 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     # The engine's fit below the command, and its job's steps (sampled every millisecond).
     assert re.search(r"cli/fit\.py:run_fit:\d+ > .*engine/fit\.py:fit_distributed:\d+ > engine/job\.py:", stacks)
     assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\S", timeline, re.M), out.stdout  # its changes, timed
+    # With --threads, the in-process worker's task thread too: the engine's tasks, where they ran.
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--threads", "--",
+                          "fit", str(data), "--k", "3", "--max-iter", "2", "--backend", "cpu", "-o", str(model),
+                          "--overwrite", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    threads = out.stdout.split("\nthread ")[1:]
+    assert any(re.search(r"engine/(loop|step)\.py:", t) for t in threads), out.stdout
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "give the daskmeans command after --" in bad.stderr
