@@ -12,9 +12,11 @@ candidates' weights, the recluster) and each worker's busy time, the rest being 
 between them. For planning init work; prints, writes no
 file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
 --problems w14,w16,w18 --warm-only``. P1 (K = 4) shows the init's fixed costs, which its
-command pays (issue 44's CSV command).
+command pays (issue 44's CSV command). ``--batches 64,32``: the recluster alone and the whole
+init with ``seed_batched``'s batches of K/64 (the init's) and of K/32 (half its dependent steps;
+docs/performance.md, "k-means‖'s recluster in batches of K/64", for their quality).
 
-    python -m benchmarks profile-init [P1] [P4] [W14] [W16] [W18] [--gpus 1,2] [--npy]
+    python -m benchmarks profile-init [P1] [P4] [W14] [W16] [W18] [--gpus 1,2] [--npy] [--batches 64,32]
 """
 
 from __future__ import annotations
@@ -34,8 +36,19 @@ SUMMARY = "the k-means|| recluster at P4 and wide K: wall time in iteration-time
 PROBLEMS = problems.pick("P1", "P4", "W14", "W16", "W18")
 
 
-def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile | None = None) -> float:
-    """Seconds of one ``seed_batched`` of the candidates ``x`` (weights ``w``) to ``k``."""
+def _init_batches() -> int:
+    """The recluster's batch count as the init runs it (``seed_batched``'s default)."""
+    import inspect
+
+    from daskmeans.seeding.kernels import seed_batched
+
+    return inspect.signature(seed_batched).parameters["batches"].default
+
+
+def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile | None = None,
+                 batches: int | None = None) -> float:
+    """Seconds of one ``seed_batched`` of the candidates ``x`` (weights ``w``) to ``k``, in
+    ``batches`` batches of the largest size (default the init's)."""
     import cupy
 
     from daskmeans.seeding.kernels import seed_batched
@@ -45,7 +58,8 @@ def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile 
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
-    seed_batched(x, k, 0, w, precision=INIT_PRECISION, batch_trials=batch_trials)
+    seed_batched(x, k, 0, w, precision=INIT_PRECISION, batch_trials=batch_trials,
+                 batches=_init_batches() if batches is None else batches)
     cupy.cuda.Device().synchronize()
     if prof is not None:
         prof.disable()
@@ -81,11 +95,15 @@ def profile(problem: problems.Problem, args) -> None:
     rs = cupy.random.default_rng(0)
     x = rs.standard_normal((n_cand, d), dtype=cupy.float32)
     w = rs.integers(1, 100, n_cand).astype(cupy.float64)
+    init_batches = _init_batches()
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else [init_batches]
     for trials in (RECLUSTER_BATCH_TRIALS, None):  # every kernel the run takes loaded (or compiled)
-        _recluster_s(x, w, k, trials)
+        for b in batches:
+            _recluster_s(x, w, k, trials, batches=b)
     prof = cProfile.Profile()
     now = _recluster_s(x, w, k, RECLUSTER_BATCH_TRIALS, prof)
     before = _recluster_s(x, w, k, None)
+    other = {b: _recluster_s(x, w, k, RECLUSTER_BATCH_TRIALS, batches=b) for b in batches if b != init_batches}
     # The distance passes' floor: every draw (trials per centre) and every pick against all
     # candidates, as one TF32 GEMM each.
     c = rs.standard_normal((4096, d), dtype=cupy.float32)
@@ -96,11 +114,13 @@ def profile(problem: problems.Problem, args) -> None:
     print(f"{problem.label}: one iteration {it:.3f} s; recluster of {n_cand} candidates to K={k}: "
           f"{now:.3f} s = {now / it:.2f} iterations with {RECLUSTER_BATCH_TRIALS} draws per centre "
           f"(GEMM floor, fp32: {floor[RECLUSTER_BATCH_TRIALS]:.3f} s), {before:.3f} s = {before / it:.2f} "
-          f"iterations with {local_trials(k)} (floor {floor[local_trials(k)]:.3f} s)", flush=True)
+          f"iterations with {local_trials(k)} (floor {floor[local_trials(k)]:.3f} s); in batches of K/{init_batches}"
+          + "".join(f"; of K/{b}: {t:.3f} s = {t / it:.2f} iterations" for b, t in other.items()), flush=True)
     print(s.getvalue(), flush=True)
     x = w = c = None  # the candidates' memory back to the pool, for the fit's
     cupy.get_default_memory_pool().free_all_blocks()
-    _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")), npy=args.npy)
+    for b in batches:
+        _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")), npy=args.npy, batches=b)
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
@@ -116,13 +136,14 @@ INIT_TASKS = ("daskmeans-kpar", "daskmeans-afkmc2")
 
 
 def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", gpus: tuple[int, ...] = (1,),
-                npy: bool = False) -> None:
+                npy: bool = False, batches: int | None = None) -> None:
     """Print the init ``init`` (the default's) of a one-iteration fit on in-process workers of
     the first ``n`` GPUs for each ``n`` of ``gpus`` (the second of two fits, the first loading
     the kernels; the first's init time too) in iteration-times of ``it`` seconds (one GPU's),
     its tasks' run times by name and each worker's busy time (the rest of the wall time: waits
     between dependent tasks). With ``npy``, the rows are written to a ``.npy`` file and each
-    fit is given its path, as the command is (its chunks and placement)."""
+    fit is given its path, as the command is (its chunks and placement). ``batches``: the
+    recluster's (:func:`_batched`; default the init's)."""
     import collections
 
     import cupy
@@ -140,7 +161,7 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
         specs = device_worker_specs("cupy", list(range(n_gpus)), {"protocol": "inproc://"})
         scheduler = {"cls": Scheduler, "options": {"protocol": "inproc://", "dashboard": False}}
         with contextlib.ExitStack() as stack, SpecCluster(workers=specs, scheduler=scheduler) as lc, \
-                Client(lc) as client:
+                Client(lc) as client, _batched(batches):
             X = da.map_blocks(_rows, n // blocks, d, 0, dtype=np.float32, chunks=((n // blocks,) * blocks, (d,)),
                               meta=cupy.empty((0, d), cupy.float32)).persist()
             if npy:  # removed with the cluster (a P4 file is 7.7 GB)
@@ -170,12 +191,31 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
                  if name.startswith(INIT_TASKS) or sec > 0.05 * it}
         wall = km.timings_.get("init", float("nan"))
         print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s)"
+              f"{f' (recluster in batches of K/{batches})' if batches not in (None, _init_batches()) else ''}"
               f"{' from a .npy file' if npy else ''} {wall:.3f} s = {wall / it:.2f} one-GPU iterations (the first "
               f"fit's {first:.3f} s); its tasks' run times (all workers) in iterations: {tasks}; "
               f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "
               f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }; the recluster's "
               f"task in parts (s, its GPU synchronised after each): { {p: round(v, 3) for p, v in parts.items()} }",
               flush=True)
+
+
+@contextlib.contextmanager
+def _batched(batches: int):
+    """Within the block, the recluster of this process's in-process workers seeds in
+    ``batches`` batches of the largest size (``seed_batched``, as k-means|| calls it by name;
+    None: as the init does)."""
+    import functools
+
+    from daskmeans.seeding import kmeans_parallel as kp
+
+    saved = kp.seed_batched
+    if batches is not None:
+        kp.seed_batched = functools.partial(saved, batches=batches)
+    try:
+        yield
+    finally:
+        kp.seed_batched = saved
 
 
 # The recluster task's steps (module attributes of seeding.kmeans_parallel it calls by name).
@@ -219,6 +259,8 @@ def main(argv=None):
         ap.add_argument("--npy", action="store_true",
                         help="the whole init's rows written to a .npy file and fitted from it, placed as the command "
                              "places them (default: made on the devices, in 4 blocks a GPU)")
+        ap.add_argument("--batches", default="",
+                        help="comma-separated batch counts of the recluster's seeding (default: the init's)")
 
     meta.profile_main("profile-init", __doc__, PROBLEMS, "P4", profile, argv, options)
 

@@ -394,10 +394,14 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     # The engine's fit below the command, and its job's steps (sampled every millisecond).
     assert re.search(r"cli/fit\.py:run_fit:\d+ > .*engine/fit\.py:fit_distributed:\d+ > engine/job\.py:", stacks)
     assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\S", timeline, re.M), out.stdout  # its changes, timed
-    # With --threads, the in-process worker's task thread too: the engine's tasks, where they ran.
+    # With --threads, the in-process worker's task thread too: the engine's tasks, where they ran
+    # (a fit whose steps take their threads about 0.1 s, many samples: the 2000 rows' few
+    # milliseconds were missed by a sampler sharing two cores with the fit).
+    longer = tmp_path / "longer.npy"
+    np.save(longer, np.random.default_rng(0).standard_normal((100_000, 8)).astype(np.float32))
     out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--threads", "--",
-                          "fit", str(data), "--k", "3", "--max-iter", "2", "--backend", "cpu", "-o", str(model),
-                          "--overwrite", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "fit", str(longer), "--k", "3", "--max-iter", "20", "--tol", "0", "--backend", "cpu", "-o",
+                          str(model), "--overwrite", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     threads = out.stdout.split("\nthread ")[1:]
     assert any(re.search(r"engine/(loop|step)\.py:", t) for t in threads), out.stdout
