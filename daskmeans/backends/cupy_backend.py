@@ -445,7 +445,7 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
 
     try:
         n = device_count()
-        if not config.gpu_in_process(n):
+        if n == 0 or not config.gpu_in_process(n):  # a driver but no GPU visible here: no fit on one
             return
         others = [threading.Thread(target=_open_device, args=(i,), name=f"daskmeans-open-gpu-{i}", daemon=True)
                   for i in range(1, n)]

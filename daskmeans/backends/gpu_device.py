@@ -58,17 +58,15 @@ def compute_capability(device: int) -> str:
 
 @functools.lru_cache(maxsize=None)
 def streams(device: int) -> tuple:
-    """``(gemm, select)`` streams of a device; the select stream has the higher priority, so
-    its blocks take SMs as soon as GEMM blocks retire (the two kernels overlap)."""
+    """``(gemm, select)`` non-blocking streams of a device, of equal (the default) priority:
+    the GEMM of one tile overlaps the selection of the one before. Every figure of the tile
+    path was measured so; a higher priority for the selection (CuPy has no
+    ``deviceGetStreamPriorityRange``, but CUDA clamps a priority to the device's range) is
+    untried (docs/performance.md, "Open gaps")."""
     import cupy
 
     with cupy.cuda.Device(device):
-        try:
-            least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
-            return (cupy.cuda.Stream(non_blocking=True, priority=least),
-                    cupy.cuda.Stream(non_blocking=True, priority=greatest))
-        except (TypeError, AttributeError):  # a CuPy without stream priorities
-            return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+        return cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
 
 
 _OCCUPANCY: dict = {}

@@ -6,8 +6,8 @@ preallocated tiles, then a selection kernel takes the top-2 (and third value) of
 ||c||^2`` per row, certifies the winner against the row's bound and re-ranks the uncertain
 rows by exact float64 distances (``exact_winner`` in cuda/select.cu): ``select_cols`` on a
 column-major tile (threads own rows; fp32, where few rows are uncertain) or ``select_rows``
-on a row-major one (a warp per row; :func:`.gpu_plan.select_layout`). The GEMMs run on a
-low-priority stream and the selects on a high-priority one. Sums (and, where the selection
+on a row-major one (a warp per row; :func:`.gpu_plan.select_layout`). The GEMMs run on one
+stream and the selects on another (:func:`.gpu_device.streams`). Sums (and, where the selection
 did not compute exact distances, the inertia) follow from :func:`.gpu_sums.label_sums`.
 """
 
@@ -302,8 +302,8 @@ def run(X: Any, p: Prepared, w: Any, prev: Any, labels: Any, d2: Any, want_sums:
     blocks_max = gpu_device.blocks_per_sm(kern, 256, 0) * gpu_device.sm_count(dev)
     ntiles = -(-n // rows)
     main = cupy.cuda.get_current_stream()
-    # A two-buffer pipeline: GEMM of tile t+1 (low-priority stream) runs while tile t is
-    # selected (high-priority stream); a buffer is rewritten only after its select is done.
+    # A two-buffer pipeline: GEMM of tile t+1 (one stream) runs while tile t is selected (the
+    # other); a buffer is rewritten only after its select is done.
     gs, ss = gpu_device.streams(dev)
     nbuf = 1 if ntiles == 1 else 2
     bufs = [cupy.empty((-(-rows // 4) * 4, kpad), gdt) for _ in range(nbuf)]

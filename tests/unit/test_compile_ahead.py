@@ -79,6 +79,14 @@ def test_workers_in_processes_of_their_own_compile_nothing_here(gpus, monkeypatc
     assert gpus.calls == []
 
 
+def test_no_gpu_visible_compiles_nothing(gpus, monkeypatch):
+    """A driver (``/dev/nvidiactl``) with no device visible to this process
+    (``CUDA_VISIBLE_DEVICES=""``): the fit runs elsewhere or on the CPU."""
+    monkeypatch.setattr(cupy_backend, "device_count", lambda: 0)
+    cupy_backend._modules_ahead("float32", 16, (1000, 8))
+    assert gpus.calls == []
+
+
 @pytest.mark.parametrize("cold", [True, False])
 def test_the_fits_modules_ahead_only_on_an_empty_kernel_cache(monkeypatch, cold):
     """With CuPy's ops compiled already (no process started: a warm cache), the fit's modules
