@@ -201,7 +201,7 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
 
 
 @contextlib.contextmanager
-def _batched(batches: int):
+def _batched(batches: int | None):
     """Within the block, the recluster of this process's in-process workers seeds in
     ``batches`` batches of the largest size (``seed_batched``, as k-means|| calls it by name;
     None: as the init does)."""
