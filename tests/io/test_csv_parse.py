@@ -165,13 +165,20 @@ def test_parse_into_any_rows_of_a_file(tmp_path, monkeypatch, piece_bytes):
 def test_compiled_row_count_is_numpys(monkeypatch):
     """The compiled row count gives NumPy's counts (which the reader uses until the compiled
     parser is loaded): line breaks, and rows that are not blank (empty, or a lone CR), for
-    any range of any bytes, a line starting before byte 0."""
+    any range of any bytes, a line starting before byte 0; also where the compiled count reads
+    the text eight bytes at a time (long ranges, starting at any offset of a word, the text a
+    view at any byte of another array, line breaks dense or rare)."""
     csv_parse.warm("float32")
     rng = np.random.default_rng(4)
     cases = []
     for _ in range(100):
         a = rng.choice(np.frombuffer(b"\n\r1,", np.uint8), int(rng.integers(0, 30)))
         cases += [(a, start, stop) for start in range(len(a) + 1) for stop in range(start, len(a) + 1, 3)]
+    for p in ([0.3, 0.2, 0.3, 0.2], [0.02, 0.01, 0.57, 0.4]):
+        text = rng.choice(np.frombuffer(b"\n\r1,", np.uint8), 400, p=p)
+        for offset in range(9):
+            a = text[offset:]
+            cases += [(a, start, stop) for start in range(0, 20) for stop in (start, start + 7, start + 64, len(a))]
     compiled = [csv_reader._count_rows(*c) for c in cases]
     monkeypatch.setattr(csv_parse, "ready", lambda: False)
     assert [csv_reader._count_rows(*c) for c in cases] == compiled
