@@ -236,8 +236,8 @@ def _ends_row(a, i):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _count_bytes(a, lo, hi):  # pragma: no cover - compiled
-    """(line breaks in ``a[lo:hi]``, rows they end), a byte at a time."""
+def _scan_bytes(a, lo, hi, k):  # pragma: no cover - compiled
+    """:func:`_scan` of ``a[lo:hi]`` a byte at a time."""
     breaks = 0
     rows = 0
     for i in range(lo, hi):
@@ -245,7 +245,9 @@ def _count_bytes(a, lo, hi):  # pragma: no cover - compiled
             breaks += 1
             if _ends_row(a, i):
                 rows += 1
-    return breaks, rows
+                if rows == k:
+                    return i + 1, breaks, rows
+    return hi, breaks, rows
 
 
 # Eight bytes at a time: a word holds a line break where one of its bytes XOR 0x0A is zero,
@@ -256,27 +258,40 @@ _HIGH = np.uint64(0x8080808080808080)
 
 
 @numba.njit(nogil=True, cache=True)
-def count_rows(a, start, stop):  # pragma: no cover - compiled
-    """(line breaks in ``a[start:stop]``, rows they end), in one pass without temporaries: a
-    break ends no row where its line is blank (empty, or a lone CR), as both other parsers
-    skip those. Bytes before ``a[0]`` count as a line break (a line starts there).
+def _scan(a, start, stop, k):  # pragma: no cover - compiled
+    """(the byte after the line break that ends the ``k``-th row of ``a[start:stop]``, else
+    ``stop``; the line breaks up to there; the rows they end). A break ends no row where its
+    line is blank (empty, or a lone CR), as both other parsers skip those; bytes before
+    ``a[0]`` count as a line break (a line starts there). ``k < 1``: every row of the range.
 
-    The text is read eight bytes a word, and a word looked at a byte at a time only where it
-    holds a line break (a line of a wide CSV spans many words): the scan a byte at a time
-    was a quarter as fast (docs/performance.md, "CSV placement")."""
+    The text is read eight bytes a word, a word's bytes looked at one by one only where it
+    holds a line break (a line of a wide CSV spans many words): a byte at a time, the count
+    ran at a quarter of the speed (docs/performance.md, "CSV placement")."""
     head = min(stop, 8 * ((start + 7) // 8))  # words from a multiple of 8 (a mapped file's are aligned)
-    breaks, rows = _count_bytes(a, start, head)
+    end, breaks, rows = _scan_bytes(a, start, head, k)
+    if k > 0 and rows == k:
+        return end, breaks, rows
     words = (stop - head) // 8
     if words > 0:
         w = a[head : head + 8 * words].view(np.uint64)
-        for k in range(words):
-            x = w[k] ^ _NL8
+        for j in range(words):
+            x = w[j] ^ _NL8
             if ~(((x & _LOW7) + _LOW7) | x) & _HIGH:
-                b, r = _count_bytes(a, head + 8 * k, head + 8 * k + 8)
+                end, b, r = _scan_bytes(a, head + 8 * j, head + 8 * j + 8, k - rows)
                 breaks += b
                 rows += r
-    b, r = _count_bytes(a, head + 8 * words, stop)
-    return breaks + b, rows + r
+                if k > 0 and rows == k:
+                    return end, breaks, rows
+    end, b, r = _scan_bytes(a, head + 8 * words, stop, k - rows)
+    return end, breaks + b, rows + r
+
+
+@numba.njit(nogil=True, cache=True)
+def count_rows(a, start, stop):  # pragma: no cover - compiled
+    """(line breaks in ``a[start:stop]``, rows they end), in one pass without temporaries
+    (:func:`_scan`'s rules)."""
+    _, breaks, rows = _scan(a, start, stop, 0)
+    return breaks, rows
 
 
 @numba.njit(nogil=True, cache=True)
@@ -287,16 +302,8 @@ def skip_rows(a, start, stop, k):  # pragma: no cover - compiled
     of a piece of text lie, so that they alone are parsed straight into their rows."""
     if k <= 0:
         return start, 0
-    breaks = 0
-    rows = 0
-    for i in range(start, stop):
-        if a[i] == 10:
-            breaks += 1
-            if _ends_row(a, i):
-                rows += 1
-                if rows == k:
-                    return i + 1, breaks
-    return stop, breaks
+    end, breaks, _ = _scan(a, start, stop, k)
+    return end, breaks
 
 
 _ready = threading.Event()

@@ -184,6 +184,38 @@ def test_compiled_row_count_is_numpys(monkeypatch):
     assert [csv_reader._count_rows(*c) for c in cases] == compiled
 
 
+def _skip_rows_by_numpy(a, start, stop, k):
+    """:func:`.csv_parse.skip_rows` by NumPy: the byte after the k-th row's line break (rows
+    as the count has them) and the line breaks up to it, else (stop, every break)."""
+    if k <= 0:
+        return start, 0
+    idx = np.flatnonzero(a[start:stop] == 10) + start
+    p1 = np.array([a[i - 1] if i >= 1 else 10 for i in idx], np.uint8)
+    p2 = np.array([a[i - 2] if i >= 2 else 10 for i in idx], np.uint8)
+    ends = np.flatnonzero(~((p1 == 10) | ((p1 == 13) & (p2 == 10))))
+    if ends.size < k:
+        return stop, int(idx.size)
+    return int(idx[ends[k - 1]]) + 1, int(ends[k - 1]) + 1
+
+
+def test_compiled_row_skip_is_numpys():
+    """Where the k-th row of a range ends, and the line breaks up to it: the compiled scan
+    (eight bytes a word) against NumPy's, for k within, at and past the rows of the range,
+    any start within a word, views at any byte offset, breaks dense or rare."""
+    csv_parse.warm("float32")
+    rng = np.random.default_rng(5)
+    for p in ([0.3, 0.2, 0.3, 0.2], [0.02, 0.01, 0.57, 0.4]):
+        text = rng.choice(np.frombuffer(b"\n\r1,", np.uint8), 300, p=p)
+        for offset in range(9):
+            a = text[offset:]
+            for start in range(0, 20, 3):
+                for stop in (start, start + 9, start + 70, len(a)):
+                    rows = csv_reader._count_rows(a, start, stop)[1]
+                    for k in sorted({0, 1, 2, rows // 2, rows, rows + 1}):
+                        got = tuple(int(v) for v in csv_parse.skip_rows(a, start, stop, k))
+                        assert got == _skip_rows_by_numpy(a, start, stop, k), (offset, start, stop, k)
+
+
 @pytest.mark.parametrize("sample, header, delim, plain", [
     (b'"f0","f1","f2"\n1,2.5,3\n4,5,6e1\n', True, ",", True),
     (b"id,x,y\n1,0.5,2\n2,,3\r\n3,1.5,4\n", True, ",", True),  # an empty cell: float64
