@@ -59,7 +59,7 @@ def _recluster_s(x, w, k: int, batch_trials: int | None, prof: cProfile.Profile 
     if prof is not None:
         prof.enable()
     seed_batched(x, k, 0, w, precision=INIT_PRECISION, batch_trials=batch_trials,
-                 batches=_init_batches() if batches is None else batches)
+                 **({} if batches is None else {"batches": batches}))
     cupy.cuda.Device().synchronize()
     if prof is not None:
         prof.disable()
@@ -120,7 +120,8 @@ def profile(problem: problems.Problem, args) -> None:
     x = w = c = None  # the candidates' memory back to the pool, for the fit's
     cupy.get_default_memory_pool().free_all_blocks()
     for b in batches:
-        _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")), npy=args.npy, batches=b)
+        _whole_init(problem, it, gpus=tuple(int(g) for g in args.gpus.split(",")), npy=args.npy,
+                    batches=None if b == init_batches else b)
 
 
 def _rows(n: int, d: int, seed: int, block_id=None):
@@ -191,7 +192,7 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
                  if name.startswith(INIT_TASKS) or sec > 0.05 * it}
         wall = km.timings_.get("init", float("nan"))
         print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s)"
-              f"{f' (recluster in batches of K/{batches})' if batches not in (None, _init_batches()) else ''}"
+              f"{f' (recluster in batches of K/{batches})' if batches is not None else ''}"
               f"{' from a .npy file' if npy else ''} {wall:.3f} s = {wall / it:.2f} one-GPU iterations (the first "
               f"fit's {first:.3f} s); its tasks' run times (all workers) in iterations: {tasks}; "
               f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from distributed import Client, LocalCluster
 
 from . import config
-from .config import scheduler_address  # also this module's name for it (read before distributed loads)
+from .config import scheduler_address
 from .backends import get_backend, gpu_available, gpu_count, on_gpu, requested_backend
 from .errors import DaskmeansError
 
