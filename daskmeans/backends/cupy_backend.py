@@ -494,11 +494,11 @@ def _open_device(index: int) -> None:
 def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     """Compile CuPy's kernels of a fit on data of ``dtype`` (:mod:`.gpu_warm_ops`) in
     ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
-    CuPy's disk cache; once per process and dtype. Each process leaves a marker in the cache
-    when its slice is compiled and does nothing where the marker of the same slice, CuPy, CUDA
-    and device is there, or while another process compiles that slice; none is started where
-    every slice's marker is there. Returns the processes started (nothing waits for them).
-    Needs no CuPy in this process: the command calls it before its own imports."""
+    CuPy's disk cache; once per process and dtype. The processes share the list of ops: each
+    takes the next op that no other has taken, in the order the fit needs them, and leaves a
+    marker in the cache when it is compiled; none is started where every op's marker is there.
+    Returns the processes started (nothing waits for them). Needs no CuPy in this process: the
+    command calls it before its own imports."""
     import os
     import subprocess
     import sys
@@ -509,16 +509,16 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     if dt in _OPS_STARTED:
         return []
     _OPS_STARTED.add(dt)
-    # Each process compiles its slice one kernel after another (NVRTC is CPU work under the
-    # interpreter lock), beside the command's and workers' own start, which a process per two
-    # cores slowed more than its compiles gained (docs/performance.md, "A first fit").
+    if gpu_warm_ops.compiled(dt):
+        return []
+    # Each process compiles one kernel after another (CuPy's compile is mostly Python, under
+    # the interpreter lock), beside the command's and workers' own start, which a process per
+    # two cores slowed more than its compiles gained (docs/performance.md, "A first fit").
     n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
     n = min(n, gpu_warm_ops.count(dt))
-    if gpu_warm_ops.compiled(dt, n):
-        return []
-    return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, str(i), str(n), dt], stdin=subprocess.DEVNULL,
+    return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for i in range(n)]
+            for _ in range(n)]
 
 
 def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums, grid=None):

@@ -6,13 +6,16 @@ NVRTC, and caches the binary on disk (``CUPY_CACHE_DIR``). A first fit on a mach
 empty cache launches dozens of them one after another from the moments pass, the init and the
 first iterations, each compile on the fit's critical path (docs/performance.md, "A first fit"). Threads do not help: most of a compile of
 CuPy's is Python work under the interpreter lock. This file is a script that
-:func:`.cupy_backend.warm` runs in a few processes at once, each launching a slice of
-:data:`OPS` on tiny arrays, so that the fit later loads them from the disk cache.
+:func:`.cupy_backend.warm` runs in a few processes at once: each goes down :data:`OPS` in the
+order the fit needs them and launches, on tiny arrays, every op that no other process has
+claimed, so that the fit later loads their kernels from the disk cache and the ops the fit
+needs first are compiled first, by whichever process is free (a fixed share per process
+left one process's ops for the fit to compile while the others had finished).
 
 It imports only NumPy and CuPy (never ``daskmeans``: a process that imports the package
 starts a second slower), and is run by path::
 
-    python gpu_warm_ops.py SLICE N_SLICES DTYPE
+    python gpu_warm_ops.py DTYPE
 
 Each op is the expression a module of the fit evaluates, on arrays of the same dtypes and
 dimensions (a kernel's signature holds no sizes, except where CuPy picks another algorithm for
@@ -319,8 +322,8 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         return lambda: (f(SMALL), f(LARGE))
 
     # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
-    # recluster, the iterations; then the other inits'): the slices take every ``count``-th
-    # op, so each process starts with what the fit needs soonest. This package's own modules
+    # recluster, the iterations; then the other inits'): each process claims the next op no
+    # other has, so the ops the fit needs soonest start first. This package's own modules
     # are not here: the worker's :func:`.cupy_backend.warm` compiles those it needs, in threads,
     # and a process compiling them too would repeat seconds of NVRTC work beside it.
     return [moments, sized(grid), sized(par_draws), take_rows, prepare, par_update, sized(draw),
@@ -340,18 +343,17 @@ def cache_dir() -> str:
     return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
 
 
-def _marker_name(cupy: str, cuda: str, sm: str, dtype: str, index: int, count: int) -> str:
-    """The name of the marker of slice ``index`` of ``count`` of this list of ops, for CuPy
-    version ``cupy``, CUDA runtime ``cuda`` and device architecture ``sm`` (or glob patterns
-    of them)."""
-    return f"daskmeans-warm-{_tag()}-cupy{cupy}-cuda{cuda}-sm{sm}-{dtype}-{index}of{count}"
+def _marker_name(cupy: str, cuda: str, sm: str, dtype: str, index: int) -> str:
+    """The name of the marker of op ``index`` of this list of ops, for CuPy version ``cupy``,
+    CUDA runtime ``cuda`` and device architecture ``sm`` (or glob patterns of them)."""
+    return f"daskmeans-warm-{_tag()}-cupy{cupy}-cuda{cuda}-sm{sm}-{dtype}-op{index}"
 
 
-def _marker(cp, index: int, count: int, dtype: str) -> str:
-    """The file in CuPy's cache that says slice ``index`` of ``count`` is compiled there for
-    this list of ops, CuPy, CUDA runtime and device architecture."""
+def _marker(cp, index: int, dtype: str) -> str:
+    """The file in CuPy's cache that says op ``index`` is compiled there for this list of ops,
+    CuPy, CUDA runtime and device architecture."""
     name = _marker_name(cp.__version__, str(cp.cuda.runtime.runtimeGetVersion()), cp.cuda.Device().compute_capability,
-                        dtype, index, count)
+                        dtype, index)
     return os.path.join(cache_dir(), name)
 
 
@@ -372,24 +374,25 @@ def _cupy_version() -> str | None:
     return None
 
 
-def compiled(dtype: str, count: int) -> bool:
-    """Whether every slice of ``count`` left its marker in the cache: then a launcher starts
-    no process (each would import CuPy and open the driver only to find its marker, seconds of
-    CPU beside a fit that has started). Without importing CuPy: the installed version's
-    markers, for any CUDA runtime and device (a cache shared by hosts of other GPUs or CUDA
-    versions then warms nothing ahead for them; their fits compile what they need)."""
+def compiled(dtype: str) -> bool:
+    """Whether every op left its marker in the cache: then a launcher starts no process (each
+    would import CuPy and open the driver only to find the markers, seconds of CPU beside a fit
+    that has started). Without importing CuPy: the installed version's markers, for any CUDA
+    runtime and device (a cache shared by hosts of other GPUs or CUDA versions then warms
+    nothing ahead for them; their fits compile what they need)."""
     import glob
 
+    n = count(dtype)
     cp = sys.modules.get("cupy")
     if cp is not None:
         try:
-            return all(os.path.exists(_marker(cp, i, count, dtype)) for i in range(count))
+            return all(os.path.exists(_marker(cp, i, dtype)) for i in range(n))
         except Exception:  # no device here
             return False
     version = _cupy_version()
     cupy = glob.escape(version) if version else "*"
-    return all(glob.glob(os.path.join(glob.escape(cache_dir()), _marker_name(cupy, "*", "*", dtype, i, count)))
-               for i in range(count))
+    return all(glob.glob(os.path.join(glob.escape(cache_dir()), _marker_name(cupy, "*", "*", dtype, i)))
+               for i in range(n))
 
 
 def _alive(pid: int) -> bool:
@@ -402,23 +405,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
-    """Run slice ``argv[0]`` of ``argv[1]`` of the ops for data of dtype ``argv[2]``, unless
-    its marker says it ran (or another live process is running it); then leave the marker.
-    Returns 0, or 1 where there is nothing to compile on (no CuPy, no device)."""
-    import numpy as np
-
-    try:
-        import cupy as cp
-
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy or no device here: nothing to warm
-        return 1
-    index, count, dtype = int(argv[0]), int(argv[1]), np.dtype(argv[2]).name
-    marker = _marker(cp, index, count, dtype)
+def _claim(marker: str) -> str | None:
+    """The claim file of the op whose marker is ``marker``, made for this process; None where
+    the op is compiled (its marker is there) or a live process has claimed it. A claim whose
+    process ended without the marker is taken over."""
     if os.path.exists(marker):
-        return 0
-    os.makedirs(os.path.dirname(marker), exist_ok=True)
+        return None
     running = marker + ".running"
     try:
         fd = os.open(running, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -429,23 +421,44 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError):
             pid = 0
         if pid and _alive(pid):
-            return 0  # another process compiles this slice now
-        with open(running, "w") as f:  # its process ended without the marker: take it over
+            return None  # another process compiles this op now
+        with open(running, "w") as f:
             f.write(str(os.getpid()))
-    else:
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        return running
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return running
+
+
+def main(argv: list[str]) -> int:
+    """Launch, in order, every op for data of dtype ``argv[0]`` that no marker says is compiled
+    and no other live process has claimed, and leave each one's marker once its kernels are
+    built. Returns 0, or 1 where there is nothing to compile on (no CuPy, no device)."""
+    import numpy as np
+
     try:
-        for op in _ops(cp, np, np.dtype(dtype))[index::count]:
-            op()
-        cp.cuda.Device().synchronize()
-        with open(marker, "w"):
-            pass
-    finally:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy or no device here: nothing to warm
+        return 1
+    dtype = np.dtype(argv[0]).name
+    os.makedirs(cache_dir(), exist_ok=True)
+    for index, op in enumerate(_ops(cp, np, np.dtype(dtype))):
+        marker = _marker(cp, index, dtype)
+        running = _claim(marker)
+        if running is None:
+            continue
         try:
-            os.remove(running)
-        except OSError:
-            pass
+            op()
+            cp.cuda.Device().synchronize()
+            with open(marker, "w"):
+                pass
+        finally:
+            try:
+                os.remove(running)
+            except OSError:
+                pass
     return 0
 
 

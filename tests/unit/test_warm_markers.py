@@ -1,6 +1,7 @@
 """The kernel warm-up's markers, read without CuPy (:func:`gpu_warm_ops.compiled`): a launcher
-starts no process where every slice of the installed CuPy left its marker, and starts them where
-any slice, or the version's, is missing."""
+starts no process where every op of the installed CuPy left its marker, and starts them where
+any op's, or the version's, is missing; and the claims by which the processes share the ops
+(:func:`gpu_warm_ops._claim`)."""
 
 import os
 
@@ -17,33 +18,58 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def mark(cache, index, count, version="14.0.1", dtype="float32"):
-    name = f"daskmeans-warm-{gpu_warm_ops._tag()}-cupy{version}-cuda13000-sm90-{dtype}-{index}of{count}"
+def mark(cache, index, version="14.0.1", dtype="float32"):
+    name = f"daskmeans-warm-{gpu_warm_ops._tag()}-cupy{version}-cuda13000-sm90-{dtype}-op{index}"
     (cache / name).write_text("")
 
 
-def test_every_slice_marked_is_compiled(cache):
-    assert not gpu_warm_ops.compiled("float32", 3)
-    for i in range(3):
-        mark(cache, i, 3)
-    assert gpu_warm_ops.compiled("float32", 3)
-    assert not gpu_warm_ops.compiled("float64", 3)  # another dtype's ops
-    assert not gpu_warm_ops.compiled("float32", 4)  # another cut of the list
+def test_every_op_marked_is_compiled(cache):
+    n = gpu_warm_ops.count("float32")
+    assert not gpu_warm_ops.compiled("float32")
+    for i in range(n - 1):
+        mark(cache, i)
+    assert not gpu_warm_ops.compiled("float32")  # the last op's marker missing
+    mark(cache, n - 1)
+    assert gpu_warm_ops.compiled("float32")
+    assert not gpu_warm_ops.compiled("float64")  # another dtype's ops
 
 
-def test_a_missing_slice_or_another_version_is_not_compiled(cache):
-    mark(cache, 0, 2)
-    mark(cache, 1, 2, version="13.6.0")
-    assert not gpu_warm_ops.compiled("float32", 2)
-    mark(cache, 1, 2)
-    assert gpu_warm_ops.compiled("float32", 2)
+def test_an_op_of_another_version_is_not_compiled(cache):
+    n = gpu_warm_ops.count("float32")
+    for i in range(n - 1):
+        mark(cache, i)
+    mark(cache, n - 1, version="13.6.0")
+    assert not gpu_warm_ops.compiled("float32")
+    mark(cache, n - 1)
+    assert gpu_warm_ops.compiled("float32")
 
 
 def test_a_marker_of_another_list_of_ops_does_not_count(cache):
-    for i in range(2):
-        (cache / f"daskmeans-warm-000000000000-cupy14.0.1-cuda13000-sm90-float32-{i}of2").write_text("")
-    assert not gpu_warm_ops.compiled("float32", 2)
+    for i in range(gpu_warm_ops.count("float32")):
+        (cache / f"daskmeans-warm-000000000000-cupy14.0.1-cuda13000-sm90-float32-op{i}").write_text("")
+    assert not gpu_warm_ops.compiled("float32")
     assert os.path.isdir(cache)
+
+
+def test_an_op_is_claimed_once_until_its_process_ends(tmp_path):
+    """The first process to ask for an op gets it; another finds it claimed while the claimer
+    lives, takes it over once the claimer has ended without the marker, and finds nothing to
+    do once the marker is there."""
+    import subprocess
+    import sys
+
+    marker = str(tmp_path / "daskmeans-warm-op3")
+    running = gpu_warm_ops._claim(marker)
+    assert running == marker + ".running" and open(running).read() == str(os.getpid())
+    assert gpu_warm_ops._claim(marker) is None  # claimed by a live process (this one)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(running, "w") as f:
+        f.write(dead.stdout.strip())  # a claimer that ended without the marker
+    assert gpu_warm_ops._claim(marker) == running and open(running).read() == str(os.getpid())
+    os.remove(running)
+    open(marker, "w").close()
+    assert gpu_warm_ops._claim(marker) is None  # compiled
+    assert not os.path.exists(running)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
