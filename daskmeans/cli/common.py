@@ -380,6 +380,30 @@ def read(args: argparse.Namespace):
                       drop_columns=split(args.drop_columns), chunk_bytes=args.chunk_bytes)
 
 
+def read_ahead(args: argparse.Namespace) -> bool:
+    """Start reading DATA ahead where it is a CSV file that the command's own in-process
+    workers will fit (:mod:`daskmeans.io.csv_ahead`): its rows are parsed in a process of its
+    own while this one imports, and :func:`read` then finds them. Not inside another program
+    (``main`` without ``process_exit``: its process does not end with the command's), nor where
+    the local cluster's workers are processes (the rows would not be shared), nor with
+    ``daskmeans.csv-read-ahead`` false ("auto": with enough cores, :data:`~daskmeans.io.
+    csv_ahead.MIN_CORES`; true: on any). Returns whether it started."""
+    from .. import config
+    from ..io import csv_ahead
+
+    how = config.choice("csv-read-ahead", ("auto", "True", "False"))
+    if how == "False" or not getattr(args, "process_exit", False) or str(config.get("local-cluster")) == "processes":
+        return False
+    import dask.utils
+
+    try:
+        cb = None if args.chunk_bytes is None else int(dask.utils.parse_bytes(args.chunk_bytes))
+    except (TypeError, ValueError):
+        return False  # the read refuses it
+    return csv_ahead.start(args.data, chunk_bytes=cb, columns=split(args.columns),
+                           drop_columns=split(args.drop_columns), any_cores=how == "True")
+
+
 def check_cluster_args(args: argparse.Namespace) -> None:
     """Refuse cluster options that contradict each other, before any cluster is contacted:
     ``--workers`` with a scheduler, ``--dashboard`` without bokeh."""

@@ -128,6 +128,7 @@ def run_fit(args: argparse.Namespace) -> int:
     phase = Phases()
     with phase("imports"):
         if not common.external(args):
+            common.read_ahead(args)  # a CSV file parsed in a process of its own meanwhile
             from ..backends import on_gpu, requested_backend
 
             wanted = requested_backend(args.backend)

@@ -116,13 +116,81 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         without ``columns`` naming it looks like an identifier (:func:`identifier_columns`);
         ``other_columns``: any of the file's columns read as text in the array's chunks.
     """
-    import dask
     from dask import delayed
 
     if dtype is None:
         dtype = float_dtype_arg(config.get("csv-dtype"), "daskmeans.csv-dtype")
-    _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
     columns, drop_columns = column_list(columns), column_list(drop_columns)
+    from . import csv_ahead
+
+    ahead = csv_ahead.take(csv_ahead.key(path, chunk_bytes, dtype, columns, drop_columns, delimiter))
+    survey = None if ahead is None else _Survey.from_json(ahead[0])
+    if survey is not None and ahead[1].shape == (sum(p[3] for p in survey.pieces), len(survey.spec.keep)):
+        # Surveyed and parsed by the command's read-ahead process (read_ahead).
+        _AHEAD[survey.spec] = (ahead[1], {p[0]: r for p, r in zip(survey.pieces, survey.starts)})
+    else:
+        _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
+        survey = _survey(path, chunk_bytes, dtype, columns, drop_columns, delimiter)
+    spec, names, dtypes, keep = survey.spec, list(survey.names), list(survey.dtypes), list(survey.spec.keep)
+    parse = delayed(functools.partial(_csv_block, spec), pure=True)
+    arrays = [da.from_delayed(parse(ps), shape=(sum(p[3] for p in ps), len(keep)),
+                              dtype=dtype) for ps in survey.blocks]
+    # A header and no rows: refused by name in read().
+    x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
+    csv_rows = CsvRows(spec, survey.pieces, survey.starts)
+    setattr(x, _CSV_ROWS_ATTRIBUTE, csv_rows)
+    found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
+        if survey.header and columns is None else []
+    # Each block's bytes as one range (first byte, end, first line, rows), for its other columns.
+    parts = tuple((ps[0][0], ps[-1][1], ps[0][2], sum(p[3] for p in ps)) for ps in survey.blocks)
+    return Table(x, tuple(names[k] for k in keep) if survey.header else None, path,
+                 _identifier_message(path, found, names, drop_columns) if found else None,
+                 functools.partial(_other_columns, spec, parts, tuple(names), tuple(dtypes)),
+                 rows=_row_source(csv_rows))
+
+
+class _Survey(NamedTuple):
+    """What opening a CSV file learns before any of its rows is parsed: the layout the tasks
+    read it by, and its blocks of counted pieces (plain data: :mod:`.csv_ahead` sends it
+    between processes as JSON)."""
+
+    spec: _CsvSpec
+    header: bool
+    names: tuple[str, ...]  # every column's, as pandas names them (positions as strings without a header)
+    dtypes: tuple[str, ...]  # every column's in the sample, as pandas types them
+    blocks: tuple[tuple[tuple[int, int, int, int], ...], ...]  # each block's pieces (first byte, end, first line, rows)
+
+    @property
+    def pieces(self) -> tuple[tuple[int, int, int, int], ...]:
+        return tuple(p for ps in self.blocks for p in ps)
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """The first row of each piece."""
+        rows = [p[3] for p in self.pieces]
+        return tuple(np.concatenate([[0], np.cumsum(rows, dtype=np.int64)[:-1]]).tolist()) if rows else ()
+
+    def to_json(self) -> dict:
+        return {"spec": list(self.spec), "header": self.header, "names": list(self.names),
+                "dtypes": list(self.dtypes), "blocks": [[list(p) for p in ps] for ps in self.blocks]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "_Survey":
+        spec = list(d["spec"])
+        for i in (6, 7):  # keep, names
+            spec[i] = tuple(spec[i])
+        return cls(_CsvSpec(*spec), bool(d["header"]), tuple(d["names"]), tuple(d["dtypes"]),
+                   tuple(tuple(tuple(int(v) for v in p) for p in ps) for ps in d["blocks"]))
+
+
+def _survey(path: str, chunk_bytes: int | None, dtype: np.dtype, columns: list | None, drop_columns: list | None,
+            delimiter: str | None) -> _Survey:
+    """:func:`open_csv`'s reading of the file before its rows are parsed: its layout (the
+    delimiter, a header, the columns' names and types in a sample, the columns kept) and its
+    pieces' line breaks and rows, counted once."""
+    import dask
+    from dask import delayed
+
     delim, header = _guess_layout(path, delimiter)
     compression = _COMPRESSION.get(os.path.splitext(path)[1].lower())
     head, whole = _head(path, compression)
@@ -161,23 +229,13 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
             line += breaks
         if len(pieces) > first:
             blocks.append(tuple(pieces[first:]))
-    parse = delayed(functools.partial(_csv_block, spec), pure=True)
-    arrays = [da.from_delayed(parse(ps), shape=(sum(p[3] for p in ps), len(keep)),
-                              dtype=dtype) for ps in blocks]
-    # A header and no rows: refused by name in read().
-    x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
-    starts = tuple(np.concatenate([[0], np.cumsum([p[3] for p in pieces], dtype=np.int64)[:-1]]).tolist()) \
-        if pieces else ()
-    csv_rows = CsvRows(spec, tuple(pieces), starts)
-    setattr(x, _CSV_ROWS_ATTRIBUTE, csv_rows)
-    found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
-        if header and columns is None else []
-    # Each block's bytes as one range (first byte, end, first line, rows), for its other columns.
-    parts = tuple((ps[0][0], ps[-1][1], ps[0][2], sum(p[3] for p in ps)) for ps in blocks)
-    return Table(x, tuple(names[k] for k in keep) if header else None, path,
-                 _identifier_message(path, found, names, drop_columns) if found else None,
-                 functools.partial(_other_columns, spec, parts, tuple(names), tuple(dtypes)),
-                 rows=_row_source(csv_rows))
+    return _Survey(spec, header, tuple(names), tuple(str(t) for t in dtypes), tuple(blocks))
+
+
+# A file's rows parsed ahead (:mod:`.csv_ahead`), by the spec it was opened with: the buffer
+# of every row and the first row of each piece (by its first byte). The command's process
+# holds them until it ends; its in-process workers copy rows from here instead of parsing.
+_AHEAD: dict[_CsvSpec, tuple[np.ndarray, dict[int, int]]] = {}
 
 
 # ---------------------------------------------------------------- rows read into a given buffer
@@ -757,7 +815,14 @@ def _parse_parts(spec: _CsvSpec, parts: Sequence[tuple[int, int, int, int]], fir
     holding row ``first`` on) hold, parsed into ``out`` (stop - start, len(spec.keep)): a plain
     file's pieces on a thread per core each, straight into their rows (a piece that holds
     rows outside start:stop, only the lines of its rows inside); a compressed file's one piece
-    cut again and parsed on every core (:func:`_fill_block`)."""
+    cut again and parsed on every core (:func:`_fill_block`); rows parsed ahead
+    (:data:`_AHEAD`) copied."""
+    ahead = _AHEAD.get(spec)
+    if ahead is not None and parts:
+        buf, row_at = ahead
+        lo = row_at[parts[0][0]] - first
+        out[...] = buf[lo + start : lo + stop]
+        return
     jobs = []
     for part in parts:
         rows = part[3]
@@ -950,3 +1015,44 @@ def _first_non_numeric(data: Any, delim: str, n_columns: int, column: int, first
     if bad.empty:
         return None
     return f"line {int(bad.index[0]) + first_line} has {bad.iloc[0]!r}"
+
+
+# ---------------------------------------------------------------- the command's read-ahead process
+
+
+def read_ahead(argv: list[str]) -> int:
+    """The command's read-ahead process (:mod:`.csv_ahead`; ``argv``: the memory file's
+    descriptor and the options as JSON): survey the file as :func:`open_csv` does, size the
+    memory file to its rows, parse them into it on every core, print the survey, the rows'
+    count, columns and dtype as JSON. Exit status 1 on any error: the command then reads the
+    file itself and reports it."""
+    import json
+    import mmap
+
+    import dask
+
+    from . import csv_ahead
+
+    fd, options = int(argv[0]), json.loads(argv[1])
+    csv_ahead.end_with_parent(options["parent"])
+    try:
+        dtype = np.dtype(options["dtype"])
+        with dask.config.set(scheduler="threads"):  # the counts' tasks here: distributed is not imported
+            survey = _survey(options["path"], options["chunk_bytes"], dtype, column_list(options["columns"]),
+                             column_list(options["drop_columns"]), options["delimiter"])
+        rows = CsvRows(survey.spec, survey.pieces, survey.starts)
+        nbytes = rows.n * rows.d * dtype.itemsize
+        os.ftruncate(fd, max(nbytes, 1))
+        with mmap.mmap(fd, max(nbytes, 1)) as mm:
+            out = np.frombuffer(mm, dtype, count=rows.n * rows.d).reshape(rows.n, rows.d)
+            parse_into(rows, 0, rows.n, out)
+            del out
+    except Exception:  # noqa: BLE001 - any failure: the command reads the file itself
+        return 1
+    sys.stdout.write(json.dumps({"survey": survey.to_json(), "rows": rows.n, "columns": rows.d,
+                                 "dtype": dtype.name}))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the read-ahead process, started by csv_ahead.start
+    sys.exit(read_ahead(sys.argv[1:]))
