@@ -203,13 +203,14 @@ def test_a_fit_command_gives_the_same_bits_with_and_without_it(tmp_path):
         out = tmp_path / how
         out.mkdir()
         env = dict(os.environ, DASK_DASKMEANS__CSV_READ_AHEAD=how)
-        r = subprocess.run(["daskmeans", "fit", str(path), "--k", "5", "--seed", "0", "--drop-columns", "id",
-                            "-o", str(out / "m.zarr"), "--labels", str(out / "labels.csv"), "--keep-columns", "id",
-                            "-q"], env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-m", "daskmeans", "fit", str(path), "--k", "5", "--seed", "0",
+                            "--drop-columns", "id", "-o", str(out / "m.zarr"), "--labels", str(out / "labels.csv"),
+                            "--keep-columns", "id", "-q"], env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         g = zarr.open_group(str(out / "m.zarr"), mode="r")
         got[how] = (g["cluster_centers"][...], json.dumps(g.attrs.get("feature_names_in")),
                     (out / "labels.csv").read_text())
     (c1, names1, labels1), (c2, names2, labels2) = got["True"], got["False"]
     np.testing.assert_array_equal(c1.view(np.uint8), c2.view(np.uint8))
-    assert names1 == names2 and labels1 == labels2 and labels1.startswith("id,")
+    assert names1 == names2 == json.dumps(["a", "b", "c"])
+    assert labels1 == labels2 and labels1.startswith("id,")
