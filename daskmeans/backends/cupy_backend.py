@@ -491,15 +491,36 @@ def _open_device(index: int) -> None:
         pass
 
 
+def warm_processes() -> int:
+    """How many processes compile CuPy's kernels ahead (``daskmeans.gpu-warm-processes``: auto
+    is a quarter of this machine's cores, 2 to 8). Each compiles one kernel after another
+    (CuPy's compile is mostly Python, under the interpreter lock), beside the command's and
+    workers' own start, which a process per two cores slowed more than its compiles gained
+    (docs/performance.md, "A first fit")."""
+    import os
+
+    from .. import config
+
+    how = config.get("gpu-warm-processes")
+    if str(how) == "auto":
+        return max(2, min(8, (os.cpu_count() or 4) // 4))
+    try:
+        n = int(how)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(n) != str(how).strip():
+        raise ValueError(f"daskmeans.gpu-warm-processes={how!r} should be auto or a count of at least 1")
+    return n
+
+
 def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     """Compile CuPy's kernels of a fit on data of ``dtype`` (:mod:`.gpu_warm_ops`) in
-    ``processes`` processes at once (default: a quarter of this machine's cores, 2 to 8), into
+    ``processes`` processes at once (default: :func:`warm_processes`), into
     CuPy's disk cache; once per process and dtype. The processes share the list of ops: each
     takes the next op that no other has taken, in the order the fit needs them, and leaves a
     marker in the cache when it is compiled; none is started where every op's marker is there.
     Returns the processes started (nothing waits for them). Needs no CuPy in this process: the
     command calls it before its own imports."""
-    import os
     import subprocess
     import sys
 
@@ -511,11 +532,7 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     _OPS_STARTED.add(dt)
     if gpu_warm_ops.compiled(dt):
         return []
-    # Each process compiles one kernel after another (CuPy's compile is mostly Python, under
-    # the interpreter lock), beside the command's and workers' own start, which a process per
-    # two cores slowed more than its compiles gained (docs/performance.md, "A first fit").
-    n = processes or max(2, min(8, (os.cpu_count() or 4) // 4))
-    n = min(n, gpu_warm_ops.count(dt))
+    n = min(processes or warm_processes(), gpu_warm_ops.count(dt))
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]

@@ -87,3 +87,31 @@ def test_every_op_runs_with_numpy_for_cupy(dtype):
         warnings.simplefilter("ignore", RuntimeWarning)  # log(0) of the draws' keys: a kernel's inputs, not its result
         for op in ops:
             op()
+
+
+def test_the_setting_counts_the_processes(cache, monkeypatch):
+    """``daskmeans.gpu-warm-processes``: auto is a quarter of the cores, 2 to 8; a count is
+    that many (no more than the ops); anything else is refused by value."""
+    import subprocess
+
+    import dask
+
+    from daskmeans.backends import cupy_backend
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: started.append(argv) or argv)
+    for cores, want in [(2, 2), (16, 4), (64, 8)]:
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        assert cupy_backend.warm_processes() == want
+    with dask.config.set({"daskmeans.gpu-warm-processes": 3}):
+        assert cupy_backend.warm_processes() == 3
+        monkeypatch.setattr(cupy_backend, "_OPS_STARTED", set())
+        procs = cupy_backend.warm_cupy_ops("float32")
+    assert len(procs) == 3 and all(a[-1] == "float32" and a[-2].endswith("gpu_warm_ops.py") for a in started)
+    with dask.config.set({"daskmeans.gpu-warm-processes": 1000}):
+        monkeypatch.setattr(cupy_backend, "_OPS_STARTED", set())
+        assert len(cupy_backend.warm_cupy_ops("float32")) == gpu_warm_ops.count("float32")  # an op each at most
+    for bad in (0, "many", 2.5):
+        with dask.config.set({"daskmeans.gpu-warm-processes": bad}):
+            with pytest.raises(ValueError, match=rf"daskmeans.gpu-warm-processes={bad!r} should be auto or a count"):
+                cupy_backend.warm_processes()
