@@ -389,51 +389,43 @@ def compiled(dtype: str) -> bool:
             return all(os.path.exists(_marker(cp, i, dtype)) for i in range(n))
         except Exception:  # no device here
             return False
+    import fnmatch
+
     version = _cupy_version()
     cupy = glob.escape(version) if version else "*"
-    return all(glob.glob(os.path.join(glob.escape(cache_dir()), _marker_name(cupy, "*", "*", dtype, i)))
-               for i in range(n))
-
-
-def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        names = os.listdir(cache_dir())
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return all(fnmatch.filter(names, _marker_name(cupy, "*", "*", dtype, i)) for i in range(n))
 
 
-def _claim(marker: str) -> str | None:
-    """The claim file of the op whose marker is ``marker``, made for this process; None where
-    the op is compiled (its marker is there) or a live process has claimed it. A claim whose
-    process ended without the marker is taken over."""
+def _claim(marker: str) -> int | None:
+    """A lock on the op whose marker is ``marker`` (an open descriptor of its lock file, held
+    by this process until it closes it), or None where the op is compiled (its marker is there)
+    or another process holds the lock. The system releases a lock when its process ends, so an
+    op whose process died is free again."""
+    import fcntl
+
     if os.path.exists(marker):
         return None
-    running = marker + ".running"
+    fd = os.open(marker + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        fd = os.open(running, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            with open(running) as f:
-                pid = int(f.read() or 0)
-        except (OSError, ValueError):
-            pid = 0
-        if pid and _alive(pid):
-            return None  # another process compiles this op now
-        with open(running, "w") as f:
-            f.write(str(os.getpid()))
-        return running
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    return running
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another process compiles this op now
+        os.close(fd)
+        return None
+    if os.path.exists(marker):  # compiled by the process that held the lock before
+        os.close(fd)
+        return None
+    return fd
 
 
 def main(argv: list[str]) -> int:
     """Launch, in order, every op for data of dtype ``argv[0]`` that no marker says is compiled
-    and no other live process has claimed, and leave each one's marker once its kernels are
-    built. Returns 0, or 1 where there is nothing to compile on (no CuPy, no device)."""
+    and no other process is compiling, and leave each one's marker once its kernels are built.
+    An op that fails is left without its marker (the fit compiles what it needs). Returns 0, or
+    1 where there is nothing to compile on (no CuPy, no device)."""
     import numpy as np
 
     try:
@@ -446,19 +438,18 @@ def main(argv: list[str]) -> int:
     os.makedirs(cache_dir(), exist_ok=True)
     for index, op in enumerate(_ops(cp, np, np.dtype(dtype))):
         marker = _marker(cp, index, dtype)
-        running = _claim(marker)
-        if running is None:
+        lock = _claim(marker)
+        if lock is None:
             continue
         try:
             op()
             cp.cuda.Device().synchronize()
             with open(marker, "w"):
                 pass
+        except Exception:  # noqa: BLE001 - the other ops still warm; the fit compiles this one's kernels
+            pass
         finally:
-            try:
-                os.remove(running)
-            except OSError:
-                pass
+            os.close(lock)
     return 0
 
 

@@ -385,14 +385,15 @@ def read_ahead(args: argparse.Namespace) -> bool:
     workers will fit (:mod:`daskmeans.io.csv_ahead`): its rows are parsed in a process of its
     own while this one imports, and :func:`read` then finds them. Not inside another program
     (``main`` without ``process_exit``: its process does not end with the command's), nor where
-    the local cluster's workers are processes (the rows would not be shared), nor with
-    ``daskmeans.csv-read-ahead`` false ("auto": with enough cores, :data:`~daskmeans.io.
-    csv_ahead.MIN_CORES`; true: on any). Returns whether it started."""
+    the local cluster's workers will be processes (the rows would not be shared:
+    :func:`_workers_in_process`), nor with ``daskmeans.csv-read-ahead`` false ("auto": with
+    enough cores, :data:`~daskmeans.io.csv_ahead.MIN_CORES`; true: on any). Returns whether it
+    started."""
     from .. import config
     from ..io import csv_ahead
 
     how = config.choice("csv-read-ahead", ("auto", "True", "False"))
-    if how == "False" or not getattr(args, "process_exit", False) or str(config.get("local-cluster")) == "processes":
+    if how == "False" or not getattr(args, "process_exit", False) or not _workers_in_process(args):
         return False
     import dask.utils
 
@@ -402,6 +403,28 @@ def read_ahead(args: argparse.Namespace) -> bool:
         return False  # the read refuses it
     return csv_ahead.start(args.data, chunk_bytes=cb, columns=split(args.columns),
                            drop_columns=split(args.drop_columns), any_cores=how == "True")
+
+
+def _workers_in_process(args: argparse.Namespace) -> bool:
+    """Whether the local cluster the command will start has its workers in this process, as
+    :func:`daskmeans.dask_cluster.starts_in_process` decides, from what is known before any
+    import: GPU workers where the driver is there (``/dev/nvidiactl``) unless ``--backend``
+    names a CPU backend, as many as ``CUDA_VISIBLE_DEVICES`` lists or the driver's device
+    files; else ``--workers`` or a worker per core. Only a guess for the read-ahead: a wrong
+    one costs a read-ahead the workers do not use, or misses one."""
+    import glob
+
+    from .. import config
+    from ..backends import on_gpu, requested_backend
+
+    wanted = requested_backend(args.backend)
+    if os.path.exists("/dev/nvidiactl") if wanted is None else on_gpu(wanted):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        n = len([d for d in visible.split(",") if d.strip()]) if visible is not None else \
+            len(glob.glob("/dev/nvidia[0-9]*"))
+    else:
+        n = args.workers or os.cpu_count() or 1
+    return config.local_in_process(max(1, n))
 
 
 def check_cluster_args(args: argparse.Namespace) -> None:

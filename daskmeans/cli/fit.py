@@ -147,6 +147,7 @@ def run_fit(args: argparse.Namespace) -> int:
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError
         from ..estimator import KMeans
+        from ..io import csv_ahead
         from ..io.labels import labels_output, write_labels
         from ..io.paths import Outputs
         from ..validation import check_n_clusters
@@ -198,6 +199,8 @@ def run_fit(args: argparse.Namespace) -> int:
                     check_paths_on_workers(client, write=[args.labels])
             link = f"; dashboard {client.dashboard_link}" if args.dashboard or common.external(args) else ""
             common.say(f"daskmeans: {X.shape[0]} x {X.shape[1]} {X.dtype}, {X.numblocks[0]} chunks{link}")
+            if args.verbose and csv_ahead.TAKEN:
+                common.say(f"daskmeans: {csv_ahead.TAKEN[-1]} parsed ahead, while the command started")
             km.client = client
             if target is not None and target.format == "zarr":
                 # The labels' writer (zarr, whose imports are long: performance.md, "Startup") loads

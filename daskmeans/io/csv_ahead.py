@@ -48,6 +48,7 @@ MIN_CORES = 8
 PLAIN_SUFFIXES = (".csv", ".tsv", ".txt")
 
 _STARTED: dict[tuple, "_Ahead"] = {}
+TAKEN: list[str] = []  # the files whose rows this process took from a read-ahead
 
 
 def key(path: str, chunk_bytes: int | None, dtype: Any, columns: list | None, drop_columns: list | None,
@@ -93,6 +94,12 @@ class _Ahead:
         finally:
             os.close(self.fd)
 
+    def discard(self) -> None:
+        """End the process and free its memory file, unread."""
+        self.proc.kill()
+        self.proc.communicate()
+        os.close(self.fd)
+
 
 def start(path: str, chunk_bytes: int | None = None, dtype: str | None = None, columns: list | None = None,
           drop_columns: list | None = None, delimiter: str | None = None, any_cores: bool = False) -> bool:
@@ -115,13 +122,17 @@ def start(path: str, chunk_bytes: int | None = None, dtype: str | None = None, c
         size = os.path.getsize(path)
     except OSError:
         return False  # the read names the problem
-    # Each value takes at least two bytes of text ("1,"): the rows take at most this much.
-    if itemsize is None or size > MAX_BYTES or size // 2 * itemsize > MEMORY_SHARE * _available():
+    # Each value takes at least one byte of text (its delimiter, an empty cell): the rows take
+    # at most this much.
+    if itemsize is None or size > MAX_BYTES or size * itemsize > MEMORY_SHARE * _available():
         return False
     k = key(path, chunk_bytes, dtype, columns, drop_columns, delimiter)
     if k in _STARTED:
         return True
-    fd = os.memfd_create("daskmeans-csv-ahead", 0)  # close-on-exec: only the process it is passed to
+    try:
+        fd = os.memfd_create("daskmeans-csv-ahead")  # close-on-exec: only the process it is passed to
+    except OSError:  # no memory files here (a sandbox's filter, a descriptor limit): read as usual
+        return False
     options = {"path": path, "chunk_bytes": chunk_bytes, "dtype": dtype, "columns": columns,
                "drop_columns": drop_columns, "delimiter": delimiter, "parent": os.getpid()}
     try:
@@ -137,9 +148,15 @@ def start(path: str, chunk_bytes: int | None = None, dtype: str | None = None, c
 
 def take(k: tuple) -> tuple[dict, Any] | None:
     """The survey (as JSON) and parsed rows of the read-ahead started with options ``k``
-    (:func:`key`), once (waiting for its process to end), or None: none started, or it failed."""
+    (:func:`key`), once (waiting for its process to end), or None: none started, or it failed.
+    Any other read-ahead of the same file (other options) is ended: the file is read now."""
     ahead = _STARTED.pop(k, None)
-    return None if ahead is None else ahead.result()
+    for other in [o for o in _STARTED if o[0] == k[0]]:
+        _STARTED.pop(other).discard()
+    got = None if ahead is None else ahead.result()
+    if got is not None:
+        TAKEN.append(k[0])
+    return got
 
 
 def _available() -> int:

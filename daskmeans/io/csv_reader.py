@@ -125,8 +125,10 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
 
     ahead = csv_ahead.take(csv_ahead.key(path, chunk_bytes, dtype, columns, drop_columns, delimiter))
     survey = None if ahead is None else _Survey.from_json(ahead[0])
-    if survey is not None and ahead[1].shape == (sum(p[3] for p in survey.pieces), len(survey.spec.keep)):
-        # Surveyed and parsed by the command's read-ahead process (read_ahead).
+    if survey is not None and ahead[1].shape == (sum(p[3] for p in survey.pieces), len(survey.spec.keep)) \
+            and _unchanged(survey.spec):
+        # Surveyed and parsed by the command's read-ahead process (read_ahead), from the file
+        # as it is now.
         _AHEAD[survey.spec] = (ahead[1], {p[0]: r for p, r in zip(survey.pieces, survey.starts)})
     else:
         _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
@@ -721,6 +723,15 @@ def _start_warming(dtype: str) -> None:
     threading.Thread(target=run, name="daskmeans-csv-warm", daemon=True).start()
 
 
+def _unchanged(spec: _CsvSpec) -> bool:
+    """Whether the file is as it was when ``spec`` was made (its size and modification time)."""
+    try:
+        st = os.stat(spec.path)
+    except OSError:
+        return False
+    return st.st_size == spec.size and st.st_mtime_ns == spec.mtime_ns
+
+
 def _check_size(spec: _CsvSpec) -> None:
     size = os.path.getsize(spec.path)
     if size != spec.size:
@@ -818,10 +829,11 @@ def _parse_parts(spec: _CsvSpec, parts: Sequence[tuple[int, int, int, int]], fir
     cut again and parsed on every core (:func:`_fill_block`); rows parsed ahead
     (:data:`_AHEAD`) copied."""
     ahead = _AHEAD.get(spec)
-    if ahead is not None and parts:
-        buf, row_at = ahead
-        lo = row_at[parts[0][0]] - first
-        out[...] = buf[lo + start : lo + stop]
+    at = None if ahead is None or not parts else ahead[1].get(parts[0][0])  # None: pieces cut otherwise
+    if at is not None:
+        _check_size(spec)  # as a parse would: a file rewritten since it was opened is refused
+        lo = at - first
+        out[...] = ahead[0][lo + start : lo + stop]
         return
     jobs = []
     for part in parts:

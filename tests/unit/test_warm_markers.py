@@ -48,28 +48,36 @@ def test_a_marker_of_another_list_of_ops_does_not_count(cache):
     for i in range(gpu_warm_ops.count("float32")):
         (cache / f"daskmeans-warm-000000000000-cupy14.0.1-cuda13000-sm90-float32-op{i}").write_text("")
     assert not gpu_warm_ops.compiled("float32")
-    assert os.path.isdir(cache)
+    mark(cache, 0)  # this list's marker of one op: still not all of them
+    assert not gpu_warm_ops.compiled("float32")
 
 
 def test_an_op_is_claimed_once_until_its_process_ends(tmp_path):
-    """The first process to ask for an op gets it; another finds it claimed while the claimer
-    lives, takes it over once the claimer has ended without the marker, and finds nothing to
-    do once the marker is there."""
+    """The first process to ask for an op gets its lock; another finds it held while the holder
+    lives, gets it once the holder has ended without the marker (the system drops a dead
+    process's lock), and finds nothing to do once the marker is there."""
     import subprocess
     import sys
 
     marker = str(tmp_path / "daskmeans-warm-op3")
-    running = gpu_warm_ops._claim(marker)
-    assert running == marker + ".running" and open(running).read() == str(os.getpid())
-    assert gpu_warm_ops._claim(marker) is None  # claimed by a live process (this one)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    with open(running, "w") as f:
-        f.write(dead.stdout.strip())  # a claimer that ended without the marker
-    assert gpu_warm_ops._claim(marker) == running and open(running).read() == str(os.getpid())
-    os.remove(running)
+    lock = gpu_warm_ops._claim(marker)
+    assert lock is not None
+    assert gpu_warm_ops._claim(marker) is None  # held (by this process, through another descriptor)
+    os.close(lock)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from daskmeans.backends import gpu_warm_ops; "
+                               f"assert gpu_warm_ops._claim({marker!r}) is not None; print('held', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert gpu_warm_ops._claim(marker) is None  # held by a live process
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    lock = gpu_warm_ops._claim(marker)  # its process ended without the marker
+    assert lock is not None
     open(marker, "w").close()
+    os.close(lock)
     assert gpu_warm_ops._claim(marker) is None  # compiled
-    assert not os.path.exists(running)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
