@@ -424,8 +424,9 @@ def _claim(marker: str) -> int | None:
 def main(argv: list[str]) -> int:
     """Launch, in order, every op for data of dtype ``argv[0]`` that no marker says is compiled
     and no other process is compiling, and leave each one's marker once its kernels are built.
-    An op that fails is left without its marker (the fit compiles what it needs). Returns 0, or
-    1 where there is nothing to compile on (no CuPy, no device)."""
+    An op that fails is left without its marker (the fit compiles what it needs) and the others
+    go on. Returns 0; 1 where there is nothing to compile on (no CuPy, no device); 2 where an op
+    failed."""
     import numpy as np
 
     try:
@@ -436,6 +437,7 @@ def main(argv: list[str]) -> int:
         return 1
     dtype = np.dtype(argv[0]).name
     os.makedirs(cache_dir(), exist_ok=True)
+    failed = False
     for index, op in enumerate(_ops(cp, np, np.dtype(dtype))):
         marker = _marker(cp, index, dtype)
         lock = _claim(marker)
@@ -447,10 +449,10 @@ def main(argv: list[str]) -> int:
             with open(marker, "w"):
                 pass
         except Exception:  # noqa: BLE001 - the other ops still warm; the fit compiles this one's kernels
-            pass
+            failed = True
         finally:
             os.close(lock)
-    return 0
+    return 2 if failed else 0
 
 
 def count(dtype: str = "float32") -> int:
