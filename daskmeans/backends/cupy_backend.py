@@ -33,7 +33,7 @@ from . import bounds, cuda_src, gpu_device, gpu_gemm, gpu_plan, gpu_small, gpu_s
 from .gpu_plan import Prepared
 from .gpu_staging import staged  # noqa: F401  (the host tier's half of the contract)
 from .gpu_plan import uses_tiles  # noqa: F401  (asked by the memory plan)
-from ..errors import DataError
+from ..errors import DataError, InvalidParameterError
 from ..numerics.grid import Grid
 from .protocol import DeviceBudget, Tunables, tunables_in_force
 
@@ -509,7 +509,7 @@ def warm_processes() -> int:
     except (TypeError, ValueError):
         n = 0
     if n < 1 or str(n) != str(how).strip():
-        raise ValueError(f"daskmeans.gpu-warm-processes={how!r} should be auto or a count of at least 1")
+        raise InvalidParameterError(f"daskmeans.gpu-warm-processes={how!r} should be auto or a count of at least 1")
     return n
 
 
