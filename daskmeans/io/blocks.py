@@ -10,15 +10,17 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import dask.array as da
 import numpy as np
 
 from .. import config
 from ..errors import DaskmeansWarning, DataError, DataTypeError, InvalidParameterError
 from ..validation import check_2d_numeric
 from .headers import float_dtype
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def from_memory(a: Any, cb: int | None) -> da.Array:
     name starts ``daskmeans-memory-``, which :mod:`daskmeans.engine.owned` scatters rather than
     sends inside the graph.
     """
+    import dask.array as da
     from dask.base import tokenize
 
     if a.dtype == object:
@@ -375,6 +378,7 @@ def row_blocks(fn: Callable[..., np.ndarray], args: tuple, n: int, d: int, dtype
     -------
     dask.array.Array, shape (n, d)
     """
+    import dask.array as da
     from dask import delayed
 
     blocks = [
@@ -420,6 +424,8 @@ def file_of(x: da.Array) -> str | None:
     """The one file (absolute path) the array ``x`` was read from by
     :func:`daskmeans.io.readers.read`, or None (data in memory, or rows of several files):
     what messages about its rows name."""
+    import dask.array as da
+
     files = files_of(x) if isinstance(x, da.Array) else ()
     return files[0] if len(files) == 1 else None
 

@@ -37,7 +37,6 @@ import sys
 import threading
 from typing import Any, NamedTuple, Sequence
 
-import dask.array as da
 import numpy as np
 
 from .. import config
@@ -116,6 +115,7 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
         without ``columns`` naming it looks like an identifier (:func:`identifier_columns`);
         ``other_columns``: any of the file's columns read as text in the array's chunks.
     """
+    import dask.array as da
     from dask import delayed
 
     if dtype is None:
@@ -1042,6 +1042,7 @@ def read_ahead(argv: list[str]) -> int:
     import mmap
 
     import dask
+    import dask.threaded
 
     from . import csv_ahead
 
@@ -1049,7 +1050,9 @@ def read_ahead(argv: list[str]) -> int:
     csv_ahead.end_with_parent(options["parent"])
     try:
         dtype = np.dtype(options["dtype"])
-        with dask.config.set(scheduler="threads"):  # the counts' tasks here: distributed is not imported
+        # The counts' tasks on threads, the scheduler given as a function: Dask then does not
+        # import distributed to look for a client (half a second of this process's imports).
+        with dask.config.set(scheduler=dask.threaded.get):
             survey = _survey(options["path"], options["chunk_bytes"], dtype, column_list(options["columns"]),
                              column_list(options["drop_columns"]), options["delimiter"])
         rows = CsvRows(survey.spec, survey.pieces, survey.starts)
