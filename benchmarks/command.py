@@ -9,7 +9,9 @@ first run of the command, and is warm once the kernel warm-up processes that run
 ended (they outlive a short command: ``warm_up_after_fill_s`` is how long they went on). The command's own
 ``--timings`` file gives the breakdown: process start and exit (wall minus the command's
 main()), imports, reading, cluster start, placement, data moments, init, iterations (the first
-iteration's excess over the median one is the kernels' compile or load), outputs, close.
+iteration's excess over the median one is the kernels' compile or load), outputs, close; and
+``read_ahead``, whether a CSV file's rows were parsed ahead while the command started
+(``daskmeans.csv-read-ahead``).
 
 Runs (``--problems``, comma-separated), each a problem of :mod:`benchmarks.problems` with its
 data (seed 0) in a file format and the command's options:
@@ -210,7 +212,8 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
         phases["fit iterations"] -= its[0] - med
         phases["first iteration's excess (compile, load)"] = its[0] - med
     return {"wall_s": wall, "phases": phases, "n_iter": t["n_iter"], "median_iteration_s": med,
-            "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"]}
+            "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"],
+            "read_ahead": bool(t.get("read_ahead"))}
 
 
 def gpu_run(item: str | None) -> tuple[int | None, str | None]:
@@ -230,7 +233,7 @@ def _entry(spec: dict, runs: list[dict], cold: dict, sk: list[float]) -> dict:
     entry = {"n": spec["n"], "d": spec["d"], "k": spec["k"], "format": spec["fmt"], "args": spec["args"],
              "wall_s": med["wall_s"], "walls_s": walls, "cold_wall_s": cold["wall_s"],
              "cold_phases": cold["phases"], **{k: med[k] for k in ("phases", "n_iter", "median_iteration_s",
-                                                                    "kernel_s", "backend", "tier")}}
+                                                                    "kernel_s", "backend", "tier", "read_ahead")}}
     if "fit init" in med["phases"]:
         entry["init_iteration_times"] = med["phases"]["fit init"] / med["median_iteration_s"]
     entry["largest_phase_share_besides_iterations"] = max(

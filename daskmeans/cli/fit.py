@@ -107,7 +107,9 @@ class FitProgress(Progress):
 def write_timings(path: str, phase: Phases, main_s: float, km) -> None:
     """The ``--timings`` file: phases in order, the command's seconds from main() on, and the
     iterations' own seconds (the first one's excess over the median is the kernels' compile or
-    load). Written as the other outputs are (atomically, renamed with them)."""
+    load), and the files whose rows were parsed ahead (:mod:`daskmeans.io.csv_ahead`). Written
+    as the other outputs are (atomically, renamed with them)."""
+    from ..io import csv_ahead
     from ..io.paths import atomic_file
 
     hist = km.history_
@@ -116,7 +118,7 @@ def write_timings(path: str, phase: Phases, main_s: float, km) -> None:
         "n_iter": km.n_iter_,
         "iteration_seconds": [h["seconds"] for h in hist],
         "kernel_seconds": [h["kernel_seconds"] for h in hist],
-        "backend": km.backend_, "tier": km.tier_,
+        "backend": km.backend_, "tier": km.tier_, "read_ahead": list(csv_ahead.TAKEN),
     }
     with atomic_file(path, kind="timings") as tmp, open(tmp, "w") as f:
         json.dump(doc, f, indent=1)

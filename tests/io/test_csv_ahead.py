@@ -268,10 +268,11 @@ def test_a_fit_command_gives_the_same_bits_with_and_without_it(tmp_path):
         env = dict(os.environ, DASK_DASKMEANS__CSV_READ_AHEAD=how, DASK_DASKMEANS__LOCAL_CLUSTER="threads")
         r = subprocess.run([sys.executable, "-m", "daskmeans", "fit", str(path), "--k", "5", "--seed", "0",
                             "--drop-columns", "id", "-o", str(out / "m.zarr"), "--labels", str(out / "labels.csv"),
-                            "--keep-columns", "id", "--backend", "cpu", "-v"], env=env, capture_output=True, text=True,
-                           timeout=300)
+                            "--keep-columns", "id", "--backend", "cpu", "-v", "--timings", str(out / "t.json")],
+                           env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert (f"daskmeans: {path} parsed ahead, while the command started" in r.stderr) == (how == "True"), r.stderr
+        assert json.loads((out / "t.json").read_text())["read_ahead"] == ([str(path)] if how == "True" else [])
         g = zarr.open_group(str(out / "m.zarr"), mode="r")
         got[how] = (g["cluster_centers"][...], json.dumps(g.attrs.get("feature_names_in")),
                     (out / "labels.csv").read_text())
