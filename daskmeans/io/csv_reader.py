@@ -125,21 +125,21 @@ def open_csv(path: str, chunk_bytes: int | None, dtype: np.dtype | None = None, 
 
     ahead = csv_ahead.take(csv_ahead.key(path, chunk_bytes, dtype, columns, drop_columns, delimiter))
     survey = None if ahead is None else _Survey.from_json(ahead[0])
-    if survey is not None and ahead[1].shape == (sum(p[3] for p in survey.pieces), len(survey.spec.keep)) \
-            and _unchanged(survey.spec):
+    csv_rows = None if survey is None else survey.rows()
+    if csv_rows is not None and ahead[1].shape == (csv_rows.n, csv_rows.d) and _unchanged(survey.spec):
         # Surveyed and parsed by the command's read-ahead process (read_ahead), from the file
         # as it is now.
-        _AHEAD[survey.spec] = (ahead[1], {p[0]: r for p, r in zip(survey.pieces, survey.starts)})
+        _AHEAD[survey.spec] = (ahead[1], {p[0]: r for p, r in zip(csv_rows.parts, csv_rows.starts)})
     else:
         _start_warming(dtype.name)  # in-process workers parse in this process: it loads while the layout is read
         survey = _survey(path, chunk_bytes, dtype, columns, drop_columns, delimiter)
+        csv_rows = survey.rows()
     spec, names, dtypes, keep = survey.spec, list(survey.names), list(survey.dtypes), list(survey.spec.keep)
     parse = delayed(functools.partial(_csv_block, spec), pure=True)
     arrays = [da.from_delayed(parse(ps), shape=(sum(p[3] for p in ps), len(keep)),
                               dtype=dtype) for ps in survey.blocks]
     # A header and no rows: refused by name in read().
     x = da.concatenate(arrays, axis=0) if arrays else da.zeros((0, len(keep)), dtype=dtype)
-    csv_rows = CsvRows(spec, survey.pieces, survey.starts)
     setattr(x, _CSV_ROWS_ATTRIBUTE, csv_rows)
     found = identifier_columns([names[k] for k in keep], [k for k in keep], [dtypes[k] for k in keep]) \
         if survey.header and columns is None else []
@@ -162,15 +162,12 @@ class _Survey(NamedTuple):
     dtypes: tuple[str, ...]  # every column's in the sample, as pandas types them
     blocks: tuple[tuple[tuple[int, int, int, int], ...], ...]  # each block's pieces (first byte, end, first line, rows)
 
-    @property
-    def pieces(self) -> tuple[tuple[int, int, int, int], ...]:
-        return tuple(p for ps in self.blocks for p in ps)
-
-    @property
-    def starts(self) -> tuple[int, ...]:
-        """The first row of each piece."""
-        rows = [p[3] for p in self.pieces]
-        return tuple(np.concatenate([[0], np.cumsum(rows, dtype=np.int64)[:-1]]).tolist()) if rows else ()
+    def rows(self) -> "CsvRows":
+        """The file's :class:`CsvRows`: its pieces in order, with the first row of each."""
+        pieces = tuple(p for ps in self.blocks for p in ps)
+        counts = [p[3] for p in pieces]
+        starts = tuple(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)[:-1]]).tolist()) if counts else ()
+        return CsvRows(self.spec, pieces, starts)
 
     def to_json(self) -> dict:
         return {"spec": list(self.spec), "header": self.header, "names": list(self.names),
@@ -1055,7 +1052,7 @@ def read_ahead(argv: list[str]) -> int:
         with dask.config.set(scheduler=dask.threaded.get):
             survey = _survey(options["path"], options["chunk_bytes"], dtype, column_list(options["columns"]),
                              column_list(options["drop_columns"]), options["delimiter"])
-        rows = CsvRows(survey.spec, survey.pieces, survey.starts)
+        rows = survey.rows()
         nbytes = rows.n * rows.d * dtype.itemsize
         os.ftruncate(fd, max(nbytes, 1))
         with mmap.mmap(fd, max(nbytes, 1)) as mm:
