@@ -397,7 +397,8 @@ def round_draws_bound(k: int) -> int:
     return int(math.ceil(ell + 6 * math.sqrt(ell) + 6))
 
 
-_OPS_STARTED: set = set()
+_OPS_STARTED: set = set()  # the dtypes whose ops were sent to processes (warm_cupy_ops)
+_OPS_HERE: set = set()  # and those this process compiles too (warm_ops_here)
 
 
 def warm_ahead(dtype: Any = "float32", k: int | None = None, shape: tuple[int, int] | None = None,
@@ -481,29 +482,29 @@ def ahead_rows(shape: tuple[int, int], dtype: Any, n_gpus: int, chunk_bytes: int
 
 
 def _open_device(index: int) -> None:
-    """GPU ``index``'s primary CUDA context made (its first runtime call that needs one)."""
-    import cupy
-
+    """GPU ``index``'s primary CUDA context made (:func:`.gpu_device.open_context`), on a
+    thread of the command while its main thread imports."""
     try:
-        with device_scope(index):
-            cupy.cuda.runtime.deviceSynchronize()
+        gpu_device.open_context(index)
     except Exception:  # the worker's own first call says what is wrong
         pass
 
 
 def warm_processes() -> int:
     """How many processes compile CuPy's kernels ahead (``daskmeans.gpu-warm-processes``: auto
-    is a quarter of this machine's cores, 2 to 8). Each compiles one kernel after another
+    is a quarter of this machine's cores, 2 to 4). Each compiles one kernel after another
     (CuPy's compile is mostly Python, under the interpreter lock), beside the command's and
-    workers' own start, which a process per two cores slowed more than its compiles gained
-    (docs/performance.md, "A first fit")."""
+    workers' own start, which a process per two cores slowed more than its compiles gained;
+    and each makes a CUDA context on the first GPU, which the driver makes more slowly the more
+    are made at once: 8 processes began compiling later than 4 and the command still waited
+    for them (docs/performance.md, "A first fit")."""
     import os
 
     from .. import config
 
     how = config.get("gpu-warm-processes")
     if str(how) == "auto":
-        return max(2, min(8, (os.cpu_count() or 4) // 4))
+        return max(2, min(4, (os.cpu_count() or 4) // 4))
     try:
         n = int(how)
     except (TypeError, ValueError):
@@ -536,6 +537,42 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, dt], stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]
+
+
+def warm_ops_here(dtype: Any) -> "threading.Thread | None":
+    """CuPy's kernels of a fit on ``dtype`` also compiled by a thread of this process, on its
+    first GPU, where its GPU workers are threads of this process: the command calls this once
+    its imports are done, where :func:`warm_ahead` started processes. The thread takes
+    ops from the same list under the same locks as the processes (:func:`.gpu_warm_ops.work`),
+    so it never compiles an op they hold; a kernel it compiles is in this process's memory
+    when the worker launches it. It starts after the imports, whose Python it would slow,
+    and while the processes are still making their CUDA contexts: the fit's init, a second
+    later, found more of its kernels built (docs/performance.md, "A first fit"). Returns the
+    thread, or None where nothing is to be done."""
+    import threading
+
+    from .. import config
+
+    dt = numpy.dtype(dtype).name
+    if dt in _OPS_HERE:
+        return None
+    n = device_count()
+    if n == 0 or not config.gpu_in_process(n):
+        return None
+    _OPS_HERE.add(dt)
+    t = threading.Thread(target=_ops_here, args=(dt,), name="daskmeans-compile-ops", daemon=True)
+    t.start()
+    return t
+
+
+def _ops_here(dtype: str) -> None:
+    from . import gpu_warm_ops
+
+    try:
+        with device_scope(0):
+            gpu_warm_ops.work(dtype)
+    except Exception:  # the fit compiles what it needs, and says what is wrong
+        pass
 
 
 def _run(X, p, sample_weight, prev_labels, labels, d2, want_sums, grid=None):

@@ -422,11 +422,19 @@ def _claim(marker: str) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    """Launch, in order, every op for data of dtype ``argv[0]`` that no marker says is compiled
-    and no other process is compiling, and leave each one's marker once its kernels are built.
-    An op that fails is left without its marker (the fit compiles what it needs) and the others
-    go on. Returns 0; 1 where there is nothing to compile on (no CuPy, no device); 2 where an op
-    failed."""
+    """The process: :func:`work` for data of dtype ``argv[0]``."""
+    return work(argv[0])
+
+
+def work(dtype: str) -> int:
+    """Launch, in order, every op for data of ``dtype`` that no marker says is compiled and no
+    other process or thread is compiling, on the calling thread's GPU, and leave each one's
+    marker once its kernels are built. An op that fails is left without its marker (the fit
+    compiles what it needs) and the others go on. Returns 0; 1 where there is nothing to
+    compile on (no CuPy, no device); 2 where an op failed. Run by this file's processes, and
+    by a thread of a command whose GPU workers are its threads
+    (:func:`.cupy_backend.warm_ops_here`): a lock is held by an open file, so a thread's claim
+    excludes the processes' as theirs exclude each other."""
     import numpy as np
 
     try:
@@ -435,7 +443,7 @@ def main(argv: list[str]) -> int:
         cp.cuda.runtime.getDeviceCount()
     except Exception:  # no CuPy or no device here: nothing to warm
         return 1
-    dtype = np.dtype(argv[0]).name
+    dtype = np.dtype(dtype).name
     os.makedirs(cache_dir(), exist_ok=True)
     failed = False
     for index, op in enumerate(_ops(cp, np, np.dtype(dtype))):

@@ -128,6 +128,7 @@ def run_fit(args: argparse.Namespace) -> int:
     """``daskmeans fit``: exit status 0 once the model (and labels, timings) are in place."""
     t_main = time.perf_counter()
     phase = Phases()
+    warming = None  # the data's dtype, where CuPy's kernels are being compiled ahead
     with phase("imports"):
         if not common.external(args):
             common.read_ahead(args)  # a CSV file parsed in a process of its own meanwhile
@@ -143,8 +144,9 @@ def run_fit(args: argparse.Namespace) -> int:
 
                 seen = peek(args.data, args.dataset)
                 shape, dtype = seen if seen is not None else (None, "float32")
-                warm_ahead(dtype, k=args.k, shape=shape, precision=args.precision, algorithm=args.algorithm,
-                           chunk_bytes=args.chunk_bytes)
+                if warm_ahead(dtype, k=args.k, shape=shape, precision=args.precision, algorithm=args.algorithm,
+                              chunk_bytes=args.chunk_bytes):
+                    warming = dtype
         early = common.starting(args)
         from ..dask_cluster import check_paths_on_workers, describe
         from ..errors import DaskmeansError
@@ -154,6 +156,10 @@ def run_fit(args: argparse.Namespace) -> int:
         from ..io.paths import Outputs
         from ..validation import check_n_clusters
 
+    if warming is not None:  # and by a thread of this process, now that its imports are done
+        from ..backends.cupy_backend import warm_ops_here
+
+        warm_ops_here(warming)
     # Every output is locked from here to the end (another writer is refused) and renamed
     # into place only once all are written: a failure leaves each previous output as it was.
     with Outputs() as outputs:

@@ -1045,6 +1045,10 @@ def read_ahead(argv: list[str]) -> int:
 
     fd, options = int(argv[0]), json.loads(argv[1])
     csv_ahead.end_with_parent(options["parent"])
+    # As in the command's own process (cli.main.command_process): Numba, loading the parser,
+    # would import SciPy's linear algebra only to offer np.linalg in compiled code, which the
+    # parser does not use; it is most of what loading the parser costs here.
+    sys.modules.setdefault("scipy.linalg.cython_blas", None)
     try:
         dtype = np.dtype(options["dtype"])
         # The counts' tasks on threads, the scheduler given as a function: Dask then does not

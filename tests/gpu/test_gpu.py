@@ -930,6 +930,38 @@ def test_warm_compiles_every_kernel_a_fit_launches(monkeypatch, k, d, precision,
     assert cuda_src._CACHE == warmed
 
 
+_OPEN_CONTEXT = """
+import sys, threading
+import cupy
+from daskmeans.backends import gpu_device
+n = cupy.cuda.runtime.getDeviceCount()
+seen = {}
+def opened(i):
+    gpu_device.open_context(i)
+    seen[i] = cupy.cuda.runtime.getDevice()  # the thread's current device: the one opened
+threads = [threading.Thread(target=opened, args=(i,)) for i in range(n)]
+for t in threads: t.start()
+for t in threads: t.join()
+assert seen == {i: i for i in range(n)}, seen
+for i in range(n):
+    with cupy.cuda.Device(i):
+        a = cupy.arange(1000, dtype=cupy.int64)
+        assert int(a.sum()) == 499500 and a.device.id == i
+print("ok", n)
+"""
+
+
+def test_open_context_makes_each_gpus_context_that_cupy_then_uses():
+    """A new process (no context yet) opens every GPU from threads of its own, through the
+    driver: each thread is left on its GPU, and CuPy allocates and launches on every one."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _OPEN_CONTEXT], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("ok ")
+
+
 def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
     """gpu_staging.empty_pinned: host arrays of the asked shape and dtype in page-locked memory
     (CUDA reports them as host memory it registered), empty ones included."""

@@ -194,6 +194,24 @@ def test_files_it_cannot_help_are_not_read_ahead(tmp_path, monkeypatch):
     assert csv_ahead._STARTED == {}
 
 
+def test_the_read_ahead_process_leaves_scipys_linear_algebra_unloaded(tmp_path):
+    """Numba loading the parser would import SciPy's BLAS (and ``scipy.linalg``) only to offer
+    ``np.linalg`` in compiled code: the read-ahead process keeps it out, as the command's own
+    process does (its cost is on the command's path)."""
+    import json
+
+    path = write(tmp_path / "x.csv", data(200))
+    options = {"path": path, "chunk_bytes": None, "dtype": "float32", "columns": None, "drop_columns": None,
+               "delimiter": None, "parent": os.getpid()}
+    code = ("import json, os, sys; from daskmeans.io import csv_reader; fd = os.memfd_create('t'); "
+            "rc = csv_reader.read_ahead([str(fd), sys.argv[1]]); "
+            "print(); print(rc, 'scipy.linalg' in sys.modules, 'numba' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(options)], capture_output=True, text=True, timeout=120)
+    survey, last = p.stdout.rstrip("\n").rsplit("\n", 1)
+    assert json.loads(survey)["rows"] == 200, p.stderr
+    assert last == "0 False True", p.stderr
+
+
 def test_the_read_ahead_process_ends_with_the_command(tmp_path):
     """A command that ends before it reads the file leaves no read-ahead running: its process
     gets the parent-death signal. The "file" is a FIFO that this test holds open for writing

@@ -119,3 +119,44 @@ def test_the_command_passes_the_datas_header(tmp_path, monkeypatch):
                  "-o", str(tmp_path / "m.zarr"), "-q"]) == 0
     assert seen == [((np.dtype(np.float64),), {"k": 3, "shape": (300, 3), "precision": "tf32",
                                                  "algorithm": "lloyd", "chunk_bytes": "4KiB"})]
+
+
+def test_the_ops_are_compiled_here_once_by_a_thread_on_the_first_gpu(gpus, monkeypatch):
+    """``warm_ops_here``: a thread of this process runs the op list (gpu_warm_ops.work) on the
+    first GPU, once per dtype, where the GPU workers are threads of this process; nothing where
+    they are processes of their own or no GPU is visible."""
+    from daskmeans.backends import gpu_warm_ops
+
+    ran, scopes = [], []
+    monkeypatch.setattr(gpu_warm_ops, "work", lambda dtype: ran.append(dtype) or 0)
+    monkeypatch.setattr(cupy_backend, "device_scope", lambda i: scopes.append(i) or __import__("contextlib").nullcontext())
+    monkeypatch.setattr(cupy_backend, "_OPS_HERE", set())
+    t = cupy_backend.warm_ops_here(np.float32)
+    t.join()
+    assert t.name == "daskmeans-compile-ops" and ran == ["float32"] and scopes == [0]
+    assert cupy_backend.warm_ops_here("float32") is None  # once
+    monkeypatch.setattr(config, "gpu_in_process", lambda n: False)
+    assert cupy_backend.warm_ops_here("float64") is None
+    monkeypatch.setattr(config, "gpu_in_process", lambda n: True)
+    monkeypatch.setattr(cupy_backend, "device_count", lambda: 0)
+    assert cupy_backend.warm_ops_here("float64") is None
+    assert ran == ["float32"]
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_the_command_compiles_ops_here_after_its_imports_where_processes_were_started(tmp_path, monkeypatch,
+                                                                                       started):
+    """``daskmeans fit`` starts the thread (warm_ops_here, with the data's dtype) after its
+    imports, and only where warm_ahead started processes (an empty kernel cache)."""
+    import sys
+
+    from daskmeans.cli import main
+
+    calls = []
+    monkeypatch.setattr(cupy_backend, "warm_ahead", lambda *a, **kw: ["a process"] if started else [])
+    monkeypatch.setattr(cupy_backend, "warm_ops_here",
+                        lambda dtype: calls.append((dtype, "daskmeans.estimator" in sys.modules)))
+    path = str(tmp_path / "x.npy")
+    np.save(path, np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32))
+    assert main(["fit", path, "--k", "3", "--max-iter", "2", "-o", str(tmp_path / "m.zarr"), "-q"]) == 0
+    assert calls == ([(np.dtype(np.float32), True)] if started else [])

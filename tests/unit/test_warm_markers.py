@@ -80,6 +80,26 @@ def test_an_op_is_claimed_once_until_its_process_ends(tmp_path):
     assert gpu_warm_ops._claim(marker) is None  # compiled
 
 
+def test_a_threads_claim_excludes_a_process_and_the_process_goes_on(tmp_path):
+    """A command's thread (``work``, as ``cupy_backend.warm_ops_here`` runs it) and the
+    processes share the ops: an op a thread of this process holds is skipped by a process,
+    which takes the next one; once the thread leaves the op's marker, nobody claims it."""
+    import subprocess
+    import sys
+
+    first, second = str(tmp_path / "daskmeans-warm-op0"), str(tmp_path / "daskmeans-warm-op1")
+    claim = ("import sys; from daskmeans.backends import gpu_warm_ops; "
+             "print([gpu_warm_ops._claim(m) is not None for m in sys.argv[1:]])")
+    lock = gpu_warm_ops._claim(first)
+    assert lock is not None
+    p = subprocess.run([sys.executable, "-c", claim, first, second], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "[False, True]", p.stderr  # op0 held here, op1 free (released at its exit)
+    open(first, "w").close()
+    os.close(lock)
+    p = subprocess.run([sys.executable, "-c", claim, first], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "[False]", p.stderr  # compiled
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_op_runs_with_numpy_for_cupy(dtype):
     """Each op of the warm-up's list runs to the end with NumPy standing in for CuPy (the same
@@ -98,7 +118,7 @@ def test_every_op_runs_with_numpy_for_cupy(dtype):
 
 
 def test_the_setting_counts_the_processes(cache, monkeypatch):
-    """``daskmeans.gpu-warm-processes``: auto is a quarter of the cores, 2 to 8; a count is
+    """``daskmeans.gpu-warm-processes``: auto is a quarter of the cores, 2 to 4; a count is
     that many (no more than the ops); anything else is refused by value."""
     import subprocess
 
@@ -108,7 +128,7 @@ def test_the_setting_counts_the_processes(cache, monkeypatch):
 
     started = []
     monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: started.append(argv) or argv)
-    for cores, want in [(2, 2), (16, 4), (64, 8)]:
+    for cores, want in [(2, 2), (8, 2), (12, 3), (16, 4), (64, 4)]:
         monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
         assert cupy_backend.warm_processes() == want
     with dask.config.set({"daskmeans.gpu-warm-processes": 3}):
