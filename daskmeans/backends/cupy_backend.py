@@ -439,12 +439,16 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
     thread (the plan's first question to a GPU's worker would otherwise make it, on the
     command's path); nothing where there is no device or the workers will be processes of their
     own (a context here would hold device memory that the worker on the same device then
-    lacks)."""
+    lacks). The driver's initialisation and the first GPU's context are made first, without
+    the interpreter lock (:func:`.gpu_device.open_context`): the warm-up processes started just
+    before make theirs at the same time, which makes each slower, and CuPy's calls would hold
+    the lock that the command's imports need meanwhile."""
     import threading
 
     from .. import config
 
     try:
+        gpu_device.driver()
         n = device_count()
         if n == 0 or not config.gpu_in_process(n):  # a driver but no GPU visible here: no fit on one
             return
@@ -452,6 +456,7 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
                   for i in range(1, n)]
         for t in others:
             t.start()
+        _open_device(0)
         if k is not None and shape is not None and 0 < k <= shape[0]:  # else the fit is refused first
             with device_scope(0):
                 warm(k, shape[1], dtype, precision, ahead_rows(shape, dtype, n, chunk_bytes), algorithm=algorithm)

@@ -33,28 +33,41 @@ def current_device() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def driver() -> Any:
+    """The CUDA driver's library through ``ctypes``, initialised (``cuInit``), or None where it
+    cannot be loaded or refuses. Its calls release the interpreter lock, where CuPy's calls
+    that first initialise the driver or make a context hold it: a command's thread makes them
+    here while its main thread imports (:func:`open_context`)."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return cu if cu.cuInit(0) == 0 else None
+
+
 def open_context(index: int) -> None:
     """Make GPU ``index``'s primary CUDA context from the calling thread without holding the
     interpreter lock, so that other threads' Python runs meanwhile.
 
     Since CUDA 12 ``cudaSetDevice`` makes the context, and CuPy calls it holding the lock: the
-    command's imports on its main thread stopped for as long (performance.md, "A first fit"). Here the driver makes it (``cuDevicePrimaryCtxRetain``,
-    the context the runtime uses, through ``ctypes``, which releases the lock) and makes it
-    current on this thread; the runtime's own first call on it (a synchronisation, which CuPy
-    makes without the lock) then sets up the runtime's side, so that a later ``cudaSetDevice``
-    only selects it. The retained context is never released: the runtime holds it for the
-    process's life anyway. Where the driver's library cannot be loaded or refuses, the context
-    is made through CuPy as usual; its errors are raised, as the worker's first call would."""
+    command's imports on its main thread stopped for as long (performance.md, "The
+    multi-GPU command's fixed costs"). Here the driver makes it (``cuDevicePrimaryCtxRetain``,
+    the context the runtime uses; :func:`driver`) and makes it current on this thread; the
+    runtime's own first call on it (a synchronisation, which CuPy makes without the lock)
+    then sets up the runtime's side, so that a later ``cudaSetDevice`` only selects it. The
+    retained context is never released: the runtime holds it for the process's life anyway.
+    Where the driver's library cannot be loaded or refuses, the context is made through CuPy
+    as usual; its errors are raised, as the worker's first call would."""
     import ctypes
 
     import cupy
 
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        cu = None
+    cu = driver()
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    if (cu is not None and cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), int(index)) == 0
+    if (cu is not None and cu.cuDeviceGet(ctypes.byref(dev), int(index)) == 0
             and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0):
         cupy.cuda.runtime.deviceSynchronize()
         return
