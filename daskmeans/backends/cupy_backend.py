@@ -445,12 +445,10 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
     the lock that the command's imports need meanwhile."""
     import threading
 
-    from .. import config
-
     try:
         gpu_device.driver()
-        n = device_count()
-        if n == 0 or not config.gpu_in_process(n):  # a driver but no GPU visible here: no fit on one
+        n = _gpus_in_process()
+        if n == 0:
             return
         others = [threading.Thread(target=_open_device, args=(i,), name=f"daskmeans-open-gpu-{i}", daemon=True)
                   for i in range(1, n)]
@@ -467,6 +465,16 @@ def _modules_ahead(dtype: Any, k: int | None, shape: tuple[int, int] | None = No
         cuda_src.compile_concurrently(*calls, device=0)
     except Exception:  # raised again where the kernel is needed
         pass
+
+
+def _gpus_in_process() -> int:
+    """The GPUs visible here, where the local cluster's GPU workers will be threads of this
+    process (:func:`daskmeans.config.gpu_in_process`); 0 where none is visible (a driver but
+    no GPU: no fit on one) or the workers will be processes of their own."""
+    from .. import config
+
+    n = device_count()
+    return n if n > 0 and config.gpu_in_process(n) else 0
 
 
 def ahead_rows(shape: tuple[int, int], dtype: Any, n_gpus: int, chunk_bytes: int | str | None = None) -> int:
@@ -556,13 +564,8 @@ def warm_ops_here(dtype: Any) -> "threading.Thread | None":
     thread, or None where nothing is to be done."""
     import threading
 
-    from .. import config
-
     dt = numpy.dtype(dtype).name
-    if dt in _OPS_HERE:
-        return None
-    n = device_count()
-    if n == 0 or not config.gpu_in_process(n):
+    if dt in _OPS_HERE or _gpus_in_process() == 0:
         return None
     _OPS_HERE.add(dt)
     t = threading.Thread(target=_ops_here, args=(dt,), name="daskmeans-compile-ops", daemon=True)
