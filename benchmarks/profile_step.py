@@ -121,7 +121,7 @@ def profile(problem: problems.Problem, precision: str, tile: str) -> None:
             dp = p.fused[0].shape[1]
             src = cuda_src.fused_source(X.dtype, dp, gpu_plan.FUSED_STAGES, gpu_plan.fused_columns(dp),
                                         gpu_plan.FUSED_WARPS, fold_min=True)
-            mod = cupy.RawModule(code=src, options=cuda_src.OPTIONS)
+            mod = cupy.RawModule(code=src, options=cuda_src.fused_options())
             variant = {f: mod.get_function(f) for f in cuda_src.FUSED_KERNELS}
             r["fused_main_fold_min_ms"] = meta.event_ms(
                 gpu_gemm.fused_calls(X, p, scales, False, labels=lab, kernels=variant)[0], reps=10, warm=3)

@@ -103,6 +103,12 @@ SOURCES = (SMALL_SRC, PREP_SRC, SELECT_ROWS_SRC, SELECT_COLS_SRC, SUMS_SRC, FIT_
 
 
 OPTIONS = ("--std=c++17",)  # NVRTC's options for every module (part of CuPy's cache key)
+# The fused module's four kernels optimised and code-generated on threads of their own: its
+# compile, the longest of a first fit's at wide K, then ends sooner (docs/performance.md, "A
+# first fit"). Labels and sums are the same bits whatever the code generation (every label
+# certified, every sum exact). Older NVRTCs refuse the option: SPLIT_COMPILE_NVRTC on.
+SPLIT_COMPILE = ("--split-compile=0",)
+SPLIT_COMPILE_NVRTC = (12, 1)
 
 _CACHE: dict = {}
 _PENDING: dict = {}  # key -> Future of a compile in flight (another thread waits for it)
@@ -139,18 +145,27 @@ def small_source(dtype: Any, lanes: int, dpl: int, kacc: int, tred: bool, thread
             f"#define CREG {int(creg)}\n#define DFULL {int(bool(dfull))}\n" + SMALL_SRC)
 
 
-def _functions(key: tuple, src: str, names: tuple[str, ...]) -> dict[str, Any]:
+def _functions(key: tuple, src: str, names: tuple[str, ...], split: bool = False) -> dict[str, Any]:
     """The kernels ``names`` of the module compiled from ``src``, by name, once per process
     (CuPy also caches the binary on disk); the same objects every call, as the launch code keys
-    its occupancy cache by them."""
+    its occupancy cache by them. ``split``: with :func:`fused_options` (a module of several
+    large kernels), else :data:`OPTIONS`."""
 
     def build() -> dict[str, Any]:
         import cupy
 
-        mod = cupy.RawModule(code=src, options=OPTIONS)
+        mod = cupy.RawModule(code=src, options=fused_options() if split else OPTIONS)
         return {f: mod.get_function(f) for f in names}
 
     return _once(key, build)
+
+
+def fused_options() -> tuple[str, ...]:
+    """NVRTC's options for the fused module: :data:`OPTIONS`, and :data:`SPLIT_COMPILE` where
+    this NVRTC takes it (:data:`SPLIT_COMPILE_NVRTC` on)."""
+    from cupy.cuda import nvrtc
+
+    return OPTIONS + (SPLIT_COMPILE if tuple(nvrtc.getVersion()) >= SPLIT_COMPILE_NVRTC else ())
 
 
 def _once(key: tuple, build: Any) -> Any:
@@ -317,7 +332,7 @@ def fused_kernels(dtype: Any, dp: int, stages: int, columns: int, warps: tuple[i
     modules a GEMM-regime pass needs besides (the sums, the fit module)."""
     key = ("fused", _ctype(dtype), int(dp), int(stages), int(columns), tuple(warps), bool(vote))
     src = fused_source(dtype, dp, stages, columns, warps, vote=vote)
-    return _first(key, lambda: _functions(key, src, FUSED_KERNELS), *_gemm_pass(dtype)[1:])
+    return _first(key, lambda: _functions(key, src, FUSED_KERNELS, split=True), *_gemm_pass(dtype)[1:])
 
 
 FIT_KERNELS = ("update_centroids", "sum_parts", "label_counts", "col_pass_f32", "col_pass_f64", "col_reduce",

@@ -318,8 +318,9 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
 
     def sized(f):
         # Both sizes in one op, so in one process: they share every elementwise kernel, which
-        # two processes would each compile.
-        return lambda: (f(SMALL), f(LARGE))
+        # two processes would each compile. The large first: a fit's blocks are large, and its
+        # worker, reaching an op still in flight, compiles what it needs itself.
+        return lambda: (f(LARGE), f(SMALL))
 
     # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
     # recluster, the iterations; then the other inits'): each process claims the next op no

@@ -962,6 +962,25 @@ def test_open_context_makes_each_gpus_context_that_cupy_then_uses():
     assert p.stdout.startswith("ok ")
 
 
+def test_the_fused_module_as_built_neither_spills_nor_outgrows_two_blocks_a_sm():
+    """The fused kernels as the package builds them (NVRTC's split compile, which this host's
+    NVRTC takes): no kernel uses local memory (a spill), and ``fused_select`` keeps two blocks
+    of WM x WN warps within an SM's 64K registers, at the narrowest, a middle and the widest
+    D' and with the fold by the warp's vote: what ``test_cuda_compile`` holds nvcc's build to."""
+    from daskmeans.backends import cuda_src
+    from daskmeans.backends import gpu_plan as plan
+
+    assert set(cuda_src.SPLIT_COMPILE) <= set(cuda_src.fused_options())
+    wm, wn = plan.FUSED_WARPS
+    for dp in (plan.fused_dp(1), 128, plan.FUSED_MAX_DP):
+        for vote in (False, True):
+            ks = cuda_src.fused_kernels("float32", dp, plan.FUSED_STAGES, plan.fused_columns(dp), plan.FUSED_WARPS,
+                                        vote=vote)
+            assert {name: k.local_size_bytes for name, k in ks.items()} == dict.fromkeys(cuda_src.FUSED_KERNELS, 0)
+            regs = ks["fused_select"].num_regs
+            assert 2 * regs * 32 * wm * wn <= 65536, (dp, vote, regs)
+
+
 def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
     """gpu_staging.empty_pinned: host arrays of the asked shape and dtype in page-locked memory
     (CUDA reports them as host memory it registered), empty ones included."""

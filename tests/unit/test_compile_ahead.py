@@ -163,3 +163,23 @@ def test_the_command_compiles_ops_here_after_its_imports_where_processes_were_st
     np.save(path, np.random.default_rng(0).standard_normal((300, 3)).astype(np.float32))
     assert main(["fit", path, "--k", "3", "--max-iter", "2", "-o", str(tmp_path / "m.zarr"), "-q"]) == 0
     assert calls == ([(np.dtype(np.float32), True)] if started else [])
+
+
+@pytest.mark.parametrize("version, split", [((13, 0), True), ((12, 1), True), ((12, 0), False), ((11, 8), False)])
+def test_the_fused_module_compiles_split_where_nvrtc_takes_the_option(monkeypatch, version, split):
+    """The fused module's options: every module's, and NVRTC's split compile from CUDA 12.1 on
+    (an older NVRTC refuses the option, and the module would not compile at all); the other
+    modules' options stay as they are (CuPy's cache keys them)."""
+    import sys
+    import types
+
+    from daskmeans.backends import cuda_src
+
+    nvrtc = types.SimpleNamespace(getVersion=lambda: version)
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.nvrtc = nvrtc
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    want = ("--std=c++17", "--split-compile=0") if split else ("--std=c++17",)
+    assert cuda_src.fused_options() == want
+    assert cuda_src.OPTIONS == ("--std=c++17",)
