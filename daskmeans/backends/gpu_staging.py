@@ -10,7 +10,8 @@ a copy stream of each thread's own (:func:`copy_in`), overlapping the threads' n
 Placement of an in-memory chunk in the device tier (:func:`upload`): a chunk in ordinary (pageable) host memory goes
 through a few page-locked buffers filled by threads, each buffer's copy to the device
 overlapping the filling of the others: faster than CuPy's copy of pageable memory, above all
-a process's first (docs/performance.md, "placement").
+a process's first (docs/performance.md, "placement"); an array already in page-locked memory
+(the Dask collective's sums between hosts) is copied as it is.
 """
 
 from __future__ import annotations
@@ -101,6 +102,20 @@ class _Uploader:
                 f.result()
 
 
+def page_locked(a: numpy.ndarray) -> bool:
+    """Whether host array ``a``'s memory is page-locked (CUDA's host memory: allocated or
+    registered through CUDA, :func:`empty_pinned`), so that the device copies it as it is.
+    CuPy's own copy of a host array first copies it into page-locked memory of its pool; and
+    a copy from pageable memory goes through the driver's buffers."""
+    import cupy
+
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(a.ctypes.data)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+    return attrs.type == cupy.cuda.runtime.memoryTypeHost
+
+
 _UPLOADERS: dict[int, _Uploader] = {}
 _UPLOADERS_LOCK = threading.Lock()
 
@@ -108,10 +123,17 @@ _UPLOADERS_LOCK = threading.Lock()
 def upload(a: numpy.ndarray) -> Any:
     """A C-contiguous device copy of host array ``a`` (on the current device), through
     page-locked buffers filled by threads; arrays under :data:`UPLOAD_MIN_BYTES` are copied
-    directly."""
+    directly, and so are arrays already in page-locked memory (:func:`page_locked`), at the
+    link's speed with no host copy."""
     import cupy
 
     a = numpy.ascontiguousarray(a)
+    if a.nbytes and page_locked(a):
+        out = cupy.empty(a.shape, a.dtype)
+        stream = cupy.cuda.get_current_stream()  # after the work that may still use the memory
+        out.set(a, stream=stream)
+        stream.synchronize()  # the caller may write ``a`` again at once
+        return out
     if a.nbytes < UPLOAD_MIN_BYTES:
         return cupy.asarray(a)
     dev = cupy.cuda.Device().id

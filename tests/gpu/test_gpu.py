@@ -999,6 +999,31 @@ def test_empty_pinned_gives_page_locked_host_arrays_of_any_shape():
         np.testing.assert_array_equal(cupy.asnumpy(g), np.full(want, 7, dtype))
 
 
+def test_upload_copies_page_locked_arrays_as_they_are_and_pageable_ones_through_its_lanes(monkeypatch):
+    """gpu_staging.upload: a page-locked host array of any size (page_locked says so) goes to
+    the device by one copy, never through the uploader's lanes; a pageable one is not
+    page-locked and goes through them above UPLOAD_MIN_BYTES; both arrive exactly."""
+    import cupy
+
+    from daskmeans.backends import gpu_staging
+
+    big = gpu_staging.UPLOAD_MIN_BYTES // 8 + 3
+    pinned = gpu_staging.empty_pinned(big, np.int64)
+    pinned[...] = np.arange(big) * 7 - 5
+    pageable = pinned.copy()
+    assert gpu_staging.page_locked(pinned) and gpu_staging.page_locked(pinned[5:])
+    assert not gpu_staging.page_locked(pageable)
+    lanes = []
+    real = gpu_staging._Uploader.copy
+    monkeypatch.setattr(gpu_staging._Uploader, "copy",
+                        lambda self, src, dst: (lanes.append(src.size), real(self, src, dst)))
+    np.testing.assert_array_equal(cupy.asnumpy(gpu_staging.upload(pinned)), pinned)
+    np.testing.assert_array_equal(cupy.asnumpy(gpu_staging.upload(pinned[:10].reshape(2, 5))), pinned[:10].reshape(2, 5))
+    assert lanes == []
+    np.testing.assert_array_equal(cupy.asnumpy(gpu_staging.upload(pageable)), pageable)
+    assert lanes == [pageable.nbytes]
+
+
 def test_page_lock_a_shared_mapping_and_add_it_on_the_device():
     """page_lock registers a shared-memory mapping with CUDA (it reads as host memory CUDA
     knows) and its unlock releases it; add_host adds a host int64 array, locked or not, to a

@@ -102,7 +102,8 @@ def test_nccl_is_chosen_between_gpu_workers():
 def _cupy_allreduce(rank, spec, n, calls=1):
     """``calls`` all-reduces of this rank's buffers (CuPy arrays, different each call, the
     next one queued before the last one's sum is read): the sums on the host, whether they
-    went through shared memory, and whether every segment was page-locked."""
+    went through shared memory, whether every segment was page-locked, and whether the host
+    sum of the comms' path is (None where that path was not taken)."""
     import cupy
     from distributed import get_worker
 
@@ -118,14 +119,17 @@ def _cupy_allreduce(rank, spec, n, calls=1):
     locked = bool(c._shm) and all(
         cupy.cuda.runtime.pointerGetAttributes(seg.array.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost
         for seg in c._shm[1] + [s for ss in c._shm[2].values() for s in ss])
-    return [cupy.asnumpy(o) for o in outs], bool(c._shm), locked
+    host_sum = None if c._sum is None else (
+        cupy.cuda.runtime.pointerGetAttributes(c._sum.ctypes.data).type == cupy.cuda.runtime.memoryTypeHost)
+    return [cupy.asnumpy(o) for o in outs], bool(c._shm), locked, host_sum
 
 
 def test_dask_collective_sums_cupy_buffers_through_shared_memory_and_the_comms():
     """Two worker processes on one host: 2 MB CuPy buffers go through shared memory (where
     /dev/shm has room), page-locked and summed on the device, five calls in a row (each
     segment written again while the peers' copies of the last call may be queued);
-    1,000 values go through the comms; every sum is exact."""
+    1,000 values go through the comms, their sum in page-locked host memory on its way back
+    to the device; every sum is exact."""
     from distributed import Client
 
     from daskmeans.engine import collective as coll
@@ -140,13 +144,14 @@ def test_dask_collective_sums_cupy_buffers_through_shared_memory_and_the_comms()
             outs = c.gather([c.submit(_cupy_allreduce, r, spec, n, calls, workers=[w], pure=False)
                              for r, w in enumerate(ws)])
             c.run(coll.release, spec.fit_id)
-            for sums, shared, locked in outs:
+            for sums, shared, locked, host_sum in outs:
                 for call, out in enumerate(sums):
                     want = sum(np.random.default_rng([r, n, call]).integers(-(2**60), 2**60, n, dtype=np.int64)
                                for r in range(2))
                     np.testing.assert_array_equal(out, want)
                 assert shared == (n == 2**18 and shm.room_for(2 * 8 * n))
                 assert locked == shared
+                assert host_sum is (None if shared else True)
 
 
 def _nccl_queued(rank, spec, n):
