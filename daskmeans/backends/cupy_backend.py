@@ -397,6 +397,25 @@ def round_draws_bound(k: int) -> int:
     return int(math.ceil(ell + 6 * math.sqrt(ell) + 6))
 
 
+# CuPy's switch of NVRTC's precompiled headers (CuPy 14.1 and later, NVRTC 12.8 and later):
+# every compile then parses CuPy's headers once per process rather than once per kernel, and
+# a first fit compiles dozens of CuPy's kernels, each mostly that parse (docs/performance.md,
+# "A first fit"). Not part of CuPy's cache key: a cache filled either way serves both.
+PCH_ENV = "CUPY_NVRTC_USE_PCH"
+
+
+def nvrtc_pch(env: dict | None = None) -> dict:
+    """``env`` (default: this process's environment) with :data:`PCH_ENV` on, unless it is set
+    already (``CUPY_NVRTC_USE_PCH=0`` keeps it off). CuPy reads it once, when its compiler
+    module is imported: the command sets it before importing CuPy, and the warm-up processes
+    get it in their environment."""
+    import os
+
+    env = os.environ if env is None else env
+    env.setdefault(PCH_ENV, "1")
+    return env
+
+
 _OPS_STARTED: set = set()  # the dtypes whose ops were sent to processes (warm_cupy_ops)
 _OPS_HERE: set = set()  # and those this process compiles too (warm_ops_here)
 
@@ -424,6 +443,7 @@ def warm_ahead(dtype: Any = "float32", k: int | None = None, shape: tuple[int, i
 
     if not os.path.exists("/dev/nvidiactl") or importlib.util.find_spec("cupy") is None:
         return []
+    nvrtc_pch()  # before this process imports CuPy; its GPU worker processes inherit it
     procs = warm_cupy_ops(dtype)
     fit_shape = shape if procs else None
     threading.Thread(target=_modules_ahead, args=(dtype, k, fit_shape, precision, algorithm, chunk_bytes),
@@ -535,6 +555,7 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     marker in the cache when it is compiled; none is started where every op's marker is there.
     Returns the processes started (nothing waits for them). Needs no CuPy in this process: the
     command calls it before its own imports."""
+    import os
     import subprocess
     import sys
 
@@ -547,8 +568,9 @@ def warm_cupy_ops(dtype: Any, processes: int | None = None) -> list:
     if gpu_warm_ops.compiled(dt):
         return []
     n = min(processes or warm_processes(), gpu_warm_ops.count(dt))
+    env = nvrtc_pch(dict(os.environ))
     return [subprocess.Popen([sys.executable, gpu_warm_ops.__file__, dt], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
             for _ in range(n)]
 
 

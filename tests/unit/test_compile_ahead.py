@@ -98,6 +98,8 @@ def test_the_fits_modules_ahead_only_on_an_empty_kernel_cache(monkeypatch, cold)
     import os
 
     seen = []
+    monkeypatch.setenv("CUPY_NVRTC_USE_PCH", "")  # then absent, and absent again afterwards
+    monkeypatch.delenv("CUPY_NVRTC_USE_PCH")
     exists, find = os.path.exists, importlib.util.find_spec
     monkeypatch.setattr(os.path, "exists", lambda p: True if p == "/dev/nvidiactl" else exists(p))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else find(name, *a))
@@ -107,6 +109,8 @@ def test_the_fits_modules_ahead_only_on_an_empty_kernel_cache(monkeypatch, cold)
     _wait_for_threads("daskmeans-compile-ahead")
     assert procs == (["a process"] if cold else [])
     assert seen == [(np.dtype(np.float32), 64, (1000, 8) if cold else None, "tf32", "lloyd", None)]
+    # NVRTC's precompiled headers on in this process's environment, before it imports CuPy.
+    assert os.environ["CUPY_NVRTC_USE_PCH"] == "1"
 
 
 def test_the_command_passes_the_datas_header(tmp_path, monkeypatch):

@@ -143,3 +143,27 @@ def test_the_setting_counts_the_processes(cache, monkeypatch):
         with dask.config.set({"daskmeans.gpu-warm-processes": bad}):
             with pytest.raises(ValueError, match=rf"daskmeans.gpu-warm-processes={bad!r} should be auto or a count"):
                 cupy_backend.warm_processes()
+
+
+def test_the_warm_up_processes_parse_cupys_headers_once(cache, monkeypatch):
+    """The processes compile with NVRTC's precompiled headers (``CUPY_NVRTC_USE_PCH=1`` in
+    their environment) unless the environment sets the switch (``0`` keeps it off); this
+    process's own environment is left as it is; ``nvrtc_pch`` sets a default, never a value."""
+    import subprocess
+
+    from daskmeans.backends import cupy_backend
+
+    envs = []
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: envs.append(kw["env"]) or argv)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "CUPY_NVRTC_USE_PCH"})
+    monkeypatch.setattr(cupy_backend, "_OPS_STARTED", set())
+    assert len(cupy_backend.warm_cupy_ops("float32", processes=2)) == 2
+    assert [e["CUPY_NVRTC_USE_PCH"] for e in envs] == ["1", "1"]
+    assert envs[0]["CUPY_CACHE_DIR"] == str(cache) and "CUPY_NVRTC_USE_PCH" not in os.environ
+    os.environ["CUPY_NVRTC_USE_PCH"] = "0"
+    envs.clear()
+    monkeypatch.setattr(cupy_backend, "_OPS_STARTED", set())
+    cupy_backend.warm_cupy_ops("float32", processes=1)
+    assert [e["CUPY_NVRTC_USE_PCH"] for e in envs] == ["0"]
+    assert cupy_backend.nvrtc_pch() is os.environ and os.environ["CUPY_NVRTC_USE_PCH"] == "0"
+    assert cupy_backend.nvrtc_pch({}) == {"CUPY_NVRTC_USE_PCH": "1"}
