@@ -104,9 +104,9 @@ class _Uploader:
 
 def page_locked(a: numpy.ndarray) -> bool:
     """Whether host array ``a``'s memory is page-locked (CUDA's host memory: allocated or
-    registered through CUDA, :func:`empty_pinned`), so that the device copies it as it is.
-    CuPy's own copy of a host array first copies it into page-locked memory of its pool; and
-    a copy from pageable memory goes through the driver's buffers."""
+    registered through CUDA, :func:`empty_pinned`), so that the device copies it as it is; a
+    copy from pageable memory goes through page-locked buffers first (CuPy's pool's, or the
+    driver's), one host copy more."""
     import cupy
 
     try:
