@@ -104,9 +104,9 @@ class _Uploader:
 
 def page_locked(a: numpy.ndarray) -> bool:
     """Whether host array ``a``'s memory is page-locked (CUDA's host memory: allocated or
-    registered through CUDA, :func:`empty_pinned`), so that the device copies it as it is; a
-    copy from pageable memory goes through page-locked buffers first (CuPy's pool's, or the
-    driver's), one host copy more."""
+    registered through CUDA, :func:`empty_pinned`), which CuPy's copy to the device takes as
+    it is; from pageable memory it copies through page-locked memory of its pool first, one
+    host copy more, and :func:`upload` through its lanes above :data:`UPLOAD_MIN_BYTES`."""
     import cupy
 
     try:
@@ -129,11 +129,9 @@ def upload(a: numpy.ndarray) -> Any:
 
     a = numpy.ascontiguousarray(a)
     if a.nbytes and page_locked(a):
-        out = cupy.empty(a.shape, a.dtype)
-        stream = cupy.cuda.get_current_stream()  # after the work that may still use the memory
-        out.set(a, stream=stream)
-        stream.synchronize()  # the caller may write ``a`` again at once
-        return out
+        # CuPy's own copy takes page-locked memory as it is; waited for, as the caller may
+        # write ``a`` again at once.
+        return cupy.asarray(a, blocking=True)
     if a.nbytes < UPLOAD_MIN_BYTES:
         return cupy.asarray(a)
     dev = cupy.cuda.Device().id
