@@ -37,7 +37,31 @@ def client1(client):
         yield c
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run every N-th collected test from the I-th (0-based): N processes that each take one "
+                          "shard run a set together (.ci/gpu)")
+
+
+def _shard(config, items) -> None:
+    """Keep shard ``I/N`` of ``items`` (``--shard``): every N-th from the I-th, in collection
+    order, so that each shard gets a share of every module's slow tests."""
+    how = config.getoption("--shard")
+    if how is None:
+        return
+    try:
+        i, n = (int(x) for x in how.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard={how!r} should be I/N with 0 <= I < N") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard={how!r} should be I/N with 0 <= I < N")
+    keep = [item for j, item in enumerate(items) if j % n == i]
+    config.hook.pytest_deselected(items=[item for j, item in enumerate(items) if j % n != i])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or gpu_available():
         return
