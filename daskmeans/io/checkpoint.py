@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..params import fingerprint_values
-from .model_store import checksum, history_problem, jsonable, open_group, write_group
+from .model_store import checksum, history_problem, jsonable, open_group, write_signed
 from .paths import FORMATS, atomic_dir
 
 CHECKPOINT_FORMAT = FORMATS["checkpoint"]
@@ -56,9 +56,8 @@ def write_checkpoint(path: str, iteration: int, centroids: np.ndarray, prev: np.
         "format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION, "iteration": int(iteration),
         "history": history, "fingerprint": fingerprint,
     })
-    attrs["checksum"] = checksum(attrs, arrays)
     with atomic_dir(path, kind="checkpoint") as tmp:
-        write_group(tmp, arrays, attrs)
+        write_signed(tmp, arrays, attrs)
 
 
 def read_checkpoint(path: str) -> dict:

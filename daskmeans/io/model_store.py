@@ -58,8 +58,14 @@ def checksum(attrs: dict, arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
-        h.update(a.tobytes())
+        h.update(_raw(a))  # the array's own memory: a copy of a wide model's centroids cost as much as the hash
     return h.hexdigest()
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """The bytes of C-contiguous ``a`` as a flat uint8 view (no copy): what ``a.tobytes()``
+    holds, for a hash or a file's write."""
+    return a.reshape(-1).view(np.uint8)
 
 
 def is_number(v: Any) -> bool:
@@ -115,7 +121,28 @@ def write_group(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> None:
     model; zarr-python reads what this writes (the readers use it).
     """
     os.mkdir(root)
+    _write_arrays(root, arrays)
     _write_json(os.path.join(root, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": attrs})
+
+
+def write_signed(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> dict:
+    """:func:`write_group` of ``attrs`` with their :func:`checksum` over ``attrs`` and
+    ``arrays`` added as ``checksum``, the hash taken on a thread while the arrays are written
+    (SHA-256 and the file writes both release the interpreter lock: a wide model's write
+    then takes about the longer of the two, not their sum). Returns the attributes written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    os.mkdir(root)
+    with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-checksum") as pool:
+        digest = pool.submit(checksum, attrs, arrays)
+        _write_arrays(root, arrays)
+        signed = {**attrs, "checksum": digest.result()}
+    _write_json(os.path.join(root, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": signed})
+    return signed
+
+
+def _write_arrays(root: str, arrays: dict[str, np.ndarray]) -> None:
+    """Each of ``arrays`` as a Zarr array of one uncompressed chunk under directory ``root``."""
     for name, a in arrays.items():
         a = np.ascontiguousarray(a)
         if a.dtype.kind not in "biuf" or a.ndim not in (1, 2) or 0 in a.shape:
@@ -136,7 +163,7 @@ def write_group(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> None:
             "storage_transformers": [],
         })
         with open(os.path.join(node, "c", *("0",) * a.ndim), "wb") as f:
-            f.write(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+            f.write(_raw(np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))))
 
 
 def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray | None = None) -> None:
@@ -157,9 +184,8 @@ def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray 
     if sizes is not None:
         arrays["cluster_sizes"] = np.asarray(sizes, np.int64)
     doc = jsonable({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
-    doc["checksum"] = checksum(doc, arrays)
     with atomic_dir(path, kind="model") as tmp:
-        write_group(tmp, arrays, doc)
+        write_signed(tmp, arrays, doc)
 
 
 def open_group(path: str, fmt: str, what: str, missing: str) -> tuple:
