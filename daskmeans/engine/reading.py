@@ -5,9 +5,9 @@ buffers the fit's backend supplies.
 - :func:`read_blocks` (placement of a resident tier): every chunk read into the blocks a shard
   keeps. Where they are kept in host memory (the host tier; the device tier of a host backend)
   the pieces land in them directly (page-locked on a GPU worker: no second copy into
-  page-locked memory); where they are kept on a device, each thread reads into a page-locked
-  staging buffer of its own whose copy to the device (``Backend.copy_in``) overlaps the
-  thread's next read and the other threads' reads.
+  page-locked memory); where they are kept on a device, each thread reads into a staging
+  buffer of its own, page-locked in place after its first piece, whose copy to the device
+  (``Backend.copy_in``) overlaps the thread's next read and the other threads' reads.
 - :func:`stream_chunks` (a pass of the storage tier): the chunks in order, each read into one
   of ``ahead + 1`` host buffers kept for the shard's passes, ``ahead`` chunks read meanwhile by
   the threads, each checked against its pin by the thread that completes it.
@@ -71,9 +71,9 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
     Parameters
     ----------
     be : backend module
-        The fit's backend: it locks the host blocks in place (``page_lock``: on a GPU) and
-        supplies the staging buffers (``empty_host``: page-locked on a GPU) and the copies to
-        its device (``copy_in``).
+        The fit's backend: it locks the host blocks and the staging buffers in place
+        (``page_lock``: on a GPU) and copies the staging buffers to its device
+        (``copy_in``).
     on_host : bool
         The blocks are kept in host memory (page-locked in place once filled: :func:`locked`),
         else as ``be``'s device arrays.
@@ -92,7 +92,7 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
         # Ordinary memory, filled by the threads, then page-locked in place (``be.page_lock``)
         # for as long as each block lives: allocating page-locked memory runs at a fraction
         # of the decode's rate in the driver, locking memory already written at several times
-        # it (docs/performance.md, "The reading pipeline").
+        # it (docs/performance.md, "placement of a file, the storage tier's passes").
         blocks: list = [None] * n
         locks = [threading.Lock() for _ in range(n)]
 
@@ -116,23 +116,32 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
 
     def read(p: fill.Piece) -> None:
         st = getattr(local, "staging", None)
-        if st is None:  # this thread's page-locked buffer, and the mark of its last copy
-            st = local.staging = [be.empty_host((piece_rows, int(d)), dtype), None]
+        if st is None:  # this thread's buffer, the mark of its last copy, and its unlock
+            st = local.staging = [np.empty((piece_rows, int(d)), dtype), None, None]
             with lock:
                 staging.append(st)
-        buf, last = st
+        buf, last, unlock = st
         if last is not None:
             be.wait(last)  # its previous copy has left the buffer
         view = buf[: p.stop - p.start]
         sources[p.chunk].read_into(p.start, p.stop, view)
+        if unlock is None:
+            # Ordinary memory locked in place once its first piece is written, as the host
+            # tier's blocks are: page-locked memory allocated for every thread's buffer ran at
+            # the driver's allocation rate, a fraction of the reads', and the same for any
+            # number of GPUs (docs/performance.md, "placement of a file, the storage tier's passes").
+            st[2] = be.page_lock(buf)
         st[1] = be.copy_in(blocks[p.chunk][p.start:p.stop], view)
 
     try:
         fill.fill(chunks, carried(be, read), threads)
     finally:
-        for _, last in staging:  # no copy still reads a buffer about to be freed
+        for _, last, _ in staging:  # no copy still reads a buffer about to be unlocked and freed
             if last is not None:
                 be.wait(last)
+        for _, _, unlock in staging:
+            if unlock is not None:
+                unlock()
     return blocks
 
 

@@ -137,16 +137,25 @@ class _LateCopies:
 
     def __init__(self):
         self.copies = 0
+        self.marks = []  # every copy's event
+        self.locks = []  # (buffer's address, its rows as locked)
+        self.unlocks = []  # (buffer's address, whether every copy was done by then)
 
     @staticmethod
     def empty_host(shape, dtype):
         return np.empty(shape, dtype)
+
+    def page_lock(self, a):
+        ptr = a.ctypes.data
+        self.locks.append((ptr, a.copy()))
+        return lambda: self.unlocks.append((ptr, all(m.is_set() for m in self.marks)))
 
     def copy_in(self, dst, src):
         import threading
         import time
 
         done = threading.Event()
+        self.marks.append(done)
         self.copies += 1
 
         def later():
@@ -171,6 +180,14 @@ def test_device_blocks_wait_for_each_copy_before_refilling_its_staging_buffer(fi
     blocks = reading.read_blocks(be, False, sources, 7, np.float32, threads)
     assert be.copies == 17  # 5000 rows in pieces of 300 rows, chunk by chunk of 1500
     np.testing.assert_array_equal(np.concatenate(blocks), x)
+    # Each thread's staging buffer: ordinary memory locked in place once, after its first piece
+    # is written into it (a piece of the data is there when it is locked), and unlocked once,
+    # after every copy is done.
+    assert 1 <= len(be.locks) <= threads and len({p for p, _ in be.locks}) == len(be.locks)
+    rows = {x[i:i + 300].tobytes() for i in range(0, 5000, 300)}
+    assert all(a[:300].tobytes() in rows or a[:200].tobytes() == x[4800:].tobytes() for _, a in be.locks)
+    assert sorted(p for p, _ in be.unlocks) == sorted(p for p, _ in be.locks)
+    assert all(done for _, done in be.unlocks)
 
 
 class _Locks:
