@@ -8,7 +8,7 @@ import sys
 # Each is the module of its name (``-`` read as ``_``), whose ``SUMMARY`` says what it measures.
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "gridsearch", "table",
                "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk", "profile-yinyang",
-               "profile-command", "yinyang", "ab")
+               "profile-command", "profile-cold", "yinyang", "ab")
 
 
 def usage() -> str:

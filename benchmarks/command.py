@@ -198,6 +198,7 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     if local_cluster is not None:
         env["DASK_DASKMEANS__LOCAL_CLUSTER"] = local_cluster
+    started_at = time.time()
     t0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -211,7 +212,8 @@ def run_command(path: str, ipath: str | None, spec: dict, folder: str, cache: st
     if its:  # the first iteration's excess: kernels compiled (empty cache) or loaded
         phases["fit iterations"] -= its[0] - med
         phases["first iteration's excess (compile, load)"] = its[0] - med
-    return {"wall_s": wall, "phases": phases, "n_iter": t["n_iter"], "median_iteration_s": med,
+    return {"wall_s": wall, "phases": phases, "started_at": started_at, "main_started_at": t.get("main_started_at"),
+            "command_phases": dict(t["phases"]), "n_iter": t["n_iter"], "median_iteration_s": med,
             "kernel_s": float(sum(t["kernel_seconds"])), "backend": t["backend"], "tier": t["tier"],
             "read_ahead": bool(t.get("read_ahead"))}
 

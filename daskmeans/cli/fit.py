@@ -104,17 +104,20 @@ class FitProgress(Progress):
         super().__call__(s)
 
 
-def write_timings(path: str, phase: Phases, main_s: float, km) -> None:
-    """The ``--timings`` file: phases in order, the command's seconds from main() on, and the
-    iterations' own seconds (the first one's excess over the median is the kernels' compile or
-    load), and the files whose rows were parsed ahead (:mod:`daskmeans.io.csv_ahead`). Written
-    as the other outputs are (atomically, renamed with them)."""
+def write_timings(path: str, phase: Phases, main_s: float, km, started_at: float) -> None:
+    """The ``--timings`` file: phases in order, the command's seconds from main() on and when
+    main() started (``started_at``, seconds since the epoch: other processes' events, such as
+    the kernel cache's files, on the same clock), the iterations' own seconds (the first one's
+    excess over the median is the kernels' compile or load), and the files whose rows were
+    parsed ahead (:mod:`daskmeans.io.csv_ahead`). Written as the other outputs are
+    (atomically, renamed with them)."""
     from ..io import csv_ahead
     from ..io.paths import atomic_file
 
     hist = km.history_
     doc = {
-        "phases": phase.seconds, "main_seconds": main_s, "fit_seconds": common.fit_seconds(km.timings_),
+        "phases": phase.seconds, "main_seconds": main_s, "main_started_at": started_at,
+        "fit_seconds": common.fit_seconds(km.timings_),
         "n_iter": km.n_iter_,
         "iteration_seconds": [h["seconds"] for h in hist],
         "kernel_seconds": [h["kernel_seconds"] for h in hist],
@@ -126,7 +129,7 @@ def write_timings(path: str, phase: Phases, main_s: float, km) -> None:
 
 def run_fit(args: argparse.Namespace) -> int:
     """``daskmeans fit``: exit status 0 once the model (and labels, timings) are in place."""
-    t_main = time.perf_counter()
+    t_main, started_at = time.perf_counter(), time.time()
     phase = Phases()
     warming = None  # the data's dtype, where CuPy's kernels are being compiled ahead
     with phase("imports"):
@@ -247,7 +250,7 @@ def run_fit(args: argparse.Namespace) -> int:
             t_close = time.perf_counter()
         phase.update({"close": time.perf_counter() - t_close})
         if args.timings:
-            write_timings(args.timings, phase, time.perf_counter() - t_main, km)
+            write_timings(args.timings, phase, time.perf_counter() - t_main, km, started_at)
         common.check_interrupt()
     # Renamed into place: only now are they written.
     if args.labels:

@@ -4,6 +4,7 @@ writer, and the README's performance tables against the committed results."""
 import copy
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every subcommand ``python -m benchmarks`` lists, named here so that one dropped from the list fails.
 SUBCOMMANDS = ("kernels", "command", "multigpu", "tiers", "placement", "cpu", "scale", "hosts", "csv-read", "pins", "gridsearch",
                "table", "profile-step", "profile-small", "profile-host", "profile-init", "profile-afk",
-               "profile-yinyang", "profile-command", "yinyang", "ab")
+               "profile-yinyang", "profile-command", "profile-cold", "yinyang", "ab")
 GPU_LIBRARIES = {"cupy", "torch", "dask", "distributed", "daskmeans"}
 
 
@@ -408,3 +409,45 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "give the daskmeans command after --" in bad.stderr
+
+
+def test_profile_cold_places_each_kernel_binary_in_the_phase_it_was_written(bench, tmp_path):
+    """``profile-cold``'s timeline, on a kernel cache made by hand: each binary at its file's
+    time from the command's start, in the phase that holds it, with the kernels its saved
+    source defines; the warm-up markers listed, not counted as binaries."""
+    from benchmarks import profile_cold
+
+    src = ('extern "C" __global__ void cupy_add__int64(long long* x) {}\n'
+           '__global__ void __launch_bounds__(256) fused_assign(float* x) {}\n')
+    assert profile_cold.kernels(src) == ["cupy_add__int64", "fused_assign"]
+    timeline = profile_cold.spans({"imports": 1.0, "fit moments": 0.5, "fit init": 2.0})
+    assert timeline == [("imports", 0.0, 1.0), ("fit moments", 1.0, 1.5), ("fit init", 1.5, 3.5)]
+    assert [profile_cold.phase_at(t, timeline) for t in (-0.1, 0.0, 1.2, 3.49, 3.5)] == [
+        "before", "imports", "fit moments", "fit init", "after"]
+    start = 1_000_000.0
+    for name, t, source in (("b.cubin", 2.0, src), ("a.cubin", 0.5, None), ("daskmeans-warm-float32-3", 1.7, None),
+                            ("c.cubin", 9.0, None)):
+        path = tmp_path / "cupy" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x")
+        if source:
+            (tmp_path / "cupy" / (name + ".cu")).write_text(source)
+        os.utime(path, (start + t, start + t))
+    files = profile_cold.cache_files(str(tmp_path))
+    assert [(round(w - start, 3), f, k) for w, f, k in files] == [
+        (0.5, "a.cubin", []), (1.7, "daskmeans-warm-float32-3", []), (2.0, "b.cubin", ["cupy_add__int64", "fused_assign"]),
+        (9.0, "c.cubin", [])]
+    lines = profile_cold.report(files, start, timeline)
+    assert re.match(r"\s+2\.000\s+fit init\s+b\.cubin\s+cupy_add__int64, fused_assign$", lines[2]), lines
+    assert lines[-1] == "binaries written per phase: imports 1, fit init 1, after 1"
+
+
+def test_profile_cold_runs_a_command_and_times_it_from_its_start():
+    """On a host without a GPU the command compiles nothing: the phases from ``--timings``'
+    start on the same clock, and no binary."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-cold", "blobs"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"^blobs on an empty kernel cache: \d+\.\d{3} s", out.stdout, re.M), out.stdout
+    assert re.search(r"^  fit iterations\s+\d+\.\d{3} -> +\d+\.\d{3}$", out.stdout, re.M), out.stdout
+    assert out.stdout.rstrip().endswith("binaries written per phase:"), out.stdout
