@@ -129,7 +129,8 @@ def read_blocks(be: Any, on_host: bool, sources: Sequence[Any], d: int, dtype: A
             # Ordinary memory locked in place once its first piece is written, as the host
             # tier's blocks are: page-locked memory allocated for every thread's buffer ran at
             # the driver's allocation rate, a fraction of the reads', and the same for any
-            # number of GPUs (docs/performance.md, "placement of a file, the storage tier's passes").
+            # number of GPUs (docs/performance.md, "placement of a file, the storage tier's
+            # passes").
             st[2] = be.page_lock(buf)
         st[1] = be.copy_in(blocks[p.chunk][p.start:p.stop], view)
 

@@ -28,7 +28,8 @@ class HostTier(Tier):
             return be.pinned(block)  # the host's backend reads the block where it is
         # A copy in ordinary memory, page-locked in place: allocating page-locked memory runs
         # at a fraction of the copy's rate, locking memory already written at many times it
-        # (docs/performance.md, "placement of a file, the storage tier's passes"), as the blocks read from a file are.
+        # (docs/performance.md, "placement of a file, the storage tier's passes"), as the
+        # blocks read from a file are.
         return locked(be, np.array(block, order="C", copy=True))
 
     def stream(self, shard: "Shard") -> Iterator[Any]:
