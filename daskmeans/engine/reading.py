@@ -163,14 +163,20 @@ def stream_chunks(be: Any, sources: Sequence[Any], d: int, dtype: Any, threads: 
     is asked for, read by ``threads`` threads up to ``ahead`` chunks ahead of the caller.
 
     ``check(j, block)`` runs on each chunk as it is complete, in the thread that completed it
-    (its pin). ``ring`` holds the ``ahead + 1`` host buffers (``be.empty_host``: page-locked on
-    a GPU worker), made on the first pass and kept by the caller for the next.
+    (its pin). ``ring`` holds the ``ahead + 1`` host buffers, made on the first pass and kept by
+    the caller for the next: ordinary memory, each buffer page-locked in place (``be.page_lock``:
+    on a GPU worker) once its first chunk is read into it, by the caller's thread before the
+    chunk is handed over, and unlocked when the buffer is freed.
     """
     dtype = np.dtype(dtype)
     slots = max(0, int(ahead)) + 1
     most = max([int(s.rows) for s in sources] or [0])
     if len(ring) != slots or any(b.shape[0] < most or b.dtype != dtype for b in ring):
-        ring[:] = [be.empty_host((most, int(d)), dtype) for _ in range(slots)]
+        # Page-locked allocations of the ring (``ahead + 1`` chunks of up to a GPU's chunk
+        # size, per worker) ran at the driver's allocation rate in the first pass, a fraction
+        # of the reads'; locking memory the reads have written runs at many times it
+        # (docs/performance.md, "placement of a file, the storage tier's passes").
+        ring[:] = [np.empty((most, int(d)), dtype) for _ in range(slots)]
     views: dict[int, np.ndarray] = {}
 
     def start(j: int) -> None:  # chunk j goes into the buffer chunk j - slots held
@@ -181,4 +187,11 @@ def stream_chunks(be: Any, sources: Sequence[Any], d: int, dtype: Any, threads: 
 
     for j in fill.ordered(_pieces(sources, d, dtype), read, threads, slots - 1,
                           finished=lambda j: check(j, views[j]), start=start):
+        buf = ring[j % slots]
+        if _RING_LOCKED.get(id(buf)) is not buf:  # under the caller's device, as its copies are
+            _RING_LOCKED[id(buf)] = locked(be, buf)
         yield views.pop(j)
+
+
+# The ring buffers of :func:`stream_chunks` already page-locked, by id, for as long as each lives.
+_RING_LOCKED: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()

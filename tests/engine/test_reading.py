@@ -78,6 +78,32 @@ def test_stream_chunks_in_order_checked_with_buffers_kept(files, ahead, threads)
     assert len(ring) == ahead + 1 and seen[0] == seen[1]
 
 
+def test_stream_chunks_lock_each_ring_buffer_once_filled_and_unlock_it_when_freed(files):
+    """The storage tier's ring: ordinary memory, each buffer page-locked in place once, after
+    its first chunk is read into it and before the chunk is handed over (what a GPU copies from
+    it is page-locked), never again in later passes, and unlocked when the ring is freed."""
+    import gc
+
+    d, x = files
+    _, sources = _chunks(readers.read(str(d / "x.zarr")), 600)
+    be = _Locks()
+    ring: list = []
+    for _ in range(2):
+        for j, b in enumerate(reading.stream_chunks(be, sources, 7, np.float32, 2, 2, lambda j, b: None, ring)):
+            # Handed over once its buffer is locked, with the buffer's first chunk in it then.
+            assert any(p == ring[j % 3].ctypes.data for p, _ in be.locked)
+            np.testing.assert_array_equal(b, x[600 * j:600 * (j + 1)])
+    ptrs = sorted(b.ctypes.data for b in ring)
+    assert sorted(p for p, _ in be.locked) == ptrs  # each buffer once, in both passes
+    firsts = {p: a[:600] for p, a in be.locked}
+    np.testing.assert_array_equal(np.concatenate([firsts[b.ctypes.data] for b in ring]), x[:1800])
+    assert be.unlocked == []
+    del b  # a view keeps its buffer locked
+    ring.clear()
+    gc.collect()
+    assert sorted(be.unlocked) == ptrs
+
+
 def test_stream_chunks_of_culled_graphs(files):
     """The fallback for an array derived from a file: each chunk its culled read graph, read
     in one piece."""
