@@ -412,4 +412,24 @@ def _on_device(device: int | None, call: Any) -> Any:
     import cupy
 
     with cupy.cuda.Device(device):
-        return call()
+        return _loaded(call())
+
+
+def _loaded(value: Any) -> Any:
+    """``value``, a compile call's kernels (a ``cupy.RawKernel``, or a dict, tuple or list of
+    them), each loaded on the current GPU. A module is built once per process (``_CACHE``) but
+    loaded per GPU, at a kernel's first launch there: a call whose module another GPU of the
+    process built returns at once, and without this the module would load on this GPU in the
+    middle of the fit, where its worker's warm-up (:func:`.cupy_backend.warm`) is meant to have
+    loaded it during placement."""
+    import cupy
+
+    if isinstance(value, cupy.RawKernel):
+        value.compile()  # from CuPy's cache of the module for this GPU, or its disk cache
+    elif isinstance(value, dict):
+        for v in value.values():
+            _loaded(v)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _loaded(v)
+    return value
