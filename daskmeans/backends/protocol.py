@@ -192,11 +192,14 @@ class Backend(Protocol):
     def empty_host(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """An uninitialised host NumPy array of ``shape`` and ``dtype`` that copies to and from
         the backend's device read at the link's speed: page-locked for a GPU, C-contiguous and
-        aligned on the host. What the reading pipelines read rows into (the host tier's
-        resident blocks, the staging buffers on their way to a device)."""
+        aligned on the host. Buffers that live long and are small beside the data (the
+        collectives' host sums); the reading pipelines read rows into ordinary memory they lock
+        in place once written (:meth:`page_lock`), which costs far less than allocating it
+        page-locked."""
 
     def copy_in(self, dst: Any, src: Any) -> Any:
-        """Queue ``dst[...] = src``: ``src`` a host array from :meth:`empty_host`, ``dst`` a
+        """Queue ``dst[...] = src``: ``src`` a page-locked host array (:meth:`empty_host`, or
+        locked by :meth:`page_lock`; pageable memory is copied too, only more slowly), ``dst`` a
         C-contiguous array of the backend of the same shape and dtype (rows of a larger one).
         On a GPU the copy runs on a stream of the calling thread's own, so copies from
         several threads overlap each other and the callers' reads; returns the mark
