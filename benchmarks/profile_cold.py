@@ -12,12 +12,12 @@ written, each with the phase it landed in, then how many landed in each phase.
 
 A binary written during the moments pass or the init is one the fit waited for there, or
 compiled itself (the timeline does not say which process wrote it); one written after the
-command is one its warm-up processes compiled for later fits. ``--settle`` waits for those
-processes and counts what they wrote after the command ended (the rest of their list). Where
-the cold command's init is seconds longer than a warm one's, this says which kernels it was
-waiting for (docs/performance.md, "A first fit").
+command is one its warm-up processes compiled for later fits. Then it waits for those
+processes (the temporary cache goes only once they are done) and counts what they wrote after
+the listing (the rest of their list). Where the cold command's init is seconds longer than a
+warm one's, this says which kernels it was waiting for (docs/performance.md, "A first fit").
 
-    python -m benchmarks profile-cold [PROBLEM] [--gpus N] [--settle]
+    python -m benchmarks profile-cold [PROBLEM] [--gpus N]
 
 Prints, writes no file.
 """
@@ -103,8 +103,6 @@ def main(argv=None) -> None:
     ap = meta.parser("profile-cold", __doc__)
     ap.add_argument("problem", nargs="?", default="w14", help=f"of {', '.join(command.PROBLEMS)} (default w14)")
     ap.add_argument("--gpus", type=int, default=None, help="run on the first N GPUs (default: those the host shows)")
-    ap.add_argument("--settle", action="store_true",
-                    help="then wait for the warm-up processes and count what they compiled after the command")
     args = ap.parse_args(argv)
     meta.names(ap, args.problem, command.PROBLEMS, "problem")
     spec = command.PROBLEMS[args.problem]
@@ -118,13 +116,12 @@ def main(argv=None) -> None:
               f"{run['phases']['process start and exit']:.3f} s (commit {meta.commit()}, {meta.device_name()})")
         for name, a, b in timeline:
             print(f"  {name:<22} {a:8.3f} -> {b:8.3f}")
-        ended = len(cache_files(cache))
-        for line in report(cache_files(cache), started, timeline):
+        files = cache_files(cache)
+        for line in report(files, started, timeline):
             print(line)
-        if args.settle:
-            waited = command.settle(cache)
-            print(f"the warm-up processes ended {waited:.1f} s after the command, having written "
-                  f"{len(cache_files(cache)) - ended} more files")
+        waited = command.settle(cache)  # the warm-up processes would write into the folder after it went
+        print(f"the warm-up processes ended {waited:.1f} s after that, having written "
+              f"{len(cache_files(cache)) - len(files)} more files")
 
 
 if __name__ == "__main__":
