@@ -102,7 +102,8 @@ class Shard:
     # The worker's reading threads (daskmeans.read-threads: its cores shared among the
     # workers of its host), for the reads of a file in placement and in the storage tier's passes.
     read_threads: int = 1
-    # The storage tier's host buffers, kept from one pass to the next (engine.reading.stream_chunks).
+    # The storage tier's host buffers, each [buffer, locked], kept from one pass to the next
+    # (engine.reading.stream_chunks).
     buffers: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

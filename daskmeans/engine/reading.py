@@ -164,34 +164,31 @@ def stream_chunks(be: Any, sources: Sequence[Any], d: int, dtype: Any, threads: 
 
     ``check(j, block)`` runs on each chunk as it is complete, in the thread that completed it
     (its pin). ``ring`` holds the ``ahead + 1`` host buffers, made on the first pass and kept by
-    the caller for the next: ordinary memory, each buffer page-locked in place (``be.page_lock``:
-    on a GPU worker) once its first chunk is read into it, by the caller's thread before the
-    chunk is handed over, and unlocked when the buffer is freed.
+    the caller for the next, each as ``[buffer, locked]``: ordinary memory, page-locked in place
+    (``be.page_lock``: on a GPU worker) once its first chunk is read into it, by the caller's
+    thread before the chunk is handed over, and unlocked when the buffer is freed.
     """
     dtype = np.dtype(dtype)
     slots = max(0, int(ahead)) + 1
     most = max([int(s.rows) for s in sources] or [0])
-    if len(ring) != slots or any(b.shape[0] < most or b.dtype != dtype for b in ring):
+    if len(ring) != slots or any(b.shape[0] < most or b.dtype != dtype for b, _ in ring):
         # Page-locked allocations of the ring (``ahead + 1`` chunks of up to a GPU's chunk
         # size, per worker) ran at the driver's allocation rate in the first pass, a fraction
         # of the reads'; locking memory the reads have written runs at many times it
         # (docs/performance.md, "placement of a file, the storage tier's passes").
-        ring[:] = [np.empty((most, int(d)), dtype) for _ in range(slots)]
+        ring[:] = [[np.empty((most, int(d)), dtype), False] for _ in range(slots)]
     views: dict[int, np.ndarray] = {}
 
     def start(j: int) -> None:  # chunk j goes into the buffer chunk j - slots held
-        views[j] = ring[j % slots][: int(sources[j].rows)]
+        views[j] = ring[j % slots][0][: int(sources[j].rows)]
 
     def read(p: fill.Piece) -> None:
         sources[p.chunk].read_into(p.start, p.stop, views[p.chunk][p.start:p.stop])
 
     for j in fill.ordered(_pieces(sources, d, dtype), read, threads, slots - 1,
                           finished=lambda j: check(j, views[j]), start=start):
-        buf = ring[j % slots]
-        if _RING_LOCKED.get(id(buf)) is not buf:  # under the caller's device, as its copies are
-            _RING_LOCKED[id(buf)] = locked(be, buf)
+        slot = ring[j % slots]
+        if not slot[1]:  # under the caller's device, as its copies are
+            locked(be, slot[0])
+            slot[1] = True
         yield views.pop(j)
-
-
-# The ring buffers of :func:`stream_chunks` already page-locked, by id, for as long as each lives.
-_RING_LOCKED: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -120,9 +120,7 @@ def write_group(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> None:
     (zarr, numcodecs, fsspec: docs/performance.md, "Startup") cost a fit command more than writing its
     model; zarr-python reads what this writes (the readers use it).
     """
-    os.mkdir(root)
-    _write_arrays(root, arrays)
-    _write_json(os.path.join(root, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": attrs})
+    _write_group(root, arrays, lambda: attrs)
 
 
 def write_signed(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> dict:
@@ -132,17 +130,16 @@ def write_signed(root: str, arrays: dict[str, np.ndarray], attrs: dict) -> dict:
     then takes about the longer of the two, not their sum). Returns the attributes written."""
     from concurrent.futures import ThreadPoolExecutor
 
-    os.mkdir(root)
     with ThreadPoolExecutor(1, thread_name_prefix="daskmeans-checksum") as pool:
         digest = pool.submit(checksum, attrs, arrays)
-        _write_arrays(root, arrays)
-        signed = {**attrs, "checksum": digest.result()}
-    _write_json(os.path.join(root, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": signed})
-    return signed
+        return _write_group(root, arrays, lambda: {**attrs, "checksum": digest.result()})
 
 
-def _write_arrays(root: str, arrays: dict[str, np.ndarray]) -> None:
-    """Each of ``arrays`` as a Zarr array of one uncompressed chunk under directory ``root``."""
+def _write_group(root: str, arrays: dict[str, np.ndarray], attrs: Callable[[], dict]) -> dict:
+    """The group at the new directory ``root``: each of ``arrays`` as a Zarr array of one
+    uncompressed chunk, then ``attrs()`` (asked for once the arrays are written) as its JSON
+    attributes; returns them."""
+    os.mkdir(root)
     for name, a in arrays.items():
         a = np.ascontiguousarray(a)
         if a.dtype.kind not in "biuf" or a.ndim not in (1, 2) or 0 in a.shape:
@@ -163,7 +160,10 @@ def _write_arrays(root: str, arrays: dict[str, np.ndarray]) -> None:
             "storage_transformers": [],
         })
         with open(os.path.join(node, "c", *("0",) * a.ndim), "wb") as f:
-            f.write(_raw(np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))))
+            f.write(_raw(a.astype(a.dtype.newbyteorder("<"), copy=False)))
+    done = attrs()
+    _write_json(os.path.join(root, "zarr.json"), {"zarr_format": 3, "node_type": "group", "attributes": done})
+    return done
 
 
 def save_model(path: str, centroids: np.ndarray, attrs: dict, sizes: np.ndarray | None = None) -> None:

@@ -91,12 +91,12 @@ def test_stream_chunks_lock_each_ring_buffer_once_filled_and_unlock_it_when_free
     for _ in range(2):
         for j, b in enumerate(reading.stream_chunks(be, sources, 7, np.float32, 2, 2, lambda j, b: None, ring)):
             # Handed over once its buffer is locked, with the buffer's first chunk in it then.
-            assert any(p == ring[j % 3].ctypes.data for p, _ in be.locked)
+            assert any(p == ring[j % 3][0].ctypes.data for p, _ in be.locked)
             np.testing.assert_array_equal(b, x[600 * j:600 * (j + 1)])
-    ptrs = sorted(b.ctypes.data for b in ring)
+    ptrs = sorted(b.ctypes.data for b, _ in ring)
     assert sorted(p for p, _ in be.locked) == ptrs  # each buffer once, in both passes
     firsts = {p: a[:600] for p, a in be.locked}
-    np.testing.assert_array_equal(np.concatenate([firsts[b.ctypes.data] for b in ring]), x[:1800])
+    np.testing.assert_array_equal(np.concatenate([firsts[b.ctypes.data] for b, _ in ring]), x[:1800])
     assert be.unlocked == []
     del b  # a view keeps its buffer locked
     ring.clear()
