@@ -334,6 +334,7 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
     warm_cupy_ops(dtype)
 
     device = current_device()
+    load = load_ahead(dtype)
 
     def compile_all() -> None:
         try:
@@ -341,10 +342,32 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
             cuda_src.compile_concurrently(cuda_src.fit_kernels, _row_uniforms_kernel, *calls, device=device)
         except Exception:  # raised again where the kernel is needed
             pass
+        if load:
+            from . import gpu_warm_ops
+
+            try:
+                with device_scope(device):
+                    gpu_warm_ops.load(numpy.dtype(dtype).name, skip=() if algorithm == "yinyang" else ("yinyang",))
+            except Exception:  # the fit loads each kernel at its launch
+                pass
 
     t = threading.Thread(target=compile_all, name="daskmeans-compile", daemon=True)
     t.start()
     return t
+
+
+def load_ahead(dtype: Any) -> bool:
+    """Whether :func:`warm` has its thread launch CuPy's ops of a fit (:func:`.gpu_warm_ops.load`)
+    on the worker's GPU once this package's modules are loaded: where every op is compiled
+    (the markers of :func:`.gpu_warm_ops.compiled`, on the calling thread's GPU) and
+    ``daskmeans.gpu-load-ahead`` is on. Each op's kernels then load during the placement and
+    the moments pass rather than at their first launch in the init, where a fit's dozens of
+    loads came one after another on each GPU (docs/performance.md, "A first fit"). Where the
+    cache lacks them, the warm-up processes compile them and the fit loads each at its launch."""
+    from .. import config
+    from . import gpu_warm_ops
+
+    return bool(config.get("gpu-load-ahead")) and gpu_warm_ops.compiled(numpy.dtype(dtype).name)
 
 
 def _row_uniforms_kernel() -> None:

@@ -320,7 +320,11 @@ def _ops(cp, np, dt):  # noqa: C901 - one list
         # Both sizes in one op, so in one process: they share every elementwise kernel, which
         # two processes would each compile. The large first: a fit's blocks are large, and its
         # worker, reaching an op still in flight, compiles what it needs itself.
-        return lambda: (f(LARGE), f(SMALL))
+        def both():
+            return f(LARGE), f(SMALL)
+
+        both.__name__ = f.__name__  # load()'s ``skip`` names ops
+        return both
 
     # In the order a fit first needs them (the moments pass, k-means||'s draws and passes, its
     # recluster, the iterations; then the other inits'): each process claims the next op no
@@ -423,8 +427,30 @@ def _claim(marker: str) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    """The process: :func:`work` for data of dtype ``argv[0]``."""
+    """The process: :func:`work` for data of dtype ``argv[0]``, the first GPU's context made
+    meanwhile (:func:`_open_context`)."""
+    import threading
+
+    threading.Thread(target=_open_context, name="daskmeans-warm-context", daemon=True).start()
     return work(argv[0])
+
+
+def _open_context() -> None:
+    """The first GPU's primary CUDA context made through the driver's library (``ctypes``,
+    whose calls release the interpreter lock), on a thread while the process imports NumPy and
+    CuPy: CuPy's first call then finds the context made (the runtime uses the primary context)
+    instead of making it after the imports, and the processes' first compiles start sooner
+    (docs/performance.md, "A first fit"). Nothing where the library cannot be loaded or
+    refuses: CuPy makes the context, or says what is wrong."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+        cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 
 
 def work(dtype: str) -> int:
@@ -464,15 +490,52 @@ def work(dtype: str) -> int:
     return 2 if failed else 0
 
 
+def load(dtype: str, skip: tuple[str, ...] = ()) -> int:
+    """Launch every op for data of ``dtype`` but those named in ``skip`` (the functions' names
+    in :func:`_ops`), in order, on the calling thread's GPU, on a stream of its own (no
+    synchronisation with the fit's streams), without markers or locks. Where every op is
+    compiled (:func:`compiled`), this loads their kernels from the disk cache into this
+    process, for this GPU: CuPy keeps a kernel per device and loads it at its first launch
+    there, so a fit's first init on each GPU otherwise pays each of its dozens of loads on its
+    path, GPU after GPU (docs/performance.md, "A first fit"). Run by a thread of an in-process
+    GPU worker (:func:`.cupy_backend.warm`). Returns 0; 1 where there is no CuPy or device; 2
+    where an op failed (the others still ran; the fit loads what it needs)."""
+    import numpy as np
+
+    try:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy or no device here
+        return 1
+    failed = False
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for op in _ops(cp, np, np.dtype(dtype)):
+            if op.__name__ in skip:
+                continue
+            try:
+                op()
+            except Exception:  # noqa: BLE001 - the fit loads this op's kernels at their launch
+                failed = True
+        stream.synchronize()
+    return 2 if failed else 0
+
+
 def count(dtype: str = "float32") -> int:
     """The number of ops (no GPU needed: the list is built, not run)."""
+    return len(names(dtype))
+
+
+def names(dtype: str = "float32") -> list[str]:
+    """The ops' names in order, as :func:`load`'s ``skip`` takes them (no GPU needed)."""
     import numpy as np
 
     class _Any:  # stands in for CuPy: the list's functions are defined, none is called
         def __getattr__(self, name):
             return None
 
-    return len(_ops(_Any(), np, np.dtype(dtype)))
+    return [op.__name__ for op in _ops(_Any(), np, np.dtype(dtype))]
 
 
 if __name__ == "__main__":  # pragma: no cover - run by cupy_backend.warm in its own process

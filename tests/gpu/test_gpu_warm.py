@@ -84,3 +84,16 @@ def test_a_second_warm_up_on_the_same_cache_compiles_nothing(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and second.stdout.strip() == "0 []", second.stdout
     assert sorted(os.listdir(cache)) == files
+
+
+def test_loading_the_ops_ahead_runs_every_op_and_leaves_the_stream():
+    """``gpu_warm_ops.load`` (a GPU worker's warm, from a warm cache) launches every op but the
+    skipped ones without an error (on a stream of its own, which the ops' code must accept) and
+    leaves the calling thread's current stream as it was."""
+    import cupy
+
+    from daskmeans.backends import gpu_warm_ops
+
+    before = cupy.cuda.get_current_stream()
+    assert gpu_warm_ops.load("float32", skip=("yinyang",)) == 0
+    assert cupy.cuda.get_current_stream() == before

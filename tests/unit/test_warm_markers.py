@@ -167,3 +167,27 @@ def test_the_warm_up_processes_parse_cupys_headers_once(cache, monkeypatch):
     assert [e["CUPY_NVRTC_USE_PCH"] for e in envs] == ["0"]
     assert cupy_backend.nvrtc_pch() is os.environ and os.environ["CUPY_NVRTC_USE_PCH"] == "0"
     assert cupy_backend.nvrtc_pch({}) == {"CUPY_NVRTC_USE_PCH": "1"}
+
+
+def test_the_ops_have_names_that_load_can_skip():
+    """:func:`gpu_warm_ops.load` skips ops by name (the worker's warm leaves Yinyang's out of a
+    Lloyd fit): every op has its own name, the sized ones their function's, not a lambda's."""
+    names = gpu_warm_ops.names("float32")
+    assert len(names) == gpu_warm_ops.count("float32")
+    assert len(set(names)) == len(names)
+    assert "yinyang" in names and "seed_batched" in names and "<lambda>" not in names
+
+
+def test_the_ops_load_ahead_only_from_a_warm_cache_and_when_set(tmp_path, monkeypatch):
+    """``cupy_backend.load_ahead``: CuPy's ops are launched ahead on a worker's GPU only where
+    every op is compiled (else the warm-up processes compile them, and the fit loads each at
+    its launch) and ``daskmeans.gpu-load-ahead`` is on."""
+    import dask
+
+    from daskmeans.backends import cupy_backend
+
+    monkeypatch.setattr(gpu_warm_ops, "compiled", lambda dtype: dtype == "float32")
+    assert cupy_backend.load_ahead("float32")
+    assert not cupy_backend.load_ahead("float64")
+    with dask.config.set({"daskmeans.gpu-load-ahead": False}):
+        assert not cupy_backend.load_ahead("float32")
