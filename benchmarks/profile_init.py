@@ -7,9 +7,9 @@ the host functions that take the time (cProfile, sorted by their own time), and 
 floor of its distance passes; then the whole default init as a fit runs it on in-process
 workers of 1 GPU (``--gpus 1,2``: then of 2; the rows made on the devices, or with ``--npy``
 read from a ``.npy`` file as the command reads them), its wall time in iteration-times (and
-the first fit's, which loads the kernels, as a command's only fit does), its Dask tasks' run times by name (the rounds' folds and draws, the
-candidates' weights, the recluster) and each worker's busy time, the rest being the waits
-between them. For planning init work; prints, writes no
+the first fit's, which loads the kernels, as a command's only fit does), its Dask tasks' run
+times by name (the rounds' folds and draws, the candidates' weights, the recluster) and each
+worker's busy time, the rest being the waits between them, for both fits. For planning init work; prints, writes no
 file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
 --problems w14,w16,w18 --warm-only``. P1 (K = 4) shows the init's fixed costs, which its
 command pays (issue 44's CSV command). ``--batches 64,32``: the recluster alone and the whole
@@ -142,15 +142,14 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
     the first ``n`` GPUs for each ``n`` of ``gpus`` (the second of two fits, the first loading
     the kernels; the first's init time too) in iteration-times of ``it`` seconds (one GPU's),
     its tasks' run times by name and each worker's busy time (the rest of the wall time: waits
-    between dependent tasks). With ``npy``, the rows are written to a ``.npy`` file and each
+    between dependent tasks), and the first fit's beside them (what a command's only fit pays
+    beyond them: kernels loaded, memory pools grown; the first GPU's kernels that this
+    process's own measurements launched are loaded already). With ``npy``, the rows are written to a ``.npy`` file and each
     fit is given its path, as the command is (its chunks and placement). ``batches``: the
     recluster's (:func:`_batched`; default the init's)."""
-    import collections
-
     import cupy
     import dask.array as da
     import numpy as np
-    from dask.utils import key_split
     from distributed import Client, Scheduler, SpecCluster, get_task_stream
 
     import daskmeans
@@ -175,30 +174,45 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
                 return daskmeans.KMeans(k, init=init, n_init=1, max_iter=1, tol=0, precision="tf32",
                                         random_state=0, client=client).fit(X)
 
-            first = fit().timings_.get("init", float("nan"))
+            names = {a: info["name"] for a, info in client.scheduler_info()["workers"].items()}
+            with get_task_stream(client) as ts0:
+                first = fit().timings_.get("init", float("nan"))
             parts: dict = collections.defaultdict(float)
             with get_task_stream(client) as ts, _timed_recluster(parts):
                 km = fit()
-            by: dict = collections.defaultdict(float)
-            busy: dict = collections.defaultdict(float)
-            names = {a: info["name"] for a, info in client.scheduler_info()["workers"].items()}
-            for rec in ts.data:
-                for ss in rec.get("startstops", ()):
-                    if ss.get("action") == "compute":
-                        by[key_split(rec["key"])] += ss["stop"] - ss["start"]
-                        if key_split(rec["key"]).startswith(INIT_TASKS):
-                            busy[names.get(rec.get("worker"), rec.get("worker"))] += ss["stop"] - ss["start"]
-        tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
-                 if name.startswith(INIT_TASKS) or sec > 0.05 * it}
+        tasks, busy = _task_times(ts.data, names, it)
+        tasks0, busy0 = _task_times(ts0.data, names, it)
         wall = km.timings_.get("init", float("nan"))
         print(f"{problem.label}: the whole {init} init on {n_gpus} in-process GPU worker(s)"
               f"{f' (recluster in batches of K/{batches})' if batches is not None else ''}"
               f"{' from a .npy file' if npy else ''} {wall:.3f} s = {wall / it:.2f} one-GPU iterations (the first "
-              f"fit's {first:.3f} s); its tasks' run times (all workers) in iterations: {tasks}; "
-              f"each worker's busy time in the init's tasks (s): { {w: round(v, 3) for w, v in sorted(busy.items())} }; "
+              f"fit's {first:.3f} s); its tasks' run times (all workers) in iterations: {tasks} (the first fit's: "
+              f"{tasks0}); each worker's busy time in the init's tasks (s): {busy} (the first fit's: {busy0}); "
               f"the fit's phases (s): { {p: round(v, 3) for p, v in km.timings_.items()} }; the recluster's "
               f"task in parts (s, its GPU synchronised after each): { {p: round(v, 3) for p, v in parts.items()} }",
               flush=True)
+
+
+def _task_times(records: list, names: dict, it: float) -> tuple[dict, dict]:
+    """A task stream's compute time by task name in iterations of ``it`` seconds (the init's
+    tasks and any name over a twentieth of an iteration), largest first, and each worker's
+    (by ``names``: address to name) busy seconds in the init's tasks (:data:`INIT_TASKS`)."""
+    import collections
+
+    from dask.utils import key_split
+
+    by: dict = collections.defaultdict(float)
+    busy: dict = collections.defaultdict(float)
+    for rec in records:
+        for ss in rec.get("startstops", ()):
+            if ss.get("action") == "compute":
+                name = key_split(rec["key"])
+                by[name] += ss["stop"] - ss["start"]
+                if name.startswith(INIT_TASKS):
+                    busy[names.get(rec.get("worker"), rec.get("worker"))] += ss["stop"] - ss["start"]
+    tasks = {name: round(sec / it, 2) for name, sec in sorted(by.items(), key=lambda kv: -kv[1])
+             if name.startswith(INIT_TASKS) or sec > 0.05 * it}
+    return tasks, {w: round(v, 3) for w, v in sorted(busy.items())}
 
 
 @contextlib.contextmanager
