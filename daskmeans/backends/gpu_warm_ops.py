@@ -497,8 +497,8 @@ def load(dtype: str, skip: tuple[str, ...] = ()) -> int:
     compiled (:func:`compiled`), this loads their kernels from the disk cache into this
     process, for this GPU: CuPy keeps a kernel per device and loads it at its first launch
     there, so a fit's first init on each GPU otherwise pays each of its dozens of loads on its
-    path, GPU after GPU (docs/performance.md, "A first fit"). Run by a thread of an in-process
-    GPU worker (:func:`.cupy_backend.warm`). Returns 0; 1 where there is no CuPy or device; 2
+    path, GPU after GPU (docs/performance.md, "A first fit"). Run by a GPU worker's warm-up
+    thread (:func:`.cupy_backend.warm`). Returns 0; 1 where there is no CuPy or device; 2
     where an op failed (the others still ran; the fit loads what it needs)."""
     import numpy as np
 

@@ -184,8 +184,8 @@ def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
 # Up to this many centroids the compiled pass adds ``||c||^2`` and takes each row's argmin itself,
 # while it reads the row's distances anyway: NumPy's row argmin over a few columns costs a call
 # per row, and ``g += ||c||^2`` a pass over the tile (docs/performance.md, "CPU path"); beyond,
-# NumPy's SIMD argmin is as fast (K = 64) or faster.
-OWN_ARGMIN_MAX_K = 32
+# NumPy's SIMD argmin is faster.
+OWN_ARGMIN_MAX_K = 64
 
 
 class _Workspace:

@@ -122,6 +122,27 @@ def test_ties_go_to_lowest_index(regime):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_argmin_is_numpys_on_ties_and_nans(dtype):
+    """The compiled pass's own argmin (``cpu_kernels.tile_stats`` given ``||c||^2``, up to
+    ``OWN_ARGMIN_MAX_K`` centroids) gives NumPy's ``argmin`` of ``g + ||c||^2``: the lowest
+    index on ties, and the first NaN of a row that holds one, wherever it is."""
+    from daskmeans.backends import cpu_kernels
+
+    nan = np.nan
+    g = np.array([[1, 0, 0, 2, 3], [nan, 0, 1, 1, 1], [3, 2, nan, 0, nan], [1, 1, 1, 1, 1], [4, 3, 2, 1, 0],
+                  [2, nan, nan, -1, 0], [0, 1, 2, 3, nan], [5, 4, 4, 3, 3], [2, 1, 1, 0, 1]], dtype)
+    sqnorm = np.array([0, 1, 0, 1, 0], dtype)
+    n, k = g.shape
+    out = np.full(n, -1, np.int32)
+    none64, nonei = np.zeros(0), np.zeros(0, np.int64)
+    cpu_kernels.tile_stats(g, sqnorm, np.zeros(n, np.intp), np.zeros((n, 1), dtype), None, None, out, np.zeros(1),
+                           0.0, np.zeros((0, 1), np.int64), nonei, nonei, False, 0.0, np.zeros((0, 1)), none64, 0.0,
+                           none64, False, 0.0, nonei)
+    np.testing.assert_array_equal(out, (g + sqnorm).argmin(axis=1))
+    np.testing.assert_array_equal(out, [2, 0, 2, 0, 4, 1, 4, 4, 2])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("regime", ["default", "tiny-tiles", "odd-tiles"])
 def test_duplicate_centroids_never_win(dtype, regime):
     """With every centroid duplicated at a higher index, labels stay in the first copy."""

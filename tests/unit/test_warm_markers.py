@@ -178,7 +178,7 @@ def test_the_ops_have_names_that_load_can_skip():
     assert "yinyang" in names and "seed_batched" in names and "<lambda>" not in names
 
 
-def test_the_ops_load_ahead_only_from_a_warm_cache_and_when_set(tmp_path, monkeypatch):
+def test_the_ops_load_ahead_only_from_a_warm_cache_and_when_set(monkeypatch):
     """``cupy_backend.load_ahead``: CuPy's ops are launched ahead on a worker's GPU only where
     every op is compiled (else the warm-up processes compile them, and the fit loads each at
     its launch) and ``daskmeans.gpu-load-ahead`` is on."""
