@@ -118,14 +118,6 @@ def _add_rounded(acc, x, wi, scales):  # pragma: no cover - compiled
         acc[t] += np.rint(wi * np.float64(x[t]) * scales[t])
 
 
-@numba.njit(nogil=True, cache=True, error_model="numpy")  # no fastmath: the products round as written
-def _add_rounded_unit(acc, x, scales):  # pragma: no cover - compiled
-    """:func:`_add_rounded` of a row of weight 1: ``1.0 * x`` is ``x`` exactly, so the same
-    integers without the product by the weight (unweighted fits, the usual case)."""
-    for t in range(x.shape[0]):
-        acc[t] += np.rint(np.float64(x[t]) * scales[t])
-
-
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _flush(acc, sums):  # pragma: no cover - compiled
     """``sums += acc`` as int64 (exact: ``|acc| <= 2**53``), then ``acc = 0``."""
@@ -199,8 +191,8 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
             best = gi[0] + sqnorm[0]
             b = 0
             # Selects, not branches: which centroid wins is data, and a mispredicted branch
-            # per comparison cost more than the comparisons. A NaN anywhere (never in a fit's
-            # finite data) takes the loop that returns the first NaN, as NumPy's argmin.
+            # per comparison cost more than the comparisons. A row with a NaN (never in a
+            # fit's finite data) takes its first NaN, as NumPy's argmin does.
             nan = best != best
             for j in range(1, k):
                 v = gi[j] + sqnorm[j]
@@ -209,17 +201,10 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
                 b = j if less else b
                 nan |= v != v
             if nan:
-                best = gi[0] + sqnorm[0]
                 b = 0
-                if not np.isnan(best):
-                    for j in range(1, k):
-                        v = gi[j] + sqnorm[j]
-                        if v < best:
-                            best = v
-                            b = j
-                        elif np.isnan(v):
-                            b = j
-                            break
+                while not np.isnan(gi[b] + sqnorm[b]):
+                    b += 1
+                best = gi[b] + sqnorm[b]
         else:
             b = lab[i]
             best = g[i, b]
@@ -246,10 +231,7 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
                     _flush(acc[b], sums[b])
                     wwin[b] = 0.0
                 wwin[b] += wi
-                if w is None:
-                    _add_rounded_unit(acc[b], x, scales)
-                else:
-                    _add_rounded(acc[b], x, wi, scales)
+                _add_rounded(acc[b], x, wi, scales)
             else:
                 row = sums[b]
                 for t in range(d):

@@ -441,7 +441,9 @@ def _open_context() -> None:
     CuPy: CuPy's first call then finds the context made (the runtime uses the primary context)
     instead of making it after the imports, and the processes' first compiles start sooner
     (docs/performance.md, "A first fit"). Nothing where the library cannot be loaded or
-    refuses: CuPy makes the context, or says what is wrong."""
+    refuses: CuPy makes the context, or says what is wrong. The driver calls of
+    :func:`.gpu_device.open_context`, written here again: this script imports nothing of the
+    package (see the module's docstring)."""
     import ctypes
 
     try:
@@ -451,6 +453,17 @@ def _open_context() -> None:
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     if cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0:
         cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+
+
+def _cupy():
+    """CuPy, where it imports and sees a device; else None (nothing to launch on)."""
+    try:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy or no device here
+        return None
+    return cp
 
 
 def work(dtype: str) -> int:
@@ -464,11 +477,8 @@ def work(dtype: str) -> int:
     excludes the processes' as theirs exclude each other."""
     import numpy as np
 
-    try:
-        import cupy as cp
-
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy or no device here: nothing to warm
+    cp = _cupy()
+    if cp is None:
         return 1
     dtype = np.dtype(dtype).name
     os.makedirs(cache_dir(), exist_ok=True)
@@ -502,11 +512,8 @@ def load(dtype: str, skip: tuple[str, ...] = ()) -> int:
     where an op failed (the others still ran; the fit loads what it needs)."""
     import numpy as np
 
-    try:
-        import cupy as cp
-
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy or no device here
+    cp = _cupy()
+    if cp is None:
         return 1
     failed = False
     stream = cp.cuda.Stream(non_blocking=True)
