@@ -20,12 +20,16 @@ path, what is wrong and what it should be:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
-from typing import Any, Callable
+import threading
+import time
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -359,7 +363,7 @@ def write_array(x, path: str, name: str | None = None, *, kind: str | None = Non
             for idx in np.ndindex(*x.numblocks)
         ]
         with step(f"write {kind or 'array'}", total=len(writes), unit="blocks"):
-            _run_writes(writes)
+            _run_writes(writes, tmp)
 
 
 def write_data(X: Any, path: str) -> None:
@@ -382,32 +386,97 @@ def write_data(X: Any, path: str) -> None:
 def _write_block(block: np.ndarray, root: str, name: str | None, start: tuple[int, ...]) -> None:
     """On a worker: write one block into the array at ``root`` (``name`` in its group).
 
-    The client cannot stop a write already running on a worker: a write that starts after the
-    client removed the temporary directory (an interrupted or failed write) writes nothing,
-    and one under way when it is removed (its chunk recreates the directories it needs) removes
-    what it made once it sees the metadata gone, so nothing is left behind.
+    The client cannot stop a write already running on a worker. An abandoned write (failed or
+    interrupted) removes the root's metadata first, then waits for the writes under way
+    (:func:`_abandon`): a write counts as under way from before it looks for the metadata, so
+    one that starts after the removal writes nothing, and the client removes the directory only
+    once none still runs (a write recreates the directories of its chunk, and a process ending
+    in the middle of one would leave them). Where the client cannot wait (a worker it no longer
+    reaches), a write that finds the metadata gone once it has written removes what it made.
     """
     import zarr
 
     meta = os.path.join(root, "zarr.json")
-    if not os.path.exists(meta):  # abandoned: opening would make the directory again
-        return
+    with _writing(root):
+        if not os.path.exists(meta):  # abandoned: opening would make the directory again
+            return
+        try:
+            arr = zarr.open_array(root, path=name or "", mode="r+").with_config({"write_empty_chunks": True})
+            arr[tuple(slice(s, s + n) for s, n in zip(start, np.shape(block)))] = np.asarray(block)
+        finally:
+            if not os.path.exists(meta):
+                shutil.rmtree(root, ignore_errors=True)
+
+
+# The block writes running in this process (a worker's, or the in-process workers of a
+# command's local cluster), per root directory: what :func:`_abandon` waits for.
+_WRITING: dict[str, int] = {}
+_WRITING_CHANGED = threading.Condition()
+# How long an abandoned write waits for the block writes under way (each writes one chunk)
+# before it removes the directory anyway.
+ABANDON_WAIT_S = 60.0
+
+
+@contextlib.contextmanager
+def _writing(root: str) -> Iterator[None]:
+    """Count a block write into ``root`` as under way in this process while the block runs."""
+    with _WRITING_CHANGED:
+        _WRITING[root] = _WRITING.get(root, 0) + 1
     try:
-        arr = zarr.open_array(root, path=name or "", mode="r+").with_config({"write_empty_chunks": True})
-        arr[tuple(slice(s, s + n) for s, n in zip(start, np.shape(block)))] = np.asarray(block)
+        yield
     finally:
-        if not os.path.exists(meta):
-            shutil.rmtree(root, ignore_errors=True)
+        with _WRITING_CHANGED:
+            _WRITING[root] -= 1
+            if not _WRITING[root]:
+                del _WRITING[root]
+            _WRITING_CHANGED.notify_all()
 
 
-def _run_writes(writes: list) -> None:
-    """Run the block writes, each counted as done (:func:`daskmeans.progress.advance`): on the
-    distributed client when there is one (the writes not started are cancelled at the first
-    failure or interruption; a write under way there ends on its own and, finding the directory
-    gone, removes what it made), else (or where ``dask.config`` names a local scheduler) on
-    Dask's threads, returning or raising once none still
-    runs (Dask's threaded scheduler raises at the first failure while other writes go on,
-    which would then write into the directory the caller is removing)."""
+def writes_under_way(root: str) -> int:
+    """The block writes into ``root`` running in this process."""
+    with _WRITING_CHANGED:
+        return _WRITING.get(root, 0)
+
+
+async def _await_writes(root: str, timeout: float) -> bool:
+    """On a worker (:meth:`distributed.Client.run`, on its event loop, which a blocking wait
+    would stall: in-process workers share it): whether the block writes into ``root`` here
+    ended within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while writes_under_way(root):
+        if time.monotonic() > end:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+def _abandon(root: str, client: Any = None, futures: list = ()) -> None:
+    """Stop the block writes into ``root`` before its directory is removed: remove its metadata
+    (a write starting now writes nothing), cancel the ``futures`` of ``client`` not yet
+    started, then wait on every worker, and in this process, for the writes under way (at most
+    :data:`ABANDON_WAIT_S`; a worker or scheduler that cannot be reached is left to the
+    writes' own clean-up)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, "zarr.json"))
+    # A client that lost its scheduler ("connecting": Dask has cancelled every future) would
+    # wait for it to come back; the workers' writes then clean up after themselves.
+    if client is not None and getattr(client, "status", "running") == "running":
+        with contextlib.suppress(Exception):
+            client.cancel(list(futures), force=True)
+        with contextlib.suppress(Exception):
+            client.run(_await_writes, root, ABANDON_WAIT_S, on_error="ignore")
+    with _WRITING_CHANGED:
+        _WRITING_CHANGED.wait_for(lambda: root not in _WRITING, ABANDON_WAIT_S)
+
+
+def _run_writes(writes: list, root: str) -> None:
+    """Run the block writes into ``root``, each counted as done
+    (:func:`daskmeans.progress.advance`): on the distributed client when there is one, else (or
+    where ``dask.config`` names a local scheduler) on Dask's threads. Either way it returns or
+    raises once no write still runs: at the first failure or interruption the writes not
+    started are cancelled and those under way awaited (:func:`_abandon`; Dask's threaded
+    scheduler raises at the first failure while other writes go on), since the caller then
+    removes the directory they write into."""
     import dask
     from concurrent.futures import ThreadPoolExecutor
 
@@ -433,18 +502,22 @@ def _run_writes(writes: list) -> None:
         try:
             with Callback(posttask=posttask):
                 dask.compute(*writes, scheduler="threads", pool=pool)
+        except BaseException:
+            _abandon(root)
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         return
     from distributed import as_completed
 
-    futs = client.compute(writes)
+    futs: list = []
     try:
+        futs = client.compute(writes)
         for written, fut in enumerate(as_completed(futs), 1):
             if fut.status == "error":
                 fut.result()  # raises the write's error
             advance(written)
         client.gather(futs)
     except BaseException:
-        client.cancel(futs, force=True)  # the writes not yet started are dropped with them
+        _abandon(root, client, futs)
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from unittest import mock
 
@@ -871,6 +872,62 @@ def test_a_block_write_after_the_output_was_abandoned_leaves_nothing(tmp_path):
     with mock.patch.object(zarr, "open_array", removed_while_opening):
         model_store._write_block(np.ones((5, 2)), root, None, (5, 0))
     assert listing(tmp_path) == []
+
+
+# The block write that stalls, and what happened in which order (module-level: the blocks'
+# functions go to the workers by reference).
+_STALL = {"started": threading.Event(), "order": [], "root": None}
+
+
+class _Stalled:
+    """A block whose values come only once the failed write's metadata is gone: its write is
+    under way (it has opened the array) when the other block fails."""
+
+    def __init__(self, a):
+        self.a, self.shape, self.dtype, self.ndim = a, a.shape, a.dtype, a.ndim
+
+    def __array__(self, dtype=None, copy=None):
+        _STALL["started"].set()
+        while any(_STALL["root"].glob(".y.zarr.tmp-*/zarr.json")):  # until the failure's clean-up began
+            time.sleep(0.005)
+        _STALL["order"].append("write ended")
+        return self.a
+
+
+def _stall_first_fail_second(b, block_info=None):
+    if block_info[0]["chunk-location"][0] == 0:
+        return _Stalled(b)
+    assert _STALL["started"].wait(30)
+    raise RuntimeError("the disk is gone")
+
+
+def test_a_failed_write_removes_its_directory_once_no_block_write_runs(tmp_path):
+    """Issue 45's CI: ``predict`` stopped by SIGTERM left a temporary labels directory. The
+    command removed it while a block write still ran on an in-process worker, whose chunk
+    recreated the directories, and the process ended before that write's own clean-up. Now a
+    failed or interrupted write removes the metadata (writes starting later write nothing) and
+    waits for the writes under way before it removes the directory, on a distributed client as
+    on Dask's threads."""
+    from distributed import Client, LocalCluster
+
+    data = np.arange(60, dtype=np.float64).reshape(12, 5)
+    x = da.from_array(data, chunks=(6, 5)).map_blocks(_stall_first_fail_second, dtype=data.dtype,
+                                                      meta=np.empty((0, 5)))
+    _STALL["root"] = tmp_path
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster):
+        for local in (False, True):  # on the client's workers, then on Dask's threads
+            _STALL["started"].clear()
+            _STALL["order"].clear()
+            with dask.config.set(scheduler="threads" if local else None), \
+                    pytest.raises(RuntimeError, match="the disk is gone"):
+                try:
+                    model_store.write_array(x, str(tmp_path / "y.zarr"))
+                finally:
+                    _STALL["order"].append("raised")
+            assert _STALL["order"] == ["write ended", "raised"]
+            assert listing(tmp_path) == []
+            assert model_store.writes_under_way(str(tmp_path)) == 0
 
 
 @pytest.mark.parametrize("kind", ["zarr", "npy"])
