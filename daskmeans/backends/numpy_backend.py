@@ -176,9 +176,26 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunab
 
 def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
     """Rows per tile: its rows (D values) and distances (K values) within ``tile_bytes``, so
-    that the compiled pass re-reads the rows from the core's cache, not from memory
-    (docs/performance.md, "CPU path")."""
-    return max(64, tile_bytes // max(1, (k + d) * itemsize))
+    that the compiled pass re-reads the rows from the core's cache, not from memory; and at
+    small K * D no more rows than keep the tile's GEMM within :data:`SMALL_GEMM_MNK`, where
+    that leaves at least :data:`SMALL_GEMM_MIN_ROWS` (docs/performance.md, "CPU path")."""
+    rows = max(TILE_ROWS_ALIGN, tile_bytes // max(1, (k + d) * itemsize))
+    small = SMALL_GEMM_MNK // max(1, k * d)
+    if small >= SMALL_GEMM_MIN_ROWS:
+        rows = min(rows, small)
+    return max(TILE_ROWS_ALIGN, rows - rows % TILE_ROWS_ALIGN)
+
+
+# OpenBLAS's AVX-512 kernels (the ``SkylakeX`` build NumPy's wheels run on such x86 cores)
+# multiply matrices of at most this many M * N * K products by small-matrix kernels that skip
+# packing the operands into panels; a tile of the step's GEMM (rows x D times D x K) just past
+# it took a third longer at K = 4 (docs/performance.md, "CPU path"). Elsewhere the bound only
+# makes small-K tiles smaller, never below SMALL_GEMM_MIN_ROWS rows.
+SMALL_GEMM_MNK = 1_000_000
+SMALL_GEMM_MIN_ROWS = 1024
+# Tiles are whole multiples of this many rows: no row of a tile's GEMM falls in a BLAS
+# kernel's partial block of rows, whose arithmetic may differ (see :func:`_tiles`).
+TILE_ROWS_ALIGN = 64
 
 
 # Up to this many centroids the compiled pass adds ``||c||^2`` and takes each row's argmin itself,
@@ -202,6 +219,14 @@ class _Workspace:
         # "One compiled pass after the GEMM").
         self.no_labels = numpy.full(rows, -1, numpy.int32)
         self.windows: dict[tuple[int, int], tuple[numpy.ndarray, numpy.ndarray]] = {}
+        self.short: numpy.ndarray | None = None
+
+    def short_tile(self, rows: int, d: int) -> numpy.ndarray:
+        """A whole tile's rows ``(rows, D)`` for a block's last, shorter tile (:func:`_tiles`);
+        rows past the block's hold whatever was there (each row of a GEMM is its own)."""
+        if self.short is None or self.short.shape[0] < rows or self.short.shape[1] != d:
+            self.short = numpy.zeros((max(rows, self.g.shape[0]), d), self.g.dtype)
+        return self.short[:rows]
 
     def sum_windows(self, k: int, d: int) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The compiled pass's per-cluster float64 windows ``(K, D)`` and their weights
@@ -228,18 +253,31 @@ def _tiles(X: numpy.ndarray, p: Prepared, own_argmin: bool = False):
     """Yield ``(start, stop, g, lab)`` per row tile: ``g = ||c||^2 - 2 x.c`` (rows, K) in the
     data dtype and its row-wise argmin (lowest index on ties), in reused buffers; with
     ``own_argmin``, ``g = -2 x.c`` only and ``lab`` scratch (the compiled pass adds
-    ``||c||^2`` and takes the argmin)."""
+    ``||c||^2`` and takes the argmin).
+
+    Every GEMM multiplies a whole tile, the block's last and shorter one copied into a tile's
+    buffer: BLAS libraries pick their kernel by the product's shape (OpenBLAS's AVX-512 build
+    a small-matrix kernel up to :data:`SMALL_GEMM_MNK`, its packed kernel beyond, a GEMV for
+    one row), and those round a row's dot products differently, so a row's distances, and
+    near a tie its label, depended on where the block ended: on the chunking. With one shape
+    for every call and tiles of whole kernel blocks (:data:`TILE_ROWS_ALIGN`), a row's bits
+    are the same in any block at any offset (``tests/unit/test_numpy_backend.py``)."""
     n = X.shape[0]
     step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize, p.tile_bytes)
-    ws = _workspace(min(step, n), p.k, X.dtype)
+    ws = _workspace(step, p.k, X.dtype)
     for s in range(0, n, step):
         xt = X[s : s + step]
-        g = numpy.matmul(xt, p.neg2_ct, out=ws.g[: xt.shape[0]])
+        m = xt.shape[0]
+        if m < step:
+            whole = ws.short_tile(step, X.shape[1])
+            whole[:m] = xt
+            xt = whole
+        g = numpy.matmul(xt, p.neg2_ct, out=ws.g[:step])[:m]
         if own_argmin:
-            yield s, s + xt.shape[0], g, ws.lab[: xt.shape[0]]
+            yield s, s + m, g, ws.lab[:m]
             continue
         g += p.sqnorm
-        yield s, s + xt.shape[0], g, g.argmin(axis=1, out=ws.lab[: xt.shape[0]])
+        yield s, s + m, g, g.argmin(axis=1, out=ws.lab[:m])
 
 
 class RowNorms:
@@ -358,7 +396,7 @@ def assign(
     window = cpu_kernels.window_weight(grid.wexp) if want_sums else 0.0
     own = k <= OWN_ARGMIN_MAX_K
     sqnorm = p.sqnorm if own else _NO_SQNORM[X.dtype]
-    ws = _workspace(min(_tile_rows(k, d, X.dtype.itemsize, p.tile_bytes), n), k, X.dtype)
+    ws = _workspace(_tile_rows(k, d, X.dtype.itemsize, p.tile_bytes), k, X.dtype)
     acc, wwin = ws.sum_windows(kk, d)
     inertia = 0.0
     reassigned = 0
@@ -578,8 +616,12 @@ def owner_inertia(X: numpy.ndarray, p: Prepared, labels: numpy.ndarray,
 
 
 def sqdistances(X: numpy.ndarray, p: Prepared) -> numpy.ndarray:
-    """Squared distances ``(n, K)`` from every row to every centroid (float64, clamped at 0)."""
-    g = (X @ p.neg2_ct).astype(numpy.float64)
+    """Squared distances ``(n, K)`` from every row to every centroid (float64, clamped at 0),
+    from the GEMM tiles of :func:`_tiles` (a row's the same bits in any block)."""
+    X = asarray(X)
+    g = numpy.empty((X.shape[0], p.k), numpy.float64)
+    for s, e, t, _ in _tiles(X, p, own_argmin=True):
+        g[s:e] = t
     g += p.sqnorm
     g += numpy.einsum("nd,nd->n", X, X, dtype=numpy.float64)[:, None]
     return numpy.maximum(g, 0.0, out=g)

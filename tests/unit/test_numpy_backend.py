@@ -309,6 +309,41 @@ def test_result_independent_of_tiling(dtype):
         assert o["inertia"] == pytest.approx(outs[0]["inertia"], rel=1e-6 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d, k", [(100, 4), (100, 8), (7, 3), (130, 40), (100, 300), (16, 70)])
+def test_a_rows_distances_do_not_depend_on_where_its_block_ends(dtype, d, k):
+    """BLAS picks its kernel by the product's shape (OpenBLAS's AVX-512 build: a small-matrix
+    kernel up to 1e6 products, its packed kernel beyond, a GEMV for one row), and the kernels
+    round a row's dot products differently: a block's last, shorter tile gave its rows other
+    bits than a whole tile would (float32 at D = 100, K = 4; float64 at K = 300), so near a tie
+    a row's label depended on the chunking. Every tile's GEMM now has one shape."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((6000, d)).astype(dtype)
+    p = nb.prepare(rng.standard_normal((k, d)), dtype)
+    step = nb._tile_rows(k, d, X.dtype.itemsize, p.tile_bytes)
+    assert step % nb.TILE_ROWS_ALIGN == 0
+    with threadpool_limits(1, "blas"):  # as on a worker
+        whole = nb.sqdistances(X, p)
+        labels, d2 = nb.min_sqdist(X, p)
+        for end in (1, 2, 65, step - 1, step + 1, 2 * step + 7, 5999):
+            np.testing.assert_array_equal(nb.sqdistances(X[:end], p), whole[:end], err_msg=f"end={end}")
+            got = nb.min_sqdist(X[:end], p)
+            np.testing.assert_array_equal(got[0], labels[:end])
+            np.testing.assert_array_equal(got[1], d2[:end])
+
+
+def test_small_k_tiles_keep_the_gemm_small():
+    """At small K * D a tile holds no more rows than keep its GEMM within SMALL_GEMM_MNK
+    products (where that leaves SMALL_GEMM_MIN_ROWS), in whole TILE_ROWS_ALIGN rows."""
+    assert nb._tile_rows(4, 100, 4, 1 << 20) == 2496  # 1e6 // 400 = 2500, down to 64s
+    assert nb._tile_rows(8, 100, 4, 1 << 20) == 1216
+    assert nb._tile_rows(16, 100, 4, 1 << 20) == 2240  # 625 rows would be too few: 1 MiB // 464
+    assert nb._tile_rows(2, 100, 4, 1 << 20) == 2560  # 1 MiB // 408 = 2570 is below 1e6 // 200
+    assert nb._tile_rows(40000, 200, 8, 1 << 20) == 64
+
+
 @pytest.mark.parametrize("total", [100.0, 2048.0, 6000.0, 1e6])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_sums_exact_at_the_grids_bound(total, weighted):
