@@ -260,8 +260,9 @@ def _tiles(X: numpy.ndarray, p: Prepared, own_argmin: bool = False):
     a small-matrix kernel up to :data:`SMALL_GEMM_MNK`, its packed kernel beyond, a GEMV for
     one row), and those round a row's dot products differently, so a row's distances, and
     near a tie its label, depended on where the block ended: on the chunking. With one shape
-    for every call and tiles of whole kernel blocks (:data:`TILE_ROWS_ALIGN`), a row's bits
-    are the same in any block at any offset (``tests/unit/test_numpy_backend.py``)."""
+    for every call, a row's bits no longer depend on where its block ends
+    (``tests/unit/test_numpy_backend.py``); at another offset in a tile a BLAS may still round
+    it differently (docs/performance.md, "Open gaps")."""
     n = X.shape[0]
     step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize, p.tile_bytes)
     ws = _workspace(step, p.k, X.dtype)
@@ -617,7 +618,7 @@ def owner_inertia(X: numpy.ndarray, p: Prepared, labels: numpy.ndarray,
 
 def sqdistances(X: numpy.ndarray, p: Prepared) -> numpy.ndarray:
     """Squared distances ``(n, K)`` from every row to every centroid (float64, clamped at 0),
-    from the GEMM tiles of :func:`_tiles` (a row's the same bits in any block)."""
+    from the GEMM tiles of :func:`_tiles` (the same bits wherever the block ends)."""
     X = asarray(X)
     g = numpy.empty((X.shape[0], p.k), numpy.float64)
     for s, e, t, _ in _tiles(X, p, own_argmin=True):
