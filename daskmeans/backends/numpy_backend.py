@@ -179,7 +179,7 @@ def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
     that the compiled pass re-reads the rows from the core's cache, not from memory; and at
     small K * D no more rows than keep the tile's GEMM within :data:`SMALL_GEMM_MNK`, where
     that leaves at least :data:`SMALL_GEMM_MIN_ROWS` (docs/performance.md, "CPU path")."""
-    rows = max(TILE_ROWS_ALIGN, tile_bytes // max(1, (k + d) * itemsize))
+    rows = tile_bytes // max(1, (k + d) * itemsize)
     small = SMALL_GEMM_MNK // max(1, k * d)
     if small >= SMALL_GEMM_MIN_ROWS:
         rows = min(rows, small)
