@@ -13,8 +13,8 @@ worker's busy time, the rest being the waits between them, for both fits. For pl
 file. The whole init in iteration-times, as users run it: ``python -m benchmarks command
 --problems w14,w16,w18 --warm-only``. P1 (K = 4) shows the init's fixed costs, which its
 command pays (issue 44's CSV command). ``--batches 64,32``: the recluster alone and the whole
-init with ``seed_batched``'s batches of K/64 (the init's) and of K/32 (half its dependent steps;
-docs/performance.md, "k-means‖'s recluster in batches of K/64", for their quality).
+init with ``seed_batched``'s batches of K/64 and of K/32 (the init's: half the dependent steps;
+docs/performance.md, "k-means‖'s recluster in batches", for their quality).
 
     python -m benchmarks profile-init [P1] [P4] [W14] [W16] [W18] [--gpus 1,2] [--npy] [--batches 64,32]
 """
@@ -147,6 +147,8 @@ def _whole_init(problem: problems.Problem, it: float, init: str = "k-means||", g
     process's own measurements launched are loaded already). With ``npy``, the rows are written to a ``.npy`` file and each
     fit is given its path, as the command is (its chunks and placement). ``batches``: the
     recluster's (:func:`_batched`; default the init's)."""
+    import collections
+
     import cupy
     import dask.array as da
     import numpy as np

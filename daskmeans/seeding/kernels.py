@@ -60,6 +60,12 @@ def kmeans_plusplus(X: Any, k: int, seed: int | np.random.SeedSequence, sample_w
     return x[xp.asarray(ids)]
 
 
+# Up to this many centres (of a group) the seeding is greedy k-means++, a centre per step,
+# whatever ``batches``: at small K a batch of two already missed one of 40 far-apart blobs
+# (tests/unit/test_seeding.py), and the steps are few.
+GREEDY_MAX_K = 64
+
+
 def local_trials(k: int) -> int:
     """Draws per centre in k-means++ (scikit-learn's ``2 + log(k)``)."""
     return 2 + int(math.log(k)) if k > 1 else 1
@@ -101,8 +107,8 @@ def _draw_sorted(xp: Any, p: Any, m: int, u: Any, exclude: Any) -> Any:
 
 
 def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSequence, sample_weight: Any = None,
-                 precision: str = "fp32", batches: int = 64, trials: int | None = None,
-                 groups: Any = None, batch_trials: int | None = None) -> Any:
+                 precision: str = "fp32", batches: int = 32, trials: int | None = None,
+                 groups: Any = None, batch_trials: int | None = None, greedy_k: int = GREEDY_MAX_K) -> Any:
     """k-means++ seeding with local trials, in batches: k rows of X.
 
     Greedy k-means++ (scikit-learn's) adds one centre per step: it draws ``trials`` rows with
@@ -113,8 +119,8 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     the potential its own rows would lose (``w * (d^2 - distance^2)`` where positive), and keeps
     the ``b`` best. Two draws from one uncovered region split its rows and so its credit,
     which makes a draw alone in another region win, as greedy steps would. Batches grow 1, 1,
-    2, 4, ... up to ``ceil(k / batches)``; each costs one distance pass of X against its draws
-    and one against its picks.
+    2, 4, ... up to ``ceil(k / batches)`` (1, greedy, up to ``greedy_k``); each costs one
+    distance pass of X against its draws and one against its picks.
 
     With ``groups``, each group of rows gets its own count of centres (``k[g]``), drawn from its
     own rows with its own batch sizes; every group takes its batch in the same step, so a step
@@ -134,13 +140,16 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     seed : int or SeedSequence
     sample_weight : array, shape (n,), optional
     precision : GEMM precision of the distance passes (labels and distances are exact in all)
-    batches : int, the number of batches of the largest size (64: as good as 128 in half the
-        dependent steps, where fewer, larger batches end worse; docs/performance.md,
-        "k-means‖'s recluster in batches of K/64")
+    batches : int, the number of batches of the largest size (32: with 3 draws per centre
+        (``batch_trials``) within the spread of seeds of 64's in half the dependent steps,
+        where 16 ends worse on blobs; docs/performance.md, "k-means‖'s recluster in batches")
     trials : int, draws per centre (default ``2 + log(k)`` of the group, as scikit-learn)
     batch_trials : int, optional
         Draws per centre in batches of more than one centre (default ``trials``); 1 keeps a
         batch's draws without their distance pass.
+    greedy_k : int
+        Up to this many centres (of a group), batches of one: greedy k-means++
+        (:data:`GREEDY_MAX_K`).
     groups : host int array, shape (n,), optional
         Each row's group in ``[0, G)``, non-decreasing (a group's rows are contiguous).
 
@@ -174,7 +183,8 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     def prepared(idx: Any, m: int) -> Any:
         return be.prepare(X[idx], X.dtype, precision) if ready is None else ready.take(idx, m)
 
-    total, cap = np.zeros(len(ks), np.int64), np.maximum(1, -(-ks // batches))
+    total = np.zeros(len(ks), np.int64)
+    cap = np.where(ks <= greedy_k, 1, np.maximum(1, -(-ks // batches)))
     step = 0
     while (total < ks).any():
         live = np.flatnonzero(total < ks)

@@ -59,7 +59,7 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid |
     the same arrays and the same ``phi``)."""
     be = shard.be
     xp = be.xp
-    new = _concat_by_row(parts)
+    new = _concat_by_row(parts, be)
     if state is not None and not new.shape[0]:
         return state
     offset = 0 if state is None else state.n_cands
@@ -146,7 +146,10 @@ def _uniforms(shard: Shard, seed: int, rnd: int, xp: Any) -> Iterator[Any]:
 def _par_sample(shard: Shard, state: _ParState | None, phis: list | None, ell: float, seed: int, rnd: int,
                 first: int | None = None) -> tuple:
     """One round's draws on this shard (:func:`_picks`): ``(global_rows, data)``, the data in
-    the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``).
+    the shard's dtype, read from the chunks that hold a drawn row only (``rows.chunk_rows``),
+    and left where the tier holds them: a device tier's draws stay on the device that drew
+    them, for its own passes and the recluster (on one GPU a round's draws never cross to the
+    host; from another worker they arrive as Dask moves a device array).
     ``phi`` is every shard's ``phis`` (their futures' floats) added in shard order (what the
     client added before: the same on any number of workers); None where this shard is the only
     one (its own ``state.phi``, the same float: no task between its fold and its draws). A
@@ -162,9 +165,9 @@ def _par_sample(shard: Shard, state: _ParState | None, phis: list | None, ell: f
     order = sorted(picks)
     if not picks:
         return np.empty(0, np.int64), np.empty((0, shard.n_features), shard.dtype)
-    got = rows.chunk_rows(shard, picks)
+    got = rows.chunk_rows(shard, picks, host=False)
     idx = np.concatenate([shard.offsets[j] + picks[j] for j in order])
-    return idx, np.concatenate([got[j] for j in order])
+    return idx, get_backend(got[order[0]]).xp.concatenate([got[j] for j in order])
 
 
 @dataclass
@@ -202,9 +205,14 @@ def _row_order(parts: list) -> np.ndarray:
     return np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
 
 
-def _concat_by_row(parts: list) -> np.ndarray:
-    """Sampled rows in global row order (:func:`_row_order`)."""
-    return np.concatenate([p[1] for p in parts])[_row_order(parts)]
+def _concat_by_row(parts: list, be: Any) -> Any:
+    """Sampled rows in global row order (:func:`_row_order`), as ``be``'s array: each part
+    moved to ``be``'s device as it is (a part drawn there already stays) and ordered there; no
+    rows: an empty host array of the parts' dtype."""
+    blocks = [be.asarray(p[1]) for p in parts if len(p[1])]
+    if not blocks:
+        return np.concatenate([p[1] for p in parts])
+    return be.xp.concatenate(blocks)[be.asarray(_row_order(parts))]
 
 
 def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray) -> Any:

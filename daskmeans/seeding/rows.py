@@ -20,8 +20,8 @@ from ..engine.task import result, submit_per_shard
 __all__ = ["gather_rows", "result", "row_parts", "rows_by_chunk", "shard_rows", "submit_per_shard", "take_rows"]
 
 
-def chunk_rows(shard: Shard, picks: dict) -> dict:
-    """Host copies of chosen rows of chosen chunks, read without a pass over the shard's other
+def chunk_rows(shard: Shard, picks: dict, host: bool = True) -> dict:
+    """Copies of chosen rows of chosen chunks, read without a pass over the shard's other
     chunks (:meth:`~daskmeans.engine.tiers.base.Tier.take`: the storage tier reads only those
     chunks; a resident tier indexes its blocks where they are).
 
@@ -30,6 +30,9 @@ def chunk_rows(shard: Shard, picks: dict) -> dict:
     shard : Shard
     picks : dict of int to int64 ndarray (m_j,)
         Local row indices per chunk index ``j`` of the shard.
+    host : bool
+        Host NumPy arrays (True), or where the tier holds the rows (a device tier's on its
+        device; the others' on the host).
 
     Returns
     -------
@@ -39,7 +42,7 @@ def chunk_rows(shard: Shard, picks: dict) -> dict:
         return {}
     if shard.tier.resident and not shard.pinned:  # as a pass would: check the blocks before use
         shard.pin_resident()
-    return shard.tier.take(shard, picks)
+    return shard.tier.take(shard, picks, host=host)
 
 
 def rows_by_chunk(shard: Shard, rows: np.ndarray) -> dict:

@@ -74,10 +74,10 @@ def counted(monkeypatch):
             file_chunks.extend(sorted({(self.start + int(r)) // FILE_CHUNK * FILE_CHUNK for r in local}))
         return range_rows(self, local)
 
-    def chunk_rows_counted(shard, picks):
+    def chunk_rows_counted(shard, picks, host=True):
         with lock:
             chosen.append(sorted(shard.chunk_ids[j] for j in picks))
-        return chunk_rows(shard, picks)
+        return chunk_rows(shard, picks, host=host)
 
     monkeypatch.setattr(storage.ChunkReader, "read", read_counted)
     monkeypatch.setattr(blocks.RowRange, "read_into", range_into_counted)

@@ -841,6 +841,58 @@ def test_kmeans_parallel_init_converges_as_well_as_kmeans_plusplus_on_p3():
     assert again[0].history_[0]["inertia"] == pytest.approx(par.history_[0]["inertia"], rel=1e-12)
 
 
+def _draws_module(shard, n):
+    """The array module of a first k-means|| round's draws on ``shard`` (its data part)."""
+    from daskmeans.seeding import kmeans_parallel
+
+    return type(kmeans_parallel._par_sample(shard, None, [float(n)], 400.0, 5, 0)[1]).__module__.split(".")[0]
+
+
+def test_kmeans_parallel_draws_stay_on_the_gpu_and_give_every_placements_centroids():
+    """The device tier's k-means|| draws stay on the GPU that drew them (a round's rows cross
+    to the host and back no more), the host tier's are host arrays; the init's centroids are
+    the same bits on the device and host tiers, on one worker and on two worker processes
+    (each worker's draws sent to the other's device for its passes and to the recluster's),
+    for any chunking."""
+    import cupy
+    import dask.array as da
+    from distributed import Client
+
+    from daskmeans.engine.placement import place
+    from daskmeans.io.readers import read
+    from daskmeans.seeding import resolve_init, rows
+
+    rng = np.random.default_rng(21)
+    X = (rng.standard_normal((40, 16)) * 30)[rng.integers(0, 40, 30_000)] + rng.standard_normal((30_000, 16))
+    X = X.astype(np.float32)
+
+    def init(cluster, backend, tier, chunks):
+        with cluster as lc, Client(lc) as c:
+            p = place(c, read(da.from_array(X, chunks=(chunks, -1))), backend, tier=tier, balance=False)
+            mods = c.gather(rows.submit_per_shard(c, p, _draws_module, [len(X)] * len(p.shards), name="draws"))
+            return resolve_init(c, p, "k-means||", 300, 9), set(mods)
+
+    two = "0,1" if cupy.cuda.runtime.getDeviceCount() >= 2 else "0,0"
+    ref, mods = init(_gpu_cluster("0"), "cupy", "device", 30_000)
+    assert mods == {"cupy"} and ref.shape == (300, 16) and len(np.unique(ref, axis=0)) == 300
+    for devices, tier, chunks, module in (("0", "device", 7_001, "cupy"), ("0", "host", 7_001, "numpy"),
+                                          (two, "device", 4_000, "cupy"), (two, "host", 30_000 // 2, "numpy")):
+        got, mods = init(_gpu_cluster(devices), "cupy", tier, chunks)
+        assert mods == {module}, (devices, tier, chunks, mods)
+        np.testing.assert_array_equal(got, ref, err_msg=f"{devices} {tier} {chunks}")
+
+
+def _gpu_cluster(devices):
+    """A cluster of a worker per GPU of ``devices``; "0,0": two worker processes on GPU 0
+    (dask-cuda allows one per device)."""
+    from dask_cuda import LocalCUDACluster
+    from distributed import LocalCluster
+
+    if devices == "0,0":
+        return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    return LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, dashboard_address=":0")
+
+
 def test_training_on_a_sample_of_cupy_data_is_the_fit_of_the_sampled_rows():
     """max_samples_per_cluster on CuPy blocks: the centroids of the fit of the sampled rows
     (and of the CPU path) bit for bit, and labels of every row as predict gives them."""

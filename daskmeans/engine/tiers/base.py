@@ -94,15 +94,17 @@ class Tier:
         (``Shard.check_pin``)."""
         raise NotImplementedError
 
-    def take(self, shard: "Shard", picks: dict) -> dict:
+    def take(self, shard: "Shard", picks: dict, host: bool = True) -> dict:
         """Rows of chosen chunks, without a pass over the others: ``picks`` maps a chunk's
         index in the shard (``j``, not its global id) to local row indices (int64 array
-        ``(m_j,)``, repeats allowed); the result maps each ``j`` to a host NumPy array ``(m_j,
-        d)`` of those rows in the shard's dtype. A resident tier indexes its blocks where they
-        live (the host tier's pinned host memory: nothing is copied to a device); the caller
-        has pinned them (``Shard.pin_resident``). A tier that keeps no rows reads only the
-        chosen chunks (the storage tier's own method); this default for such a tier streams a
-        whole pass and keeps the chosen rows."""
+        ``(m_j,)``, repeats allowed); the result maps each ``j`` to an array ``(m_j, d)`` of
+        those rows in the shard's dtype: a host NumPy array, or with ``host`` False, where a
+        resident tier holds its blocks (a device tier's on its device: rows that go on to a
+        distance pass there need not cross to the host and back). A resident tier indexes its
+        blocks where they live (the host tier's pinned host memory: nothing is copied to a
+        device); the caller has pinned them (``Shard.pin_resident``). A tier that keeps no
+        rows reads only the chosen chunks (the storage tier's own method, host arrays); this
+        default for such a tier streams a whole pass and keeps the chosen rows."""
         from ...backends import get_backend
 
         if not self.resident:
@@ -110,7 +112,8 @@ class Tier:
             return {j: be.to_numpy(block[be.xp.asarray(picks[j])])
                     for j, block in enumerate(self.stream(shard)) if j in picks}
         held = get_backend(self.resident_backend(shard.backend))  # the backend of the blocks as held
-        return {j: held.to_numpy(shard.blocks[j][held.xp.asarray(rows)]) for j, rows in picks.items()}
+        keep = (lambda a: a) if not host else held.to_numpy
+        return {j: keep(shard.blocks[j][held.xp.asarray(rows)]) for j, rows in picks.items()}
 
     def unusable(self, gpu: bool) -> str | None:
         """Why this tier cannot be asked for on these workers (``gpu``: the kernels run on a

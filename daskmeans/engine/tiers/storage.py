@@ -105,13 +105,14 @@ class StorageTier(Tier):
                                lambda j, b: shard.check_pin(j, host, b), shard.buffers)
         return (be.asarray(b) if be.on_host else _to_device(be, b) for b in chunks)
 
-    def take(self, shard: "Shard", picks: dict) -> dict:
+    def take(self, shard: "Shard", picks: dict, host: bool = True) -> dict:
         # Rows read alone where the source can (only the file's chunks that hold them); else
         # only the chosen chunks are read, one at a time (each checked against its pin, as a
         # pass's are), and only their chosen rows kept.
         # The chunks at once where several hold picks (a round's few draws at small K each
         # decode a file chunk of their own); a single chunk splits its file chunks over the
-        # cores itself (:meth:`RowRange.read_rows`).
+        # cores itself (:meth:`RowRange.read_rows`). Host arrays whatever ``host`` asks: the
+        # rows are read on the host.
         host = get_backend("numpy")
 
         def alone(j: int) -> tuple[int, Any]:
