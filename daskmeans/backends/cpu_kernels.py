@@ -8,8 +8,14 @@ cache does all of it (``docs/performance.md``, "CPU path").
 Conventions shared with the NumPy backend:
 
 - distances are ``g[i, j] = ||c_j||^2 - 2 x_i.c_j`` in the data dtype; the label is the argmin
-  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it), the squared distance is
-  ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped at 0;
+  of that row (the lowest index on ties, the first NaN if any: NumPy's rule, whoever takes it),
+  certified: where another centroid's ``g`` lies within the GEMM's error bound of the
+  smallest (:func:`certify_tol`), the row's label is the nearest of those centroids by
+  :func:`owner_sqdist` instead (:func:`_rerank`), so a label is a function of the row and the
+  centroids alone, whatever BLAS kernel and place in a tile computed its ``g`` (a BLAS rounds
+  a row's products differently at another offset in a tile, or in another shape of product);
+  the squared distance is ``g[i, label] + ||x_i||^2`` with ``||x_i||^2`` in float64, clamped
+  at 0 (:func:`tile_sqdist`'s is :func:`owner_sqdist` itself);
 - each weighted value ``w x`` is rounded once to the sums' fixed-point grid (``w x * scale``
   to the nearest integer, ties to even, as CUDA's ``__double2ll_rn``) and added exactly (in
   the float64 windows the grid bounds, then as int64), so
@@ -85,6 +91,46 @@ def owner_sqdist(x, c):  # pragma: no cover - compiled
     return (s0 + s1) + (s2 + s3)
 
 
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def certify_tol(sq, cmax, eps):  # pragma: no cover - compiled
+    """The largest gap between a row's two smallest computed ``g`` that leaves its label
+    uncertain: ``eps (2 ||x|| C + C^2)`` (``sq`` the row's ``||x||^2`` in float64, ``C =
+    cmax`` the largest centroid norm, ``eps`` of :func:`.bounds.margins`): two computed values
+    of one row come out in the opposite order of the exact squared distances only within it,
+    whatever order a BLAS summed their products in."""
+    return eps * (2.0 * np.sqrt(sq) * cmax + cmax * cmax)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _rerank(x, cen, gi, sqnorm, best, tol):  # pragma: no cover - compiled
+    """The certified label of a row ``x`` whose computed values leave more than one centroid
+    within ``tol`` of the smallest, ``best`` (float64): of the centroids ``j`` whose value
+    (``gi[j] + sqnorm[j]`` in ``gi``'s dtype, or ``gi[j]`` with an empty ``sqnorm``) is at most
+    ``best + tol``, the one of the smallest :func:`owner_sqdist` (the lowest index on ties). The
+    exact nearest centroid is among them; the others are further by more than the GEMM's
+    error, so which of them a tile's rounding let in does not change the pick."""
+    own = sqnorm.shape[0] > 0
+    b = -1
+    dmin = np.inf
+    for j in range(gi.shape[0]):
+        v = gi[j] + sqnorm[j] if own else gi[j]
+        if np.float64(v) - best <= tol:
+            dj = owner_sqdist(x, cen[j])
+            if b < 0 or dj < dmin:
+                dmin = dj
+                b = j
+    return b
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _near_count(gi, thr):  # pragma: no cover - compiled
+    """How many of a row's computed values ``gi`` (``||c||^2`` added) are at most ``thr``."""
+    m = 0
+    for j in range(gi.shape[0]):
+        m += np.float64(gi[j]) <= thr
+    return m
+
+
 @numba.njit(**_JIT)
 def _clamped(gib, sq):  # pragma: no cover - compiled
     """``gib + ||x||^2`` in float64 (``gib = ||c||^2 - 2 x.c`` of the chosen centroid),
@@ -138,7 +184,7 @@ def flush_windows(acc, wwin, sums):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, counts, want_sums, inertia,
-               acc, wwin, window, xnorm, xnorm_known, qscale, qsums):  # pragma: no cover - compiled
+               acc, wwin, window, xnorm, xnorm_known, qscale, qsums, cen, cmax, eps):  # pragma: no cover - compiled
     """Per-row label, distance, inertia, reassignment and per-cluster sums of one tile.
 
     Parameters
@@ -169,11 +215,15 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     qscale : float, ``2**-qexp`` of the grid's squared norms (``Grid.qscale``)
     qsums : (K,) int64 -- with ``want_sums``, each row's ``rint(w ||x||^2 * qscale)`` added to
         its cluster's (the exact sums the step's inertia is computed from: ``Grid.inertia``)
+    cen : (K, D) the centroids in the data dtype; cmax : float, their largest norm (rounded
+        up); eps : float -- a row whose two smallest values lie within :func:`certify_tol` of
+        each other takes its label from :func:`_rerank`
 
     Returns
     -------
     inertia : float, ``inertia`` plus this tile's weighted clamped squared distances
     reassigned : int
+    rechecked : int, the rows re-ranked by :func:`_rerank`
 
     Each value rounds once to the grid (``rint``: to nearest, ties to even) and the integers
     add exactly, in float64 windows or in int64: the sums are the same integers either way,
@@ -183,12 +233,22 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
     n, d = xt.shape
     k = g.shape[1]
     reassigned = 0
+    rechecked = 0
     own_argmin = sqnorm.shape[0] > 0
     keep_norms = xnorm.shape[0] > 0
     for i in range(n):
+        gi = g[i]
+        x = xt[i]
+        if xnorm_known:
+            sq = xnorm[i]
+        else:
+            sq = row_sqnorm(x)
+            if keep_norms:
+                xnorm[i] = sq
+        tol = certify_tol(sq, cmax, eps)
         if own_argmin:
-            gi = g[i]
             best = gi[0] + sqnorm[0]
+            second = np.inf
             b = 0
             # Selects, not branches: which centroid wins is data, and a mispredicted branch
             # per comparison cost more than the comparisons. A row with a NaN (never in a
@@ -197,6 +257,7 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
             for j in range(1, k):
                 v = gi[j] + sqnorm[j]
                 less = v < best
+                second = np.float64(best) if less else min(second, np.float64(v))
                 best = v if less else best
                 b = j if less else b
                 nan |= v != v
@@ -205,16 +266,17 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
                 while not np.isnan(gi[b] + sqnorm[b]):
                     b += 1
                 best = gi[b] + sqnorm[b]
+            elif second - np.float64(best) <= tol:
+                b = _rerank(x, cen, gi, sqnorm, np.float64(best), tol)
+                best = gi[b] + sqnorm[b]
+                rechecked += 1
         else:
             b = lab[i]
-            best = g[i, b]
-        x = xt[i]
-        if xnorm_known:
-            sq = xnorm[i]
-        else:
-            sq = row_sqnorm(x)
-            if keep_norms:
-                xnorm[i] = sq
+            best = gi[b]
+            if _near_count(gi, np.float64(best) + tol) > 1:
+                b = _rerank(x, cen, gi, sqnorm, np.float64(best), tol)
+                best = gi[b]
+                rechecked += 1
         d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
@@ -240,15 +302,25 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
                 wsum[b] += np.int64(np.rint(wi * wscale))
             counts[b] += 1
             qsums[b] += np.int64(np.rint(wi * sq * qscale))
-    return inertia, reassigned
+    return inertia, reassigned, rechecked
 
 
 @numba.njit(**_JIT)
-def tile_sqdist(g, lab, xt, out_lab, out_d2):  # pragma: no cover - compiled
-    """Labels (int32) and clamped float64 squared distances of one tile (no statistics)."""
+def tile_sqdist(g, lab, xt, cen, cmax, eps, out_lab, out_d2):  # pragma: no cover - compiled
+    """Certified labels (int32) of one tile, as :func:`tile_stats` gives them (``g`` with
+    ``||c||^2`` added, ``lab`` its argmin), and each row's squared distance to its centroid
+    by :func:`owner_sqdist` (float64): both functions of the row and the centroids alone, as
+    the inits' draws and folds need them to be for any chunking."""
+    empty = cen[:0, 0]  # no ||c||^2 to add: g holds it
     for i in range(xt.shape[0]):
+        x = xt[i]
+        gi = g[i]
         b = lab[i]
-        out_d2[i] = _sqdist(g[i, b], xt[i])
+        best = np.float64(gi[b])
+        tol = certify_tol(row_sqnorm(x), cmax, eps)
+        if _near_count(gi, best + tol) > 1:
+            b = _rerank(x, cen, gi, empty, best, tol)
+        out_d2[i] = owner_sqdist(x, cen[b])
         out_lab[i] = b
 
 
@@ -332,7 +404,7 @@ def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax,
     """Yinyang's bounds of one tile, from its distances and their minima per group.
 
     ``g`` (n, K) ``||c||^2 - 2 x.c`` in the data dtype and ``lab`` (n,) its argmin (the labels,
-    copied to ``out`` as int32); ``gp`` (n, K): ``g``'s columns by group (``g[:, order]``, group
+    certified as :func:`tile_stats` certifies them, to ``out`` as int32); ``gp`` (n, K): ``g``'s columns by group (``g[:, order]``, group
     ``q`` in columns ``starts[q]:ends[q]``: each group's minimum a contiguous run). ``upper``
     (n,) float64 each row's distance to its centroid, rounded up; ``lower`` (n, t) float64 per
     group a lower bound on the distances to its centroids other than the row's own (``inf``
@@ -342,9 +414,14 @@ def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax,
     """
     n = g.shape[0]
     t = lower.shape[1]
+    empty = cen[:0, 0]  # no ||c||^2 to add: g holds it
     for i in range(n):
         gpi = gp[i]
+        gi = g[i]
         b = lab[i]
+        tol = certify_tol(xnorm[i], cmax, eps)
+        if _near_count(gi, np.float64(gi[b]) + tol) > 1:  # assign's certified label
+            b = _rerank(xt[i], cen, gi, empty, np.float64(gi[b]), tol)
         out[i] = b
         lo = lower[i]
         own = group_of[b]

@@ -157,6 +157,8 @@ class Prepared:
     neg2_ct: numpy.ndarray  # (D, K) = -2 * centroids.T, C-contiguous for the GEMM
     sqnorm: numpy.ndarray  # (K,) ||c||^2 in the data dtype
     tile_bytes: int  # a tile's rows and distances, bytes (Tunables.tile_bytes)
+    cmax: float = 0.0  # the largest ||c||, rounded up: the labels' certified margin (cpu_kernels.certify_tol)
+    eps: float = 0.0  # the GEMM's relative error bound for D and the dtype (bounds.margins)
 
     @property
     def k(self) -> int:
@@ -169,9 +171,14 @@ def prepare(centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunab
 
     ``precision`` names a GPU GEMM mode; CPUs have no TF32/BF16 GEMM, so every mode computes
     in the data dtype here (checked once per fit, by the estimator)."""
+    from .bounds import margins
+
     c = numpy.ascontiguousarray(centroids, dtype=dtype)
-    sq = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64)).astype(dtype)
-    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq, int((tunables or tunables_in_force()).tile_bytes))
+    sq64 = numpy.einsum("kd,kd->k", c.astype(numpy.float64), c.astype(numpy.float64))
+    eps, delta = margins(c.shape[1], c.dtype)
+    cmax = float(numpy.sqrt(sq64.max())) * (1.0 + delta) if len(c) else 0.0
+    return Prepared(c, numpy.ascontiguousarray((-2 * c).T), sq64.astype(dtype),
+                    int((tunables or tunables_in_force()).tile_bytes), cmax, eps)
 
 
 def _tile_rows(k: int, d: int, itemsize: int, tile_bytes: int) -> int:
@@ -262,7 +269,8 @@ def _tiles(X: numpy.ndarray, p: Prepared, own_argmin: bool = False):
     near a tie its label, depended on where the block ended: on the chunking. With one shape
     for every call, a row's bits no longer depend on where its block ends
     (``tests/unit/test_numpy_backend.py``); at another offset in a tile a BLAS may still round
-    it differently (docs/performance.md, "Open gaps")."""
+    it differently (docs/performance.md, "CPU path"), within the error bound the compiled
+    passes certify each label by (``cpu_kernels.certify_tol``)."""
     n = X.shape[0]
     step = _tile_rows(p.k, X.shape[1], X.dtype.itemsize, p.tile_bytes)
     ws = _workspace(step, p.k, X.dtype)
@@ -322,7 +330,10 @@ def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple
     Returns
     -------
     labels : ndarray of int32, shape (n,)
+        Certified as :func:`assign`'s: the same for any chunking.
     sqdist : ndarray of float64, shape (n,)
+        ``||x - c||^2`` of each row's centroid in a fixed order (``cpu_kernels.owner_sqdist``):
+        a function of the row and its centroid alone.
     """
     from . import cpu_kernels
 
@@ -330,7 +341,7 @@ def min_sqdist(X: numpy.ndarray, p: Prepared, grid: Grid | None = None) -> tuple
     labels = numpy.empty(X.shape[0], numpy.int32)
     d2 = numpy.empty(X.shape[0], numpy.float64)
     for s, e, g, lab in _tiles(X, p):
-        cpu_kernels.tile_sqdist(g, lab, X[s:e], labels[s:e], d2[s:e])
+        cpu_kernels.tile_sqdist(g, lab, X[s:e], p.centroids, p.cmax, p.eps, labels[s:e], d2[s:e])
     return labels, d2
 
 
@@ -372,7 +383,8 @@ def assign(
     Returns
     -------
     dict with ``labels`` (n,) int32, ``inertia`` float (weighted sum of squared distances),
-    ``reassigned`` and ``rechecked`` (always 0 here: labels come straight from the GEMM) ints,
+    ``reassigned`` and ``rechecked`` ints (the rows whose label the GEMM's error bound left
+    uncertain, re-ranked by their exact distances: ``cpu_kernels.tile_stats``),
     and when ``want_sums``: ``sums`` (K, d) and ``weights`` (K,) int64 multiples of the
     ``grid``'s steps (returned too), and ``counts`` (K,) int64.
     """
@@ -401,6 +413,7 @@ def assign(
     acc, wwin = ws.sum_windows(kk, d)
     inertia = 0.0
     reassigned = 0
+    rechecked = 0
     if row_norms is not None and row_norms.values.shape[0] != n:
         raise ValueError(f"row_norms holds {row_norms.values.shape[0]} rows; the block has {n}: one RowNorms per block")
     known = row_norms is not None and row_norms.known
@@ -410,12 +423,13 @@ def assign(
             if interrupt is not None:
                 interrupt()
             prev = ws.no_labels[: e - s] if prev_labels is None else prev_labels[s:e]
-            inertia, r_t = cpu_kernels.tile_stats(
+            inertia, r_t, c_t = cpu_kernels.tile_stats(
                 g, sqnorm, lab, X[s:e], None if w is None else w[s:e], prev, labels[s:e], scales, wscale, sums,
                 weights, counts, want_sums, inertia, acc, wwin, window, norms[s:e] if norms.size else norms, known,
-                qscale, qsums,
+                qscale, qsums, p.centroids, p.cmax, p.eps,
             )
             reassigned += r_t
+            rechecked += c_t
         if want_sums:
             cpu_kernels.flush_windows(acc, wwin, sums)
         if row_norms is not None:
@@ -424,7 +438,7 @@ def assign(
         if want_sums and wwin.any():  # interrupted: the next call starts from closed windows
             acc[:] = 0.0
             wwin[:] = 0.0
-    out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": 0}
+    out: dict[str, Any] = {"labels": labels, "inertia": inertia, "reassigned": reassigned, "rechecked": rechecked}
     if want_sums:
         if w is None:
             weights = grid.unit_weights(counts)
@@ -551,7 +565,7 @@ def assign_bounds(X: numpy.ndarray, p: Prepared, group_of: numpy.ndarray, n_grou
     Returns
     -------
     labels : int32 (n,)
-        :func:`assign`'s labels of these rows (the same GEMM and argmin).
+        :func:`assign`'s labels of these rows (the same GEMM, argmin and certification).
     upper : float64 (n,)
         Each row's distance to its centroid, rounded up.
     lower : float64 (n, n_groups)

@@ -394,8 +394,9 @@ def yinyang_step(shard: Shard, centroids: Any, iteration: int, fit: FitSpec, com
                  reseed: Reseed, *, end_segment: bool = False,
                  interrupt: Callable[[], None] | None = None) -> tuple[Any, IterationStats]:
     """One Yinyang step on this rank: :func:`.step.lloyd_step`'s parameters and result, the
-    same centroids, labels and statistics but the timings and ``rechecked`` (0: the GPU's
-    exact re-checks of Lloyd's rows are not counted here)."""
+    same centroids, labels and statistics but the timings and ``rechecked`` (the rows a pass
+    re-ranked by their exact distances: a bounded step's are not counted, its Lloyd passes'
+    are)."""
     new, stats = run_step(yinyang_pass, shard, centroids, iteration, fit, comm, host, reseed,
                           end_segment=end_segment, interrupt=interrupt)
     shard.yinyang.expect = new  # the next step's bounds hold for these centroids alone

@@ -15,7 +15,9 @@ from daskmeans import KMeans
 from daskmeans.backends import bounds
 from daskmeans.engine import yinyang
 
-STATS = ("iteration", "inertia", "shift", "reassigned", "n_empty", "rechecked", "imbalance", "n_moved")
+# The statistics of a step's result; not ``rechecked``, the rows a pass re-ranked by their exact
+# distances (work, not a result: a bounded step re-ranks only rows its bounds leave uncertain).
+STATS = ("iteration", "inertia", "shift", "reassigned", "n_empty", "imbalance", "n_moved")
 
 
 def _data(seed, n=4000, d=6, centers=12):

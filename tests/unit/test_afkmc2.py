@@ -15,6 +15,7 @@ from daskmeans.engine.placement import place
 from daskmeans.io.readers import read
 from daskmeans.seeding import REGISTRY, resolve_init
 from daskmeans.seeding.afkmc2 import WORKER_BYTES, Cdf, _draw, fit_chain, init_afkmc2, quantum_exp
+from daskmeans.backends import cpu_kernels
 from daskmeans.backends.cpu_kernels import afkmc2_block
 from daskmeans.seeding.afkmc2_chains import CPU_BLOCK, chain_block, run_chains
 
@@ -58,8 +59,10 @@ def test_chain_of_one_is_the_proposals(client):
     seed = int(np.random.SeedSequence(5).generate_state(1)[0])
     c1 = X[np.random.default_rng([seed, 0]).integers(0, 300, size=1)[0]]
     np.testing.assert_array_equal(c[0], c1)
-    # q by hand (float64): half d^2 to c1, half uniform; the seed's halves and targets
-    d2 = ((X - c1) ** 2).sum(axis=1)
+    # q by hand (float64): half d^2 to c1, half uniform; the seed's halves and targets. Each d^2
+    # is the backend's exact one (its fixed-order float64 sum, whose products a CPU with FMA
+    # fuses): the proposal's integers, and so the targets' range, follow its every bit.
+    d2 = np.array([cpu_kernels.owner_sqdist(x, c1) for x in X])
     exp = quantum_exp(d2.max(), 300)
     ints = np.rint(d2 * 2.0 ** -exp).astype(np.int64)
     ends = np.cumsum(ints)

@@ -125,7 +125,8 @@ def test_ties_go_to_lowest_index(regime):
 def test_compiled_argmin_is_numpys_on_ties_and_nans(dtype):
     """The compiled pass's own argmin (``cpu_kernels.tile_stats`` given ``||c||^2``, up to
     ``OWN_ARGMIN_MAX_K`` centroids) gives NumPy's ``argmin`` of ``g + ||c||^2``: the lowest
-    index on ties, and the first NaN of a row that holds one, wherever it is."""
+    index on ties, and the first NaN of a row that holds one, wherever it is (a tie is
+    re-ranked by its exact distances, here every centroid's the same: the lowest index)."""
     from daskmeans.backends import cpu_kernels
 
     nan = np.nan
@@ -137,7 +138,7 @@ def test_compiled_argmin_is_numpys_on_ties_and_nans(dtype):
     none64, nonei = np.zeros(0), np.zeros(0, np.int64)
     cpu_kernels.tile_stats(g, sqnorm, np.zeros(n, np.intp), np.zeros((n, 1), dtype), None, None, out, np.zeros(1),
                            0.0, np.zeros((0, 1), np.int64), nonei, nonei, False, 0.0, np.zeros((0, 1)), none64, 0.0,
-                           none64, False, 0.0, nonei)
+                           none64, False, 0.0, nonei, np.zeros((k, 1), dtype), 0.0, 0.0)
     np.testing.assert_array_equal(out, (g + sqnorm).argmin(axis=1))
     np.testing.assert_array_equal(out, [2, 0, 2, 0, 4, 1, 4, 4, 2])
 
@@ -332,6 +333,80 @@ def test_a_rows_distances_do_not_depend_on_where_its_block_ends(dtype, d, k):
             got = nb.min_sqdist(X[:end], p)
             np.testing.assert_array_equal(got[0], labels[:end])
             np.testing.assert_array_equal(got[1], d2[:end])
+
+
+@pytest.mark.parametrize("far", [0, 70])
+def test_a_tie_in_the_gemm_takes_the_exact_nearest_centroid(far):
+    """Hand-computed: a row at x = 1e-9 (float32) between centroids -1 and 1 computes
+    ``||c||^2 - 2 x.c = 1 + 2e-9`` and ``1 - 2e-9``, both 1.0 in float32: the GEMM ties and its
+    argmin says 0, yet the row is nearer 1. The tie is within the GEMM's error bound, so the row
+    is re-ranked by its float64 distances and takes 1, in the compiled pass's own argmin and
+    (``far`` centroids more, K > OWN_ARGMIN_MAX_K) after NumPy's; ``min_sqdist`` gives the same
+    label and ``(1 - 1e-9)^2`` computed in float64."""
+    x = np.array([[1e-9], [0.5], [-3.0]], np.float32)
+    C = np.concatenate([[[-1.0], [1.0]], 100.0 + np.arange(far)[:, None]])
+    p = nb.prepare(C, np.float32)
+    assert ((p.sqnorm[:2] - 2 * x[0, 0] * C[:2, 0].astype(np.float32)) == 1.0).all()  # the float32 tie
+    out = nb.assign(x, p)
+    np.testing.assert_array_equal(out["labels"], [1, 1, 0])
+    assert out["rechecked"] == 1
+    lab, d2 = nb.min_sqdist(x, p)
+    np.testing.assert_array_equal(lab, [1, 1, 0])
+    x64 = np.float64(x[0, 0])
+    assert d2[0] == (x64 - 1.0) * (x64 - 1.0) and d2[0] < (x64 + 1.0) * (x64 + 1.0)
+
+
+def _near_ties(rng, n, d, k, dtype):
+    """Rows within about 1e-6 (relative) of the midpoint of two of K centroids: ties within
+    float32's rounding of the GEMM."""
+    C = rng.standard_normal((k, d)) * 3
+    a, b = rng.integers(0, k, n), rng.integers(0, k, n)
+    b = np.where(a == b, (b + 1) % k, b)
+    t = 0.5 + rng.standard_normal(n)[:, None] * 1e-6
+    return (C[a] * t + C[b] * (1 - t) + rng.standard_normal((n, d)) * 1e-3).astype(dtype), C
+
+
+@pytest.mark.parametrize("d, k", [(100, 4), (30, 40), (100, 300), (64, 1400)])
+def test_labels_near_ties_are_the_exact_distances_argmin(d, k):
+    """Rows at near-ties in float32: ``assign``'s and ``min_sqdist``'s labels are the argmin of
+    the exact distances (long double), the lowest index on ties, where the GEMM's float32
+    argmin mislabelled 1-4 rows in 3000 of these; the uncertain rows are counted."""
+    rng = np.random.default_rng(d * 7 + k)
+    X, C = _near_ties(rng, 3000, d, k, np.float32)
+    ref = ((X.astype(np.longdouble)[:, None, :] - C.astype(np.float32).astype(np.longdouble)[None]) ** 2).sum(-1)
+    p = nb.prepare(C, np.float32)
+    out = nb.assign(X, p)
+    np.testing.assert_array_equal(out["labels"], ref.argmin(1))
+    np.testing.assert_array_equal(nb.min_sqdist(X, p)[0], ref.argmin(1))
+    assert 0 < out["rechecked"] < len(X)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d, k, tile_rows", [(100, 300, 0), (100, 300, 128), (100, 300, 192), (30, 40, 128),
+                                              (30, 40, 192), (64, 1400, 0), (100, 4, 0)])
+def test_labels_and_distances_do_not_depend_on_a_rows_place_in_its_tile(dtype, d, k, tile_rows):
+    """OpenBLAS rounds a row's products differently at another offset in a tile (tiles of 128 or
+    192 rows; in float64 at D = 100, K = 300 most heights): the same rows shifted by 1, 64 and
+    200 rows give the same certified labels, the same ``min_sqdist`` labels and the same
+    distances, bit for bit (before, ``min_sqdist``'s distances came from the GEMM and differed
+    in float64 at K = 300)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(d * 7 + k)
+    X, C = _near_ties(rng, 3000, d, k, dtype)
+    setting = {"daskmeans.tile-bytes": tile_rows * (k + d) * np.dtype(dtype).itemsize} if tile_rows else {}
+    with dask.config.set(setting), threadpool_limits(1, "blas"):  # as on a worker
+        p = nb.prepare(C, dtype)
+        assert not tile_rows or nb._tile_rows(k, d, np.dtype(dtype).itemsize, p.tile_bytes) == tile_rows
+        labels = nb.assign(X, p, want_sums=False)["labels"]
+        lab, d2 = nb.min_sqdist(X, p)
+        for shift in (1, 64, 200):
+            Y = np.concatenate([X[:shift], X])
+            np.testing.assert_array_equal(nb.assign(Y, p, want_sums=False)["labels"][shift:], labels)
+            got = nb.min_sqdist(Y, p)
+            np.testing.assert_array_equal(got[0][shift:], lab)
+            np.testing.assert_array_equal(got[1][shift:], d2, err_msg=f"shift={shift}")
+    np.testing.assert_array_equal(lab, labels)
 
 
 def test_small_k_tiles_keep_the_gemm_small():
