@@ -107,8 +107,8 @@ def _rerank(x, cen, gi, sqnorm, best, tol):  # pragma: no cover - compiled
     within ``tol`` of the smallest, ``best`` (float64): of the centroids ``j`` whose value
     (``gi[j] + sqnorm[j]`` in ``gi``'s dtype, or ``gi[j]`` with an empty ``sqnorm``) is at most
     ``best + tol``, the one of the smallest :func:`owner_sqdist` (the lowest index on ties). The
-    exact nearest centroid is among them; the others are further by more than the GEMM's
-    error, so which of them a tile's rounding let in does not change the pick."""
+    exact nearest centroid is always among them, so a centroid that another tile's rounding
+    lets in or leaves out changes the pick only where its float64 distance ties the nearest's."""
     own = sqnorm.shape[0] > 0
     b = -1
     dmin = np.inf
@@ -137,12 +137,6 @@ def _clamped(gib, sq):  # pragma: no cover - compiled
     clamped at 0 (rounding can take a point on its centroid below 0)."""
     d2 = np.float64(gib) + sq
     return d2 if d2 > 0.0 else 0.0
-
-
-@numba.njit(**_JIT)
-def _sqdist(gib, x):  # pragma: no cover - compiled
-    """``gib + ||x||^2`` in float64, clamped at 0 (:func:`_clamped`)."""
-    return _clamped(gib, row_sqnorm(x))
 
 
 def window_weight(wexp: int) -> float:
@@ -404,8 +398,9 @@ def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax,
     """Yinyang's bounds of one tile, from its distances and their minima per group.
 
     ``g`` (n, K) ``||c||^2 - 2 x.c`` in the data dtype and ``lab`` (n,) its argmin (the labels,
-    certified as :func:`tile_stats` certifies them, to ``out`` as int32); ``gp`` (n, K): ``g``'s columns by group (``g[:, order]``, group
-    ``q`` in columns ``starts[q]:ends[q]``: each group's minimum a contiguous run). ``upper``
+    certified as :func:`tile_stats` certifies them, to ``out`` as int32); ``gp`` (n, K):
+    ``g``'s columns by group (``g[:, order]``, group ``q`` in columns ``starts[q]:ends[q]``:
+    each group's minimum a contiguous run). ``upper``
     (n,) float64 each row's distance to its centroid, rounded up; ``lower`` (n, t) float64 per
     group a lower bound on the distances to its centroids other than the row's own (``inf``
     where there is none): the group's smallest ``g`` (the row's own group's without its
