@@ -123,12 +123,17 @@ def _rerank(x, cen, gi, sqnorm, best, tol):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _near_count(gi, thr):  # pragma: no cover - compiled
-    """How many of a row's computed values ``gi`` (``||c||^2`` added) are at most ``thr``."""
+def _certified(x, cen, gi, b, tol):  # pragma: no cover - compiled
+    """``(label, re-ranked)`` of a row ``x`` whose computed values ``gi`` (``||c||^2`` added)
+    have their argmin at ``b``: ``b`` where no other value lies within ``tol`` of it, else
+    :func:`_rerank`'s label."""
+    best = np.float64(gi[b])
     m = 0
     for j in range(gi.shape[0]):
-        m += np.float64(gi[j]) <= thr
-    return m
+        m += np.float64(gi[j]) <= best + tol
+    if m > 1:
+        return _rerank(x, cen, gi, gi[:0], best, tol), True
+    return b, False
 
 
 @numba.njit(**_JIT)
@@ -265,12 +270,9 @@ def tile_stats(g, sqnorm, lab, xt, w, prev, out, scales, wscale, sums, wsum, cou
                 best = gi[b] + sqnorm[b]
                 rechecked += 1
         else:
-            b = lab[i]
+            b, again = _certified(x, cen, gi, lab[i], tol)
             best = gi[b]
-            if _near_count(gi, np.float64(best) + tol) > 1:
-                b = _rerank(x, cen, gi, sqnorm, np.float64(best), tol)
-                best = gi[b]
-                rechecked += 1
+            rechecked += again
         d2 = _clamped(best, sq)
         wi = 1.0
         if w is not None:
@@ -305,15 +307,9 @@ def tile_sqdist(g, lab, xt, cen, cmax, eps, out_lab, out_d2):  # pragma: no cove
     ``||c||^2`` added, ``lab`` its argmin), and each row's squared distance to its centroid
     by :func:`owner_sqdist` (float64): both functions of the row and the centroids alone, as
     the inits' draws and folds need them to be for any chunking."""
-    empty = cen[:0, 0]  # no ||c||^2 to add: g holds it
     for i in range(xt.shape[0]):
         x = xt[i]
-        gi = g[i]
-        b = lab[i]
-        best = np.float64(gi[b])
-        tol = certify_tol(row_sqnorm(x), cmax, eps)
-        if _near_count(gi, best + tol) > 1:
-            b = _rerank(x, cen, gi, empty, best, tol)
+        b = _certified(x, cen, g[i], lab[i], certify_tol(row_sqnorm(x), cmax, eps))[0]
         out_d2[i] = owner_sqdist(x, cen[b])
         out_lab[i] = b
 
@@ -409,14 +405,9 @@ def tile_bounds(g, lab, gp, xt, cen, group_of, order, starts, ends, xnorm, cmax,
     """
     n = g.shape[0]
     t = lower.shape[1]
-    empty = cen[:0, 0]  # no ||c||^2 to add: g holds it
     for i in range(n):
         gpi = gp[i]
-        gi = g[i]
-        b = lab[i]
-        tol = certify_tol(xnorm[i], cmax, eps)
-        if _near_count(gi, np.float64(gi[b]) + tol) > 1:  # assign's certified label
-            b = _rerank(xt[i], cen, gi, empty, np.float64(gi[b]), tol)
+        b = _certified(xt[i], cen, g[i], lab[i], certify_tol(xnorm[i], cmax, eps))[0]  # assign's label
         out[i] = b
         lo = lower[i]
         own = group_of[b]

@@ -157,8 +157,8 @@ class Prepared:
     neg2_ct: numpy.ndarray  # (D, K) = -2 * centroids.T, C-contiguous for the GEMM
     sqnorm: numpy.ndarray  # (K,) ||c||^2 in the data dtype
     tile_bytes: int  # a tile's rows and distances, bytes (Tunables.tile_bytes)
-    cmax: float = 0.0  # the largest ||c||, rounded up: the labels' certified margin (cpu_kernels.certify_tol)
-    eps: float = 0.0  # the GEMM's relative error bound for D and the dtype (bounds.margins)
+    cmax: float  # the largest ||c||, rounded up: the labels' certified margin (cpu_kernels.certify_tol)
+    eps: float  # the GEMM's relative error bound for D and the dtype (bounds.margins)
 
     @property
     def k(self) -> int:

@@ -50,7 +50,7 @@ class _ParState:
 
 
 def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid | None) -> _ParState:
-    """Fold a round's candidates (``parts``: every shard's draws, :func:`_concat_by_row`;
+    """Fold a round's candidates (``parts``: every shard's draws, :func:`_candidates`;
     numbered on from the candidates so far) into each row's nearest candidate: a row keeps an
     earlier candidate on ties, so the nearest is the first of the nearest in candidate order,
     as one pass over all of them would find it. ``phi`` is added on the device and read once
@@ -59,7 +59,7 @@ def _par_update(shard: Shard, state: _ParState | None, parts: list, grid: Grid |
     the same arrays and the same ``phi``)."""
     be = shard.be
     xp = be.xp
-    new = _concat_by_row(parts, be)
+    new = _candidates(be, [parts], shard.dtype)
     if state is not None and not new.shape[0]:
         return state
     offset = 0 if state is None else state.n_cands
@@ -205,31 +205,24 @@ def _row_order(parts: list) -> np.ndarray:
     return np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
 
 
-def _concat_by_row(parts: list, be: Any) -> Any:
-    """Sampled rows in global row order (:func:`_row_order`), as ``be``'s array: each part
-    moved to ``be``'s device as it is (a part drawn there already stays) and ordered there; no
-    rows: an empty host array of the parts' dtype."""
-    blocks = [be.asarray(p[1]) for p in parts if len(p[1])]
-    if not blocks:
-        return np.concatenate([p[1] for p in parts])
-    return be.xp.concatenate(blocks)[be.asarray(_row_order(parts))]
-
-
-def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray) -> Any:
-    """The candidates ``keep`` selects (a mask over every round's draws, lists of per-shard
-    parts, in candidate order) on ``be``'s device, ``(keep.sum(), d)`` of ``dtype``: the
-    candidates of :func:`_concat_by_row` round after round, but only their indices ordered on
-    the host; each part's rows go to the device as they are and are gathered there (the
-    recluster's task, on the init's critical path, made three host copies of every
-    candidate)."""
+def _candidates(be: Any, rounds: list, dtype: Any, keep: np.ndarray | None = None) -> Any:
+    """The candidates of ``rounds`` (each a list of per-shard parts ``(global_rows, data)``),
+    each round's in global row order (:func:`_row_order`), round after round, that ``keep``
+    selects (a mask over them; None: all), as ``be``'s array ``(m, d)`` of ``dtype``. Only
+    their indices are ordered on the host: each part's rows go to ``be``'s device as they are
+    (a part drawn there stays there) and are gathered there (the recluster's task, on the
+    init's critical path, made three host copies of every candidate; a round's fold sent its
+    draws to the host and back)."""
     order, blocks, offset = [], [], 0
     for parts in rounds:
         order.append(_row_order(parts) + offset)
         offset += sum(len(p[0]) for p in parts)
         blocks += [p[1] for p in parts if len(p[1])]
-    take = np.concatenate(order)[keep]
+    if not blocks:
+        return be.xp.empty((0, rounds[0][0][1].shape[1]), dtype)
+    take = np.concatenate(order)
     raw = be.xp.concatenate([be.asarray(b, dtype) for b in blocks])
-    return raw[be.asarray(take)]
+    return raw[be.asarray(take if keep is None else take[keep])]
 
 
 def _cand_weights(shard: Shard, state: _ParState) -> np.ndarray:
