@@ -304,3 +304,40 @@ def test_every_registered_init_loads_and_the_registry_loads_nothing_heavy():
             "print(sorted(m for m in ('numpy', 'dask', 'distributed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("k, n, batch_trials", [(1, 50, None), (40, 300, None), (65, 400, 3), (1000, 2600, 3),
+                                                 (1000, 1100, 3), (5000, 12500, 3)])
+def test_pass_counts_are_the_passes_seed_batched_makes(monkeypatch, k, n, batch_trials):
+    """``pass_counts`` (what a GPU worker's warm-up runs ahead of the recluster) lists exactly
+    the centroid counts of ``seed_batched``'s distance passes, in the order of their first use:
+    greedy steps (K <= 64), the growing batches, the last ones cut by the rows left."""
+    from daskmeans.backends import numpy_backend
+    from daskmeans.seeding.kernels import pass_counts, seed_batched
+
+    seen = []
+    real = numpy_backend.min_sqdist
+
+    def spy(X, p, *args, **kwargs):
+        seen.append(int(p.centroids.shape[0]))
+        return real(X, p, *args, **kwargs)
+
+    monkeypatch.setattr(numpy_backend, "min_sqdist", spy)
+    X = np.random.default_rng(0).standard_normal((n, 3)).astype(np.float32)
+    seed_batched(X, k, 7, batch_trials=batch_trials)
+    assert seen or k == 1, "seed_batched made no distance pass"  # one centre: a draw, no pass
+    assert pass_counts(k, n, batch_trials=batch_trials) == list(dict.fromkeys(seen))
+
+
+def test_recluster_passes_follow_the_candidates_expected():
+    """The recluster's passes for the warm-up: ``rounds * l + 1`` candidate rows (at most
+    ``WARM_ROWS_MAX``), ``seed_batched``'s counts for them, in the init's precision; none where
+    fewer candidates than K are expected."""
+    from daskmeans.seeding import kmeans_parallel as kp
+    from daskmeans.seeding.kernels import pass_counts
+
+    rows, counts, precision = kp.recluster_passes(1000, 10**6, 0.83, rounds=3)
+    assert rows == 2491 and precision == kp.INIT_PRECISION
+    assert counts == tuple(pass_counts(1000, 2491, batch_trials=kp.RECLUSTER_BATCH_TRIALS))
+    assert kp.recluster_passes(2**20, 10**8, 0.83, rounds=3)[0] == kp.WARM_ROWS_MAX
+    assert kp.recluster_passes(1000, 900, 0.83, rounds=3) is None  # fewer rows than K
