@@ -226,9 +226,8 @@ class Tuned:
         return self.module.working_bytes(k, d, rows, sm_count, tunables or self.tunables)
 
     def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
-             tunables: Tunables | None = None, algorithm: str = "lloyd",
-             passes: tuple[int, tuple[int, ...], str] | None = None) -> Any:
-        return self.module.warm(k, d, dtype, precision, rows, tunables or self.tunables, algorithm, passes)
+             tunables: Tunables | None = None, algorithm: str = "lloyd") -> Any:
+        return self.module.warm(k, d, dtype, precision, rows, tunables or self.tunables, algorithm)
 
 
 def _tuned(module: str, tunables: Tunables) -> Tuned:

@@ -307,8 +307,7 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunabl
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
-         tunables: Tunables | None = None, algorithm: str = "lloyd",
-         passes: tuple[int, tuple[int, ...], str] | None = None) -> Any:
+         tunables: Tunables | None = None, algorithm: str = "lloyd") -> Any:
     """Start compiling, in the background, the kernels a fit of K x D (data ``dtype``, blocks
     of ``rows`` rows) launches. Returns the thread compiling this package's modules.
 
@@ -319,11 +318,6 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
       kernel too (:func:`.gpu_gemm.bound_compiles`).
     - In a few processes, CuPy's own kernels that the fit launches (:mod:`.gpu_warm_ops`):
       compiling those is mostly Python work, so threads would take turns.
-
-    - Once CuPy's kernels are loaded, the distance ``passes`` the init will make on this
-      worker, ``(rows, centroid counts, precision)`` (the k-means|| recluster's,
-      :func:`daskmeans.seeding.kmeans_parallel.recluster_passes`), on stand-in rows
-      (:func:`warm_passes`): each GEMM shape's first call pays cuBLAS's set-up.
 
     With an empty kernel cache the fit otherwise waits for each compile in turn (seconds);
     started before the data is placed, they overlap the placement. A kernel asked for
@@ -356,39 +350,10 @@ def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 2
                     gpu_warm_ops.load(numpy.dtype(dtype).name, skip=() if algorithm == "yinyang" else ("yinyang",))
             except Exception:  # the fit loads each kernel at its launch
                 pass
-            if passes is not None:  # after the loads: with a cold cache these would compile here
-                try:
-                    with device_scope(device):
-                        warm_passes(passes[0], passes[1], d, dtype, passes[2], tunables)
-                except Exception:  # noqa: BLE001 - e.g. no room beside the data: the init pays the set-up
-                    pass
 
     t = threading.Thread(target=compile_all, name="daskmeans-compile", daemon=True)
     t.start()
     return t
-
-
-def warm_passes(rows: int, counts: tuple[int, ...], d: int, dtype: Any, precision: str,
-                tunables: Tunables | None = None) -> None:
-    """:func:`min_sqdist` of ``rows`` stand-in rows ``(rows, d)`` of ``dtype`` against each of
-    ``counts`` of them, prepared as the seeding prepares its draws (:func:`prepared_rows`), on
-    this thread's GPU and a stream of its own, then freed: cuBLAS sets up each GEMM shape at
-    its first call (heuristics, its kernels' loads), about 1 ms a shape, a few dozen shapes
-    for a wide-K recluster that otherwise pays them on the init's critical path
-    (docs/performance.md, "A first fit")."""
-    import cupy
-
-    from ..numerics.grid import Grid
-
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        x = cupy.random.default_rng(0).standard_normal((int(rows), int(d)), dtype=numpy.float32).astype(dtype)
-        ready = prepared_rows(x, precision, tunables)
-        bound = Grid.for_block(x)
-        for c in counts:
-            c = min(int(c), int(rows))
-            min_sqdist(x, ready.take(cupy.arange(c, dtype=cupy.int64), c), bound)
-        stream.synchronize()
 
 
 def load_ahead(dtype: Any) -> bool:

@@ -144,8 +144,7 @@ def working_bytes(k: int, d: int, rows: int, sm_count: int = 0, tunables: Tunabl
 
 
 def warm(k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
-         tunables: Tunables | None = None, algorithm: str = "lloyd",
-         passes: tuple[int, tuple[int, ...], str] | None = None) -> None:
+         tunables: Tunables | None = None, algorithm: str = "lloyd") -> None:
     """Nothing to start: Numba loads the cached CPU kernels at their first call."""
     return None
 

@@ -227,14 +227,11 @@ class Backend(Protocol):
         :func:`tunables_in_force`): for the memory plan, on the client."""
 
     def warm(self, k: int, d: int, dtype: Any, precision: str = "fp32", rows: int = 1 << 20,
-             tunables: Tunables | None = None, algorithm: str = "lloyd",
-             passes: tuple[int, tuple[int, ...], str] | None = None) -> Any:
+             tunables: Tunables | None = None, algorithm: str = "lloyd") -> Any:
         """Start, in the background, whatever the kernels of a fit of K x d (blocks of
         ``rows`` rows of ``dtype``, ``tunables``' tiles and GEMM modes, the loop's step
         ``algorithm``: ``params.ALGORITHMS``' values) need before their first call (a GPU
-        compiles them), and the init's distance ``passes`` ``(rows, centroid counts,
-        precision)`` once they are (None: none); returns at once (a thread, or None where
-        there is nothing to do)."""
+        compiles them); returns at once (a thread, or None where there is nothing to do)."""
 
     def prepare(self, centroids: Any, dtype: Any, precision: str = "fp32", tunables: Tunables | None = None) -> Any:
         """Centroids ``(K, d)`` cast to ``dtype`` and what every block's kernels read of them

@@ -137,16 +137,10 @@ def fit_distributed(
     """
     phase = phase if phase is not None else Phases()
     k = params.n_clusters
-    # The k-means|| recluster's GEMM shapes, set up by the workers while the data is placed.
-    passes = None
-    if isinstance(params.init, str) and params.init == "k-means||" and resume is None:
-        from ..seeding.kmeans_parallel import recluster_passes
-
-        passes = recluster_passes(k, train_rows or int(X.shape[0]), params.oversampling_factor)
     job = FitJob.open(client, X, k, run, sample_weight=sample_weight, path=path, files=files,
                       precision=params.precision, max_iter=params.max_iter, metric=params.metric,
                       train_rows=train_rows, seed=seed, in_memory=in_memory, phase=phase,
-                      algorithm=ALGORITHMS[params.algorithm], init_passes=passes)
+                      algorithm=ALGORITHMS[params.algorithm])
     n, d = (int(s) for s in job.X.shape)
     # One run per explicit start (a callable init's), else n_init from a named init or one array.
     starts = params.init if isinstance(params.init, list) else None

@@ -166,7 +166,6 @@ class FitJob:
         in_memory: bool = False,
         phase: Phases | None = None,
         algorithm: str = "lloyd",
-        init_passes: tuple | None = None,
     ) -> "FitJob":
         """Plan a fit of ``n_clusters`` centroids to ``X`` on ``client``'s workers.
 
@@ -205,9 +204,6 @@ class FitJob:
             Where the seconds of sample, plan, place and moments go.
         algorithm : str
             The loop's step (``params.ALGORITHMS``' values), whose memory the plan counts.
-        init_passes : tuple, optional
-            The init's distance passes ``(rows, centroid counts, precision)`` that the
-            workers run ahead while the data is placed (the backend's ``warm``'s ``passes``).
         """
         phase = phase if phase is not None else Phases()
         if files is None:
@@ -249,8 +245,7 @@ class FitJob:
                 X = split_rows(X, tiers.chunk_rows)
             X = balance_chunks(X.rechunk({1: -1}), len(client.nthreads()))
             w = None if sample_weight is None else sample_weight.rechunk((X.chunks[0],))
-            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables, algorithm,
-                         init_passes)
+            warm_kernels(client, backend, k, d, X.dtype, precision, max(X.chunks[0]), tiers.tunables, algorithm)
             # The data is the source's (the entry was found by it): the plan's choices identify the placement.
             key = reuse.Placed(X.chunks[0], tiers.tier, tiers.tunables)
             if kept is not None and kept.key != key:  # planned into another tier (a larger K): place again

@@ -42,18 +42,16 @@ from .step import FitSpec
 
 
 def warm_kernels(client: Client, backend: str, k: int, d: int, dtype: Any, precision: str, rows: int,
-                 tunables: Any = None, algorithm: str = "lloyd", passes: tuple | None = None) -> None:
+                 tunables: Any = None, algorithm: str = "lloyd") -> None:
     """Have every worker start compiling the kernels of the fit (blocks of up to ``rows``
     rows, the plan's ``tunables``: default those of the client's settings; the loop's step
     ``algorithm``) in the background, and return: the compiles overlap the placement and the
-    moments pass instead of delaying the first iteration (an empty kernel cache). ``passes``:
-    the init's distance passes to run ahead on every worker (whichever runs them), the
-    backend's ``warm``'s."""
+    moments pass instead of delaying the first iteration (an empty kernel cache)."""
     if tunables is None:
         from .plan import kernel_tunables
 
         tunables = kernel_tunables()
-    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows), tunables, algorithm, passes)
+    client.run(warm, backend, k, d, str(np.dtype(dtype)), precision, int(rows), tunables, algorithm)
 
 
 

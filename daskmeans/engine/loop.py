@@ -214,7 +214,7 @@ def final_labels(shard: Shard, centroids: Any, precision: str, pins: dict | None
 
 
 def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, tunables: Any = None,
-         algorithm: str = "lloyd", passes: tuple | None = None, dask_worker: Any = None) -> None:
+         algorithm: str = "lloyd", dask_worker: Any = None) -> None:
     """On a worker (``client.run``): start compiling the kernels of a fit (returns at once),
     chosen under the plan's ``tunables`` (tile sizes and GEMM modes pick the kernels) and by
     the loop's step ``algorithm``, on the worker's device."""
@@ -222,5 +222,4 @@ def warm(backend: str, k: int, d: int, dtype: str, precision: str, rows: int, tu
     from .devices import on_worker_device
 
     with on_worker_device(dask_worker):
-        get_backend(backend, tunables).warm(k, d, np.dtype(dtype), precision, rows, algorithm=algorithm,
-                                            passes=None if passes is None else (passes[0], tuple(passes[1]), passes[2]))
+        get_backend(backend, tunables).warm(k, d, np.dtype(dtype), precision, rows, algorithm=algorithm)

@@ -223,31 +223,6 @@ def seed_batched(X: Any, k: int | Sequence[int], seed: int | np.random.SeedSeque
     return X[xp.concatenate(picks)]
 
 
-def pass_counts(k: int, n: int, batches: int = 32, trials: int | None = None, batch_trials: int | None = None,
-                greedy_k: int = GREEDY_MAX_K) -> list[int]:
-    """The centroid counts of :func:`seed_batched`'s distance passes for ``k`` centres of ``n``
-    rows in one group (its arguments' defaults), each once, in the order of first use: what a
-    GPU worker's warm-up runs ahead (each GEMM shape's first call pays cuBLAS's set-up,
-    docs/performance.md, "A first fit"). ``tests/unit/test_seeding.py`` checks them against the
-    passes a run makes."""
-    tries = local_trials(k) if trials is None else int(trials)
-    btries = tries if batch_trials is None else int(batch_trials)
-    cap = 1 if k <= greedy_k else max(1, -(-k // batches))
-    counts: list[int] = []
-    total, first = 0, True
-    while total < k:
-        b = min(max(total, 1), cap, k - total)
-        if not first:
-            size = min((btries if b > 1 else tries) * b, n - total)
-            if size > b and size not in counts:  # a batch's draws, then its picks
-                counts.append(size)
-        total += b
-        if total < k and b not in counts:
-            counts.append(b)
-        first = False
-    return counts
-
-
 def _seed_key(seed: int | np.random.SeedSequence) -> int:
     """The key of :func:`seed_batched`'s per-step uniforms (``row_uniforms``): 64 bits of the
     seed's ``SeedSequence``."""

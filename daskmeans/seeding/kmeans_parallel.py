@@ -25,7 +25,7 @@ from ..params import KMeansParams
 from ..events import advance, note
 from ..reduction import tree_reduce
 from . import rows
-from .kernels import pass_counts, seed_batched, weighted_lloyd
+from .kernels import seed_batched, weighted_lloyd
 from .kmeans_plusplus import init_kmeans_plusplus
 from .rows import result
 
@@ -256,28 +256,6 @@ def _recluster(rounds: list, dtype: Any, weights: np.ndarray, k: int, seed: int,
     c = seed_batched(x, k, seed, w, precision=INIT_PRECISION, batch_trials=RECLUSTER_BATCH_TRIALS)
     c = weighted_lloyd(x, c, w, n_iter, precision=INIT_PRECISION)
     return be.to_numpy(c)
-
-
-# Candidate rows of the recluster's passes that a worker's warm-up runs at most (their GEMM
-# shapes: a tile's rows stop growing well below this), so that the warm-up's stand-in rows
-# stay small beside the data being placed meanwhile.
-WARM_ROWS_MAX = 1 << 17
-
-
-def recluster_passes(k: int, n_samples: int, oversampling_factor: float = KMeansParams.oversampling_factor,
-                     rounds: int | None = None) -> tuple[int, tuple[int, ...], str] | None:
-    """The recluster's distance passes as a worker's warm-up runs them ahead (``warm``'s
-    ``passes``): ``(rows, centroid counts, precision)``, the rows the candidates are expected
-    to number (``rounds * l + 1``, at most :data:`WARM_ROWS_MAX`); None where the candidates
-    would be fewer than K (k-means++ then seeds). A GEMM shape's first call on a GPU pays
-    cuBLAS's set-up; the recluster, on the init's critical path, makes a few dozen of them
-    (docs/performance.md, "A first fit")."""
-    rounds = int(rounds if rounds is not None else config.get("init.rounds"))
-    cands = min(int(n_samples), int(round(rounds * float(oversampling_factor) * k)) + 1)
-    if cands < k:
-        return None
-    counts = pass_counts(k, cands, batch_trials=RECLUSTER_BATCH_TRIALS)
-    return min(cands, WARM_ROWS_MAX), tuple(counts), INIT_PRECISION
 
 
 def init_kmeans_parallel(
