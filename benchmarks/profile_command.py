@@ -11,7 +11,12 @@ a wide-K fit there (docs/performance.md, "Several GPUs"). Without ``--threads`` 
 thread is sampled: a wait for the workers shows as the call that waits. Prints, writes no
 file.
 
-    python -m benchmarks profile-command [--every MS] [--top N] [--threads] -- fit DATA --k K [fit's options]
+``--during NAME`` keeps, of the other threads, the samples taken while the main thread was in
+a function of that name (e.g. ``init_kmeans_parallel``: a fit's init), and prints each
+thread's timeline there: the function its task runs (below ``task.py``'s ``__call__``) and
+what below it took the time, as they change.
+
+    python -m benchmarks profile-command [--every MS] [--top N] [--threads [--during NAME]] -- fit DATA --k K [fit's options]
 """
 
 from __future__ import annotations
@@ -89,6 +94,43 @@ def report_threads(others: dict, top: int) -> str:
     return "\n".join(lines)
 
 
+def window(samples: list[tuple[float, tuple[str, ...]]], name: str) -> tuple[float, float] | None:
+    """The first and last time the main thread's ``samples`` show a frame of function ``name``
+    (None where none does)."""
+    hits = [t for t, frames in samples if any(f.split(":")[-2] == name for f in frames)]
+    return (hits[0], hits[-1]) if hits else None
+
+
+def report_timelines(others: dict, span: tuple[float, float]) -> str:
+    """Each worker thread's samples within ``span``: the two frames below its task's call
+    (``task.py:__call__``) as they change, with when and how long (runs under 5 ms left out);
+    the time between samples outside any task shows as ``(idle)``."""
+    lines = []
+    for name, got in sorted(others.items()):
+        inside = [(t, frames) for t, frames, _ in got if span[0] <= t <= span[1]]
+        if not any(any(":__call__:" in f and f.startswith("engine/task.py") for f in fr) for _, fr in inside):
+            continue
+        lines.append(f"thread {name} from {span[0]:.3f} s to {span[1]:.3f} s:")
+        runs: list = []  # [key, start, end]
+        prev = None
+        for t, frames in inside:
+            calls = [i for i, f in enumerate(frames) if f.startswith("engine/task.py") and ":__call__:" in f]
+            key = " > ".join(f.rsplit(":", 1)[0] for f in frames[calls[0] + 1:calls[0] + 3]) if calls else \
+                "(outside a task)"
+            if prev is not None and t - prev > 0.01:  # no sample in between: not in the package's code
+                runs[-1][2] = prev
+                runs.append(["(idle)", prev, t])
+            if not runs or runs[-1][0] != key or runs[-1][0] == "(idle)":
+                if runs:
+                    runs[-1][2] = t if runs[-1][0] != "(idle)" else runs[-1][2]
+                runs.append([key, t, t])
+            prev = t
+        if runs:
+            runs[-1][2] = prev
+        lines += [f"{t0:7.3f}  {t1 - t0:7.3f}  {key}" for key, t0, t1 in runs if t1 - t0 >= 0.005]
+    return "\n".join(lines)
+
+
 def report(samples: list[tuple[float, tuple[str, ...]]], top: int) -> str:
     """The seconds of each stack (each sample counts until the next), the ``top`` largest, and
     the timeline of the three frames below the deepest ``run_fit`` or ``fit_distributed``
@@ -122,7 +164,12 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=40, help="stacks to print, the largest first (default 40)")
     ap.add_argument("--threads", action="store_true",
                     help="every other thread's stacks too, by thread (the in-process workers' tasks, the compiles)")
+    ap.add_argument("--during", metavar="NAME",
+                    help="with --threads: only the other threads' samples while the main thread is in function NAME, "
+                         "and each worker thread's timeline there")
     args = ap.parse_args(own)
+    if args.during and not args.threads:
+        ap.error("--during needs --threads")
     if not command:
         ap.error("give the daskmeans command after --, e.g. -- fit data.npy --k 8")
     import importlib
@@ -133,6 +180,14 @@ def main(argv=None) -> int:
     rc, samples, others = sample(lambda: cli.main(command, process_exit=True), args.every / 1e3, args.threads)
     print(report(samples, args.top), flush=True)
     if args.threads:
+        span = window(samples, args.during) if args.during else None
+        if args.during and span is None:
+            print(f"\nthe main thread was never in {args.during}", flush=True)
+        elif span is not None:
+            others = {name: [s for s in got if span[0] <= s[0] <= span[1]] for name, got in others.items()}
+            others = {name: got for name, got in others.items() if got}
+            print(f"\nwhile the main thread was in {args.during}: {span[0]:.3f} s to {span[1]:.3f} s", flush=True)
+            print(report_timelines(others, span), flush=True)
         print("\n" + report_threads(others, max(1, args.top // 4)), flush=True)
     sys.stderr.flush()
     # As the script ends: the command's own local cluster is left to the process's exit.

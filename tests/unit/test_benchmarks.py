@@ -400,12 +400,17 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     # milliseconds were missed by a sampler sharing two cores with the fit).
     longer = tmp_path / "longer.npy"
     np.save(longer, np.random.default_rng(0).standard_normal((100_000, 8)).astype(np.float32))
-    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--threads", "--",
-                          "fit", str(longer), "--k", "3", "--max-iter", "20", "--tol", "0", "--backend", "cpu", "-o",
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--threads",
+                          "--during", "init_kmeans_parallel", "--", "fit", str(longer), "--k", "3", "--max-iter", "20", "--tol", "0", "--backend", "cpu", "-o",
                           str(model), "--overwrite", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     threads = out.stdout.split("\nthread ")[1:]
-    assert any(re.search(r"engine/(loop|step)\.py:", t) for t in threads), out.stdout
+    assert any(re.search(r"seeding/kmeans_parallel\.py:", t) for t in threads), out.stdout
+    # --during: the worker threads' samples while the main thread was in the init, and their
+    # timeline there (the tasks' functions, timed).
+    during = out.stdout.split("while the main thread was in init_kmeans_parallel: ")[1].split("\n\n")[0]
+    assert re.search(r"^\s+\d+\.\d{3}\s+\d+\.\d{3}\s+seeding/kmeans_parallel\.py:_par_", during, re.M), out.stdout
+    assert not re.search(r"engine/(loop|step)\.py:", out.stdout.split("while the main thread")[1]), out.stdout
     bad = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "give the daskmeans command after --" in bad.stderr
