@@ -104,7 +104,8 @@ def window(samples: list[tuple[float, tuple[str, ...]]], name: str) -> tuple[flo
 def report_timelines(others: dict, span: tuple[float, float]) -> str:
     """Each worker thread's samples within ``span``: the two frames below its task's call
     (``task.py:__call__``) as they change, with when and how long (runs under 5 ms left out);
-    the time between samples outside any task shows as ``(idle)``."""
+    ``(idle)`` where the thread was out of the package's code (no sample for over 10 ms),
+    ``(outside a task)`` where it ran the package's code outside a task."""
     lines = []
     for name, got in sorted(others.items()):
         inside = [(t, frames) for t, frames, _ in got if span[0] <= t <= span[1]]
@@ -118,16 +119,24 @@ def report_timelines(others: dict, span: tuple[float, float]) -> str:
             key = " > ".join(f.rsplit(":", 1)[0] for f in frames[calls[0] + 1:calls[0] + 3]) if calls else \
                 "(outside a task)"
             if prev is not None and t - prev > 0.01:  # no sample in between: not in the package's code
-                runs[-1][2] = prev
                 runs.append(["(idle)", prev, t])
-            if not runs or runs[-1][0] != key or runs[-1][0] == "(idle)":
+                runs.append([key, t, t])
+            elif runs and runs[-1][0] == key:
+                runs[-1][2] = t
+            else:
                 if runs:
-                    runs[-1][2] = t if runs[-1][0] != "(idle)" else runs[-1][2]
+                    runs[-1][2] = t
                 runs.append([key, t, t])
             prev = t
-        if runs:
-            runs[-1][2] = prev
-        lines += [f"{t0:7.3f}  {t1 - t0:7.3f}  {key}" for key, t0, t1 in runs if t1 - t0 >= 0.005]
+        shown: list = []  # runs of 5 ms or more, neighbours of one key joined
+        for key, t0, t1 in runs:
+            if t1 - t0 < 0.005:
+                continue
+            if shown and shown[-1][0] == key:
+                shown[-1][2] = t1
+            else:
+                shown.append([key, t0, t1])
+        lines += [f"{t0:7.3f}  {t1 - t0:7.3f}  {key}" for key, t0, t1 in shown]
     return "\n".join(lines)
 
 

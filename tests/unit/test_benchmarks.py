@@ -401,8 +401,9 @@ def test_profile_command_samples_a_whole_fit(tmp_path):
     longer = tmp_path / "longer.npy"
     np.save(longer, np.random.default_rng(0).standard_normal((100_000, 8)).astype(np.float32))
     out = subprocess.run([sys.executable, "-m", "benchmarks", "profile-command", "--every", "1", "--threads",
-                          "--during", "init_kmeans_parallel", "--", "fit", str(longer), "--k", "3", "--max-iter", "20", "--tol", "0", "--backend", "cpu", "-o",
-                          str(model), "--overwrite", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--during", "init_kmeans_parallel", "--", "fit", str(longer), "--k", "3", "--max-iter", "20",
+                          "--tol", "0", "--backend", "cpu", "-o", str(model), "--overwrite", "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     threads = out.stdout.split("\nthread ")[1:]
     assert any(re.search(r"seeding/kmeans_parallel\.py:", t) for t in threads), out.stdout
